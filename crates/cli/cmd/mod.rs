@@ -1,0 +1,68 @@
+//! One module per subcommand; `run` dispatches.
+
+mod bench;
+mod query;
+mod send;
+mod up;
+
+use std::path::Path;
+
+use relay_client::paths::Paths;
+use relay_client::{Client, ClientConfig};
+
+use crate::args::{Cli, Cmd};
+
+/// Runs the parsed command line.
+pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut paths = Paths::from_env()?;
+    if let Some(s) = cli.socket {
+        paths.socket = s;
+    }
+    match cli.cmd {
+        // The daemon builds its own runtime (it must daemonize before any threads exist).
+        Cmd::Up(args) => up::up(&paths, &args),
+        Cmd::Down(args) => up::down(&paths, &args),
+        cmd => {
+            init_logging("warn");
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                match cmd {
+                    Cmd::Status(a) => query::status(&paths, a.json).await,
+                    Cmd::Agents(a) => query::agents(&paths, a.json).await,
+                    Cmd::Read(a) => query::read(&paths, &a).await,
+                    Cmd::History(a) => query::history(&paths, &a).await,
+                    Cmd::Send(a) => send::send(&paths, a).await,
+                    Cmd::Bench(a) => bench::bench(&paths, a).await,
+                    Cmd::Up(_) | Cmd::Down(_) => Ok(()),
+                }
+            })
+        }
+    }
+}
+
+/// Logging to stderr; `AGENT_RELAY_LOG` (or `RUST_LOG`) overrides the level, and
+/// `AGENT_RELAY_DEBUG=1` turns on debug output.
+pub(crate) fn init_logging(default: &str) {
+    let filter = std::env::var("AGENT_RELAY_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| {
+            if std::env::var("AGENT_RELAY_DEBUG").is_ok_and(|v| v == "1" || v == "true") {
+                "debug".into()
+            } else {
+                default.into()
+            }
+        });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+/// A short-lived tool connection for queries and sends.
+pub(crate) async fn tool_client(socket: &Path, name: &str) -> anyhow::Result<Client> {
+    Ok(Client::connect(ClientConfig::tool(socket.to_path_buf(), name)).await?)
+}

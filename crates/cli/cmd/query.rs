@@ -1,0 +1,201 @@
+//! `status`, `agents`, `read`, `history`: read-only questions to the daemon.
+
+use relay_client::ClientError;
+use relay_client::paths::Paths;
+use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
+
+use crate::args::{HistoryArgs, ReadArgs};
+use crate::cmd::tool_client;
+use crate::exit::not_running;
+use crate::out::{clean, json, line, one_line};
+use crate::time::{format_utc, human_secs, parse_since};
+
+async fn ask(paths: &Paths, req: QueryRequest) -> anyhow::Result<QueryResult> {
+    let client = tool_client(&paths.socket, "cli").await?;
+    let res = client.query(req).await;
+    client.close().await;
+    Ok(res?)
+}
+
+/// `agent-relay status`.
+pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
+    let res = match ask(paths, QueryRequest::Status).await {
+        Ok(r) => r,
+        Err(e)
+            if matches!(
+                e.downcast_ref::<ClientError>(),
+                Some(ClientError::NotRunning { .. })
+            ) =>
+        {
+            if as_json {
+                json(&serde_json::json!({
+                    "running": false,
+                    "pid": null,
+                    "socket": paths.socket,
+                    "db": paths.db,
+                    "data_dir": paths.data_dir,
+                }))?;
+            }
+            return Err(not_running(format!(
+                "relay is not running (no daemon at {}) — start it with `agent-relay up`",
+                paths.socket.display()
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    let QueryResult::Status(s) = res else {
+        anyhow::bail!("unexpected answer to status")
+    };
+    if as_json {
+        return json(&s);
+    }
+    line(format!(
+        "relay running (pid {}, up {}, v{})",
+        s.pid,
+        human_secs(s.uptime_s),
+        s.version
+    ))?;
+    line(format!("  socket:   {}", s.socket))?;
+    line(format!("  database: {} ({})", s.db, s.storage))?;
+    line(format!(
+        "  agents:   {} connected, {} known",
+        s.agents, s.known_agents
+    ))?;
+    line(format!(
+        "  messages: {} stored, {} waiting for delivery",
+        s.messages, s.pending
+    ))?;
+    Ok(())
+}
+
+/// `agent-relay agents`.
+pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
+    let QueryResult::Agents { agents } = ask(paths, QueryRequest::Agents).await? else {
+        anyhow::bail!("unexpected answer to agents")
+    };
+    if as_json {
+        return json(&agents);
+    }
+    if agents.is_empty() {
+        return Ok(line(
+            "no agents yet — start one with `agent-relay -n NAME <cli>`",
+        )?);
+    }
+    line(format!(
+        "{:<20} {:<8} {:<10} {:>7}  {:<19}  TOPICS",
+        "NAME", "STATE", "CLI", "WAITING", "LAST SEEN (UTC)"
+    ))?;
+    for a in agents {
+        line(format!(
+            "{:<20} {:<8} {:<10} {:>7}  {:<19}  {}",
+            a.name,
+            if a.online { "online" } else { "offline" },
+            a.cli.as_deref().unwrap_or("-"),
+            a.pending,
+            format_utc(a.last_seen),
+            a.topics.join(",")
+        ))?;
+    }
+    Ok(())
+}
+
+fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
+    line(format!("Message {}", m.id))?;
+    line(format!("From:    {}", m.from))?;
+    line(format!("To:      {}", m.to))?;
+    if let Some(t) = &m.topic {
+        line(format!("Topic:   {t}"))?;
+    }
+    line(format!("Kind:    {}", m.kind.as_str()))?;
+    line(format!("Time:    {} UTC", format_utc(m.ts)))?;
+    if let Some(t) = &m.thread {
+        line(format!("Thread:  {}", clean(t)))?;
+    }
+    if let Some(r) = &m.in_reply_to {
+        line(format!("Reply to: {}", clean(r)))?;
+    }
+    for d in &m.deliveries {
+        let when = d
+            .updated_at
+            .map(|t| format!(" at {} UTC", format_utc(t)))
+            .unwrap_or_default();
+        line(format!(
+            "Delivery: {} seq {} {}{}",
+            d.recipient,
+            d.seq,
+            d.status.as_str(),
+            when
+        ))?;
+    }
+    if let Some(data) = &m.data {
+        line(format!("Data:    {data}"))?;
+    }
+    line("")?;
+    line(clean(&m.body))?;
+    Ok(())
+}
+
+/// `agent-relay read`.
+pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
+    let QueryResult::Read { message } = ask(
+        paths,
+        QueryRequest::Read {
+            id: args.id.clone(),
+        },
+    )
+    .await?
+    else {
+        anyhow::bail!("unexpected answer to read")
+    };
+    if args.json {
+        return json(&message);
+    }
+    print_message(&message)
+}
+
+/// `agent-relay history`.
+pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result<()> {
+    let since_ms = args
+        .since
+        .as_deref()
+        .map(parse_since)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    if !(1..=1000).contains(&args.limit) {
+        anyhow::bail!("--limit must be between 1 and 1000");
+    }
+    let filter = HistoryFilter {
+        from: args.from.clone(),
+        to: args.to.clone(),
+        topic: args.topic.clone(),
+        text: args.text.clone(),
+        since_ms,
+        until_ms: None,
+        before_pos: None,
+        limit: Some(args.limit),
+    };
+    let QueryResult::History { messages } = ask(paths, QueryRequest::History(filter)).await? else {
+        anyhow::bail!("unexpected answer to history")
+    };
+    if args.json {
+        return json(&messages);
+    }
+    if messages.is_empty() {
+        return Ok(line("no messages match")?);
+    }
+    for m in &messages {
+        let short: String = m.id.chars().take(8).collect();
+        let to = match &m.topic {
+            Some(t) => format!("{} #{t}", m.to),
+            None => m.to.clone(),
+        };
+        line(format!(
+            "{}  {} → {}  [{short}]  {}",
+            format_utc(m.ts),
+            m.from,
+            to,
+            one_line(&m.body, 100)
+        ))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `agent-relay send`.
+
+use std::io::Read;
+
+use relay_client::Outgoing;
+use relay_client::paths::Paths;
+use relay_protocol::{AckStatus, Kind, Send};
+
+use crate::args::SendArgs;
+use crate::cmd::tool_client;
+use crate::out::{json, line};
+
+/// Sends one message and prints its id and receipt.
+pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
+    let kind = Kind::parse(&args.kind)
+        .ok_or_else(|| anyhow::anyhow!("--kind must be message, action, state or thinking"))?;
+    let body = match args.body.as_deref() {
+        Some(b) if b != "-" => b.to_owned(),
+        _ => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            s.trim_end_matches('\n').to_owned()
+        }
+    };
+    if body.trim().is_empty() {
+        anyhow::bail!("the message is empty; give the text as an argument or on stdin");
+    }
+    let client = tool_client(&paths.socket, &args.from).await?;
+    let msg = Outgoing {
+        id: args.id,
+        to: Some(args.to.clone()),
+        topic: args.topic,
+        payload: Send {
+            kind,
+            body,
+            data: None,
+            thread: args.thread,
+            in_reply_to: None,
+            budget: None,
+        },
+    };
+    let res = client.send(msg).await;
+    client.close().await;
+    let receipt = res?;
+    if args.json {
+        return json(&serde_json::json!({
+            "id": receipt.id,
+            "status": receipt.status,
+            "recipients": receipt.recipients,
+        }));
+    }
+    let what = match receipt.status {
+        AckStatus::Accepted => "accepted".to_owned(),
+        AckStatus::Queued => "queued (recipient offline; delivered when it connects)".to_owned(),
+        AckStatus::Duplicate => {
+            "duplicate (this id was sent before; nothing new was stored)".to_owned()
+        }
+    };
+    let n = receipt
+        .recipients
+        .map(|n| format!(", {n} recipient{}", if n == 1 { "" } else { "s" }))
+        .unwrap_or_default();
+    line(format!("{}  to {}: {what}{n}", receipt.id, args.to))?;
+    Ok(())
+}

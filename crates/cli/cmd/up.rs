@@ -1,0 +1,249 @@
+//! `agent-relay up` and `down`: the daemon's life cycle.
+//!
+//! The pid file doubles as the single-instance lock: the daemon holds an exclusive `flock` on
+//! it for its whole life. A second daemon cannot take the lock and refuses to start; a pid file
+//! left by a crashed daemon is not locked, so it is simply taken over (and the stale socket
+//! removed by `bind`). Nothing ever trusts a pid number without the lock.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use relay_client::paths::Paths;
+use relay_store::{MemoryStore, SqliteStore, Store};
+use rustix::fs::{FlockOperation, flock};
+
+use crate::args::{DownArgs, StorageKind, UpArgs};
+use crate::cmd::init_logging;
+use crate::out::{json, line};
+
+/// Holds the daemon's lock on its pid file while alive.
+struct PidLock {
+    file: File,
+}
+
+/// Tries to take the pid-file lock. `Ok(None)` when another process holds it.
+fn try_lock(pid_file: &Path) -> anyhow::Result<Option<PidLock>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(pid_file)
+        .with_context(|| format!("cannot open pid file {}", pid_file.display()))?;
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(PidLock { file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(anyhow::anyhow!(
+            "cannot lock pid file {}: {e}",
+            pid_file.display()
+        )),
+    }
+}
+
+/// The pid of the running daemon, if one holds the lock.
+fn running_pid(paths: &Paths) -> anyhow::Result<Option<u32>> {
+    if !paths.pid_file.exists() {
+        return Ok(None);
+    }
+    match try_lock(&paths.pid_file)? {
+        // We got the lock, so nobody runs; dropping it releases the lock again.
+        Some(_) => Ok(None),
+        None => {
+            let mut s = String::new();
+            File::open(&paths.pid_file)?.read_to_string(&mut s)?;
+            Ok(s.trim().parse().ok())
+        }
+    }
+}
+
+fn make_data_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create data directory {}", dir.display()))
+}
+
+fn print_running(paths: &Paths, pid: u32, already: bool, as_json: bool) -> anyhow::Result<()> {
+    if as_json {
+        return json(&serde_json::json!({
+            "running": true,
+            "already_running": already,
+            "pid": pid,
+            "socket": paths.socket,
+            "data_dir": paths.data_dir,
+            "db": paths.db,
+            "log": paths.log_file,
+        }));
+    }
+    let what = if already {
+        "relay already running"
+    } else {
+        "relay started"
+    };
+    line(format!("{what} (pid {pid})"))?;
+    line(format!("  socket: {}", paths.socket.display()))?;
+    line(format!("  data:   {}", paths.data_dir.display()))?;
+    line(format!("  log:    {}", paths.log_file.display()))?;
+    Ok(())
+}
+
+/// `agent-relay up`.
+pub(crate) fn up(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+    if args.foreground {
+        return foreground(paths, args);
+    }
+    if let Some(pid) = running_pid(paths)? {
+        return print_running(paths, pid, true, args.json);
+    }
+    make_data_dir(&paths.data_dir)?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&paths.log_file)
+        .with_context(|| format!("cannot open log file {}", paths.log_file.display()))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
+    let mut child = Command::new(exe)
+        .args(["up", "--foreground", "--storage", args.storage.as_str()])
+        .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
+        .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
+        .args(["--busy-high-water", &args.busy_high_water.to_string()])
+        .env("AGENT_RELAY_SOCKET", &paths.socket)
+        .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
+        .env("AGENT_RELAY_STORAGE_PATH", &paths.db)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C in this terminal must not stop the daemon.
+        .process_group(0)
+        .spawn()
+        .context("cannot start the daemon")?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let tail = log_tail(&paths.log_file, log_start);
+            anyhow::bail!("the daemon exited during start-up ({status}):\n{tail}");
+        }
+        if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the daemon did not accept connections within 15 s; see {}",
+                paths.log_file.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    print_running(paths, child.id(), false, args.json)
+}
+
+fn log_tail(path: &Path, from: u64) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.seek(std::io::SeekFrom::Start(from));
+        let _ = f.read_to_string(&mut s);
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Runs the daemon in this process until SIGTERM or SIGINT.
+fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+    init_logging("info");
+    make_data_dir(&paths.data_dir)?;
+    let Some(mut lock) = try_lock(&paths.pid_file)? else {
+        let pid = running_pid(paths)?
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "?".into());
+        anyhow::bail!(
+            "another relay daemon is already running for this data directory (pid {pid}); `agent-relay down` stops it"
+        );
+    };
+    lock.file.set_len(0)?;
+    lock.file.rewind()?;
+    writeln!(lock.file, "{}", std::process::id())?;
+    lock.file.flush()?;
+    let store: Box<dyn Store> = match args.storage {
+        StorageKind::Sqlite => Box::new(
+            SqliteStore::open(&paths.db)
+                .with_context(|| format!("cannot open database {}", paths.db.display()))?,
+        ),
+        StorageKind::Memory => Box::new(MemoryStore::new()),
+    };
+    let mut cfg = relay_daemon::Config::new(paths.socket.clone());
+    cfg.agents_file = Some(paths.agents_file.clone());
+    cfg.inbox_ttl = Duration::from_secs(args.inbox_ttl);
+    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
+    cfg.heartbeat_timeout = cfg.heartbeat * 3;
+    cfg.busy_high_water = args.busy_high_water.max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let kind = args.storage.as_str();
+    let result = rt.block_on(async {
+        let listener = relay_daemon::bind(&paths.socket)?;
+        tracing::info!(
+            pid = std::process::id(),
+            socket = %paths.socket.display(),
+            db = %store.location(),
+            "relay daemon listening"
+        );
+        relay_daemon::run(listener, store, cfg, kind, shutdown_signal()).await
+    });
+    let _ = std::fs::remove_file(&paths.pid_file);
+    drop(lock);
+    result?;
+    tracing::info!("relay daemon stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the daemon can still be stopped with SIGKILL; losing
+        // nothing committed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// `agent-relay down`.
+pub(crate) fn down(paths: &Paths, args: &DownArgs) -> anyhow::Result<()> {
+    let Some(pid) = running_pid(paths)? else {
+        line("relay is not running")?;
+        return Ok(());
+    };
+    let Some(raw) = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap_or(0)) else {
+        anyhow::bail!("pid file {} holds an invalid pid", paths.pid_file.display());
+    };
+    rustix::process::kill_process(raw, rustix::process::Signal::Term)
+        .with_context(|| format!("cannot signal the daemon (pid {pid})"))?;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    while running_pid(paths)?.is_some() {
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the daemon (pid {pid}) did not stop within {} s; `kill -9 {pid}` is safe (nothing acknowledged is lost)",
+                args.timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    line(format!("relay stopped (pid {pid})"))?;
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! Time formatting and parsing for the CLI, without a calendar dependency.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC for a Unix-ms timestamp.
+pub(crate) fn format_utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil conversion.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Parses a duration such as `90s`, `10m`, `2h`, `7d`, in milliseconds.
+pub(crate) fn parse_duration_ms(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// `--since` values: a duration ago (`10m`) or a Unix-ms timestamp.
+pub(crate) fn parse_since(s: &str) -> Result<u64, String> {
+    if let Some(d) = parse_duration_ms(s) {
+        return Ok(now_ms().saturating_sub(d));
+    }
+    s.parse::<u64>().map_err(|_| {
+        format!("cannot read {s:?} as a time: use a duration ago such as 90s, 10m, 2h, 7d, or Unix milliseconds")
+    })
+}
+
+/// `5m 3s` style for uptimes.
+pub(crate) fn human_secs(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m {}s", s / 60, s % 60),
+        s if s < 86_400 => format!("{}h {}m", s / 3600, (s / 60) % 60),
+        s => format!("{}d {}h", s / 86_400, (s / 3600) % 24),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_and_parses() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(format_utc(1_795_000_000_000), "2026-11-18 11:06:40");
+        assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(parse_duration_ms("10m"), Some(600_000));
+        assert_eq!(parse_duration_ms("2h"), Some(7_200_000));
+        assert_eq!(parse_duration_ms("x"), None);
+        assert_eq!(parse_duration_ms("5y"), None);
+        assert!(parse_since("yesterday").is_err());
+        assert_eq!(parse_since("123").unwrap(), 123);
+        assert_eq!(human_secs(303), "5m 3s");
+    }
+}

@@ -1,0 +1,462 @@
+//! The I/O shell around one connection: a reader that decodes frames and drives the
+//! [`Session`] core, and a writer that drains the connection's bounded outbound queue, encoding
+//! as many queued frames as are ready into one write.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use relay_protocol::{
+    DecodeError, Envelope, ErrorCode, ErrorPayload, FrameError, Header, MessageType, Nack,
+    NackCode, Payload, Ping, encode_frame, encode_with, frame_len,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::Config;
+use crate::clock::{frame_id, now_ms};
+use crate::router::{ConnHandle, DeliverItem, Killer, Outbound, RouterMsg};
+use crate::session::{Session, Tick, Timing, Verdict};
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve(
+    stream: UnixStream,
+    conn_id: u64,
+    cfg: Arc<Config>,
+    router: mpsc::Sender<RouterMsg>,
+    shutdown: CancellationToken,
+) {
+    let (rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel(cfg.outbound_queue);
+    let killer = Killer::default();
+    let writer = tokio::spawn(write_loop(
+        wr,
+        rx,
+        killer.clone(),
+        cfg.max_frame_bytes,
+        conn_id,
+    ));
+    let mut reader = Reader {
+        conn_id,
+        cfg: cfg.clone(),
+        router: router.clone(),
+        tx,
+        killer: killer.clone(),
+        session: Session::new(
+            Timing {
+                heartbeat: cfg.heartbeat,
+                timeout: cfg.heartbeat_timeout,
+                handshake: cfg.handshake_timeout,
+            },
+            Instant::now(),
+        ),
+        registered: false,
+    };
+    let exit = reader.run(rd, shutdown).await;
+    // On shutdown the router says BYE to every registered connection and closes it; an
+    // Unregister now could race ahead of that and leave the peer without its BYE.
+    if reader.registered && exit != Exit::Shutdown {
+        let _ = router.send(RouterMsg::Unregister { conn_id }).await;
+    }
+    // Dropping the reader drops its queue sender; the writer flushes what is queued and ends.
+    drop(reader);
+    let _ = writer.await;
+}
+
+struct Reader {
+    conn_id: u64,
+    cfg: Arc<Config>,
+    router: mpsc::Sender<RouterMsg>,
+    tx: mpsc::Sender<Outbound>,
+    killer: Killer,
+    session: Session,
+    registered: bool,
+}
+
+/// Why the reader stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum Exit {
+    /// The peer left, broke the protocol, or was cut off.
+    Closed,
+    /// The daemon is shutting down.
+    Shutdown,
+}
+
+/// Whether to keep reading.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Reader {
+    async fn run(&mut self, mut rd: OwnedReadHalf, shutdown: CancellationToken) -> Exit {
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let mut tick = tokio::time::interval(tick_period(self.cfg.heartbeat));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Handle every complete frame already buffered before reading more.
+            loop {
+                match frame_len(&buf, self.cfg.max_frame_bytes) {
+                    Ok(Some(n)) => {
+                        let flow = self.on_frame(&buf[4..n]).await;
+                        buf.advance(n);
+                        if let Flow::Stop = flow {
+                            return Exit::Closed;
+                        }
+                    }
+                    Ok(None) => {
+                        // Make room for the rest of a large frame without growing past it.
+                        if let Ok(Some(_)) | Err(_) = frame_len(&buf, self.cfg.max_frame_bytes) {
+                        } else if buf.len() >= 4 {
+                            let want =
+                                u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 4;
+                            buf.reserve(want.saturating_sub(buf.len()));
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        let code = match e {
+                            FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+                            _ => ErrorCode::BadFrame,
+                        };
+                        self.fatal(code, e.to_string()).await;
+                        return Exit::Closed;
+                    }
+                }
+            }
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => match r {
+                    Ok(0) => {
+                        if !buf.is_empty() {
+                            tracing::debug!(conn = self.conn_id, bytes = buf.len(), "peer closed mid-frame");
+                        }
+                        return Exit::Closed;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(conn = self.conn_id, error = %e, "read failed");
+                        return Exit::Closed;
+                    }
+                },
+                _ = tick.tick() => match self.session.on_tick(Instant::now()) {
+                    Tick::Idle => {}
+                    Tick::Ping => {
+                        self.queue(Outbound::Control(Payload::Ping(Ping::default()))).await;
+                    }
+                    Tick::Expired(code, message) => {
+                        tracing::info!(conn = self.conn_id, %message, "closing connection");
+                        self.fatal(code, message).await;
+                        return Exit::Closed;
+                    }
+                },
+                () = self.killer.killed() => return Exit::Closed,
+                () = shutdown.cancelled() => {
+                    // The router says BYE to registered connections; close the others here.
+                    if !self.registered {
+                        self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into()).await;
+                    }
+                    return Exit::Shutdown;
+                }
+            }
+        }
+    }
+
+    async fn queue(&self, out: Outbound) {
+        let _ = self.tx.send(out).await;
+    }
+
+    async fn error(&self, code: ErrorCode, message: String, fatal: bool) {
+        let env = Envelope::new(
+            frame_id(),
+            now_ms(),
+            Payload::Error(ErrorPayload {
+                code,
+                message,
+                fatal,
+            }),
+        );
+        if fatal {
+            if let Payload::Error(e) = env.payload {
+                self.queue(Outbound::Close(Some(e))).await;
+            }
+        } else {
+            self.queue(Outbound::Frame(env)).await;
+        }
+    }
+
+    async fn fatal(&mut self, code: ErrorCode, message: String) {
+        tracing::debug!(conn = self.conn_id, ?code, %message, "fatal protocol error");
+        self.session.close();
+        self.error(code, message, true).await;
+    }
+
+    async fn on_frame(&mut self, frame: &[u8]) -> Flow {
+        let env = match Envelope::from_json(frame) {
+            Ok(env) => env,
+            Err(e) if e.is_fatal() => {
+                let code = match e {
+                    DecodeError::BadVersion(_) => ErrorCode::BadVersion,
+                    _ => ErrorCode::BadFrame,
+                };
+                self.fatal(code, e.to_string()).await;
+                return Flow::Stop;
+            }
+            Err(DecodeError::UnknownType { id, ty }) => {
+                self.error(
+                    ErrorCode::UnknownType,
+                    format!("unknown message type {ty:?} (envelope {id:?}); ignored"),
+                    false,
+                )
+                .await;
+                return Flow::Continue;
+            }
+            Err(DecodeError::BadPayload { id, ty, reason }) => {
+                if self.registered && ty == "SEND" {
+                    let nack = Nack {
+                        ack_id: id,
+                        code: NackCode::Invalid,
+                        reason: format!("bad SEND payload: {reason}"),
+                    };
+                    self.queue(Outbound::Control(Payload::Nack(nack))).await;
+                    return Flow::Continue;
+                }
+                if !self.registered {
+                    self.fatal(ErrorCode::BadPayload, format!("bad {ty} payload: {reason}"))
+                        .await;
+                    return Flow::Stop;
+                }
+                self.error(
+                    ErrorCode::BadPayload,
+                    format!("bad {ty} payload in {id:?}: {reason}"),
+                    false,
+                )
+                .await;
+                return Flow::Continue;
+            }
+            Err(e) => {
+                self.fatal(ErrorCode::BadFrame, e.to_string()).await;
+                return Flow::Stop;
+            }
+        };
+        if let Verdict::Fatal(code, message) =
+            self.session.on_frame(env.message_type(), Instant::now())
+        {
+            self.fatal(code, message).await;
+            return Flow::Stop;
+        }
+        let conn_id = self.conn_id;
+        let ty = env.message_type();
+        let msg = match env.payload {
+            Payload::Hello(hello) => return self.on_hello(hello).await,
+            Payload::Send(payload) => RouterMsg::Send {
+                conn_id,
+                id: env.id,
+                to: env.to,
+                topic: env.topic,
+                payload,
+            },
+            Payload::Ack(ack) => RouterMsg::Ack { conn_id, ack },
+            Payload::Nack(nack) => RouterMsg::Nack { conn_id, nack },
+            Payload::Subscribe(p) | Payload::Unsubscribe(p) => RouterMsg::Subscribe {
+                conn_id,
+                on: ty == MessageType::Subscribe,
+                id: env.id,
+                pattern: env.topic.or(p.topic),
+            },
+            Payload::Query(req) => RouterMsg::Query {
+                conn_id,
+                id: env.id,
+                req,
+            },
+            Payload::Ping(p) => {
+                self.queue(Outbound::Control(Payload::Pong(p))).await;
+                return Flow::Continue;
+            }
+            Payload::Bye(_) => {
+                let bye = Envelope::new(frame_id(), now_ms(), Payload::Bye(Default::default()));
+                self.queue(Outbound::Frame(bye)).await;
+                self.queue(Outbound::Close(None)).await;
+                return Flow::Stop;
+            }
+            Payload::Pong(_) | Payload::Error(_) | Payload::Busy(_) => return Flow::Continue,
+            Payload::Welcome(_) | Payload::Deliver(_) | Payload::Result(_) => {
+                // The session core refused these already.
+                return Flow::Stop;
+            }
+        };
+        if self.router.send(msg).await.is_err() {
+            self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
+                .await;
+            return Flow::Stop;
+        }
+        Flow::Continue
+    }
+
+    async fn on_hello(&mut self, hello: relay_protocol::Hello) -> Flow {
+        if let Verdict::Fatal(code, message) = self.session.check_hello(&hello) {
+            self.fatal(code, message).await;
+            return Flow::Stop;
+        }
+        let (reply, answer) = oneshot::channel();
+        let conn = ConnHandle {
+            id: self.conn_id,
+            tx: self.tx.clone(),
+            killer: self.killer.clone(),
+        };
+        if self
+            .router
+            .send(RouterMsg::Register { conn, hello, reply })
+            .await
+            .is_err()
+        {
+            self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
+                .await;
+            return Flow::Stop;
+        }
+        match answer.await {
+            Ok(Ok(())) => {
+                self.registered = true;
+                self.session.activate();
+                Flow::Continue
+            }
+            Ok(Err((code, message))) => {
+                self.fatal(code, message).await;
+                Flow::Stop
+            }
+            Err(_) => {
+                self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
+                    .await;
+                Flow::Stop
+            }
+        }
+    }
+}
+
+/// Checks often enough to honour the heartbeat interval to within a fifth of it.
+fn tick_period(heartbeat: Duration) -> Duration {
+    (heartbeat / 5).max(Duration::from_millis(10))
+}
+
+/// Ids for frames this connection's writer originates: unique within the daemon process.
+struct FrameIds {
+    prefix: String,
+    next: u64,
+    buf: String,
+}
+
+impl FrameIds {
+    fn new(conn_id: u64) -> Self {
+        Self {
+            prefix: format!("d{}-{conn_id}-", std::process::id()),
+            next: 0,
+            buf: String::new(),
+        }
+    }
+
+    fn next(&mut self) -> &str {
+        use std::fmt::Write;
+        self.next += 1;
+        self.buf.clear();
+        self.buf.push_str(&self.prefix);
+        let _ = write!(self.buf, "{}", self.next);
+        &self.buf
+    }
+}
+
+/// Encodes one outbound item; `Some` for a Close (with its error, if any).
+fn encode(
+    out: Outbound,
+    buf: &mut BytesMut,
+    max: usize,
+    ids: &mut FrameIds,
+) -> Option<Option<ErrorPayload>> {
+    let res = match out {
+        Outbound::Frame(env) => encode_frame(&env, buf, max),
+        Outbound::Control(payload) => {
+            let header = Header {
+                id: ids.next(),
+                ts: now_ms(),
+                ..Header::default()
+            };
+            encode_with(buf, max, |w| payload.write_json(w, &header))
+        }
+        Outbound::Deliver(DeliverItem {
+            msg,
+            seq,
+            attempt,
+            session_id,
+        }) => {
+            let header = Header {
+                id: &msg.id,
+                ts: msg.ts,
+                from: Some(&msg.from),
+                to: Some(&msg.to),
+                topic: msg.topic.as_deref(),
+                delivery: Some((seq, &session_id, attempt)),
+            };
+            encode_with(buf, max, |w| {
+                Envelope::write_deliver_json(w, &header, &msg.payload)
+            })
+        }
+        Outbound::Close(err) => return Some(err),
+    };
+    if let Err(e) = res {
+        // Our own frames are bounded below the limit by the body limit; log if not.
+        tracing::error!(error = %e, "could not encode outbound frame");
+    }
+    None
+}
+
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Outbound>,
+    killer: Killer,
+    max: usize,
+    conn_id: u64,
+) {
+    let mut ids = FrameIds::new(conn_id);
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut close: Option<Option<ErrorPayload>> = None;
+    loop {
+        let first = tokio::select! {
+            biased;
+            item = rx.recv() => item,
+            () = killer.killed() => {
+                close = Some(killer.reason());
+                None
+            }
+        };
+        let Some(first) = first else {
+            // The queue closed; if the connection was cut short, still say why.
+            if close.is_none() {
+                close = killer.reason().map(Some);
+            }
+            break;
+        };
+        close = encode(first, &mut buf, max, &mut ids);
+        // Batch whatever else is ready into the same write.
+        while close.is_none() && buf.len() < 64 * 1024 {
+            match rx.try_recv() {
+                Ok(item) => close = encode(item, &mut buf, max, &mut ids),
+                Err(_) => break,
+            }
+        }
+        if wr.write_all(&buf).await.is_err() {
+            return;
+        }
+        buf.clear();
+        if close.is_some() {
+            break;
+        }
+    }
+    if let Some(Some(err)) = close {
+        let env = Envelope::new(frame_id(), now_ms(), Payload::Error(err));
+        if encode_frame(&env, &mut buf, max).is_ok() {
+            let _ = wr.write_all(&buf).await;
+        }
+    }
+    let _ = wr.shutdown().await;
+}

@@ -1,0 +1,307 @@
+//! The agent-relay daemon: accepts protocol-v1 connections on a Unix socket, stores every
+//! message before routing it, and delivers it to each recipient exactly once per session,
+//! replaying what was not acknowledged when a recipient comes back.
+//!
+//! Shape (after mini-redis `server::run`): [`run`] takes a bound listener, a store and a shutdown
+//! future. Inside, three kinds of task:
+//! - one task per connection (`conn.rs`), with the pure protocol state machine in `session.rs`;
+//! - one router task (`router.rs`), the single owner of membership, subscriptions and
+//!   per-recipient delivery windows;
+//! - one store thread (`store_actor.rs`), the single owner of the [`relay_store::Store`], which
+//!   commits writes in groups.
+
+mod clock;
+mod conn;
+mod router;
+mod session;
+mod store_actor;
+
+use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_store::Store;
+use tokio::net::UnixListener;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// Daemon settings. [`Config::new`] gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The socket path (reported by `status`).
+    pub socket_path: PathBuf,
+    /// Where to write `agents.json` on membership changes; `None` to skip.
+    pub agents_file: Option<PathBuf>,
+    /// PING interval (protocol: 5 s).
+    pub heartbeat: Duration,
+    /// Silence after which a connection is closed.
+    pub heartbeat_timeout: Duration,
+    /// Time a new connection has to send HELLO.
+    pub handshake_timeout: Duration,
+    /// Largest frame accepted.
+    pub max_frame_bytes: usize,
+    /// Largest message body accepted.
+    pub max_body_bytes: usize,
+    /// Frames queued per connection before it counts as not reading.
+    pub outbound_queue: usize,
+    /// Largest per-recipient window of unacknowledged DELIVERs.
+    pub max_window: usize,
+    /// Most simultaneous connections.
+    pub max_connections: usize,
+    /// How long a queued message waits for an offline recipient before it expires.
+    pub inbox_ttl: Duration,
+    /// How often expired messages are swept.
+    pub sweep_interval: Duration,
+    /// Messages waiting for one recipient before its senders are told BUSY.
+    pub busy_high_water: u64,
+}
+
+impl Config {
+    /// Defaults for a daemon listening on `socket_path`.
+    pub fn new(socket_path: PathBuf) -> Self {
+        Self {
+            socket_path,
+            agents_file: None,
+            heartbeat: Duration::from_secs(5),
+            heartbeat_timeout: Duration::from_secs(15),
+            handshake_timeout: Duration::from_secs(10),
+            max_frame_bytes: relay_protocol::MAX_FRAME_BYTES,
+            max_body_bytes: 512 * 1024,
+            outbound_queue: 8192,
+            max_window: 1024,
+            max_connections: 1024,
+            inbox_ttl: Duration::from_secs(3600),
+            sweep_interval: Duration::from_secs(30),
+            busy_high_water: 10_000,
+        }
+    }
+}
+
+/// Daemon failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    /// Socket set-up failed.
+    #[error("cannot listen on {path}: {reason}")]
+    Listen {
+        /// Socket path.
+        path: PathBuf,
+        /// What went wrong and what to do.
+        reason: String,
+    },
+    /// Another daemon answers on the socket.
+    #[error("a relay daemon is already running on {0}")]
+    AlreadyRunning(PathBuf),
+    /// The store failed at start-up.
+    #[error(transparent)]
+    Store(#[from] relay_store::StoreError),
+    /// Thread or runtime failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Creates `dir` (and parents) as a private directory: mode 0700, owned by us, not a symlink.
+/// An existing directory that fails these checks is refused rather than used, because someone
+/// else could then replace our socket.
+///
+/// # Errors
+/// [`DaemonError::Listen`] explaining the problem.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
+    let err = |reason: String| DaemonError::Listen {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => {
+            if meta.file_type().is_symlink() || !meta.is_dir() {
+                return Err(err(
+                    "exists and is not a plain directory (a symlink?); remove it".into(),
+                ));
+            }
+            if meta.uid() != rustix::process::getuid().as_raw() {
+                return Err(err(
+                    "is owned by another user; set AGENT_RELAY_SOCKET to a path of yours".into(),
+                ));
+            }
+            if meta.mode() & 0o077 != 0 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| err(format!("cannot make it private: {e}")))?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| err(format!("cannot create it: {e}"))),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// Binds the daemon's socket at `path`: the parent directory is made private (0700) first, a
+/// stale socket left by a crash is removed (a live one is [`DaemonError::AlreadyRunning`]), and
+/// the socket is set to 0600.
+///
+/// # Errors
+/// [`DaemonError`] saying what to do.
+pub fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
+    let listen_err = |reason: String| DaemonError::Listen {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if path.as_os_str().len() > 100 {
+        return Err(listen_err(
+            "the path is too long for a Unix socket (about 100 bytes at most); set AGENT_RELAY_SOCKET to a shorter path".into(),
+        ));
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        ensure_private_dir(parent)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(listen_err(
+                    "a file that is not a socket is in the way; remove it".into(),
+                ));
+            }
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| listen_err(format!("cannot remove stale socket: {e}")))?;
+            tracing::info!(path = %path.display(), "removed stale socket");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(listen_err(e.to_string())),
+    }
+    let listener = UnixListener::bind(path).map_err(|e| listen_err(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| listen_err(format!("cannot set socket mode 0600: {e}")))?;
+    Ok(listener)
+}
+
+/// Runs the daemon on `listener` until `shutdown` completes, then closes every connection
+/// (BYE), lets the store commit what it was given, and returns.
+///
+/// # Errors
+/// [`DaemonError`] if the store cannot be read at start-up or its thread cannot start.
+pub async fn run(
+    listener: UnixListener,
+    mut store: Box<dyn Store>,
+    config: Config,
+    storage_kind: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let cfg = Arc::new(config);
+    let known = store.known_agents()?;
+    let location = store.location();
+    let (store_tx, store_rx) = mpsc::channel(16 * 1024);
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let store_thread = store_actor::spawn(store, store_rx, events_tx)
+        .map_err(|e| DaemonError::Internal(format!("cannot start store thread: {e}")))?;
+    let (router_tx, router_rx) = mpsc::channel(16 * 1024);
+    let stop = CancellationToken::new();
+    let router = router::Router::new(
+        cfg.clone(),
+        store_tx,
+        known,
+        location,
+        storage_kind.to_owned(),
+    );
+    let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone()));
+    let uid = rustix::process::getuid().as_raw();
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let mut next_id: u64 = 1;
+    tokio::pin!(shutdown);
+    let tracker = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = &mut shutdown => break,
+        };
+        let (stream, _) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == uid => {}
+            other => {
+                tracing::warn!(peer = ?other.as_ref().map(|c| c.uid()), "refusing connection from another user");
+                continue;
+            }
+        }
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                max = cfg.max_connections,
+                "connection limit reached; refusing"
+            );
+            tracker.spawn(refuse(stream, cfg.max_frame_bytes));
+            continue;
+        };
+        let conn_id = next_id;
+        next_id += 1;
+        tracker.spawn(
+            conn::serve(
+                stream,
+                conn_id,
+                cfg.clone(),
+                router_tx.clone(),
+                stop.clone(),
+            )
+            .inspect_done(permit),
+        );
+    }
+    tracing::info!("shutting down");
+    stop.cancel();
+    drop(router_tx);
+    tracker.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+    let _ = router_task.await;
+    // The router owned the last store sender; the store thread drains and exits.
+    tokio::task::spawn_blocking(move || store_thread.join())
+        .await
+        .map_err(|e| DaemonError::Internal(e.to_string()))?
+        .map_err(|_| DaemonError::Internal("store thread panicked".into()))?;
+    let _ = std::fs::remove_file(&cfg.socket_path);
+    Ok(())
+}
+
+/// Tells a connection over the limit why it is refused.
+async fn refuse(stream: tokio::net::UnixStream, max: usize) {
+    use tokio::io::AsyncWriteExt;
+    let env = relay_protocol::Envelope::new(
+        clock::frame_id(),
+        clock::now_ms(),
+        relay_protocol::Payload::Error(relay_protocol::ErrorPayload {
+            code: relay_protocol::ErrorCode::Internal,
+            message: "too many connections; try again later".into(),
+            fatal: true,
+        }),
+    );
+    let mut buf = bytes::BytesMut::new();
+    if relay_protocol::encode_frame(&env, &mut buf, max).is_ok() {
+        let mut stream = stream;
+        let _ = stream.write_all(&buf).await;
+    }
+}
+
+/// Holds a value until the future completes.
+trait InspectDone: Future + Sized {
+    fn inspect_done<T: std::marker::Send>(self, keep: T) -> impl Future<Output = Self::Output> {
+        async move {
+            let out = self.await;
+            drop(keep);
+            out
+        }
+    }
+}
+
+impl<F: Future> InspectDone for F {}

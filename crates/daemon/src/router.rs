@@ -1,0 +1,1194 @@
+//! The router: the single owner of who is connected, who subscribes to what, and where each
+//! recipient's delivery stream stands.
+//!
+//! Connections send it [`RouterMsg`]s over one bounded channel; the store actor answers on one
+//! FIFO channel. Nothing else touches routing state, so there are no locks.
+//!
+//! Per online agent the router keeps a *window* of DELIVERs sent but not acknowledged. While the
+//! agent keeps up, messages go out live right after their commit. When the window fills, or when
+//! the agent has just connected, the agent is *catching up*: new messages stay queued in the
+//! store and the router loads them in pages, oldest first. Because the store reports in command
+//! order, the page that comes back short (caught up) already includes everything committed
+//! before it, and everything committed after it arrives as a live result: no gap, no duplicate.
+//!
+//! Acknowledgements move a per-recipient watermark: everything at or below
+//! `min(in flight) - 1` (or the last sent position when nothing is in flight) is acked, and the
+//! store records that as one range update per batch.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use relay_protocol::query::{AgentInfo, DeliveryStatus, QueryRequest, QueryResult, StatusInfo};
+use relay_protocol::{
+    Ack, AckStatus, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack, NackCode,
+    Payload, Role, Send, ServerInfo, Welcome, topic_matches, validate_agent_name, validate_topic,
+    validate_topic_pattern,
+};
+use relay_store::{AppendOutcome, NewMessage, Recipient, StoredMessage, WriteOp, WriteResult};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::Config;
+use crate::clock::{frame_id, now_ms};
+use crate::store_actor::{StoreCmd, StoreEvent};
+
+/// One DELIVER waiting in a connection's queue; the connection's writer encodes it.
+#[derive(Debug)]
+pub(crate) struct DeliverItem {
+    pub(crate) msg: Arc<StoredMessage>,
+    pub(crate) seq: u64,
+    pub(crate) attempt: u32,
+    pub(crate) session_id: Arc<str>,
+}
+
+/// What a connection's writer is asked to write.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    /// A frame built by the router or the reader.
+    Frame(Envelope),
+    /// A daemon-originated frame with no routing fields; the writer stamps its id and time.
+    Control(Payload),
+    /// A DELIVER.
+    Deliver(DeliverItem),
+    /// Write this error (if any) after everything queued, then close.
+    Close(Option<ErrorPayload>),
+}
+
+/// Cuts a connection short from outside (slow consumer, takeover, shutdown).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Killer {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<ErrorPayload>>>,
+}
+
+impl Killer {
+    pub(crate) fn kill(&self, code: ErrorCode, message: String) {
+        if let Ok(mut r) = self.reason.lock() {
+            r.get_or_insert(ErrorPayload {
+                code,
+                message,
+                fatal: true,
+            });
+        }
+        self.token.cancel();
+    }
+
+    pub(crate) async fn killed(&self) {
+        self.token.cancelled().await;
+    }
+
+    pub(crate) fn reason(&self) -> Option<ErrorPayload> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+}
+
+/// A connection's handle, given to the router with its HELLO.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnHandle {
+    pub(crate) id: u64,
+    pub(crate) tx: mpsc::Sender<Outbound>,
+    pub(crate) killer: Killer,
+}
+
+/// Messages to the router.
+#[derive(Debug)]
+pub(crate) enum RouterMsg {
+    /// A HELLO passed validation; register the connection and queue WELCOME.
+    Register {
+        conn: ConnHandle,
+        hello: Hello,
+        reply: oneshot::Sender<Result<(), (ErrorCode, String)>>,
+    },
+    /// The connection is gone.
+    Unregister { conn_id: u64 },
+    /// A SEND.
+    Send {
+        conn_id: u64,
+        id: String,
+        to: Option<String>,
+        topic: Option<String>,
+        payload: Send,
+    },
+    /// A recipient acknowledged a DELIVER.
+    Ack { conn_id: u64, ack: Ack },
+    /// A recipient refused a DELIVER.
+    Nack { conn_id: u64, nack: Nack },
+    /// SUBSCRIBE (`on`) or UNSUBSCRIBE.
+    Subscribe {
+        conn_id: u64,
+        id: String,
+        pattern: Option<String>,
+        on: bool,
+    },
+    /// A QUERY.
+    Query {
+        conn_id: u64,
+        id: String,
+        req: QueryRequest,
+    },
+}
+
+/// Context carried through the store with a write, returned with its result.
+#[derive(Debug)]
+pub(crate) enum WriteCtx {
+    /// Nobody waits for this result.
+    None,
+    /// A SEND: acknowledge to the sender and deliver to the recipients.
+    Send {
+        conn_id: u64,
+        env_id: String,
+        recipients: Vec<String>,
+    },
+}
+
+/// Context carried through the store with a query.
+#[derive(Debug)]
+pub(crate) struct QueryCtx {
+    conn_id: u64,
+    env_id: String,
+    kind: QueryKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum QueryKind {
+    Status,
+    Agents,
+    Other,
+}
+
+#[derive(Debug)]
+struct Conn {
+    name: String,
+    role: Role,
+    tx: mpsc::Sender<Outbound>,
+    killer: Killer,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Mode {
+    /// Messages go out as soon as they are committed.
+    Live,
+    /// Messages wait in the store; `loading` while a page is being fetched.
+    CatchUp { loading: bool },
+}
+
+#[derive(Debug)]
+struct Online {
+    conn_id: u64,
+    tx: mpsc::Sender<Outbound>,
+    killer: Killer,
+    session_id: Arc<str>,
+    resume_token: String,
+    ack_required: bool,
+    window: usize,
+    mode: Mode,
+    /// Highest position handed to the connection in this session.
+    last_sent: i64,
+    /// Sent, not yet acknowledged: position → (message id, seq).
+    inflight: BTreeMap<i64, (String, u64)>,
+    /// Highest watermark sent to the store.
+    acked_through: i64,
+    /// Stored for it while catching up and not yet loaded (approximate, for BUSY).
+    backlog: u64,
+    busy_told: HashMap<String, Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Agent {
+    cli: Option<String>,
+    topics: BTreeSet<String>,
+    online: Option<Online>,
+    connected_at: u64,
+}
+
+/// Why a DELIVER could not be queued.
+struct SlowConsumer;
+
+impl Online {
+    fn can_send_live(&self) -> bool {
+        self.mode == Mode::Live && self.inflight.len() < self.window
+    }
+
+    fn dispatch(
+        &mut self,
+        msg: Arc<StoredMessage>,
+        seq: u64,
+        attempt: u32,
+    ) -> Result<(), SlowConsumer> {
+        let pos = msg.pos;
+        let id = msg.id.clone();
+        let item = DeliverItem {
+            msg,
+            seq,
+            attempt,
+            session_id: self.session_id.clone(),
+        };
+        if self.tx.try_send(Outbound::Deliver(item)).is_err() {
+            return Err(SlowConsumer);
+        }
+        self.last_sent = self.last_sent.max(pos);
+        if self.ack_required {
+            self.inflight.insert(pos, (id, seq));
+        }
+        Ok(())
+    }
+
+    /// The position through which everything sent has been acknowledged.
+    fn watermark(&self) -> i64 {
+        match self.inflight.first_key_value() {
+            Some((pos, _)) => pos - 1,
+            None => self.last_sent,
+        }
+    }
+
+    /// Finds the in-flight position of an acknowledged id; acks usually come in order, so the
+    /// oldest entry is tried first.
+    fn find(&self, id: &str, seq: Option<u64>) -> Option<i64> {
+        let hit = |(_, (i, s)): &(&i64, &(String, u64))| i == id && seq.is_none_or(|q| q == *s);
+        if let Some(first) = self.inflight.iter().next().filter(|e| hit(e)) {
+            return Some(*first.0);
+        }
+        self.inflight.iter().find(|e| hit(e)).map(|(p, _)| *p)
+    }
+}
+
+/// The router task's state.
+pub(crate) struct Router {
+    cfg: Arc<Config>,
+    store: mpsc::Sender<StoreCmd>,
+    conns: HashMap<u64, Conn>,
+    agents: HashMap<String, Agent>,
+    started: Instant,
+    db_location: String,
+    storage: String,
+    /// Recipients whose acknowledgement watermark moved since the last flush to the store.
+    dirty: std::collections::HashSet<String>,
+    /// Events handled since the last flush.
+    since_flush: u32,
+}
+
+/// Flush watermarks at least this often under sustained load (they are also flushed whenever
+/// the router runs out of work).
+const FLUSH_EVERY: u32 = 1024;
+
+impl Router {
+    pub(crate) fn new(
+        cfg: Arc<Config>,
+        store: mpsc::Sender<StoreCmd>,
+        known: Vec<relay_store::KnownAgent>,
+        db_location: String,
+        storage: String,
+    ) -> Self {
+        let agents = known
+            .into_iter()
+            .map(|k| {
+                (
+                    k.name,
+                    Agent {
+                        topics: k.topics.into_iter().collect(),
+                        ..Agent::default()
+                    },
+                )
+            })
+            .collect();
+        Self {
+            cfg,
+            store,
+            conns: HashMap::new(),
+            agents,
+            started: Instant::now(),
+            db_location,
+            storage,
+            dirty: std::collections::HashSet::new(),
+            since_flush: 0,
+        }
+    }
+
+    /// Runs until `rx` closes or `shutdown` fires; then says BYE to every connection.
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<RouterMsg>,
+        mut events: mpsc::UnboundedReceiver<StoreEvent>,
+        shutdown: CancellationToken,
+    ) {
+        let mut sweep = tokio::time::interval(self.cfg.sweep_interval);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.write_agents_file();
+        loop {
+            tokio::select! {
+                biased;
+                Some(ev) = events.recv() => self.on_store_event(ev).await,
+                msg = rx.recv() => match msg {
+                    Some(m) => self.on_msg(m).await,
+                    None => break,
+                },
+                _ = sweep.tick() => self.on_sweep().await,
+                () = shutdown.cancelled() => break,
+                // Lowest priority: runs only when nothing else is ready.
+                () = std::future::ready(()), if !self.dirty.is_empty() => self.flush_watermarks().await,
+            }
+            self.since_flush += 1;
+            if self.since_flush >= FLUSH_EVERY {
+                self.flush_watermarks().await;
+            }
+        }
+        self.flush_watermarks().await;
+        for conn in self.conns.values() {
+            let bye = Envelope::new(
+                frame_id(),
+                now_ms(),
+                Payload::Bye(relay_protocol::Bye {
+                    reason: Some("daemon shutting down".into()),
+                }),
+            );
+            if conn.tx.try_send(Outbound::Frame(bye)).is_err()
+                || conn.tx.try_send(Outbound::Close(None)).is_err()
+            {
+                conn.killer
+                    .kill(ErrorCode::ShuttingDown, "daemon shutting down".into());
+            }
+        }
+        for agent in self.agents.values_mut() {
+            agent.online = None;
+        }
+        self.write_agents_file();
+    }
+
+    async fn to_store(&self, cmd: StoreCmd) {
+        if self.store.send(cmd).await.is_err() {
+            tracing::error!("store actor is gone");
+        }
+    }
+
+    async fn on_msg(&mut self, msg: RouterMsg) {
+        match msg {
+            RouterMsg::Register { conn, hello, reply } => {
+                let res = self.register(conn, hello).await;
+                let _ = reply.send(res);
+            }
+            RouterMsg::Unregister { conn_id } => self.unregister(conn_id).await,
+            RouterMsg::Send {
+                conn_id,
+                id,
+                to,
+                topic,
+                payload,
+            } => {
+                self.on_send(conn_id, id, to, topic, payload).await;
+            }
+            RouterMsg::Ack { conn_id, ack } => {
+                self.on_ack(conn_id, &ack.ack_id, ack.seq, ack.state).await;
+            }
+            RouterMsg::Nack { conn_id, nack } => {
+                self.on_ack(conn_id, &nack.ack_id, None, Some(DeliveryState::Failed))
+                    .await;
+            }
+            RouterMsg::Subscribe {
+                conn_id,
+                id,
+                pattern,
+                on,
+            } => {
+                self.on_subscribe(conn_id, id, pattern, on).await;
+            }
+            RouterMsg::Query { conn_id, id, req } => {
+                let kind = match req {
+                    QueryRequest::Status => QueryKind::Status,
+                    QueryRequest::Agents => QueryKind::Agents,
+                    _ => QueryKind::Other,
+                };
+                self.to_store(StoreCmd::Query(
+                    req,
+                    QueryCtx {
+                        conn_id,
+                        env_id: id,
+                        kind,
+                    },
+                ))
+                .await;
+            }
+        }
+    }
+
+    async fn register(
+        &mut self,
+        conn: ConnHandle,
+        hello: Hello,
+    ) -> Result<(), (ErrorCode, String)> {
+        let session_id: Arc<str> = ulid::Ulid::new().to_string().into();
+        let resume_token = format!("{:032x}", rand::random::<u128>());
+        let mut resumed = false;
+        let live = self
+            .agents
+            .get(&hello.agent)
+            .and_then(|a| a.online.as_ref());
+        if hello.role == Role::Agent
+            && let Some(old) = live
+        {
+            if hello.resume_token.as_deref() != Some(old.resume_token.as_str()) {
+                return Err((
+                    ErrorCode::NameInUse,
+                    format!(
+                        "an agent named {:?} is already connected; choose another name (-n NAME) or stop the other one",
+                        hello.agent
+                    ),
+                ));
+            }
+            old.killer.kill(
+                ErrorCode::NameInUse,
+                "replaced by a new connection presenting this session's resume token".into(),
+            );
+            self.conns.remove(&old.conn_id);
+            if let Some(old) = self
+                .agents
+                .get_mut(&hello.agent)
+                .and_then(|a| a.online.take())
+            {
+                self.end_session(&hello.agent, &old).await;
+            }
+            resumed = true;
+        }
+        let welcome = Envelope::new(
+            frame_id(),
+            now_ms(),
+            Payload::Welcome(Welcome {
+                session_id: session_id.to_string(),
+                resume_token: resume_token.clone(),
+                server: ServerInfo {
+                    max_frame_bytes: u32::try_from(self.cfg.max_frame_bytes).unwrap_or(u32::MAX),
+                    heartbeat_ms: u64::try_from(self.cfg.heartbeat.as_millis()).unwrap_or(u64::MAX),
+                },
+                resumed,
+            }),
+        );
+        if conn.tx.try_send(Outbound::Frame(welcome)).is_err() {
+            return Err((ErrorCode::Internal, "connection queue unavailable".into()));
+        }
+        self.conns.insert(
+            conn.id,
+            Conn {
+                name: hello.agent.clone(),
+                role: hello.role,
+                tx: conn.tx.clone(),
+                killer: conn.killer.clone(),
+            },
+        );
+        if hello.role == Role::Client {
+            return Ok(());
+        }
+        let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
+        let agent = self.agents.entry(hello.agent.clone()).or_default();
+        agent.cli = hello.cli.clone();
+        agent.connected_at = now_ms();
+        agent.online = Some(Online {
+            conn_id: conn.id,
+            tx: conn.tx,
+            killer: conn.killer,
+            session_id: session_id.clone(),
+            resume_token,
+            ack_required: hello.capabilities.ack,
+            window,
+            mode: Mode::CatchUp { loading: true },
+            last_sent: 0,
+            inflight: BTreeMap::new(),
+            acked_through: 0,
+            backlog: 0,
+            busy_told: HashMap::new(),
+        });
+        tracing::info!(agent = %hello.agent, cli = ?hello.cli, resumed, "agent connected");
+        self.to_store(StoreCmd::Write(
+            WriteOp::AgentConnected {
+                name: hello.agent.clone(),
+                cli: hello.cli,
+                session_id: session_id.to_string(),
+            },
+            WriteCtx::None,
+        ))
+        .await;
+        // Replay whatever waits for it (offline inbox, unacknowledged deliveries).
+        self.to_store(StoreCmd::TakePending {
+            recipient: hello.agent,
+            conn_id: conn.id,
+            after: 0,
+            limit: window,
+        })
+        .await;
+        self.write_agents_file();
+        Ok(())
+    }
+
+    async fn unregister(&mut self, conn_id: u64) {
+        let Some(conn) = self.conns.remove(&conn_id) else {
+            return;
+        };
+        if conn.role == Role::Client {
+            return;
+        }
+        let Some(agent) = self.agents.get_mut(&conn.name) else {
+            return;
+        };
+        let Some(online) = agent.online.take_if(|o| o.conn_id == conn_id) else {
+            return;
+        };
+        tracing::info!(agent = %conn.name, inflight = online.inflight.len(), "agent disconnected");
+        self.end_session(&conn.name, &online).await;
+        self.to_store(StoreCmd::Write(
+            WriteOp::AgentDisconnected {
+                name: conn.name,
+                session_id: online.session_id.to_string(),
+            },
+            WriteCtx::None,
+        ))
+        .await;
+        self.write_agents_file();
+    }
+
+    fn reply(&self, conn_id: u64, payload: Payload) {
+        if let Some(conn) = self.conns.get(&conn_id) {
+            send_or_kill(&conn.tx, &conn.killer, Outbound::Control(payload));
+        }
+    }
+
+    fn nack(&self, conn_id: u64, ack_id: String, code: NackCode, reason: String) {
+        self.reply(
+            conn_id,
+            Payload::Nack(Nack {
+                ack_id,
+                code,
+                reason,
+            }),
+        );
+    }
+
+    fn known_names(&self) -> String {
+        let mut names: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        if names.is_empty() {
+            return "no agents have connected yet".into();
+        }
+        let more = names.len().saturating_sub(20);
+        names.truncate(20);
+        let mut s = format!("known: {}", names.join(", "));
+        if more > 0 {
+            s.push_str(&format!(" and {more} more"));
+        }
+        s
+    }
+
+    /// Decides who gets a SEND.
+    fn resolve(
+        &self,
+        from: &str,
+        to: Option<&str>,
+        topic: Option<&str>,
+    ) -> Result<(String, Vec<String>), (NackCode, String)> {
+        if let Some(t) = topic {
+            validate_topic(t).map_err(|e| (NackCode::Invalid, format!("bad topic: {e}")))?;
+        }
+        match (to, topic) {
+            (Some("*"), None) => {
+                let names = self
+                    .agents
+                    .keys()
+                    .filter(|n| n.as_str() != from)
+                    .cloned()
+                    .collect();
+                Ok(("*".into(), names))
+            }
+            (None | Some("*"), Some(t)) => {
+                let names = self
+                    .agents
+                    .iter()
+                    .filter(|(n, a)| {
+                        n.as_str() != from && a.topics.iter().any(|p| topic_matches(p, t))
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                Ok(("*".into(), names))
+            }
+            (Some(name), _) => {
+                validate_agent_name(name)
+                    .map_err(|e| (NackCode::Invalid, format!("bad recipient: {e}")))?;
+                if !self.agents.contains_key(name) {
+                    return Err((
+                        NackCode::UnknownTarget,
+                        format!("no agent named {name:?}; {}", self.known_names()),
+                    ));
+                }
+                Ok((name.to_owned(), vec![name.to_owned()]))
+            }
+            (None, None) => Err((
+                NackCode::Invalid,
+                "SEND needs `to` (an agent name or \"*\") or a `topic`".into(),
+            )),
+        }
+    }
+
+    async fn on_send(
+        &mut self,
+        conn_id: u64,
+        id: String,
+        to: Option<String>,
+        topic: Option<String>,
+        payload: Send,
+    ) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        if id.is_empty() || id.len() > 128 {
+            self.nack(
+                conn_id,
+                id,
+                NackCode::Invalid,
+                "message id must be 1 to 128 bytes".into(),
+            );
+            return;
+        }
+        if payload.body.len() > self.cfg.max_body_bytes {
+            let reason = format!(
+                "body is {} bytes; the limit is {} bytes. Put long content in a file and send its path",
+                payload.body.len(),
+                self.cfg.max_body_bytes
+            );
+            self.nack(conn_id, id, NackCode::TooLarge, reason);
+            return;
+        }
+        let from = conn.name.clone();
+        let session_id = self
+            .agents
+            .get(&from)
+            .and_then(|a| a.online.as_ref())
+            .filter(|o| o.conn_id == conn_id)
+            .map(|o| o.session_id.to_string());
+        let (to_name, names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
+            Ok(r) => r,
+            Err((code, reason)) => {
+                self.nack(conn_id, id, code, reason);
+                return;
+            }
+        };
+        let recipients = names
+            .iter()
+            .map(|n| Recipient { name: n.clone() })
+            .collect();
+        let new = NewMessage {
+            id: id.clone(),
+            from,
+            to: to_name,
+            topic,
+            payload,
+            session_id,
+            recipients,
+        };
+        self.to_store(StoreCmd::Write(
+            WriteOp::Append(new),
+            WriteCtx::Send {
+                conn_id,
+                env_id: id,
+                recipients: names,
+            },
+        ))
+        .await;
+    }
+
+    async fn on_store_event(&mut self, ev: StoreEvent) {
+        match ev {
+            StoreEvent::Written(
+                WriteCtx::Send {
+                    conn_id,
+                    env_id,
+                    recipients,
+                },
+                res,
+            ) => {
+                self.on_appended(conn_id, env_id, recipients, res).await;
+            }
+            StoreEvent::Written(WriteCtx::None, Err(e)) => {
+                tracing::warn!(error = %e, "store write failed");
+            }
+            StoreEvent::Written(WriteCtx::None, Ok(_)) => {}
+            StoreEvent::Pending {
+                recipient,
+                conn_id,
+                deliveries,
+                limit,
+            } => {
+                self.on_pending(recipient, conn_id, deliveries, limit).await;
+            }
+            StoreEvent::Query(ctx, result, stats) => self.on_query_result(ctx, result, stats),
+        }
+    }
+
+    async fn on_appended(
+        &mut self,
+        conn_id: u64,
+        env_id: String,
+        recipients: Vec<String>,
+        res: Result<WriteResult, String>,
+    ) {
+        let outcome = match res {
+            Ok(WriteResult::Appended(o)) => o,
+            Ok(other) => {
+                tracing::error!(?other, "append answered with a non-append result");
+                self.nack(
+                    conn_id,
+                    env_id,
+                    NackCode::Unavailable,
+                    "internal error; retry".into(),
+                );
+                return;
+            }
+            Err(e) => {
+                self.nack(
+                    conn_id,
+                    env_id,
+                    NackCode::Unavailable,
+                    format!("the message could not be stored ({e}); nothing was delivered; retry"),
+                );
+                return;
+            }
+        };
+        let (message, seqs) = match outcome {
+            AppendOutcome::Duplicate { .. } => {
+                self.reply(
+                    conn_id,
+                    Payload::Ack(Ack {
+                        ack_id: env_id,
+                        seq: None,
+                        status: Some(AckStatus::Duplicate),
+                        recipients: None,
+                        state: None,
+                    }),
+                );
+                return;
+            }
+            AppendOutcome::Stored { message, seqs } => (message, seqs),
+        };
+        let mut any_online = false;
+        let mut busy: Vec<(String, u64)> = Vec::new();
+        let mut slow: Vec<String> = Vec::new();
+        let mut refill: Vec<String> = Vec::new();
+        for (name, seq) in recipients.iter().zip(seqs) {
+            let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+                continue;
+            };
+            any_online = true;
+            if on.can_send_live() {
+                if on.dispatch(message.clone(), seq, 1).is_err() {
+                    slow.push(name.clone());
+                }
+                if !on.ack_required {
+                    refill.push(name.clone());
+                }
+            } else {
+                if on.mode == Mode::Live {
+                    on.mode = Mode::CatchUp { loading: false };
+                }
+                on.backlog += 1;
+                if on.backlog >= self.cfg.busy_high_water {
+                    let sender = self
+                        .conns
+                        .get(&conn_id)
+                        .map(|c| c.name.clone())
+                        .unwrap_or_default();
+                    let told = on
+                        .busy_told
+                        .get(&sender)
+                        .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+                    if !told {
+                        on.busy_told.insert(sender, Instant::now());
+                        busy.push((name.clone(), on.backlog));
+                    }
+                }
+            }
+        }
+        let status = if recipients.is_empty() || any_online {
+            AckStatus::Accepted
+        } else {
+            AckStatus::Queued
+        };
+        self.reply(
+            conn_id,
+            Payload::Ack(Ack {
+                ack_id: env_id,
+                seq: None,
+                status: Some(status),
+                recipients: Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
+                state: None,
+            }),
+        );
+        for (target, pending) in busy {
+            tracing::warn!(%target, pending, "recipient is far behind; telling sender BUSY");
+            self.reply(
+                conn_id,
+                Payload::Busy(Busy {
+                    retry_after_ms: 1000,
+                    target: Some(target),
+                    pending,
+                }),
+            );
+        }
+        for name in slow {
+            self.drop_slow(&name).await;
+        }
+        for name in refill {
+            self.advance_watermark(&name).await;
+        }
+    }
+
+    async fn drop_slow(&mut self, name: &str) {
+        if let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.take()) {
+            tracing::warn!(agent = %name, "connection does not read its frames: closing it (its messages stay queued)");
+            on.killer.kill(
+                ErrorCode::SlowConsumer,
+                "this connection did not read its frames; reconnect to receive the queued messages"
+                    .into(),
+            );
+            self.end_session(name, &on).await;
+        }
+    }
+
+    /// Records what an ending session had been handed without acknowledging: its acknowledged
+    /// watermark, and one more attempt for everything it held above it. Everything at or below
+    /// `last_sent` was handed out (live and catch-up sends both go in position order).
+    async fn end_session(&mut self, name: &str, on: &Online) {
+        self.dirty.remove(name);
+        let through = on.watermark();
+        if through > on.acked_through {
+            self.to_store(StoreCmd::Write(
+                WriteOp::AckThrough {
+                    recipient: name.to_owned(),
+                    through,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+        }
+        if on.last_sent > through {
+            self.to_store(StoreCmd::Write(
+                WriteOp::HandedOut {
+                    recipient: name.to_owned(),
+                    after: through,
+                    through: on.last_sent,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+        }
+    }
+
+    async fn on_pending(
+        &mut self,
+        recipient: String,
+        conn_id: u64,
+        deliveries: Result<Vec<relay_store::PendingDelivery>, String>,
+        limit: usize,
+    ) {
+        let Some(on) = self
+            .agents
+            .get_mut(&recipient)
+            .and_then(|a| a.online.as_mut())
+            .filter(|o| o.conn_id == conn_id)
+        else {
+            return;
+        };
+        let deliveries = match deliveries {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, %recipient, "could not load queued messages; will retry");
+                on.mode = Mode::CatchUp { loading: false };
+                return;
+            }
+        };
+        let n = deliveries.len();
+        let mut slow = false;
+        for d in deliveries {
+            if d.message.pos <= on.last_sent {
+                continue;
+            }
+            if on.dispatch(d.message, d.seq, d.attempt).is_err() {
+                slow = true;
+                break;
+            }
+        }
+        on.backlog = on.backlog.saturating_sub(n as u64);
+        if n < limit {
+            on.mode = Mode::Live;
+            on.backlog = 0;
+        } else {
+            on.mode = Mode::CatchUp { loading: false };
+        }
+        if slow {
+            self.drop_slow(&recipient).await;
+            return;
+        }
+        self.advance_watermark(&recipient).await;
+    }
+
+    async fn on_ack(
+        &mut self,
+        conn_id: u64,
+        ack_id: &str,
+        seq: Option<u64>,
+        state: Option<DeliveryState>,
+    ) {
+        let Some(name) = self.conns.get(&conn_id).map(|c| c.name.clone()) else {
+            return;
+        };
+        let Some(on) = self
+            .agents
+            .get_mut(&name)
+            .and_then(|a| a.online.as_mut())
+            .filter(|o| o.conn_id == conn_id)
+        else {
+            return;
+        };
+        let Some(pos) = on.find(ack_id, seq) else {
+            tracing::debug!(agent = %name, ack_id, "ACK for nothing in flight (already acknowledged?)");
+            return;
+        };
+        on.inflight.remove(&pos);
+        let status = match state {
+            Some(DeliveryState::Failed) => Some(DeliveryStatus::Failed),
+            Some(DeliveryState::Verified) => Some(DeliveryStatus::Verified),
+            Some(DeliveryState::Injected) | None => None,
+        };
+        if let Some(status) = status {
+            self.to_store(StoreCmd::Write(
+                WriteOp::SetStatus {
+                    recipient: name.clone(),
+                    pos,
+                    status,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+        }
+        self.advance_watermark(&name).await;
+    }
+
+    /// Notes a moved acknowledgement watermark (written to the store in the next flush) and
+    /// loads the next page when catching up.
+    async fn advance_watermark(&mut self, name: &str) {
+        let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+            return;
+        };
+        if on.watermark() > on.acked_through && !self.dirty.contains(name) {
+            self.dirty.insert(name.to_owned());
+        }
+        if on.mode == (Mode::CatchUp { loading: false }) && on.inflight.len() <= on.window / 2 {
+            on.mode = Mode::CatchUp { loading: true };
+            let cmd = StoreCmd::TakePending {
+                recipient: name.to_owned(),
+                conn_id: on.conn_id,
+                after: on.last_sent,
+                limit: on.window - on.inflight.len(),
+            };
+            self.to_store(cmd).await;
+        }
+    }
+
+    /// Writes every moved watermark: one range update per recipient instead of one write per
+    /// acknowledgement.
+    async fn flush_watermarks(&mut self) {
+        self.since_flush = 0;
+        let dirty: Vec<String> = self.dirty.drain().collect();
+        for name in dirty {
+            let Some(on) = self.agents.get_mut(&name).and_then(|a| a.online.as_mut()) else {
+                continue;
+            };
+            let through = on.watermark();
+            if through > on.acked_through {
+                on.acked_through = through;
+                self.to_store(StoreCmd::Write(
+                    WriteOp::AckThrough {
+                        recipient: name,
+                        through,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+            }
+        }
+    }
+
+    async fn on_subscribe(&mut self, conn_id: u64, id: String, pattern: Option<String>, on: bool) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        if conn.role != Role::Agent {
+            self.nack(
+                conn_id,
+                id,
+                NackCode::Invalid,
+                "only agents can subscribe to topics".into(),
+            );
+            return;
+        }
+        let Some(pattern) = pattern else {
+            self.nack(
+                conn_id,
+                id,
+                NackCode::Invalid,
+                "SUBSCRIBE needs a topic pattern in `topic`".into(),
+            );
+            return;
+        };
+        if let Err(e) = validate_topic_pattern(&pattern) {
+            self.nack(
+                conn_id,
+                id,
+                NackCode::Invalid,
+                format!("bad topic pattern: {e}"),
+            );
+            return;
+        }
+        let name = conn.name.clone();
+        if let Some(agent) = self.agents.get_mut(&name) {
+            if on {
+                agent.topics.insert(pattern.clone());
+            } else {
+                agent.topics.remove(&pattern);
+            }
+        }
+        let op = if on {
+            WriteOp::Subscribe {
+                agent: name,
+                pattern,
+            }
+        } else {
+            WriteOp::Unsubscribe {
+                agent: name,
+                pattern,
+            }
+        };
+        self.to_store(StoreCmd::Write(op, WriteCtx::None)).await;
+        self.reply(
+            conn_id,
+            Payload::Ack(Ack {
+                ack_id: id,
+                seq: None,
+                status: Some(AckStatus::Accepted),
+                recipients: None,
+                state: None,
+            }),
+        );
+        self.write_agents_file();
+    }
+
+    fn on_query_result(
+        &self,
+        ctx: QueryCtx,
+        result: Option<QueryResult>,
+        stats: relay_store::Stats,
+    ) {
+        let result = match (ctx.kind, result) {
+            (QueryKind::Status, None) => QueryResult::Status(StatusInfo {
+                running: true,
+                pid: std::process::id(),
+                socket: self.cfg.socket_path.display().to_string(),
+                db: self.db_location.clone(),
+                storage: self.storage.clone(),
+                uptime_s: self.started.elapsed().as_secs(),
+                agents: self.agents.values().filter(|a| a.online.is_some()).count() as u64,
+                known_agents: self.agents.len() as u64,
+                messages: stats.messages,
+                pending: stats.pending,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            }),
+            (QueryKind::Agents, Some(QueryResult::Agents { mut agents })) => {
+                for a in &mut agents {
+                    if let Some(live) = self.agents.get(&a.name) {
+                        a.online = live.online.is_some();
+                        a.topics = live.topics.iter().cloned().collect();
+                    }
+                }
+                agents.sort_by(|a, b| b.online.cmp(&a.online).then_with(|| a.name.cmp(&b.name)));
+                QueryResult::Agents { agents }
+            }
+            (_, Some(r)) => r,
+            (_, None) => QueryResult::Error {
+                code: "internal".into(),
+                message: "no answer".into(),
+            },
+        };
+        let mut env = Envelope::new(frame_id(), now_ms(), Payload::Result(result));
+        env.to = None;
+        if let Some(conn) = self.conns.get(&ctx.conn_id) {
+            // RESULT answers carry the question's id in `id` so the client can match them.
+            env.id = ctx.env_id;
+            send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(env));
+        }
+    }
+
+    async fn on_sweep(&mut self) {
+        let except: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.online.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let ttl = u64::try_from(self.cfg.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
+        let queued_before = now_ms().saturating_sub(ttl);
+        self.to_store(StoreCmd::Write(
+            WriteOp::Expire {
+                queued_before,
+                except,
+            },
+            WriteCtx::None,
+        ))
+        .await;
+    }
+
+    /// Writes `agents.json` atomically (temp file + rename). Called on membership changes only:
+    /// never per message or heartbeat.
+    fn write_agents_file(&self) {
+        let Some(path) = &self.cfg.agents_file else {
+            return;
+        };
+        let mut list: Vec<AgentInfo> = self
+            .agents
+            .iter()
+            .map(|(name, a)| AgentInfo {
+                name: name.clone(),
+                cli: a.cli.clone(),
+                online: a.online.is_some(),
+                first_seen: 0,
+                last_seen: a.connected_at,
+                pending: 0,
+                topics: a.topics.iter().cloned().collect(),
+            })
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        let doc = serde_json::json!({
+            "agents": list.iter().map(|a| serde_json::json!({
+                "name": a.name, "cli": a.cli, "online": a.online,
+                "connected_at": if a.online { Some(a.last_seen) } else { None },
+                "topics": a.topics,
+            })).collect::<Vec<_>>(),
+        });
+        if let Err(e) = write_atomic(path, doc.to_string().as_bytes()) {
+            tracing::warn!(error = %e, path = %path.display(), "could not write agents.json");
+        }
+    }
+}
+
+/// Queues a control frame; a connection whose queue is full does not read and is closed.
+fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
+    if tx.try_send(out).is_err() {
+        killer.kill(
+            ErrorCode::SlowConsumer,
+            "this connection did not read its frames; reconnect (unacknowledged SENDs are safe to re-send)".into(),
+        );
+    }
+}
+
+/// Writes `bytes` to `path` via a temporary file in the same directory and a rename, so a reader
+/// never sees a half-written file.
+pub(crate) fn write_atomic(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,238 @@
+//! The store actor: a dedicated thread that owns the [`Store`] and commits writes in groups.
+//!
+//! It takes commands from a bounded channel, gathers every write that is waiting (up to
+//! [`MAX_BATCH`]) into one transaction, and reports results to the router on a single FIFO
+//! channel, in command order. The router relies on that order: a pending-load answer always
+//! comes after the results of every write committed before it, which is what lets a recipient
+//! switch from "catching up from the store" to "live" without a gap or a duplicate.
+
+use std::collections::HashMap;
+use std::thread::JoinHandle;
+
+use relay_protocol::query::{QueryRequest, QueryResult};
+use relay_store::{PendingDelivery, Store, WriteOp, WriteResult};
+use tokio::sync::mpsc;
+
+use crate::clock::now_ms;
+use crate::router::{QueryCtx, WriteCtx};
+
+/// Most writes committed in one transaction.
+pub(crate) const MAX_BATCH: usize = 4096;
+
+/// A command for the store thread.
+#[derive(Debug)]
+pub(crate) enum StoreCmd {
+    /// Apply a write; the result comes back as [`StoreEvent::Written`].
+    Write(WriteOp, WriteCtx),
+    /// Load queued deliveries for a recipient; answered with [`StoreEvent::Pending`].
+    TakePending {
+        /// Recipient.
+        recipient: String,
+        /// Connection that asked (the answer is dropped if it is gone).
+        conn_id: u64,
+        /// Positions after this.
+        after: i64,
+        /// At most this many.
+        limit: usize,
+    },
+    /// A read-only query; answered with [`StoreEvent::Query`].
+    Query(QueryRequest, QueryCtx),
+}
+
+/// What the store thread reports to the router.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "Written is the common variant; boxing it would allocate per message"
+)]
+pub(crate) enum StoreEvent {
+    /// A write's result.
+    Written(WriteCtx, Result<WriteResult, String>),
+    /// Queued deliveries for a recipient.
+    Pending {
+        /// Recipient.
+        recipient: String,
+        /// Connection that asked.
+        conn_id: u64,
+        /// The deliveries (or the error).
+        deliveries: Result<Vec<PendingDelivery>, String>,
+        /// The limit asked for; fewer means caught up.
+        limit: usize,
+    },
+    /// A query's answer. `None` for `status`, which the router builds from the counters and
+    /// what only it knows.
+    Query(QueryCtx, Option<QueryResult>, relay_store::Stats),
+}
+
+/// Starts the store thread.
+pub(crate) fn spawn(
+    mut store: Box<dyn Store>,
+    mut rx: mpsc::Receiver<StoreCmd>,
+    events: mpsc::UnboundedSender<StoreEvent>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("relay-store".into())
+        .spawn(move || {
+            let mut cmds: Vec<StoreCmd> = Vec::with_capacity(MAX_BATCH);
+            while let Some(first) = rx.blocking_recv() {
+                cmds.push(first);
+                while cmds.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(c) => cmds.push(c),
+                        Err(_) => break,
+                    }
+                }
+                run_commands(store.as_mut(), &mut cmds, &events);
+            }
+            tracing::debug!("store actor: channel closed, exiting");
+        })
+}
+
+/// Executes commands in order: consecutive writes become one transaction.
+fn run_commands(
+    store: &mut dyn Store,
+    cmds: &mut Vec<StoreCmd>,
+    events: &mpsc::UnboundedSender<StoreEvent>,
+) {
+    let mut ops: Vec<WriteOp> = Vec::new();
+    let mut ctxs: Vec<WriteCtx> = Vec::new();
+    for cmd in cmds.drain(..) {
+        match cmd {
+            StoreCmd::Write(op, ctx) => {
+                ops.push(op);
+                ctxs.push(ctx);
+            }
+            StoreCmd::TakePending {
+                recipient,
+                conn_id,
+                after,
+                limit,
+            } => {
+                flush(store, &mut ops, &mut ctxs, events);
+                let deliveries = store
+                    .take_pending(&recipient, after, limit)
+                    .map_err(|e| e.to_string());
+                let _ = events.send(StoreEvent::Pending {
+                    recipient,
+                    conn_id,
+                    deliveries,
+                    limit,
+                });
+            }
+            StoreCmd::Query(req, ctx) => {
+                flush(store, &mut ops, &mut ctxs, events);
+                let (result, stats) = answer(store, &req);
+                let _ = events.send(StoreEvent::Query(ctx, result, stats));
+            }
+        }
+    }
+    flush(store, &mut ops, &mut ctxs, events);
+}
+
+/// Commits the gathered writes as one batch. Acknowledgement cursors of the same recipient are
+/// merged first: only the highest matters, and moving it to the end of the batch is safe
+/// because it only covers rows that were stored (and sent) before.
+fn flush(
+    store: &mut dyn Store,
+    ops: &mut Vec<WriteOp>,
+    ctxs: &mut Vec<WriteCtx>,
+    events: &mpsc::UnboundedSender<StoreEvent>,
+) {
+    if ops.is_empty() {
+        return;
+    }
+    let mut cursors: HashMap<String, i64> = HashMap::new();
+    let mut batch: Vec<WriteOp> = Vec::with_capacity(ops.len());
+    let mut batch_ctx: Vec<WriteCtx> = Vec::with_capacity(ops.len());
+    for (op, ctx) in ops.drain(..).zip(ctxs.drain(..)) {
+        match op {
+            WriteOp::AckThrough { recipient, through } => {
+                let e = cursors.entry(recipient).or_insert(through);
+                *e = (*e).max(through);
+            }
+            other => {
+                batch.push(other);
+                batch_ctx.push(ctx);
+            }
+        }
+    }
+    for (recipient, through) in cursors {
+        batch.push(WriteOp::AckThrough { recipient, through });
+        batch_ctx.push(WriteCtx::None);
+    }
+    match store.write_batch(&batch, now_ms()) {
+        Ok(results) => {
+            for (ctx, res) in batch_ctx.into_iter().zip(results) {
+                if !matches!(ctx, WriteCtx::None) {
+                    let _ = events.send(StoreEvent::Written(ctx, Ok(res)));
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, ops = batch.len(), "store batch failed");
+            let msg = e.to_string();
+            for ctx in batch_ctx {
+                let _ = events.send(StoreEvent::Written(ctx, Err(msg.clone())));
+            }
+        }
+    }
+}
+
+fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, relay_store::Stats) {
+    let internal = |e: relay_store::StoreError| QueryResult::Error {
+        code: "internal".into(),
+        message: e.to_string(),
+    };
+    let result = match req {
+        QueryRequest::Status => {
+            return match store.stats() {
+                Ok(stats) => (None, stats),
+                Err(e) => (Some(internal(e)), relay_store::Stats::default()),
+            };
+        }
+        QueryRequest::Agents => match store.agents() {
+            Ok(agents) => QueryResult::Agents { agents },
+            Err(e) => internal(e),
+        },
+        QueryRequest::Read { id } => {
+            if id.len() < 8 {
+                QueryResult::Error {
+                    code: "invalid".into(),
+                    message: format!(
+                        "id prefix {id:?} is too short: give at least 8 characters of the id"
+                    ),
+                }
+            } else {
+                match store.find(id, 10) {
+                    Ok(mut found) if found.len() == 1 => QueryResult::Read {
+                        message: found.remove(0),
+                    },
+                    Ok(found) if found.is_empty() => QueryResult::Error {
+                        code: "not_found".into(),
+                        message: format!(
+                            "no message with id {id:?}; `agent-relay history` lists recent ids"
+                        ),
+                    },
+                    Ok(found) => QueryResult::Error {
+                        code: "ambiguous".into(),
+                        message: format!(
+                            "{id:?} matches {} messages ({}); give more of the id",
+                            found.len(),
+                            found
+                                .iter()
+                                .map(|m| m.id.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    },
+                    Err(e) => internal(e),
+                }
+            }
+        }
+        QueryRequest::History(filter) => match store.history(filter) {
+            Ok(messages) => QueryResult::History { messages },
+            Err(e) => internal(e),
+        },
+    };
+    (Some(result), relay_store::Stats::default())
+}

@@ -1,0 +1,1 @@
+//! relay-parse: the terminal-output directive parser (in progress).

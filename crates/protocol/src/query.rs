@@ -1,0 +1,233 @@
+//! The `QUERY`/`RESULT` extension: read-only questions the command-line tools ask the daemon,
+//! and the records that answer them. The store returns the same records, so `agent-relay
+//! history --json` prints exactly what the store holds.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Kind;
+
+/// A read-only question (QUERY payload), tagged by `what`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum QueryRequest {
+    /// Daemon status and counters.
+    Status,
+    /// Connected and known-offline agents.
+    Agents,
+    /// One message by id or unique id prefix (at least 8 characters).
+    Read {
+        /// Full id or prefix.
+        id: String,
+    },
+    /// Stored messages matching a filter, newest first.
+    History(HistoryFilter),
+}
+
+/// Filter for [`QueryRequest::History`]. Every field narrows the result.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HistoryFilter {
+    /// Only messages from this sender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Only messages delivered (or queued) to this recipient, broadcasts included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Only messages on this topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Only messages whose body contains this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Only messages stored at or after this Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// Only messages stored before this Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// Only messages stored before this position (paging: pass the last `pos` seen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_pos: Option<i64>,
+    /// At most this many (default 50, at most 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// Where one recipient's copy of a message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// Stored, not yet acknowledged by the recipient.
+    Queued,
+    /// The recipient acknowledged it (typed it into the agent's terminal).
+    Acked,
+    /// The recipient saw it on the agent's screen.
+    Verified,
+    /// The recipient reported it could not be handed over.
+    Failed,
+    /// Not delivered before its time to live ran out.
+    Expired,
+}
+
+impl DeliveryStatus {
+    /// Stable small integer used by stores.
+    pub fn code(self) -> i64 {
+        match self {
+            Self::Queued => 0,
+            Self::Acked => 1,
+            Self::Verified => 2,
+            Self::Failed => 3,
+            Self::Expired => 4,
+        }
+    }
+
+    /// Inverse of [`DeliveryStatus::code`].
+    pub fn from_code(code: i64) -> Option<Self> {
+        Some(match code {
+            0 => Self::Queued,
+            1 => Self::Acked,
+            2 => Self::Verified,
+            3 => Self::Failed,
+            4 => Self::Expired,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Acked => "acked",
+            Self::Verified => "verified",
+            Self::Failed => "failed",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// One recipient's copy of a stored message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryRecord {
+    /// Recipient name.
+    pub recipient: String,
+    /// Sequence number in the recipient's (topic, sender) stream.
+    pub seq: u64,
+    /// Current state.
+    pub status: DeliveryStatus,
+    /// When it was stored for this recipient (Unix ms).
+    pub queued_at: u64,
+    /// When its state last changed (Unix ms), if it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<u64>,
+}
+
+/// A stored message with its deliveries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageRecord {
+    /// Store position: increases with every stored message (paging key).
+    pub pos: i64,
+    /// The sender-chosen id.
+    pub id: String,
+    /// When the daemon stored it (Unix ms).
+    pub ts: u64,
+    /// Sender.
+    pub from: String,
+    /// Recipient name or `*`; for a topic broadcast `*` with `topic` set.
+    pub to: String,
+    /// Topic, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Kind.
+    pub kind: Kind,
+    /// Text.
+    pub body: String,
+    /// Structured data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Thread id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    /// The message this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to: Option<String>,
+    /// One entry per recipient.
+    #[serde(default)]
+    pub deliveries: Vec<DeliveryRecord>,
+}
+
+/// An agent the daemon knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// Name.
+    pub name: String,
+    /// CLI it said it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cli: Option<String>,
+    /// Connected right now.
+    pub online: bool,
+    /// First connection (Unix ms).
+    pub first_seen: u64,
+    /// Last connect or disconnect (Unix ms).
+    pub last_seen: u64,
+    /// Messages stored for it and not yet acknowledged.
+    pub pending: u64,
+    /// Topic patterns it subscribed to.
+    #[serde(default)]
+    pub topics: Vec<String>,
+}
+
+/// Daemon status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    /// Always true in an answer from a daemon.
+    pub running: bool,
+    /// Daemon process id.
+    pub pid: u32,
+    /// Socket path.
+    pub socket: String,
+    /// Database path, or `:memory:`.
+    pub db: String,
+    /// `sqlite` or `memory`.
+    pub storage: String,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// Agents connected now.
+    pub agents: u64,
+    /// Agents known (connected or not).
+    pub known_agents: u64,
+    /// Messages stored.
+    pub messages: u64,
+    /// Deliveries waiting for an acknowledgement.
+    pub pending: u64,
+    /// Daemon version.
+    pub version: String,
+}
+
+/// RESULT payload, tagged by `what` like the question.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum QueryResult {
+    /// Answer to `status`.
+    Status(StatusInfo),
+    /// Answer to `agents`.
+    Agents {
+        /// Known agents, online first.
+        agents: Vec<AgentInfo>,
+    },
+    /// Answer to `read`: the message.
+    Read {
+        /// The message.
+        message: MessageRecord,
+    },
+    /// Answer to `history`.
+    History {
+        /// Matching messages, newest first.
+        messages: Vec<MessageRecord>,
+    },
+    /// The question could not be answered.
+    Error {
+        /// `not_found`, `ambiguous`, `invalid` or `internal`.
+        code: String,
+        /// Says what to do.
+        message: String,
+    },
+}

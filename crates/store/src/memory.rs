@@ -1,0 +1,455 @@
+//! The in-memory store: same behaviour as the SQLite store, nothing survives the process.
+//! Used with `--memory` and as the reference the SQLite store is tested against.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use relay_protocol::query::{
+    AgentInfo, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
+};
+
+use crate::common::{earlier_duplicate, history_limit, prefix_upper_bound, record};
+use crate::{
+    AppendOutcome, KnownAgent, NewMessage, PendingDelivery, Stats, Store, StoreError,
+    StoredMessage, WriteOp, WriteResult,
+};
+
+/// `(recipient, topic or "", sender)`: one gapless seq stream.
+type StreamKey = (String, String, String);
+
+#[derive(Debug)]
+struct MemMessage {
+    message: Arc<StoredMessage>,
+    /// Recipient names in the order given, without duplicates.
+    recipients: Vec<String>,
+    /// Kept for parity with the SQLite store, which records it.
+    #[allow(dead_code)]
+    session_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct MemDelivery {
+    seq: u64,
+    status: DeliveryStatus,
+    attempts: u32,
+    queued_at: u64,
+    updated_at: Option<u64>,
+}
+
+#[derive(Debug)]
+struct MemAgent {
+    cli: Option<String>,
+    first_seen: u64,
+    last_seen: u64,
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // Written for parity with the SQLite store; nothing reads sessions yet.
+struct MemSession {
+    agent: String,
+    started_at: u64,
+    ended_at: Option<u64>,
+}
+
+/// In-memory [`Store`].
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    /// `messages[i]` has position `i + 1`, as SQLite rowids would.
+    messages: Vec<MemMessage>,
+    /// `(id, sender)` → position; ordered so that an id prefix is a range.
+    by_id: BTreeMap<(String, String), i64>,
+    /// recipient → position → delivery.
+    deliveries: HashMap<String, BTreeMap<i64, MemDelivery>>,
+    streams: HashMap<StreamKey, u64>,
+    /// Same invariant as the SQLite store: nothing at or below a recipient's cursor is queued.
+    cursors: HashMap<String, i64>,
+    agents: BTreeMap<String, MemAgent>,
+    sessions: HashMap<String, MemSession>,
+    subscriptions: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn cursor(&self, recipient: &str) -> i64 {
+        self.cursors.get(recipient).copied().unwrap_or(0)
+    }
+
+    fn max_pos(&self) -> i64 {
+        i64::try_from(self.messages.len()).unwrap_or(i64::MAX)
+    }
+
+    fn message(&self, pos: i64) -> Option<&MemMessage> {
+        usize::try_from(pos - 1)
+            .ok()
+            .and_then(|i| self.messages.get(i))
+    }
+
+    fn pending_count(&self, recipient: &str) -> u64 {
+        let after = self.cursor(recipient);
+        self.deliveries.get(recipient).map_or(0, |ds| {
+            ds.range(after + 1..)
+                .filter(|(_, d)| d.status == DeliveryStatus::Queued)
+                .count() as u64
+        })
+    }
+
+    fn to_record(&self, m: &MemMessage) -> MessageRecord {
+        let pos = m.message.pos;
+        let deliveries = m
+            .recipients
+            .iter()
+            .filter_map(|r| {
+                let d = self.deliveries.get(r)?.get(&pos)?;
+                Some(DeliveryRecord {
+                    recipient: r.clone(),
+                    seq: d.seq,
+                    status: d.status,
+                    queued_at: d.queued_at,
+                    updated_at: d.updated_at,
+                })
+            })
+            .collect();
+        record(&m.message, deliveries)
+    }
+
+    fn append(&mut self, m: &NewMessage, now: u64) -> AppendOutcome {
+        let key = (m.id.clone(), m.from.clone());
+        if let Some(&pos) = self.by_id.get(&key) {
+            return AppendOutcome::Duplicate { pos };
+        }
+        let pos = self.max_pos() + 1;
+        let topic = m.topic.clone().unwrap_or_default();
+        let mut seqs = Vec::with_capacity(m.recipients.len());
+        let mut names = Vec::with_capacity(m.recipients.len());
+        for (i, r) in m.recipients.iter().enumerate() {
+            if let Some(j) = earlier_duplicate(&m.recipients, i) {
+                seqs.push(seqs[j]);
+                continue;
+            }
+            let last = self
+                .streams
+                .entry((r.name.clone(), topic.clone(), m.from.clone()))
+                .or_insert(0);
+            *last += 1;
+            let seq = *last;
+            self.deliveries.entry(r.name.clone()).or_default().insert(
+                pos,
+                MemDelivery {
+                    seq,
+                    status: DeliveryStatus::Queued,
+                    attempts: 0,
+                    queued_at: now,
+                    updated_at: None,
+                },
+            );
+            names.push(r.name.clone());
+            seqs.push(seq);
+        }
+        let message = Arc::new(StoredMessage {
+            pos,
+            id: m.id.clone(),
+            ts: now,
+            from: m.from.clone(),
+            to: m.to.clone(),
+            topic: m.topic.clone(),
+            payload: m.payload.clone(),
+        });
+        self.by_id.insert(key, pos);
+        self.messages.push(MemMessage {
+            message: Arc::clone(&message),
+            recipients: names,
+            session_id: m.session_id.clone(),
+        });
+        AppendOutcome::Stored { message, seqs }
+    }
+
+    fn apply(&mut self, op: &WriteOp, now: u64) -> WriteResult {
+        match op {
+            WriteOp::Append(m) => WriteResult::Appended(self.append(m, now)),
+            WriteOp::AckThrough { recipient, through } => {
+                let cursor = self.cursor(recipient);
+                if *through > cursor {
+                    if let Some(ds) = self.deliveries.get_mut(recipient) {
+                        for d in ds.range_mut(cursor + 1..=*through).map(|(_, d)| d) {
+                            if d.status == DeliveryStatus::Queued {
+                                d.status = DeliveryStatus::Acked;
+                                d.updated_at = Some(now);
+                            }
+                        }
+                    }
+                    // Never past the last message, as in the SQLite store.
+                    let new = (*through).min(self.max_pos());
+                    if new > cursor {
+                        self.cursors.insert(recipient.clone(), new);
+                    }
+                }
+                WriteResult::Done
+            }
+            WriteOp::HandedOut {
+                recipient,
+                after,
+                through,
+            } => {
+                let from = (*after).max(self.cursor(recipient));
+                if let Some(ds) = self
+                    .deliveries
+                    .get_mut(recipient)
+                    .filter(|_| *through > from)
+                {
+                    for d in ds.range_mut(from + 1..=*through).map(|(_, d)| d) {
+                        if d.status == DeliveryStatus::Queued {
+                            d.attempts = d.attempts.saturating_add(1);
+                        }
+                    }
+                }
+                WriteResult::Done
+            }
+            WriteOp::SetStatus {
+                recipient,
+                pos,
+                status,
+            } => {
+                let cursor = self.cursor(recipient);
+                if let Some(d) = self
+                    .deliveries
+                    .get_mut(recipient)
+                    .and_then(|ds| ds.get_mut(pos))
+                {
+                    d.status = *status;
+                    d.updated_at = Some(now);
+                    if *status == DeliveryStatus::Queued && *pos <= cursor {
+                        self.cursors.insert(recipient.clone(), pos - 1);
+                    }
+                }
+                WriteResult::Done
+            }
+            WriteOp::AgentConnected {
+                name,
+                cli,
+                session_id,
+            } => {
+                let a = self.agents.entry(name.clone()).or_insert(MemAgent {
+                    cli: None,
+                    first_seen: now,
+                    last_seen: now,
+                });
+                if cli.is_some() {
+                    a.cli.clone_from(cli);
+                }
+                a.last_seen = now;
+                self.sessions.insert(
+                    session_id.clone(),
+                    MemSession {
+                        agent: name.clone(),
+                        started_at: now,
+                        ended_at: None,
+                    },
+                );
+                WriteResult::Done
+            }
+            WriteOp::AgentDisconnected { name, session_id } => {
+                if let Some(a) = self.agents.get_mut(name) {
+                    a.last_seen = now;
+                }
+                if let Some(s) = self.sessions.get_mut(session_id) {
+                    s.ended_at = Some(now);
+                }
+                WriteResult::Done
+            }
+            WriteOp::Subscribe { agent, pattern } => {
+                self.subscriptions
+                    .entry(agent.clone())
+                    .or_default()
+                    .insert(pattern.clone());
+                WriteResult::Done
+            }
+            WriteOp::Unsubscribe { agent, pattern } => {
+                if let Some(set) = self.subscriptions.get_mut(agent) {
+                    set.remove(pattern);
+                    if set.is_empty() {
+                        self.subscriptions.remove(agent);
+                    }
+                }
+                WriteResult::Done
+            }
+            WriteOp::Expire {
+                queued_before,
+                except,
+            } => {
+                let mut n = 0;
+                for (r, ds) in &mut self.deliveries {
+                    if except.iter().any(|e| e == r) {
+                        continue;
+                    }
+                    let after = self.cursors.get(r).copied().unwrap_or(0);
+                    for d in ds.range_mut(after + 1..).map(|(_, d)| d) {
+                        if d.status == DeliveryStatus::Queued && d.queued_at < *queued_before {
+                            d.status = DeliveryStatus::Expired;
+                            d.updated_at = Some(now);
+                            n += 1;
+                        }
+                    }
+                }
+                WriteResult::Expired(n)
+            }
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn write_batch(
+        &mut self,
+        ops: &[WriteOp],
+        now_ms: u64,
+    ) -> Result<Vec<WriteResult>, StoreError> {
+        // No operation can fail in memory, so there is nothing to roll back.
+        Ok(ops.iter().map(|op| self.apply(op, now_ms)).collect())
+    }
+
+    fn take_pending(
+        &mut self,
+        recipient: &str,
+        after_pos: i64,
+        limit: usize,
+    ) -> Result<Vec<PendingDelivery>, StoreError> {
+        let after = after_pos.max(self.cursor(recipient));
+        let Some(ds) = self.deliveries.get(recipient) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (&pos, d) in ds.range(after.saturating_add(1)..) {
+            if out.len() >= limit {
+                break;
+            }
+            if d.status != DeliveryStatus::Queued {
+                continue;
+            }
+            let Some(m) = usize::try_from(pos - 1)
+                .ok()
+                .and_then(|i| self.messages.get(i))
+            else {
+                return Err(StoreError::Corrupt(format!(
+                    "delivery to {recipient} of missing message {pos}"
+                )));
+            };
+            out.push(PendingDelivery {
+                message: Arc::clone(&m.message),
+                seq: d.seq,
+                attempt: d.attempts.saturating_add(1),
+            });
+        }
+        Ok(out)
+    }
+
+    fn known_agents(&mut self) -> Result<Vec<KnownAgent>, StoreError> {
+        Ok(self
+            .agents
+            .keys()
+            .map(|name| KnownAgent {
+                name: name.clone(),
+                topics: self.topics(name),
+            })
+            .collect())
+    }
+
+    fn agents(&mut self) -> Result<Vec<AgentInfo>, StoreError> {
+        Ok(self
+            .agents
+            .iter()
+            .map(|(name, a)| AgentInfo {
+                name: name.clone(),
+                cli: a.cli.clone(),
+                online: false,
+                first_seen: a.first_seen,
+                last_seen: a.last_seen,
+                pending: self.pending_count(name),
+                topics: self.topics(name),
+            })
+            .collect())
+    }
+
+    fn find(&mut self, id_or_prefix: &str, limit: usize) -> Result<Vec<MessageRecord>, StoreError> {
+        let lo = (id_or_prefix.to_owned(), String::new());
+        let exact: Vec<i64> = self
+            .by_id
+            .range(lo.clone()..)
+            .take_while(|((id, _), _)| id == id_or_prefix)
+            .take(limit)
+            .map(|(_, &pos)| pos)
+            .collect();
+        let positions = if exact.is_empty() {
+            let hi = prefix_upper_bound(id_or_prefix);
+            self.by_id
+                .range(lo..)
+                .take_while(|((id, _), _)| hi.as_deref().is_none_or(|hi| id.as_str() < hi))
+                .take(limit)
+                .map(|(_, &pos)| pos)
+                .collect()
+        } else {
+            exact
+        };
+        Ok(positions
+            .into_iter()
+            .filter_map(|p| self.message(p))
+            .map(|m| self.to_record(m))
+            .collect())
+    }
+
+    fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<MessageRecord>, StoreError> {
+        let limit = history_limit(filter);
+        let end = filter.before_pos.map_or(self.messages.len(), |b| {
+            usize::try_from(b.saturating_sub(1))
+                .unwrap_or(0)
+                .min(self.messages.len())
+        });
+        let matches = |m: &MemMessage| {
+            let s = &m.message;
+            filter.from.as_ref().is_none_or(|f| &s.from == f)
+                && filter
+                    .to
+                    .as_ref()
+                    .is_none_or(|t| &s.to == t || m.recipients.contains(t))
+                && filter
+                    .topic
+                    .as_ref()
+                    .is_none_or(|t| s.topic.as_ref() == Some(t))
+                && filter
+                    .text
+                    .as_ref()
+                    .is_none_or(|t| s.payload.body.contains(t.as_str()))
+                && filter.since_ms.is_none_or(|since| s.ts >= since)
+                && filter.until_ms.is_none_or(|until| s.ts < until)
+        };
+        Ok(self.messages[..end]
+            .iter()
+            .rev()
+            .filter(|m| matches(m))
+            .take(limit)
+            .map(|m| self.to_record(m))
+            .collect())
+    }
+
+    fn stats(&mut self) -> Result<Stats, StoreError> {
+        Ok(Stats {
+            messages: self.messages.len() as u64,
+            pending: self.deliveries.keys().map(|r| self.pending_count(r)).sum(),
+        })
+    }
+
+    fn location(&self) -> String {
+        ":memory:".to_owned()
+    }
+}
+
+impl MemoryStore {
+    fn topics(&self, agent: &str) -> Vec<String> {
+        self.subscriptions
+            .get(agent)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}

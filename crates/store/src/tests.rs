@@ -1,0 +1,1323 @@
+//! Behaviour tests, written once over [`Store`] and run against both implementations.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use relay_protocol::query::{DeliveryStatus, HistoryFilter};
+use relay_protocol::{Budget, Kind, Send};
+
+use crate::{
+    AppendOutcome, KnownAgent, MemoryStore, NewMessage, Recipient, SqliteStore, Stats, Store,
+    StoreError, StoredMessage, WriteOp, WriteResult,
+};
+
+/// Makes stores for a test, and "reopens" one (SQLite: close and open the same file; memory: the
+/// same store, since nothing outlives it).
+pub(crate) trait Backend {
+    type S: Store;
+    fn open(&mut self) -> Self::S;
+    fn reopen(&mut self, s: Self::S) -> Self::S;
+}
+
+pub(crate) struct SqliteBackend {
+    dir: tempfile::TempDir,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir.path().join("sub/dir/relay.db")
+    }
+}
+
+impl Backend for SqliteBackend {
+    type S = SqliteStore;
+    fn open(&mut self) -> SqliteStore {
+        SqliteStore::open(&self.path()).unwrap()
+    }
+    fn reopen(&mut self, s: SqliteStore) -> SqliteStore {
+        drop(s);
+        self.open()
+    }
+}
+
+pub(crate) struct MemoryBackend;
+
+impl Backend for MemoryBackend {
+    type S = MemoryStore;
+    fn open(&mut self) -> MemoryStore {
+        MemoryStore::new()
+    }
+    fn reopen(&mut self, s: MemoryStore) -> MemoryStore {
+        s
+    }
+}
+
+pub(crate) fn rcpt(name: &str) -> Recipient {
+    Recipient { name: name.into() }
+}
+
+pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMessage {
+    NewMessage {
+        id: id.into(),
+        from: from.into(),
+        to: to.into(),
+        topic: None,
+        payload: Send {
+            kind: Kind::Message,
+            body: format!("body of {id}"),
+            data: None,
+            thread: None,
+            in_reply_to: None,
+            budget: None,
+        },
+        session_id: Some("sess".into()),
+        recipients: recipients.iter().map(|r| rcpt(r)).collect(),
+    }
+}
+
+fn on_topic(mut m: NewMessage, topic: &str) -> NewMessage {
+    m.topic = Some(topic.into());
+    m
+}
+
+fn ack(recipient: &str, through: i64) -> WriteOp {
+    WriteOp::AckThrough {
+        recipient: recipient.into(),
+        through,
+    }
+}
+
+/// Appends one message in its own batch; returns (pos, seqs).
+fn put(s: &mut impl Store, m: NewMessage, now: u64) -> (i64, Vec<u64>) {
+    match s.write_batch(&[WriteOp::Append(m)], now).unwrap().remove(0) {
+        WriteResult::Appended(AppendOutcome::Stored { message, seqs }) => (message.pos, seqs),
+        other => panic!("not stored: {other:?}"),
+    }
+}
+
+fn stored(r: &WriteResult) -> (Arc<StoredMessage>, Vec<u64>) {
+    match r {
+        WriteResult::Appended(AppendOutcome::Stored { message, seqs }) => {
+            (Arc::clone(message), seqs.clone())
+        }
+        other => panic!("not stored: {other:?}"),
+    }
+}
+
+fn pending_ids(s: &mut impl Store, r: &str) -> Vec<String> {
+    s.take_pending(r, 0, 10_000)
+        .unwrap()
+        .iter()
+        .map(|p| p.message.id.clone())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn dedupe<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let res = s
+        .write_batch(
+            &[
+                WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
+                WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
+                // Same id, other sender: a different message.
+                WriteOp::Append(msg("m1", "carol", "bob", &["bob"])),
+            ],
+            10,
+        )
+        .unwrap();
+    let (first, seqs) = stored(&res[0]);
+    assert_eq!(seqs, vec![1]);
+    assert_eq!(first.ts, 10);
+    assert_eq!(
+        res[1],
+        WriteResult::Appended(AppendOutcome::Duplicate { pos: first.pos })
+    );
+    let (third, seqs) = stored(&res[2]);
+    assert_eq!(seqs, vec![1], "carol's stream to bob is separate");
+    assert!(third.pos > first.pos);
+
+    let again = s
+        .write_batch(&[WriteOp::Append(msg("m1", "alice", "bob", &["bob"]))], 11)
+        .unwrap();
+    assert_eq!(
+        again[0],
+        WriteResult::Appended(AppendOutcome::Duplicate { pos: first.pos })
+    );
+
+    let mut s = b.reopen(s);
+    let again = s
+        .write_batch(&[WriteOp::Append(msg("m1", "alice", "bob", &["bob"]))], 12)
+        .unwrap();
+    assert_eq!(
+        again[0],
+        WriteResult::Appended(AppendOutcome::Duplicate { pos: first.pos })
+    );
+    // The duplicate consumed no seq.
+    let (_, seqs) = put(&mut s, msg("m2", "alice", "bob", &["bob"]), 13);
+    assert_eq!(seqs, vec![2]);
+    assert_eq!(
+        s.stats().unwrap(),
+        Stats {
+            messages: 3,
+            pending: 3
+        }
+    );
+}
+
+fn seqs_gapless_per_stream_across_reopen<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let mut ops = Vec::new();
+    for i in 0..5 {
+        ops.push(WriteOp::Append(msg(
+            &format!("a{i}"),
+            "alice",
+            "bob",
+            &["bob"],
+        )));
+        ops.push(WriteOp::Append(on_topic(
+            msg(&format!("t{i}"), "alice", "*", &["bob"]),
+            "ci",
+        )));
+        ops.push(WriteOp::Append(msg(
+            &format!("c{i}"),
+            "carol",
+            "bob",
+            &["bob"],
+        )));
+    }
+    let res = s.write_batch(&ops, 1).unwrap();
+    let seqs: Vec<u64> = res.iter().map(|r| stored(r).1[0]).collect();
+    assert_eq!(seqs, vec![1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5]);
+    let positions: Vec<i64> = res.iter().map(|r| stored(r).0.pos).collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "positions increase: {positions:?}"
+    );
+
+    let mut s = b.reopen(s);
+    assert_eq!(
+        put(&mut s, msg("a5", "alice", "bob", &["bob"]), 2).1,
+        vec![6]
+    );
+    assert_eq!(
+        put(&mut s, on_topic(msg("t5", "alice", "*", &["bob"]), "ci"), 2).1,
+        vec![6]
+    );
+    assert_eq!(
+        put(
+            &mut s,
+            on_topic(msg("x0", "alice", "*", &["bob"]), "other"),
+            2
+        )
+        .1,
+        vec![1]
+    );
+    assert_eq!(
+        put(&mut s, msg("d0", "alice", "dave", &["dave"]), 2).1,
+        vec![1]
+    );
+    let mut s = b.reopen(s);
+    assert_eq!(
+        put(&mut s, msg("a6", "alice", "bob", &["bob"]), 3).1,
+        vec![7]
+    );
+}
+
+fn broadcast_to_several<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let mut m = msg("b1", "alice", "*", &["bob", "carol", "dave"]);
+    m.payload.data = Some(serde_json::json!({"k": [1, 2, {"x": null}]}));
+    m.payload.budget = Some(Budget {
+        hops: 1,
+        max_hops: 5,
+        expires_at: Some(99),
+    });
+    m.payload.thread = Some("th".into());
+    m.payload.in_reply_to = Some("m0".into());
+    m.payload.kind = Kind::Action;
+    put(&mut s, msg("pre", "alice", "carol", &["carol"]), 1);
+    let (pos, seqs) = put(&mut s, m.clone(), 5);
+    assert_eq!(seqs, vec![1, 2, 1]);
+    // An empty broadcast is still stored.
+    let (empty_pos, seqs) = put(&mut s, msg("b2", "alice", "*", &[]), 6);
+    assert!(seqs.is_empty());
+
+    let mut s = b.reopen(s);
+    let rec = s.find("b1", 10).unwrap();
+    assert_eq!(rec.len(), 1);
+    let rec = &rec[0];
+    assert_eq!(
+        (rec.pos, rec.ts, rec.to.as_str(), rec.kind),
+        (pos, 5, "*", Kind::Action)
+    );
+    assert_eq!(rec.data, m.payload.data);
+    assert_eq!(rec.thread.as_deref(), Some("th"));
+    assert_eq!(rec.in_reply_to.as_deref(), Some("m0"));
+    let ds: Vec<(&str, u64, DeliveryStatus, u64)> = rec
+        .deliveries
+        .iter()
+        .map(|d| (d.recipient.as_str(), d.seq, d.status, d.queued_at))
+        .collect();
+    assert_eq!(
+        ds,
+        vec![
+            ("bob", 1, DeliveryStatus::Queued, 5),
+            ("carol", 2, DeliveryStatus::Queued, 5),
+            ("dave", 1, DeliveryStatus::Queued, 5)
+        ]
+    );
+    assert!(rec.deliveries.iter().all(|d| d.updated_at.is_none()));
+    let empty = s.find("b2", 10).unwrap();
+    assert_eq!((empty[0].pos, empty[0].deliveries.len()), (empty_pos, 0));
+
+    // Budget survives storage (it is not in MessageRecord, but replays carry it).
+    let p = s.take_pending("dave", 0, 10).unwrap();
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].message.payload, m.payload);
+    assert_eq!((p[0].seq, p[0].attempt), (1, 1));
+    // A session of carol's ended holding the broadcast: its replay is attempt 2, the earlier
+    // message (outside the handed-out range) stays at 1.
+    s.write_batch(
+        &[WriteOp::HandedOut {
+            recipient: "carol".into(),
+            after: pos - 1,
+            through: pos,
+        }],
+        7,
+    )
+    .unwrap();
+    let p = s.take_pending("carol", 0, 10).unwrap();
+    assert_eq!(
+        p.iter().map(|p| (p.seq, p.attempt)).collect::<Vec<_>>(),
+        vec![(1, 1), (2, 2)]
+    );
+}
+
+fn duplicate_recipient_gets_one_delivery<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let (_, seqs) = put(&mut s, msg("d1", "alice", "*", &["bob", "bob", "carol"]), 1);
+    assert_eq!(seqs, vec![1, 1, 1]);
+    assert_eq!(s.find("d1", 1).unwrap()[0].deliveries.len(), 2);
+    assert_eq!(
+        put(&mut s, msg("d2", "alice", "bob", &["bob"]), 1).1,
+        vec![2]
+    );
+}
+
+fn ack_through_and_take_pending<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let mut pos = Vec::new();
+    for i in 0..6 {
+        let m = msg(&format!("m{i}"), "alice", "bob", &["bob"]);
+        pos.push(put(&mut s, m, 100 + i).0);
+    }
+    // A message to someone else in between must not disturb bob.
+    put(&mut s, msg("x", "alice", "carol", &["carol"]), 200);
+
+    s.write_batch(&[ack("bob", pos[2])], 300).unwrap();
+    let p = s.take_pending("bob", 0, 100).unwrap();
+    assert_eq!(
+        p.iter()
+            .map(|p| (p.message.id.as_str(), p.seq, p.attempt))
+            .collect::<Vec<_>>(),
+        vec![("m3", 4, 1), ("m4", 5, 1), ("m5", 6, 1)]
+    );
+    // Reading does not count as an attempt; a session that ended holding m0..m4 does
+    // (m0..m2 are acked already and stay as they are).
+    s.write_batch(
+        &[WriteOp::HandedOut {
+            recipient: "bob".into(),
+            after: 0,
+            through: pos[4],
+        }],
+        300,
+    )
+    .unwrap();
+    // after_pos above the cursor narrows further; limit bounds.
+    let p = s.take_pending("bob", pos[3], 1).unwrap();
+    assert_eq!(
+        p.iter()
+            .map(|p| (p.message.id.as_str(), p.attempt))
+            .collect::<Vec<_>>(),
+        vec![("m4", 2)]
+    );
+    // after_pos below the cursor does not bring acked ones back.
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m3", "m4", "m5"]);
+
+    let mut s = b.reopen(s);
+    // Acking through an older position changes nothing; the cursor survives reopen.
+    s.write_batch(&[ack("bob", pos[0])], 301).unwrap();
+    let p = s.take_pending("bob", 0, 100).unwrap();
+    assert_eq!(
+        p.iter().map(|p| p.attempt).collect::<Vec<_>>(),
+        vec![2, 2, 1]
+    );
+    let rec = s.find("m1", 1).unwrap();
+    assert_eq!(rec[0].deliveries[0].status, DeliveryStatus::Acked);
+    assert_eq!(rec[0].deliveries[0].updated_at, Some(300));
+    assert_eq!(
+        s.stats().unwrap(),
+        Stats {
+            messages: 7,
+            pending: 4
+        }
+    );
+
+    // Ack past the end: later messages are still pending.
+    s.write_batch(&[ack("bob", pos[5] + 100)], 302).unwrap();
+    assert!(pending_ids(&mut s, "bob").is_empty());
+    let (p7, _) = put(&mut s, msg("m7", "alice", "bob", &["bob"]), 400);
+    assert!(p7 <= pos[5] + 100);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m7"]);
+    let mut s = b.reopen(s);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m7"]);
+    assert_eq!(pending_ids(&mut s, "carol"), vec!["x"]);
+    assert!(pending_ids(&mut s, "nobody").is_empty());
+}
+
+fn ack_and_append_in_one_batch<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let res = s
+        .write_batch(
+            &[
+                WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
+                WriteOp::Append(msg("m2", "alice", "bob", &["bob"])),
+                ack("bob", 1),
+                WriteOp::Append(msg("m3", "alice", "bob", &["bob"])),
+            ],
+            1,
+        )
+        .unwrap();
+    assert_eq!(res[2], WriteResult::Done);
+    assert_eq!(stored(&res[3]).1, vec![3]);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m2", "m3"]);
+}
+
+fn set_status<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let (p1, _) = put(&mut s, msg("m1", "alice", "bob", &["bob"]), 1);
+    let (p2, _) = put(&mut s, msg("m2", "alice", "bob", &["bob"]), 1);
+    let res = s
+        .write_batch(
+            &[
+                WriteOp::SetStatus {
+                    recipient: "bob".into(),
+                    pos: p2,
+                    status: DeliveryStatus::Failed,
+                },
+                // Unknown rows: no error, no effect.
+                WriteOp::SetStatus {
+                    recipient: "bob".into(),
+                    pos: 999,
+                    status: DeliveryStatus::Acked,
+                },
+                WriteOp::SetStatus {
+                    recipient: "zed".into(),
+                    pos: p1,
+                    status: DeliveryStatus::Acked,
+                },
+            ],
+            7,
+        )
+        .unwrap();
+    assert_eq!(res, vec![WriteResult::Done; 3]);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m1"]);
+    let d = &s.find("m2", 1).unwrap()[0].deliveries[0];
+    assert_eq!((d.status, d.updated_at), (DeliveryStatus::Failed, Some(7)));
+    assert_eq!(s.stats().unwrap().pending, 1);
+
+    // Verified after acked; re-queue below the cursor makes it pending again.
+    s.write_batch(&[ack("bob", p2)], 8).unwrap();
+    assert!(pending_ids(&mut s, "bob").is_empty());
+    s.write_batch(
+        &[WriteOp::SetStatus {
+            recipient: "bob".into(),
+            pos: p1,
+            status: DeliveryStatus::Verified,
+        }],
+        9,
+    )
+    .unwrap();
+    assert_eq!(
+        s.find("m1", 1).unwrap()[0].deliveries[0].status,
+        DeliveryStatus::Verified
+    );
+    s.write_batch(
+        &[WriteOp::SetStatus {
+            recipient: "bob".into(),
+            pos: p1,
+            status: DeliveryStatus::Queued,
+        }],
+        10,
+    )
+    .unwrap();
+    let mut s = b.reopen(s);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m1"]);
+    assert_eq!(s.stats().unwrap().pending, 1);
+}
+
+fn expire_with_except<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    put(&mut s, msg("acked-dave", "alice", "dave", &["dave"]), 50);
+    put(&mut s, msg("old-bob", "alice", "bob", &["bob"]), 100);
+    put(&mut s, msg("old-carol", "alice", "carol", &["carol"]), 100);
+    put(
+        &mut s,
+        msg("old-all", "alice", "*", &["bob", "carol", "dave"]),
+        150,
+    );
+    put(&mut s, msg("new-bob", "alice", "bob", &["bob"]), 300);
+    let dave_pos = s.find("acked-dave", 1).unwrap()[0].pos;
+    s.write_batch(&[ack("dave", dave_pos)], 60).unwrap();
+    let _ = s.take_pending("dave", 0, 1);
+
+    let res = s
+        .write_batch(
+            &[WriteOp::Expire {
+                queued_before: 200,
+                except: vec!["carol".into()],
+            }],
+            500,
+        )
+        .unwrap();
+    // old-bob, old-all→bob, old-all→dave; not carol's, not new-bob, not the acked one.
+    assert_eq!(res, vec![WriteResult::Expired(3)]);
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["new-bob"]);
+    assert_eq!(pending_ids(&mut s, "carol"), vec!["old-carol", "old-all"]);
+    assert!(pending_ids(&mut s, "dave").is_empty());
+    let all = s.find("old-all", 1).unwrap();
+    let st: Vec<_> = all[0]
+        .deliveries
+        .iter()
+        .map(|d| (d.status, d.updated_at))
+        .collect();
+    assert_eq!(
+        st,
+        vec![
+            (DeliveryStatus::Expired, Some(500)),
+            (DeliveryStatus::Queued, None),
+            (DeliveryStatus::Expired, Some(500))
+        ]
+    );
+    assert_eq!(
+        s.find("acked-dave", 1).unwrap()[0].deliveries[0].status,
+        DeliveryStatus::Acked
+    );
+    let res = s
+        .write_batch(
+            &[WriteOp::Expire {
+                queued_before: 200,
+                except: vec![],
+            }],
+            501,
+        )
+        .unwrap();
+    assert_eq!(res, vec![WriteResult::Expired(2)]);
+    assert_eq!(s.stats().unwrap().pending, 1);
+}
+
+fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    put(&mut s, msg("01ABCDEF", "alice", "bob", &["bob"]), 1);
+    put(&mut s, msg("01ABCXYZ", "alice", "bob", &["bob"]), 2);
+    put(&mut s, msg("01ABC", "alice", "bob", &["bob"]), 3);
+    put(&mut s, msg("01ABC", "carol", "bob", &["bob"]), 4);
+    put(&mut s, msg("02%_", "alice", "bob", &["bob"]), 5);
+    put(&mut s, msg("01abcdef", "alice", "bob", &["bob"]), 6);
+
+    let ids = |r: Vec<relay_protocol::query::MessageRecord>| {
+        r.into_iter().map(|m| (m.id, m.from)).collect::<Vec<_>>()
+    };
+    let exact = ids(s.find("01ABCDEF", 10).unwrap());
+    assert_eq!(exact, vec![("01ABCDEF".into(), "alice".into())]);
+    // Exact matches only, even though longer ids share the prefix; two senders → both.
+    let exact = ids(s.find("01ABC", 10).unwrap());
+    assert_eq!(
+        exact,
+        vec![
+            ("01ABC".into(), "alice".into()),
+            ("01ABC".into(), "carol".into())
+        ]
+    );
+    let exact = ids(s.find("01ABC", 1).unwrap());
+    assert_eq!(exact.len(), 1);
+    // Prefix, case-sensitive, in id order.
+    let pre = ids(s.find("01ABCD", 10).unwrap());
+    assert_eq!(pre, vec![("01ABCDEF".into(), "alice".into())]);
+    let pre = ids(s.find("01AB", 10).unwrap());
+    assert_eq!(
+        pre.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        vec!["01ABC", "01ABC", "01ABCDEF", "01ABCXYZ"]
+    );
+    assert_eq!(s.find("01AB", 2).unwrap().len(), 2);
+    // LIKE wildcards are plain characters.
+    assert!(s.find("02_", 10).unwrap().is_empty());
+    assert_eq!(ids(s.find("02%", 10).unwrap()).len(), 1);
+    assert!(s.find("03", 10).unwrap().is_empty());
+    assert!(s.find("01ABCDEFG", 10).unwrap().is_empty());
+    assert_eq!(s.find("", 100).unwrap().len(), 6);
+    let rec = &s.find("01ABCXYZ", 1).unwrap()[0];
+    assert_eq!(
+        (rec.ts, rec.body.as_str(), rec.deliveries[0].seq),
+        (2, "body of 01ABCXYZ", 2)
+    );
+}
+
+fn history_filters_and_paging<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    // pos 1..=20: alternate senders, a broadcast every 5th, topic on every 4th.
+    for i in 1..=20u64 {
+        let from = if i % 2 == 0 { "alice" } else { "bob" };
+        let mut m = if i % 5 == 0 {
+            msg(&format!("m{i:02}"), from, "*", &["carol", "dave"])
+        } else {
+            msg(&format!("m{i:02}"), from, "carol", &["carol"])
+        };
+        if i % 4 == 0 {
+            m.topic = Some("build".into());
+        }
+        m.payload.body = if i % 3 == 0 {
+            format!("needle {i}")
+        } else {
+            format!("hay {i}")
+        };
+        put(&mut s, m, i * 10);
+    }
+    let mut s = b.reopen(s);
+    let ids = |s: &mut B::S, f: HistoryFilter| -> Vec<String> {
+        s.history(&f).unwrap().into_iter().map(|m| m.id).collect()
+    };
+    let all = s.history(&HistoryFilter::default()).unwrap();
+    assert_eq!(all.len(), 20);
+    assert_eq!(all[0].id, "m20");
+    assert!(all.windows(2).all(|w| w[0].pos > w[1].pos));
+    assert_eq!(all[0].deliveries.len(), 2);
+
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                to: Some("dave".into()),
+                ..Default::default()
+            }
+        ),
+        vec!["m20", "m15", "m10", "m05"]
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                to: Some("*".into()),
+                ..Default::default()
+            }
+        ),
+        vec!["m20", "m15", "m10", "m05"]
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                to: Some("carol".into()),
+                ..Default::default()
+            }
+        )
+        .len(),
+        20
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                topic: Some("build".into()),
+                ..Default::default()
+            }
+        ),
+        vec!["m20", "m16", "m12", "m08", "m04"]
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                from: Some("alice".into()),
+                text: Some("needle".into()),
+                ..Default::default()
+            }
+        ),
+        vec!["m18", "m12", "m06"]
+    );
+    assert!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                text: Some("NEEDLE".into()),
+                ..Default::default()
+            }
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                since_ms: Some(50),
+                until_ms: Some(80),
+                ..Default::default()
+            }
+        ),
+        vec!["m07", "m06", "m05"]
+    );
+    // Paging with before_pos.
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = s
+            .history(&HistoryFilter {
+                limit: Some(7),
+                before_pos: before,
+                ..Default::default()
+            })
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 7);
+        before = page.last().map(|m| m.pos);
+        seen.extend(page.into_iter().map(|m| m.id));
+    }
+    assert_eq!(seen, all.iter().map(|m| m.id.clone()).collect::<Vec<_>>());
+    assert!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                before_pos: Some(1),
+                ..Default::default()
+            }
+        )
+        .is_empty()
+    );
+    assert!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                before_pos: Some(-5),
+                ..Default::default()
+            }
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        ids(
+            &mut s,
+            HistoryFilter {
+                limit: Some(0),
+                ..Default::default()
+            }
+        )
+        .len(),
+        0
+    );
+}
+
+fn history_limits<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let ops: Vec<WriteOp> = (0..1100)
+        .map(|i| WriteOp::Append(msg(&format!("m{i}"), "a", "b", &["b"])))
+        .collect();
+    s.write_batch(&ops, 1).unwrap();
+    assert_eq!(s.history(&HistoryFilter::default()).unwrap().len(), 50);
+    let big = HistoryFilter {
+        limit: Some(5000),
+        ..Default::default()
+    };
+    assert_eq!(s.history(&big).unwrap().len(), 1000);
+}
+
+fn agents_and_subscriptions<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    s.write_batch(
+        &[
+            WriteOp::AgentConnected {
+                name: "bob".into(),
+                cli: Some("claude".into()),
+                session_id: "s1".into(),
+            },
+            WriteOp::Subscribe {
+                agent: "bob".into(),
+                pattern: "ci.>".into(),
+            },
+            WriteOp::Subscribe {
+                agent: "bob".into(),
+                pattern: "ci.>".into(),
+            },
+            WriteOp::Subscribe {
+                agent: "bob".into(),
+                pattern: "alerts".into(),
+            },
+            WriteOp::AgentConnected {
+                name: "alice".into(),
+                cli: None,
+                session_id: "s2".into(),
+            },
+        ],
+        100,
+    )
+    .unwrap();
+    put(&mut s, msg("m1", "alice", "bob", &["bob"]), 150);
+    put(&mut s, msg("m2", "alice", "bob", &["bob"]), 150);
+    s.write_batch(
+        &[
+            WriteOp::AgentDisconnected {
+                name: "bob".into(),
+                session_id: "s1".into(),
+            },
+            WriteOp::Unsubscribe {
+                agent: "bob".into(),
+                pattern: "alerts".into(),
+            },
+            WriteOp::Unsubscribe {
+                agent: "bob".into(),
+                pattern: "nope".into(),
+            },
+            WriteOp::Unsubscribe {
+                agent: "alice".into(),
+                pattern: "x".into(),
+            },
+        ],
+        200,
+    )
+    .unwrap();
+    s.write_batch(
+        &[
+            // Reconnect without a cli keeps the one we know.
+            WriteOp::AgentConnected {
+                name: "bob".into(),
+                cli: None,
+                session_id: "s3".into(),
+            },
+            ack("bob", 1),
+        ],
+        300,
+    )
+    .unwrap();
+    let mut s = b.reopen(s);
+    assert_eq!(
+        s.known_agents().unwrap(),
+        vec![
+            KnownAgent {
+                name: "alice".into(),
+                topics: vec![]
+            },
+            KnownAgent {
+                name: "bob".into(),
+                topics: vec!["ci.>".into()]
+            },
+        ]
+    );
+    let agents = s.agents().unwrap();
+    assert_eq!(agents.len(), 2);
+    let bob = &agents[1];
+    assert_eq!(bob.name, "bob");
+    assert_eq!(bob.cli.as_deref(), Some("claude"));
+    assert!(!bob.online);
+    assert_eq!((bob.first_seen, bob.last_seen, bob.pending), (100, 300, 1));
+    assert_eq!(bob.topics, vec!["ci.>".to_string()]);
+    let alice = &agents[0];
+    assert_eq!(
+        (
+            alice.cli.as_deref(),
+            alice.first_seen,
+            alice.last_seen,
+            alice.pending
+        ),
+        (None, 100, 100, 0)
+    );
+}
+
+fn empty_store<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    assert_eq!(s.stats().unwrap(), Stats::default());
+    assert!(s.known_agents().unwrap().is_empty());
+    assert!(s.agents().unwrap().is_empty());
+    assert!(s.history(&HistoryFilter::default()).unwrap().is_empty());
+    assert!(s.find("x", 10).unwrap().is_empty());
+    assert!(s.take_pending("x", 0, 10).unwrap().is_empty());
+    assert_eq!(s.write_batch(&[], 1).unwrap(), vec![]);
+    assert_eq!(
+        s.write_batch(
+            &[
+                ack("x", 5),
+                WriteOp::Expire {
+                    queued_before: 9,
+                    except: vec![]
+                }
+            ],
+            1
+        )
+        .unwrap(),
+        vec![WriteResult::Done, WriteResult::Expired(0)]
+    );
+    // An ack before any message must not hide the first message.
+    put(&mut s, msg("m1", "a", "x", &["x"]), 2);
+    assert_eq!(pending_ids(&mut s, "x"), vec!["m1"]);
+}
+
+macro_rules! for_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(super::SqliteBackend::new()) } )*
+        }
+        mod memory {
+            $( #[test] fn $name() { super::$name(super::MemoryBackend) } )*
+        }
+    };
+}
+
+for_both!(
+    dedupe,
+    seqs_gapless_per_stream_across_reopen,
+    broadcast_to_several,
+    duplicate_recipient_gets_one_delivery,
+    ack_through_and_take_pending,
+    ack_and_append_in_one_batch,
+    set_status,
+    expire_with_except,
+    find_exact_prefix_ambiguous_none,
+    history_filters_and_paging,
+    history_limits,
+    agents_and_subscriptions,
+    empty_store,
+);
+
+#[test]
+fn status_codes_match_sql() {
+    assert_eq!(DeliveryStatus::Queued.code(), 0);
+    assert_eq!(DeliveryStatus::Acked.code(), 1);
+    assert_eq!(DeliveryStatus::Expired.code(), 4);
+}
+
+// --- SQLite only ------------------------------------------------------------------------------
+
+#[test]
+fn sqlite_failed_batch_keeps_nothing() {
+    let mut b = SqliteBackend::new();
+    let mut s = b.open();
+    put(&mut s, msg("m1", "alice", "bob", &["bob"]), 1);
+    // A second connection installs a trigger that makes any delivery to "boom" fail: an honest
+    // SQLite error in the middle of a batch.
+    let other = rusqlite::Connection::open(b.path()).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = 'boom'
+             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+    let err = s
+        .write_batch(
+            &[
+                WriteOp::Append(msg("m2", "alice", "bob", &["bob"])),
+                ack("bob", 1),
+                WriteOp::Append(on_topic(msg("m3", "alice", "*", &["carol"]), "t")),
+                WriteOp::AgentConnected {
+                    name: "bob".into(),
+                    cli: None,
+                    session_id: "s".into(),
+                },
+                WriteOp::Append(msg("m4", "alice", "boom", &["bob", "boom"])),
+            ],
+            2,
+        )
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Sqlite(_)), "{err}");
+    let check = |s: &mut SqliteStore| {
+        assert_eq!(
+            s.stats().unwrap(),
+            Stats {
+                messages: 1,
+                pending: 1
+            }
+        );
+        assert!(s.known_agents().unwrap().is_empty());
+        assert_eq!(pending_ids(s, "bob"), vec!["m1"]);
+    };
+    check(&mut s);
+    // The seqs handed out in the failed batch are handed out again.
+    let res = s
+        .write_batch(
+            &[
+                WriteOp::Append(msg("m2", "alice", "bob", &["bob"])),
+                WriteOp::Append(on_topic(msg("m3", "alice", "*", &["carol"]), "t")),
+            ],
+            3,
+        )
+        .unwrap();
+    assert_eq!(stored(&res[0]).1, vec![2]);
+    assert_eq!(stored(&res[1]).1, vec![1]);
+    other.execute_batch("DROP TRIGGER boom").unwrap();
+    let mut s = b.reopen(s);
+    assert_eq!(
+        put(&mut s, msg("m5", "alice", "bob", &["bob"]), 4).1,
+        vec![3]
+    );
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m1", "m2", "m5"]);
+}
+
+#[test]
+fn sqlite_failed_batch_keeps_cursor() {
+    let mut b = SqliteBackend::new();
+    let mut s = b.open();
+    put(&mut s, msg("m1", "alice", "bob", &["bob"]), 1);
+    let other = rusqlite::Connection::open(b.path()).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = 'boom'
+             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+    s.write_batch(
+        &[
+            ack("bob", 1),
+            WriteOp::Append(msg("m2", "a", "boom", &["boom"])),
+        ],
+        2,
+    )
+    .unwrap_err();
+    // The ack was rolled back, and so was the in-memory cursor.
+    assert_eq!(pending_ids(&mut s, "bob"), vec!["m1"]);
+}
+
+#[test]
+fn sqlite_refuses_newer_schema() {
+    let mut b = SqliteBackend::new();
+    drop(b.open());
+    let other = rusqlite::Connection::open(b.path()).unwrap();
+    other.pragma_update(None, "user_version", 99).unwrap();
+    drop(other);
+    match SqliteStore::open(&b.path()) {
+        Err(StoreError::SchemaTooNew {
+            found: 99,
+            supported: 1,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn sqlite_settings_and_location() {
+    let mut b = SqliteBackend::new();
+    let s = b.open();
+    assert_eq!(s.location(), b.path().display().to_string());
+    let c = rusqlite::Connection::open(b.path()).unwrap();
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 1);
+    assert_eq!(MemoryStore::new().location(), ":memory:");
+}
+
+#[test]
+fn sqlite_io_error_for_bad_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    match SqliteStore::open(&file.join("sub/relay.db")) {
+        Err(StoreError::Io { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+// --- Property test ----------------------------------------------------------------------------
+
+mod prop {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// sender, recipients (indexes), topic, id (small range so duplicates happen).
+        Append {
+            from: usize,
+            to: Vec<usize>,
+            topic: Option<usize>,
+            id: u8,
+        },
+        /// recipient, through = last pos + delta (may be past the end or behind).
+        Ack { rcpt: usize, delta: i64 },
+        /// Ends the current batch, then takes up to `limit` pending deliveries.
+        Take { rcpt: usize, limit: usize },
+        /// A session ended holding positions (through - back, through].
+        HandOut { rcpt: usize, back: i64, delta: i64 },
+        /// Ends the current batch.
+        Commit,
+        /// Reopen (SQLite) between batches.
+        Reopen,
+    }
+
+    const NAMES: [&str; 3] = ["r0", "r1", "r2"];
+    const SENDERS: [&str; 2] = ["s0", "s1"];
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (
+                0..2usize,
+                proptest::collection::vec(0..3usize, 0..3),
+                proptest::option::of(0..2usize),
+                0..40u8,
+            )
+                .prop_map(|(from, to, topic, id)| Step::Append { from, to, topic, id }),
+            2 => (0..3usize, 0..4usize).prop_map(|(rcpt, limit)| Step::Take { rcpt, limit }),
+            3 => (0..3usize, -3..3i64).prop_map(|(rcpt, delta)| Step::Ack { rcpt, delta }),
+            2 => (0..3usize, 0..5i64, -3..2i64)
+                .prop_map(|(rcpt, back, delta)| Step::HandOut { rcpt, back, delta }),
+            2 => Just(Step::Commit),
+            1 => Just(Step::Reopen),
+        ]
+    }
+
+    type ModelDelivery = (String, u64, bool, u32);
+
+    /// The expected state, kept by a model that knows nothing of cursors or SQL.
+    #[derive(Default)]
+    struct Model {
+        ids: BTreeMap<(String, String), i64>,
+        streams: BTreeMap<(String, String, String), u64>,
+        /// recipient → pos → (id, seq, acked, times handed out)
+        deliveries: BTreeMap<String, BTreeMap<i64, ModelDelivery>>,
+        max_pos: i64,
+    }
+
+    fn run<B: Backend>(mut b: B, steps: &[Step]) -> Result<(), TestCaseError> {
+        let mut s = Some(b.open());
+        let mut model = Model::default();
+        let mut batch: Vec<WriteOp> = Vec::new();
+        // Model effects of the pending batch are applied as ops are queued (batches never fail).
+        let mut expected: Vec<WriteResult> = Vec::new();
+        let flush = |s: &mut B::S,
+                     batch: &mut Vec<WriteOp>,
+                     expected: &mut Vec<WriteResult>|
+         -> Result<(), TestCaseError> {
+            let got = s.write_batch(batch, 7).unwrap();
+            prop_assert_eq!(got.len(), expected.len());
+            for (g, e) in got.iter().zip(expected.iter()) {
+                match (g, e) {
+                    (
+                        WriteResult::Appended(AppendOutcome::Stored {
+                            message: gm,
+                            seqs: gs,
+                        }),
+                        WriteResult::Appended(AppendOutcome::Stored {
+                            message: em,
+                            seqs: es,
+                        }),
+                    ) => {
+                        prop_assert_eq!(gm.pos, em.pos);
+                        prop_assert_eq!(gs, es);
+                    }
+                    _ => prop_assert_eq!(g, e),
+                }
+            }
+            batch.clear();
+            expected.clear();
+            Ok(())
+        };
+        let mut next_pos = 1;
+        for st in steps {
+            match st {
+                Step::Append {
+                    from,
+                    to,
+                    topic,
+                    id,
+                } => {
+                    let from = SENDERS[*from];
+                    let to_names: Vec<&str> = to.iter().map(|i| NAMES[*i]).collect();
+                    let dest = if to_names.len() == 1 {
+                        to_names[0]
+                    } else {
+                        "*"
+                    };
+                    let mut m = msg(&format!("id{id}"), from, dest, &to_names);
+                    m.topic = topic.map(|t| format!("t{t}"));
+                    let key = (m.id.clone(), from.to_string());
+                    if let Some(&pos) = model.ids.get(&key) {
+                        expected.push(WriteResult::Appended(AppendOutcome::Duplicate { pos }));
+                    } else {
+                        let pos = next_pos;
+                        next_pos += 1;
+                        model.ids.insert(key, pos);
+                        model.max_pos = pos;
+                        let mut seqs = Vec::new();
+                        let mut done: Vec<&str> = Vec::new();
+                        for r in &to_names {
+                            if let Some(j) = done.iter().position(|d| d == r) {
+                                seqs.push(seqs[j]);
+                                continue;
+                            }
+                            let k = (
+                                r.to_string(),
+                                m.topic.clone().unwrap_or_default(),
+                                from.to_string(),
+                            );
+                            let seq = model.streams.entry(k).or_insert(0);
+                            *seq += 1;
+                            model
+                                .deliveries
+                                .entry(r.to_string())
+                                .or_default()
+                                .insert(pos, (m.id.clone(), *seq, false, 0));
+                            seqs.push(*seq);
+                            done.push(r);
+                        }
+                        let message = Arc::new(StoredMessage {
+                            pos,
+                            id: m.id.clone(),
+                            ts: 7,
+                            from: m.from.clone(),
+                            to: m.to.clone(),
+                            topic: m.topic.clone(),
+                            payload: m.payload.clone(),
+                        });
+                        expected.push(WriteResult::Appended(AppendOutcome::Stored {
+                            message,
+                            seqs,
+                        }));
+                    }
+                    batch.push(WriteOp::Append(m));
+                }
+                Step::Ack { rcpt, delta } => {
+                    let r = NAMES[*rcpt];
+                    let through = model.max_pos + delta;
+                    if let Some(ds) = model.deliveries.get_mut(r) {
+                        for (_, d) in ds.range_mut(..=through) {
+                            d.2 = true;
+                        }
+                    }
+                    batch.push(ack(r, through));
+                    expected.push(WriteResult::Done);
+                }
+                Step::HandOut { rcpt, back, delta } => {
+                    let r = NAMES[*rcpt];
+                    let through = model.max_pos + delta;
+                    let after = through - back;
+                    if let Some(ds) = model.deliveries.get_mut(r).filter(|_| through > after) {
+                        for (_, d) in ds.range_mut(after + 1..=through) {
+                            if !d.2 {
+                                d.3 += 1;
+                            }
+                        }
+                    }
+                    batch.push(WriteOp::HandedOut {
+                        recipient: r.into(),
+                        after,
+                        through,
+                    });
+                    expected.push(WriteResult::Done);
+                }
+                Step::Commit => flush(s.as_mut().unwrap(), &mut batch, &mut expected)?,
+                Step::Take { rcpt, limit } => {
+                    let st = s.as_mut().unwrap();
+                    flush(st, &mut batch, &mut expected)?;
+                    let r = NAMES[*rcpt];
+                    let mut want = Vec::new();
+                    if let Some(ds) = model.deliveries.get_mut(r) {
+                        for d in ds.values().filter(|d| !d.2).take(*limit) {
+                            want.push((d.0.clone(), d.1, d.3 + 1));
+                        }
+                    }
+                    let got: Vec<(String, u64, u32)> = st
+                        .take_pending(r, 0, *limit)
+                        .unwrap()
+                        .iter()
+                        .map(|p| (p.message.id.clone(), p.seq, p.attempt))
+                        .collect();
+                    prop_assert_eq!(got, want, "take {} from {}", limit, r);
+                }
+                Step::Reopen => {
+                    flush(s.as_mut().unwrap(), &mut batch, &mut expected)?;
+                    let old = s.take().unwrap();
+                    s = Some(b.reopen(old));
+                }
+            }
+        }
+        let s = s.as_mut().unwrap();
+        flush(s, &mut batch, &mut expected)?;
+        // Gapless: each stream's seqs are exactly 1..=n (checked via the model, which the store
+        // matched op by op), and take_pending returns exactly the non-acked deliveries.
+        for r in NAMES {
+            let want: Vec<(String, u64)> = model
+                .deliveries
+                .get(r)
+                .map(|ds| {
+                    ds.values()
+                        .filter(|d| !d.2)
+                        .map(|d| (d.0.clone(), d.1))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let got: Vec<(String, u64)> = s
+                .take_pending(r, 0, 10_000)
+                .unwrap()
+                .iter()
+                .map(|p| (p.message.id.clone(), p.seq))
+                .collect();
+            prop_assert_eq!(got, want, "recipient {}", r);
+        }
+        let mut per_stream: BTreeMap<(String, String, String), BTreeSet<u64>> = BTreeMap::new();
+        for m in s
+            .history(&HistoryFilter {
+                limit: Some(1000),
+                ..Default::default()
+            })
+            .unwrap()
+        {
+            for d in m.deliveries {
+                let k = (
+                    d.recipient,
+                    m.topic.clone().unwrap_or_default(),
+                    m.from.clone(),
+                );
+                prop_assert!(
+                    per_stream.entry(k).or_default().insert(d.seq),
+                    "seq given twice"
+                );
+            }
+        }
+        for (k, seqs) in per_stream {
+            let n = seqs.len() as u64;
+            prop_assert_eq!(
+                seqs.into_iter().collect::<Vec<_>>(),
+                (1..=n).collect::<Vec<_>>(),
+                "stream {:?}",
+                k
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn interleavings_sqlite(steps in proptest::collection::vec(step(), 1..80)) {
+            run(SqliteBackend::new(), &steps)?;
+        }
+
+        #[test]
+        fn interleavings_memory(steps in proptest::collection::vec(step(), 1..80)) {
+            run(MemoryBackend, &steps)?;
+        }
+    }
+}

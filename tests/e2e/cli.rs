@@ -1,0 +1,251 @@
+//! The commands a person uses: up/down/status/agents/send/read/history.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+
+use serde_json::Value;
+
+use crate::support::{BIN, Relay, ok_stdout, wait_for};
+
+fn isolated_env(dir: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(BIN);
+    c.current_dir(dir)
+        .env_remove("AGENT_RELAY_SOCKET")
+        .env_remove("AGENT_RELAY_STORAGE_PATH")
+        .env_remove("AGENT_RELAY_STORAGE_TYPE")
+        .env("AGENT_RELAY_DATA_DIR", dir.join("data"))
+        .env("XDG_RUNTIME_DIR", dir.join("run"))
+        .stdin(Stdio::null());
+    c
+}
+
+#[test]
+fn up_status_down_in_the_background() {
+    let dir = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
+    std::fs::create_dir(dir.path().join(".git")).unwrap();
+    let run = |args: &[&str]| isolated_env(dir.path()).args(args).output().unwrap();
+
+    let out = run(&["status"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent-relay up"));
+    let out = run(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["running"], false);
+
+    let out = run(&["up", "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    let pid = v["pid"].as_u64().unwrap();
+    let socket = std::path::PathBuf::from(v["socket"].as_str().unwrap());
+    assert!(
+        socket.starts_with(dir.path().join("run/agent-relay")),
+        "{socket:?}"
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&socket), 0o600);
+    assert_eq!(mode(socket.parent().unwrap()), 0o700);
+
+    let again = ok_stdout(&run(&["up"]));
+    assert!(
+        again.contains("already running") && again.contains(&pid.to_string()),
+        "{again}"
+    );
+
+    let v: Value = serde_json::from_str(&ok_stdout(&run(&["status", "--json"]))).unwrap();
+    assert_eq!(v["running"], true);
+    assert_eq!(v["pid"], pid);
+    for key in ["socket", "db", "uptime_s", "agents", "messages"] {
+        assert!(v.get(key).is_some(), "status --json lacks {key}: {v}");
+    }
+    assert!(v["db"].as_str().unwrap().ends_with("messages.sqlite"));
+
+    let down = ok_stdout(&run(&["down"]));
+    assert!(down.contains("stopped"), "{down}");
+    assert_eq!(run(&["status"]).status.code(), Some(3));
+    assert!(!socket.exists(), "socket removed on a graceful stop");
+    assert!(ok_stdout(&run(&["down"])).contains("not running"));
+}
+
+#[test]
+fn a_second_daemon_for_the_same_data_refuses_to_start() {
+    let relay = Relay::start();
+    let out = relay.cli(&["up", "--foreground"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already running"), "{err}");
+    // The first one is unharmed.
+    assert!(relay.cli(&["status"]).status.success());
+}
+
+#[test]
+fn send_read_history_agents() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let out = relay.cli(&["send", "Bob", "please review auth.ts", "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(v["status"], "accepted");
+    assert_eq!(v["recipients"], 1);
+    let id = v["id"].as_str().unwrap().to_owned();
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "human");
+    assert_eq!(d["id"], id.as_str());
+    bob.ack(&d);
+
+    let text = ok_stdout(&relay.cli(&["send", "--from", "Carol", "Bob", "second"]));
+    assert!(
+        text.contains("accepted") && text.contains("1 recipient"),
+        "{text}"
+    );
+    let d = bob.expect("DELIVER");
+    bob.ack(&d);
+
+    // read: full id, prefix, JSON, with delivery state.
+    let full = ok_stdout(&relay.cli(&["read", &id]));
+    assert!(
+        full.contains("please review auth.ts") && full.contains("From:    human"),
+        "{full}"
+    );
+    let by_prefix = ok_stdout(&relay.cli(&["read", &id[..10]]));
+    assert!(by_prefix.contains(&id), "{by_prefix}");
+    wait_for(
+        std::time::Duration::from_secs(10),
+        "the delivery is recorded as acked",
+        || {
+            let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
+                .unwrap_or_default();
+            v["deliveries"][0]["status"] == "acked"
+        },
+    );
+    let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap();
+    assert_eq!(v["deliveries"][0]["recipient"], "Bob");
+    assert_eq!(v["deliveries"][0]["seq"], 1);
+
+    let short = relay.cli(&["read", "01"]);
+    assert_ne!(short.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&short.stderr).contains("at least 8"));
+    let missing = relay.cli(&["read", "ZZZZZZZZZZZZ"]);
+    assert_eq!(missing.status.code(), Some(4));
+
+    // history: newest first, filters, JSON.
+    let h = ok_stdout(&relay.cli(&["history"]));
+    let lines: Vec<&str> = h.lines().collect();
+    assert_eq!(lines.len(), 2, "{h}");
+    assert!(
+        lines[0].contains("Carol → Bob") && lines[0].contains("second"),
+        "{h}"
+    );
+    assert!(lines[1].contains("human → Bob"), "{h}");
+    let v: Value =
+        serde_json::from_slice(&relay.cli(&["history", "--from", "Carol", "--json"]).stdout)
+            .unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    let v: Value =
+        serde_json::from_slice(&relay.cli(&["history", "--text", "auth", "--json"]).stdout)
+            .unwrap();
+    assert_eq!(v[0]["id"], id.as_str());
+    let v: Value = serde_json::from_slice(
+        &relay
+            .cli(&[
+                "history", "--to", "Bob", "--since", "1h", "--limit", "1", "--json",
+            ])
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    let bad = relay.cli(&["history", "--since", "yesterday"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("10m"));
+
+    // agents / who.
+    let a = ok_stdout(&relay.cli(&["who"]));
+    assert!(
+        a.lines()
+            .any(|l| l.starts_with("Bob") && l.contains("online")),
+        "{a}"
+    );
+    let v: Value = serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap();
+    assert_eq!(v[0]["name"], "Bob");
+    assert_eq!(v[0]["online"], true);
+
+    // status counts.
+    let v: Value = serde_json::from_slice(&relay.cli(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(v["messages"], 2);
+    assert_eq!(v["agents"], 1);
+}
+
+#[test]
+fn send_errors_say_what_to_do() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let out = relay.cli(&["send", "Bobb", "hello"]);
+    assert_eq!(out.status.code(), Some(5));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no agent named \"Bobb\"") && err.contains("Bob"),
+        "{err}"
+    );
+    let out = relay.cli(&["send", "--from", "bad name", "Bob", "hello"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid agent name"));
+    let gone = relay
+        .command()
+        .env("AGENT_RELAY_SOCKET", relay.dir.path().join("nope.sock"))
+        .args(["send", "Bob", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(gone.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("agent-relay up"));
+}
+
+#[test]
+fn escape_sequences_in_bodies_never_reach_the_terminal_raw() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let hostile = "hi \u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31mred";
+    let v: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", hostile, "--json"]))).unwrap();
+    let id = v["id"].as_str().unwrap();
+    for args in [vec!["read", id], vec!["history"]] {
+        let out = ok_stdout(&relay.cli(&args));
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            "raw control bytes in {args:?}: {out:?}"
+        );
+        assert!(out.contains("\\u{1b}"), "{out}");
+    }
+    // JSON keeps the exact text (escaped by JSON itself).
+    let v: Value = serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap();
+    assert_eq!(v["body"], hostile);
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [
+        "up", "down", "status", "agents", "send", "read", "history", "bench",
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        let text = ok_stdout(&out);
+        assert!(text.contains("Usage:"), "{cmd}: {text}");
+    }
+    let top = ok_stdout(
+        &std::process::Command::new(BIN)
+            .arg("--help")
+            .output()
+            .unwrap(),
+    );
+    assert!(top.contains("Exit codes"));
+}
+
+#[test]
+fn memory_storage_works_without_a_database_file() {
+    let relay = Relay::start_with(&["--storage", "memory"]);
+    let (mut bob, _) = relay.agent("Bob");
+    ok_stdout(&relay.cli(&["send", "Bob", "ephemeral"]));
+    assert_eq!(bob.expect("DELIVER")["payload"]["body"], "ephemeral");
+    let v: Value = serde_json::from_slice(&relay.cli(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(v["storage"], "memory");
+    assert!(!relay.data_dir().join("messages.sqlite").exists());
+}

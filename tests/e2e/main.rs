@@ -1,0 +1,8 @@
+//! Black-box tests of the `agent-relay` binary: a real daemon process, its real Unix socket and
+//! SQLite file, spoken to with raw frames, the client crate, and the CLI.
+#![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
+
+mod cli;
+mod crash;
+mod protocol;
+mod support;

@@ -1,0 +1,275 @@
+//! Test support: a real `agent-relay` daemon process on a private temporary directory, raw
+//! protocol-v1 connections over its real Unix socket, and CLI invocations against it.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agent-relay");
+
+/// A daemon under test. Killed (SIGKILL) when dropped.
+pub struct Relay {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl Relay {
+    /// Starts a daemon with SQLite storage.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a daemon with extra `up --foreground` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
+        let socket = dir.path().join("r.sock");
+        let mut relay = Self {
+            dir,
+            socket,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        relay.spawn();
+        relay
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A command for the binary with this relay's environment.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("AGENT_RELAY_DATA_DIR", self.data_dir())
+            .env("AGENT_RELAY_SOCKET", &self.socket)
+            .env_remove("AGENT_RELAY_STORAGE_PATH")
+            .env_remove("AGENT_RELAY_STORAGE_TYPE")
+            .env("AGENT_RELAY_LOG", "debug")
+            .current_dir(self.dir.path());
+        c
+    }
+
+    /// (Re)starts the daemon process and waits until it accepts connections.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("daemon-test.log"))
+            .unwrap();
+        let child = self
+            .command()
+            .args(["up", "--foreground"])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        wait_for(
+            Duration::from_secs(20),
+            "daemon accepts connections",
+            || UnixStream::connect(&self.socket).is_ok(),
+        );
+    }
+
+    /// SIGKILL, no cleanup: what a crash looks like.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(c.id() as i32).unwrap(),
+            rustix::process::Signal::Term,
+        )
+        .unwrap();
+        c.wait().unwrap()
+    }
+
+    /// Runs the CLI with `args` against this relay.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.command()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon-test.log")).unwrap_or_default()
+    }
+
+    pub fn connect(&self) -> Raw {
+        Raw::connect(&self.socket)
+    }
+
+    /// A raw connection that completed HELLO/WELCOME as agent `name`.
+    pub fn agent(&self, name: &str) -> (Raw, Value) {
+        let mut c = self.connect();
+        let welcome = c.hello(name, json!({}));
+        (c, welcome)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- daemon log ----\n{}", self.log());
+        }
+    }
+}
+
+/// Polls `cond` until it holds or `limit` passes (then panics naming `what`). Deadlines here
+/// only bound a hang; no test asserts how fast anything is.
+pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A raw protocol-v1 connection speaking frames by hand.
+pub struct Raw {
+    pub stream: UnixStream,
+    next: u64,
+}
+
+impl Raw {
+    pub fn connect(socket: &Path) -> Self {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Self { stream, next: 0 }
+    }
+
+    pub fn id(&mut self) -> String {
+        self.next += 1;
+        format!("t{}-{}", std::process::id(), self.next)
+    }
+
+    pub fn write_bytes(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Writes one frame holding `json`.
+    pub fn write_json(&mut self, v: &Value) {
+        let body = serde_json::to_vec(v).unwrap();
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        self.write_bytes(&frame);
+    }
+
+    /// Writes an envelope of `ty` with `payload` and extra top-level fields.
+    pub fn send_env(&mut self, ty: &str, extra: Value, payload: Value) -> String {
+        let id = extra
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.id());
+        let mut env = json!({"v": 1, "type": ty, "id": id, "ts": 1, "payload": payload});
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                env[k] = v;
+            }
+        }
+        self.write_json(&env);
+        id
+    }
+
+    /// Reads one frame; `None` when the daemon closed the connection.
+    pub fn read(&mut self) -> Option<Value> {
+        let mut len = [0u8; 4];
+        if self.stream.read_exact(&mut len).is_err() {
+            return None;
+        }
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut body).ok()?;
+        Some(serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Reads frames, answering PINGs, until one of type `ty` arrives.
+    pub fn expect(&mut self, ty: &str) -> Value {
+        loop {
+            let f = self
+                .read()
+                .unwrap_or_else(|| panic!("connection closed while waiting for {ty}"));
+            if f["type"] == ty {
+                return f;
+            }
+            if f["type"] == "PING" {
+                self.send_env("PONG", json!({}), json!({}));
+                continue;
+            }
+            panic!("expected {ty}, got {f}");
+        }
+    }
+
+    /// True when the daemon has closed the connection (reading gives EOF), skipping frames.
+    pub fn closed(&mut self) -> bool {
+        for _ in 0..1000 {
+            if self.read().is_none() {
+                return true;
+            }
+        }
+        false
+    }
+
+    pub fn hello(&mut self, name: &str, extra_payload: Value) -> Value {
+        let mut payload = json!({"agent": name, "cli": "test"});
+        if let Value::Object(m) = extra_payload {
+            for (k, v) in m {
+                payload[k] = v;
+            }
+        }
+        self.send_env("HELLO", json!({}), payload);
+        self.expect("WELCOME")
+    }
+
+    /// SEND `body` to `to`; returns the id.
+    pub fn send(&mut self, to: &str, body: &str) -> String {
+        self.send_env(
+            "SEND",
+            json!({"to": to}),
+            json!({"kind": "message", "body": body}),
+        )
+    }
+
+    pub fn ack(&mut self, deliver: &Value) {
+        let seq = deliver["delivery"]["seq"].clone();
+        self.send_env(
+            "ACK",
+            json!({}),
+            json!({"ack_id": deliver["id"], "seq": seq}),
+        );
+    }
+}
+
+/// stdout of a successful CLI run.
+pub fn ok_stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
