@@ -9,6 +9,11 @@ mod time;
 
 use clap::Parser;
 
+// The daemon allocates and frees small buffers for every frame on several threads; glibc's
+// allocator spent about a tenth of all CPU on that under load (see docs/PERFORMANCE.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = args::Cli::parse();
     let code = match cmd::run(cli) {

@@ -15,12 +15,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Busy, Capabilities, DeliveryState, Envelope, ErrorPayload, Hello, Kind,
-    MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, decode_frame,
-    encode_frame,
+    MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, encode_frame,
+    frame_len,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -439,7 +439,7 @@ struct Conn {
 }
 
 async fn write_env(stream: &mut UnixStream, env: &Envelope) -> Result<(), ClientError> {
-    let mut out = BytesMut::with_capacity(256);
+    let mut out = Vec::with_capacity(256);
     encode_frame(env, &mut out, MAX_FRAME_BYTES)
         .map_err(|e| ClientError::Protocol(e.to_string()))?;
     stream.write_all(&out).await?;
@@ -449,10 +449,12 @@ async fn write_env(stream: &mut UnixStream, env: &Envelope) -> Result<(), Client
 /// Reads one envelope; `Ok(None)` at end of stream.
 async fn read_env(conn: &mut Conn) -> Result<Option<Envelope>, ClientError> {
     loop {
-        if let Some(frame) = decode_frame(&mut conn.buf, MAX_FRAME_BYTES)
+        if let Some(n) = frame_len(&conn.buf, MAX_FRAME_BYTES)
             .map_err(|e| ClientError::Protocol(e.to_string()))?
         {
-            return Envelope::from_json(&frame)
+            let parsed = Envelope::from_json(&conn.buf[4..n]);
+            conn.buf.advance(n);
+            return parsed
                 .map(Some)
                 .map_err(|e| ClientError::Protocol(e.to_string()));
         }
@@ -631,7 +633,7 @@ impl Driver {
 
     /// After a reconnect: re-subscribe, then re-send the outbox in order.
     async fn replay(&mut self, conn: &mut Conn) -> Result<(), ClientError> {
-        let mut out = BytesMut::new();
+        let mut out = Vec::new();
         for t in &self.cfg.topics {
             let mut env = Envelope::new(
                 new_id(),
@@ -651,16 +653,20 @@ impl Driver {
     }
 
     async fn serve(&mut self, conn: &mut Conn) -> End {
-        let mut out = BytesMut::with_capacity(16 * 1024);
+        let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
         let silence = self.heartbeat * 3;
         let mut deadline = tokio::time::Instant::now() + silence;
         loop {
             // Frames already buffered first.
             loop {
-                match decode_frame(&mut conn.buf, MAX_FRAME_BYTES) {
-                    Ok(Some(frame)) => {
+                match frame_len(&conn.buf, MAX_FRAME_BYTES) {
+                    Ok(Some(n)) => {
                         deadline = tokio::time::Instant::now() + silence;
-                        match Envelope::from_json(&frame) {
+                        // Parse in place, then drop the frame: splitting it off would share
+                        // the buffer and force a copy on the next read.
+                        let parsed = Envelope::from_json(&conn.buf[4..n]);
+                        conn.buf.advance(n);
+                        match parsed {
                             Ok(env) => {
                                 if let Err(reason) = self.on_frame(env, &mut out).await {
                                     return End::Lost(reason);
@@ -733,13 +739,13 @@ impl Driver {
         }
     }
 
-    fn encode(out: &mut BytesMut, env: &Envelope) {
+    fn encode(out: &mut Vec<u8>, env: &Envelope) {
         if let Err(e) = encode_frame(env, out, MAX_FRAME_BYTES) {
             tracing::error!(error = %e, "cannot encode frame");
         }
     }
 
-    fn on_cmd(&mut self, cmd: Cmd, out: &mut BytesMut) {
+    fn on_cmd(&mut self, cmd: Cmd, out: &mut Vec<u8>) {
         match cmd {
             Cmd::Send(env, reply) => {
                 Self::encode(out, &env);
@@ -786,7 +792,7 @@ impl Driver {
     }
 
     /// Handles one frame from the daemon; `Err` ends the connection.
-    async fn on_frame(&mut self, env: Envelope, out: &mut BytesMut) -> Result<(), String> {
+    async fn on_frame(&mut self, env: Envelope, out: &mut Vec<u8>) -> Result<(), String> {
         match env.payload {
             Payload::Ack(ack) => {
                 if let Some(s) = self.subs.remove(&ack.ack_id) {

@@ -369,7 +369,7 @@ impl FrameIds {
 /// Encodes one outbound item; `Some` for a Close (with its error, if any).
 fn encode(
     out: Outbound,
-    buf: &mut BytesMut,
+    buf: &mut Vec<u8>,
     max: usize,
     ids: &mut FrameIds,
 ) -> Option<Option<ErrorPayload>> {
@@ -418,7 +418,7 @@ async fn write_loop(
     conn_id: u64,
 ) {
     let mut ids = FrameIds::new(conn_id);
-    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut close: Option<Option<ErrorPayload>> = None;
     loop {
         let first = tokio::select! {

@@ -286,7 +286,7 @@ async fn refuse(stream: tokio::net::UnixStream, max: usize) {
             fatal: true,
         }),
     );
-    let mut buf = bytes::BytesMut::new();
+    let mut buf = Vec::new();
     if relay_protocol::encode_frame(&env, &mut buf, max).is_ok() {
         let mut stream = stream;
         let _ = stream.write_all(&buf).await;

@@ -19,6 +19,20 @@ use crate::router::{QueryCtx, WriteCtx};
 /// Most writes committed in one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
+/// Below this many waiting commands (under load), wait [`GATHER_WAIT`] for more.
+const GATHER_TARGET: usize = 256;
+/// How long to wait for a fuller batch under load.
+const GATHER_WAIT: std::time::Duration = std::time::Duration::from_micros(250);
+
+fn drain(rx: &mut mpsc::Receiver<StoreCmd>, cmds: &mut Vec<StoreCmd>) {
+    while cmds.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(c) => cmds.push(c),
+            Err(_) => break,
+        }
+    }
+}
+
 /// A command for the store thread.
 #[derive(Debug)]
 pub(crate) enum StoreCmd {
@@ -74,14 +88,18 @@ pub(crate) fn spawn(
         .name("relay-store".into())
         .spawn(move || {
             let mut cmds: Vec<StoreCmd> = Vec::with_capacity(MAX_BATCH);
+            let mut last_batch = 0usize;
             while let Some(first) = rx.blocking_recv() {
                 cmds.push(first);
-                while cmds.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(c) => cmds.push(c),
-                        Err(_) => break,
-                    }
+                drain(&mut rx, &mut cmds);
+                // Under load, a commit per handful of writes rewrites the same hot pages into
+                // the WAL over and over; waiting a moment for more makes each commit carry
+                // more. A lone write (light load) is committed at once.
+                if last_batch > 1 && cmds.len() < GATHER_TARGET {
+                    std::thread::sleep(GATHER_WAIT);
+                    drain(&mut rx, &mut cmds);
                 }
+                last_batch = cmds.len();
                 run_commands(store.as_mut(), &mut cmds, &events);
             }
             tracing::debug!("store actor: channel closed, exiting");
