@@ -49,6 +49,8 @@ pub(crate) enum Cmd {
     History(HistoryArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
+    /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
+    Parse(crate::cmd::parse::ParseArgs),
 }
 
 /// `--json` alone.

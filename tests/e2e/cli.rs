@@ -249,3 +249,33 @@ fn memory_storage_works_without_a_database_file() {
     assert_eq!(v["storage"], "memory");
     assert!(!relay.data_dir().join("messages.sqlite").exists());
 }
+
+#[test]
+fn another_user_is_refused_even_when_the_socket_is_left_open() {
+    if !rustix::process::getuid().is_root() {
+        eprintln!("NOTE: not run: needs root to act as another user (CI runs as root)");
+        return;
+    }
+    let relay = Relay::start();
+    // Open the directory and socket to everyone, as a careless umask or a shared directory
+    // might: the daemon's peer-uid check must still refuse other users.
+    std::fs::set_permissions(relay.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&relay.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", BIN, "status", "--socket"])
+        .arg(&relay.socket)
+        .current_dir("/")
+        .env_remove("AGENT_RELAY_DATA_DIR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("belongs to another user"), "{err}");
+    assert!(
+        relay
+            .log()
+            .contains("refusing connection from another user")
+    );
+    // The owner is unaffected.
+    assert!(relay.cli(&["status"]).status.success());
+}

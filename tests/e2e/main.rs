@@ -3,6 +3,8 @@
 #![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
 
 mod cli;
+mod client;
 mod crash;
+mod parse;
 mod protocol;
 mod support;

@@ -192,6 +192,8 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     }
 
     let start = Instant::now();
+    let names: std::sync::Arc<Vec<String>> =
+        std::sync::Arc::new((0..r_count).map(|r| format!("bench-r{r}")).collect());
     let mut senders = Vec::with_capacity(s_count);
     for (i, &count) in per_sender.iter().enumerate() {
         let client = Client::connect(ClientConfig::tool(socket.clone(), format!("bench-s{i}")))
@@ -199,6 +201,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
             .context("sender cannot connect")?;
         let window = args.window;
         let bytes = args.bytes;
+        let names = names.clone();
         let period =
             (args.rate > 0).then(|| Duration::from_secs_f64(s_count as f64 / args.rate as f64));
         senders.push(tokio::spawn(async move {
@@ -211,7 +214,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                     tokio::time::sleep_until(t0 + p.mul_f64(j as f64)).await;
                 }
                 let body = format!("{:020} {pad}", base.elapsed().as_nanos() as u64);
-                let to = format!("bench-r{}", (i + j) % r_count);
+                let to = names[(i + j) % r_count].clone();
                 match client.send_nowait(Outgoing::new(to, body)).await {
                     Ok((_, pending)) => inflight.push_back(pending),
                     Err(e) => {

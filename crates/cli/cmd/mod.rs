@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod bench;
+pub(crate) mod parse;
 mod query;
 mod send;
 mod up;
@@ -22,6 +23,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         // The daemon builds its own runtime (it must daemonize before any threads exist).
         Cmd::Up(args) => up::up(&paths, &args),
         Cmd::Down(args) => up::down(&paths, &args),
+        // Pure: no daemon, no runtime.
+        Cmd::Parse(args) => parse::run(&args),
         cmd => {
             init_logging("warn");
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -35,7 +38,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
-                    Cmd::Up(_) | Cmd::Down(_) => Ok(()),
+                    Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) => Ok(()),
                 }
             })
         }

@@ -186,6 +186,8 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
     cfg.heartbeat_timeout = cfg.heartbeat * 3;
     cfg.busy_high_water = args.busy_high_water.max(1);
+    // Measured: a current-thread runtime spends the same CPU per message but confines routing
+    // to one core, and delivers less (docs/PERFORMANCE.md).
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -11,15 +11,15 @@
 mod backoff;
 pub mod paths;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{
-    Ack, AckStatus, Busy, Capabilities, DeliveryState, Envelope, ErrorPayload, Hello, Kind,
-    MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, encode_frame,
+    Ack, AckStatus, Busy, Capabilities, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello,
+    Kind, MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, encode_frame,
     frame_len,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,6 +27,9 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 pub use backoff::Backoff;
+
+/// How long [`Client::connect`] waits for a name still held by a closing connection.
+const NAME_RELEASE_WAIT: Duration = Duration::from_secs(3);
 
 /// How many delivered `(from, id)` pairs are remembered to drop replays.
 const DEDUPE_CAPACITY: usize = 65_536;
@@ -45,8 +48,13 @@ pub enum ClientError {
         source: std::io::Error,
     },
     /// The daemon refused the handshake.
-    #[error("the relay refused the connection: {0}")]
-    Refused(String),
+    #[error("the relay refused the connection: {message}")]
+    Refused {
+        /// Why, for programs (`name_in_use`, `bad_name`, `forbidden`...).
+        code: ErrorCode,
+        /// Why, for people.
+        message: String,
+    },
     /// The daemon refused a SEND or SUBSCRIBE.
     #[error("{reason}")]
     Rejected {
@@ -226,6 +234,7 @@ enum Cmd {
     Query(Envelope, Reply<QueryResult>),
     Subscribe(Envelope, Reply<()>),
     Ack {
+        from: String,
         id: String,
         seq: u64,
         state: Option<DeliveryState>,
@@ -272,7 +281,20 @@ impl Client {
     /// [`ClientError::NotRunning`] when no daemon listens; [`ClientError::Refused`] when the
     /// daemon refuses the HELLO (name in use, invalid name).
     pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
-        let (conn, welcome) = handshake(&cfg, None).await?;
+        // A process that restarts under its old name can get here before the daemon has
+        // seen its previous connection close: give the name a moment to come free.
+        let deadline = tokio::time::Instant::now() + NAME_RELEASE_WAIT;
+        let (conn, welcome) = loop {
+            match handshake(&cfg, None).await {
+                Err(ClientError::Refused {
+                    code: ErrorCode::NameInUse,
+                    ..
+                }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other?,
+            }
+        };
         let (cmds_tx, cmds_rx) = mpsc::channel(1024);
         let (events_tx, events_rx) = mpsc::channel(1024);
         let session_id = welcome.session_id.clone();
@@ -285,6 +307,8 @@ impl Client {
             queries: HashMap::new(),
             subs: HashMap::new(),
             seen: Dedupe::new(DEDUPE_CAPACITY),
+            unacked: VecDeque::new(),
+            ack_due: None,
             resume_token: Some(welcome.resume_token.clone()),
             heartbeat: Duration::from_millis(welcome.server.heartbeat_ms.max(100)),
         };
@@ -378,6 +402,7 @@ impl Client {
     ) -> Result<(), ClientError> {
         self.cmds
             .send(Cmd::Ack {
+                from: msg.from.clone(),
                 id: msg.id.clone(),
                 seq: msg.seq,
                 state,
@@ -400,37 +425,75 @@ impl Client {
     }
 }
 
-/// A bounded memory of recently delivered `(from, id)` pairs.
+/// A bounded memory of recently delivered `(from, id)` pairs, and whether the application
+/// has acknowledged each.
 struct Dedupe {
-    set: HashSet<(String, String)>,
+    seen: HashMap<(String, String), bool>,
     order: VecDeque<(String, String)>,
     cap: usize,
+}
+
+/// What the dedupe memory says about an arriving DELIVER.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// First time: hand it to the application.
+    New,
+    /// Handed over before and acknowledged by the application: acknowledge the replay.
+    Acked,
+    /// Handed over before, not yet acknowledged: the application's ACK will cover it.
+    Pending,
 }
 
 impl Dedupe {
     fn new(cap: usize) -> Self {
         Self {
-            set: HashSet::new(),
+            seen: HashMap::new(),
             order: VecDeque::new(),
             cap,
         }
     }
 
-    /// True when the pair is new (and remembers it).
-    fn insert(&mut self, from: &str, id: &str) -> bool {
+    /// Classifies a delivery, remembering it when new.
+    fn arrive(&mut self, from: &str, id: &str) -> Seen {
         let key = (from.to_owned(), id.to_owned());
-        if self.set.contains(&key) {
-            return false;
+        match self.seen.get(&key) {
+            Some(true) => return Seen::Acked,
+            Some(false) => return Seen::Pending,
+            None => {}
         }
         if self.order.len() == self.cap
             && let Some(old) = self.order.pop_front()
         {
-            self.set.remove(&old);
+            self.seen.remove(&old);
         }
-        self.set.insert(key.clone());
+        self.seen.insert(key.clone(), false);
         self.order.push_back(key);
-        true
+        Seen::New
     }
+
+    /// The application acknowledged `(from, id)`.
+    fn acked(&mut self, from: &str, id: &str) {
+        if let Some(flag) = self.seen.get_mut(&(from.to_owned(), id.to_owned())) {
+            *flag = true;
+        }
+    }
+}
+
+/// One delivery on the current connection, in arrival order, for cumulative acknowledgement.
+struct Unacked {
+    id: String,
+    seq: u64,
+    state: AckState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckState {
+    /// The application has not acknowledged it yet.
+    Waiting,
+    /// Acknowledged by the application, not yet reported to the daemon.
+    Acked,
+    /// Already reported to the daemon with its own ACK.
+    Reported,
 }
 
 struct Conn {
@@ -491,24 +554,45 @@ async fn handshake(
         resume_token,
         role: cfg.role,
     };
-    write_env(
+    let sent = write_env(
         &mut conn.stream,
         &Envelope::new(new_id(), now_ms(), Payload::Hello(hello)),
     )
-    .await?;
+    .await;
+    if let Err(e) = sent {
+        // A daemon that refuses us (another user's relay, too many connections) writes its
+        // ERROR and closes, possibly before our HELLO is through: read what it said.
+        return match tokio::time::timeout(Duration::from_secs(2), read_env(&mut conn)).await {
+            Ok(Ok(Some(Envelope {
+                payload: Payload::Error(err),
+                ..
+            }))) => Err(ClientError::Refused {
+                code: err.code,
+                message: err.message,
+            }),
+            _ => Err(e),
+        };
+    }
     let answer = tokio::time::timeout(Duration::from_secs(10), read_env(&mut conn))
         .await
-        .map_err(|_| ClientError::Refused("no WELCOME within 10 s".into()))??;
+        .map_err(|_| ClientError::Refused {
+            code: ErrorCode::Other,
+            message: "no WELCOME within 10 s".into(),
+        })??;
     match answer.map(|e| e.payload) {
         Some(Payload::Welcome(w)) => Ok((conn, w)),
-        Some(Payload::Error(e)) => Err(ClientError::Refused(e.message)),
+        Some(Payload::Error(e)) => Err(ClientError::Refused {
+            code: e.code,
+            message: e.message,
+        }),
         Some(other) => Err(ClientError::Protocol(format!(
             "expected WELCOME, got {}",
             other.message_type().as_str()
         ))),
-        None => Err(ClientError::Refused(
-            "the relay closed the connection during the handshake".into(),
-        )),
+        None => Err(ClientError::Refused {
+            code: ErrorCode::Other,
+            message: "the relay closed the connection during the handshake".into(),
+        }),
     }
 }
 
@@ -523,6 +607,10 @@ struct Driver {
     queries: HashMap<String, Reply<QueryResult>>,
     subs: HashMap<String, Reply<()>>,
     seen: Dedupe,
+    /// Deliveries on the current connection in arrival order, until acknowledged.
+    unacked: VecDeque<Unacked>,
+    /// The last of an acknowledged prefix of `unacked`, to report with one cumulative ACK.
+    ack_due: Option<(String, u64)>,
     resume_token: Option<String>,
     heartbeat: Duration,
 }
@@ -625,14 +713,22 @@ impl Driver {
                 }
                 let _ = reply.send(Ok(()));
             }
-            // The daemon replays unacknowledged messages; the dedupe set drops the copy and
-            // acknowledges it then.
-            Cmd::Ack { .. } | Cmd::Close(_) => {}
+            // The daemon will replay it: remember that the application is done with it, so
+            // the replay is acknowledged instead of waiting for an ACK that already happened.
+            Cmd::Ack { from, id, .. } => {
+                if self.cfg.dedupe {
+                    self.seen.acked(&from, &id);
+                }
+            }
+            Cmd::Close(_) => {}
         }
     }
 
     /// After a reconnect: re-subscribe, then re-send the outbox in order.
     async fn replay(&mut self, conn: &mut Conn) -> Result<(), ClientError> {
+        // A new session: the daemon replays whatever the old one did not acknowledge.
+        self.unacked.clear();
+        self.ack_due = None;
         let mut out = Vec::new();
         for t in &self.cfg.topics {
             let mut env = Envelope::new(
@@ -681,6 +777,7 @@ impl Driver {
                     Err(e) => return End::Lost(e.to_string()),
                 }
             }
+            self.flush_acks(&mut out);
             if !out.is_empty() {
                 if let Err(e) = conn.stream.write_all(&out).await {
                     return End::Lost(e.to_string());
@@ -733,7 +830,12 @@ impl Driver {
                 reason: Some("client closed".into()),
             }),
         );
-        let _ = write_env(&mut conn.stream, &bye).await;
+        // Acknowledgements still gathered go out first, or the daemon would replay those
+        // messages to the next session.
+        let mut out = Vec::new();
+        self.flush_acks(&mut out);
+        Self::encode(&mut out, &bye);
+        let _ = conn.stream.write_all(&out).await;
         for (_, s) in self.waiting_sends.drain() {
             let _ = s.send(Err(ClientError::Closed));
         }
@@ -765,17 +867,76 @@ impl Driver {
                 Self::encode(out, &env);
                 self.subs.insert(env.id.clone(), reply);
             }
-            Cmd::Ack { id, seq, state } => {
-                let ack = Ack {
-                    ack_id: id,
-                    seq: Some(seq),
-                    status: None,
-                    recipients: None,
-                    state,
-                };
-                Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
-            }
+            Cmd::Ack {
+                from,
+                id,
+                seq,
+                state,
+            } => self.on_app_ack(&from, id, seq, state, out),
             Cmd::Close(_) => {}
+        }
+    }
+
+    /// The application acknowledged a delivery. Acknowledgements of the oldest deliveries
+    /// (the usual case) are gathered and reported with one cumulative ACK when the pending
+    /// output is written; one out of order, or with an explicit state, is reported at once.
+    fn on_app_ack(
+        &mut self,
+        from: &str,
+        id: String,
+        seq: u64,
+        state: Option<DeliveryState>,
+        out: &mut Vec<u8>,
+    ) {
+        if self.cfg.dedupe {
+            self.seen.acked(from, &id);
+        }
+        let at = self
+            .unacked
+            .iter()
+            .position(|u| u.state == AckState::Waiting && u.id == id && u.seq == seq);
+        if state.is_some() || at != Some(0) {
+            let ack = Ack {
+                ack_id: id,
+                seq: Some(seq),
+                status: None,
+                recipients: None,
+                state,
+                cumulative: false,
+            };
+            Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
+            if let Some(u) = at.and_then(|i| self.unacked.get_mut(i)) {
+                u.state = AckState::Reported;
+            }
+        } else if let Some(u) = self.unacked.front_mut() {
+            u.state = AckState::Acked;
+        }
+        // Retire the acknowledged prefix; the newest unreported entry in it stands for all.
+        while self
+            .unacked
+            .front()
+            .is_some_and(|u| u.state != AckState::Waiting)
+        {
+            if let Some(u) = self.unacked.pop_front()
+                && u.state == AckState::Acked
+            {
+                self.ack_due = Some((u.id, u.seq));
+            }
+        }
+    }
+
+    /// Adds the cumulative ACK for the acknowledged prefix, if one is due.
+    fn flush_acks(&mut self, out: &mut Vec<u8>) {
+        if let Some((id, seq)) = self.ack_due.take() {
+            let ack = Ack {
+                ack_id: id,
+                seq: Some(seq),
+                status: None,
+                recipients: None,
+                state: None,
+                cumulative: true,
+            };
+            Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
         }
     }
 
@@ -824,19 +985,44 @@ impl Driver {
                     session_id: String::new(),
                     attempt: 1,
                 });
-                if self.cfg.dedupe && !self.seen.insert(&from, &env.id) {
-                    // A replay of something already handed over: acknowledge it again so the
-                    // daemon's watermark moves, and do not surface it twice.
-                    let ack = Ack {
-                        ack_id: env.id,
-                        seq: Some(delivery.seq),
-                        status: None,
-                        recipients: None,
-                        state: None,
-                    };
-                    Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
-                    return Ok(());
+                let seen = if self.cfg.dedupe {
+                    self.seen.arrive(&from, &env.id)
+                } else {
+                    Seen::New
+                };
+                match seen {
+                    Seen::Acked => {
+                        // A replay of something the application already acknowledged (the
+                        // ACK was lost with the connection): acknowledge it again.
+                        let ack = Ack {
+                            ack_id: env.id,
+                            seq: Some(delivery.seq),
+                            status: None,
+                            recipients: None,
+                            state: None,
+                            cumulative: false,
+                        };
+                        Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
+                        return Ok(());
+                    }
+                    Seen::Pending => {
+                        // Handed over, not yet acknowledged: do not surface it twice, and do
+                        // not acknowledge it for the application either (if it crashed before
+                        // handling it, the daemon must still have it). Its ACK will come.
+                        self.unacked.push_back(Unacked {
+                            id: env.id,
+                            seq: delivery.seq,
+                            state: AckState::Waiting,
+                        });
+                        return Ok(());
+                    }
+                    Seen::New => {}
                 }
+                self.unacked.push_back(Unacked {
+                    id: env.id.clone(),
+                    seq: delivery.seq,
+                    state: AckState::Waiting,
+                });
                 let msg = Delivered {
                     id: env.id,
                     from,
@@ -883,5 +1069,119 @@ impl Driver {
             ),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedupe_remembers_whether_the_application_acknowledged() {
+        let mut d = Dedupe::new(2);
+        assert_eq!(d.arrive("A", "1"), Seen::New);
+        assert_eq!(d.arrive("A", "1"), Seen::Pending);
+        d.acked("A", "1");
+        assert_eq!(d.arrive("A", "1"), Seen::Acked);
+        assert_eq!(d.arrive("B", "1"), Seen::New, "keyed by sender too");
+        // Bounded: the oldest is forgotten.
+        assert_eq!(d.arrive("C", "1"), Seen::New);
+        assert_eq!(d.arrive("A", "1"), Seen::New);
+    }
+
+    fn driver() -> Driver {
+        let (_tx, cmds) = mpsc::channel(1);
+        let (events, _rx) = mpsc::channel(1);
+        Driver {
+            cfg: ClientConfig::agent("/nowhere", "T"),
+            cmds,
+            events,
+            outbox: VecDeque::new(),
+            waiting_sends: HashMap::new(),
+            queries: HashMap::new(),
+            subs: HashMap::new(),
+            seen: Dedupe::new(16),
+            unacked: (1..=4)
+                .map(|i| Unacked {
+                    id: format!("m{i}"),
+                    seq: i,
+                    state: AckState::Waiting,
+                })
+                .collect(),
+            ack_due: None,
+            resume_token: None,
+            heartbeat: Duration::from_secs(5),
+        }
+    }
+
+    fn acks(out: &[u8]) -> Vec<(String, bool)> {
+        let mut buf = BytesMut::from(out);
+        let mut v = Vec::new();
+        while let Some(n) = frame_len(&buf, MAX_FRAME_BYTES).unwrap() {
+            if let Payload::Ack(a) = Envelope::from_json(&buf[4..n]).unwrap().payload {
+                v.push((a.ack_id, a.cumulative));
+            }
+            buf.advance(n);
+        }
+        v
+    }
+
+    #[test]
+    fn in_order_acknowledgements_become_one_cumulative_ack() {
+        let mut d = driver();
+        let mut out = Vec::new();
+        for i in 1..=3 {
+            d.on_app_ack("A", format!("m{i}"), i, None, &mut out);
+        }
+        assert!(out.is_empty(), "nothing written until the batch is flushed");
+        d.flush_acks(&mut out);
+        assert_eq!(acks(&out), vec![("m3".to_owned(), true)]);
+        assert_eq!(d.unacked.len(), 1);
+    }
+
+    #[test]
+    fn out_of_order_and_explicit_states_are_reported_at_once() {
+        let mut d = driver();
+        let mut out = Vec::new();
+        d.on_app_ack("A", "m3".into(), 3, None, &mut out);
+        d.on_app_ack("A", "m2".into(), 2, Some(DeliveryState::Failed), &mut out);
+        assert_eq!(
+            acks(&out),
+            vec![("m3".to_owned(), false), ("m2".to_owned(), false)]
+        );
+        out.clear();
+        // m1 completes the prefix m1..m3: one cumulative ACK names m1, the newest entry of
+        // the prefix not already reported; m2 and m3 were reported on their own.
+        d.on_app_ack("A", "m1".into(), 1, None, &mut out);
+        d.flush_acks(&mut out);
+        assert_eq!(acks(&out), vec![("m1".to_owned(), true)]);
+        assert_eq!(
+            d.unacked.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(),
+            ["m4"]
+        );
+    }
+
+    #[test]
+    fn an_acknowledgement_made_while_reconnecting_is_remembered() {
+        let mut d = driver();
+        assert_eq!(d.seen.arrive("A", "m1"), Seen::New);
+        d.queue_offline(Cmd::Ack {
+            from: "A".into(),
+            id: "m1".into(),
+            seq: 1,
+            state: None,
+        });
+        // The replay after the reconnect is acknowledged, not left waiting for an ACK that
+        // already happened (which would stall every later cumulative ACK).
+        assert_eq!(d.seen.arrive("A", "m1"), Seen::Acked);
+    }
+
+    #[test]
+    fn an_unknown_acknowledgement_is_sent_plainly() {
+        let mut d = driver();
+        let mut out = Vec::new();
+        d.on_app_ack("A", "elsewhere".into(), 9, None, &mut out);
+        assert_eq!(acks(&out), vec![("elsewhere".to_owned(), false)]);
+        assert_eq!(d.unacked.len(), 4);
     }
 }

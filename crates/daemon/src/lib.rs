@@ -234,7 +234,14 @@ pub async fn run(
         match stream.peer_cred() {
             Ok(cred) if cred.uid() == uid => {}
             other => {
-                tracing::warn!(peer = ?other.as_ref().map(|c| c.uid()), "refusing connection from another user");
+                let peer = other.as_ref().map(|c| c.uid()).ok();
+                tracing::warn!(?peer, "refusing connection from another user");
+                tracker.spawn(refuse(
+                    stream,
+                    cfg.max_frame_bytes,
+                    relay_protocol::ErrorCode::Forbidden,
+                    "this relay belongs to another user".into(),
+                ));
                 continue;
             }
         }
@@ -243,7 +250,12 @@ pub async fn run(
                 max = cfg.max_connections,
                 "connection limit reached; refusing"
             );
-            tracker.spawn(refuse(stream, cfg.max_frame_bytes));
+            tracker.spawn(refuse(
+                stream,
+                cfg.max_frame_bytes,
+                relay_protocol::ErrorCode::Internal,
+                "too many connections; try again later".into(),
+            ));
             continue;
         };
         let conn_id = next_id;
@@ -274,15 +286,20 @@ pub async fn run(
     Ok(())
 }
 
-/// Tells a connection over the limit why it is refused.
-async fn refuse(stream: tokio::net::UnixStream, max: usize) {
+/// Tells a refused connection why, then closes it.
+async fn refuse(
+    stream: tokio::net::UnixStream,
+    max: usize,
+    code: relay_protocol::ErrorCode,
+    message: String,
+) {
     use tokio::io::AsyncWriteExt;
     let env = relay_protocol::Envelope::new(
         clock::frame_id(),
         clock::now_ms(),
         relay_protocol::Payload::Error(relay_protocol::ErrorPayload {
-            code: relay_protocol::ErrorCode::Internal,
-            message: "too many connections; try again later".into(),
+            code,
+            message,
             fatal: true,
         }),
     );

@@ -350,8 +350,13 @@ impl Router {
                     .kill(ErrorCode::ShuttingDown, "daemon shutting down".into());
             }
         }
-        for agent in self.agents.values_mut() {
-            agent.online = None;
+        let online: Vec<(String, Online)> = self
+            .agents
+            .iter_mut()
+            .filter_map(|(name, a)| a.online.take().map(|o| (name.clone(), o)))
+            .collect();
+        for (name, on) in online {
+            self.end_session(&name, &on).await;
         }
         self.write_agents_file();
     }
@@ -379,11 +384,18 @@ impl Router {
                 self.on_send(conn_id, id, to, topic, payload).await;
             }
             RouterMsg::Ack { conn_id, ack } => {
-                self.on_ack(conn_id, &ack.ack_id, ack.seq, ack.state).await;
+                self.on_ack(conn_id, &ack.ack_id, ack.seq, ack.state, ack.cumulative)
+                    .await;
             }
             RouterMsg::Nack { conn_id, nack } => {
-                self.on_ack(conn_id, &nack.ack_id, None, Some(DeliveryState::Failed))
-                    .await;
+                self.on_ack(
+                    conn_id,
+                    &nack.ack_id,
+                    None,
+                    Some(DeliveryState::Failed),
+                    false,
+                )
+                .await;
             }
             RouterMsg::Subscribe {
                 conn_id,
@@ -760,6 +772,7 @@ impl Router {
                         status: Some(AckStatus::Duplicate),
                         recipients: None,
                         state: None,
+                        cumulative: false,
                     }),
                 );
                 return;
@@ -817,6 +830,7 @@ impl Router {
                 status: Some(status),
                 recipients: Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
                 state: None,
+                cumulative: false,
             }),
         );
         for (target, pending) in busy {
@@ -933,6 +947,7 @@ impl Router {
         ack_id: &str,
         seq: Option<u64>,
         state: Option<DeliveryState>,
+        cumulative: bool,
     ) {
         let Some(name) = self.conns.get(&conn_id).map(|c| c.name.clone()) else {
             return;
@@ -949,7 +964,14 @@ impl Router {
             tracing::debug!(agent = %name, ack_id, "ACK for nothing in flight (already acknowledged?)");
             return;
         };
-        on.inflight.remove(&pos);
+        if cumulative {
+            // Everything delivered on this connection up to `pos` (deliveries go out in
+            // position order).
+            let rest = on.inflight.split_off(&(pos + 1));
+            on.inflight = rest;
+        } else {
+            on.inflight.remove(&pos);
+        }
         let status = match state {
             Some(DeliveryState::Failed) => Some(DeliveryStatus::Failed),
             Some(DeliveryState::Verified) => Some(DeliveryStatus::Verified),
@@ -1073,6 +1095,7 @@ impl Router {
                 status: Some(AckStatus::Accepted),
                 recipients: None,
                 state: None,
+                cumulative: false,
             }),
         );
         self.write_agents_file();

@@ -315,6 +315,14 @@ pub struct Ack {
     /// Recipient → daemon: injected (default), verified or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<DeliveryState>,
+    /// Extension, recipient → daemon: this acknowledges every DELIVER received on this
+    /// connection up to and including `ack_id`, so a burst of acknowledgements takes one frame.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cumulative: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Why a SEND was refused.

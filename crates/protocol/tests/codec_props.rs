@@ -123,6 +123,7 @@ fn payload() -> impl Strategy<Value = Payload> {
                     } else {
                         Some(DeliveryState::Verified)
                     },
+                    cumulative: !dup,
                 })
             }
         ),

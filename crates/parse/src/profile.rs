@@ -1,0 +1,143 @@
+//! Per-CLI parse settings.
+//!
+//! The rules of the scanner are the same for every program; a profile only switches the few
+//! that depend on how a program draws its screen.
+
+/// How to read one program's terminal output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    name: &'static str,
+    code_by_colour: bool,
+    busy_markers: &'static [&'static str],
+}
+
+/// What agent TUIs show near their input while they work.
+const AGENT_BUSY: &[&str] = &["esc to interrupt", "esc to cancel"];
+
+impl Profile {
+    /// The names [`Profile::by_name`] knows.
+    pub const NAMES: [&'static str; 5] = ["generic", "shell", "claude", "codex", "gemini"];
+
+    /// Any program: colour means nothing; fences, thinking blocks and the other rules apply.
+    pub fn generic() -> Self {
+        Self {
+            name: "generic",
+            code_by_colour: false,
+            busy_markers: AGENT_BUSY,
+        }
+    }
+
+    /// An interactive shell (bash, zsh, sh, ...).
+    pub fn shell() -> Self {
+        Self {
+            name: "shell",
+            code_by_colour: false,
+            busy_markers: &[],
+        }
+    }
+
+    /// Claude Code: it renders Markdown without fences; prose is in the default colour, while
+    /// syntax-highlighted code and inline code are coloured, so coloured text is code.
+    pub fn claude() -> Self {
+        Self {
+            name: "claude",
+            code_by_colour: true,
+            busy_markers: &["esc to interrupt"],
+        }
+    }
+
+    /// Codex CLI: a full-screen TUI on the alternate screen; prose in the default colour, code
+    /// and quotes coloured (checked against a capture of 0.169.0).
+    pub fn codex() -> Self {
+        Self {
+            name: "codex",
+            code_by_colour: true,
+            busy_markers: AGENT_BUSY,
+        }
+    }
+
+    /// Gemini CLI. Assumed to render code like Claude Code (not yet checked against a capture).
+    pub fn gemini() -> Self {
+        Self {
+            name: "gemini",
+            code_by_colour: true,
+            busy_markers: AGENT_BUSY,
+        }
+    }
+
+    /// The profile called `name` (one of [`Profile::NAMES`]).
+    pub fn by_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "generic" => Self::generic(),
+            "shell" => Self::shell(),
+            "claude" => Self::claude(),
+            "codex" => Self::codex(),
+            "gemini" => Self::gemini(),
+            _ => return None,
+        })
+    }
+
+    /// The profile for a command line, chosen by its program's file name: `claude`, `codex`,
+    /// `gemini`, a shell (`bash`, `zsh`, `sh`, `dash`, `fish`, `ksh`), else generic.
+    pub fn for_command(command: &str) -> Self {
+        let program = command.split_whitespace().next().unwrap_or("");
+        let base = program.rsplit('/').next().unwrap_or(program);
+        match base {
+            "claude" => Self::claude(),
+            "codex" => Self::codex(),
+            "gemini" => Self::gemini(),
+            "bash" | "zsh" | "sh" | "dash" | "fish" | "ksh" => Self::shell(),
+            _ => Self::generic(),
+        }
+    }
+
+    /// The profile's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Text a TUI shows near its input while the agent is working (`esc to interrupt`); while
+    /// it is on screen, a pause in the output is not the end of anything (see
+    /// [`crate::Parser::settle`]).
+    pub fn busy_markers(&self) -> &'static [&'static str] {
+        self.busy_markers
+    }
+
+    /// Whether text shown in an explicit foreground colour counts as code.
+    pub fn code_by_colour(&self) -> bool {
+        self.code_by_colour
+    }
+}
+
+impl Default for Profile {
+    fn default() -> Self {
+        Self::generic()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_round_trips() {
+        for name in Profile::NAMES {
+            assert_eq!(Profile::by_name(name).map(|p| p.name()), Some(name));
+        }
+        assert_eq!(Profile::by_name("vim"), None);
+    }
+
+    #[test]
+    fn command_picks_by_program_file_name() {
+        assert_eq!(
+            Profile::for_command("/usr/local/bin/claude --resume").name(),
+            "claude"
+        );
+        assert_eq!(Profile::for_command("codex").name(), "codex");
+        assert_eq!(Profile::for_command("gemini -m x").name(), "gemini");
+        assert_eq!(Profile::for_command("/bin/bash -l").name(), "shell");
+        assert_eq!(Profile::for_command("zsh").name(), "shell");
+        assert_eq!(Profile::for_command("python3").name(), "generic");
+        assert_eq!(Profile::for_command("").name(), "generic");
+    }
+}

@@ -1,0 +1,863 @@
+//! The directive scanner: a line-oriented state machine over final screen rows.
+//!
+//! It keeps the state that spans lines (fenced code, `<thinking>` blocks, a `[[RELAY]]` block
+//! being collected, a directive whose body continues on the next lines, the echo of injected
+//! text) and turns lines into [`Found`] directives. It never sees a row twice unless the
+//! screen showed it twice; that case is the business of [`crate::dedupe`].
+
+use std::collections::VecDeque;
+
+use relay_protocol::Kind;
+
+use crate::screen::CommittedLine;
+use crate::{Directive, Profile, Target};
+
+/// Longest body kept for an inline directive, in bytes; continuation stops there.
+pub(crate) const MAX_BODY: usize = 16 * 1024;
+/// Largest `[[RELAY]]` block, in bytes; larger ones are dropped.
+pub(crate) const MAX_BLOCK: usize = 64 * 1024;
+/// Most lines a `[[RELAY]]` block may span.
+const MAX_BLOCK_LINES: u32 = 400;
+/// Most lines a `<thinking>` block or a code fence may hide before it is taken as unclosed.
+const MAX_HIDDEN_LINES: u32 = 2000;
+/// How many injected texts are remembered for echo suppression.
+const MAX_INJECTED: usize = 16;
+
+const OPEN_BLOCK: &str = "[[RELAY]]";
+const CLOSE_BLOCK: &str = "[[/RELAY]]";
+const ALIASES: [(&str, Kind); 4] = [
+    ("@relay:", Kind::Message),
+    ("@thinking:", Kind::Thinking),
+    ("->relay:", Kind::Message),
+    ("->thinking:", Kind::Thinking),
+];
+
+/// A directive and where it started.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Found {
+    pub(crate) directive: Directive,
+    /// Absolute screen row of its first line.
+    pub(crate) row: u64,
+    /// Commit sequence number of its first line.
+    pub(crate) seq: u64,
+}
+
+#[derive(Debug)]
+enum Pending {
+    None,
+    Inline {
+        found: Found,
+        indent: usize,
+    },
+    /// The echo of text the relay injected: swallowed like a directive's continuation.
+    Echo {
+        indent: usize,
+    },
+}
+
+#[derive(Debug)]
+struct Block {
+    text: String,
+    lines: u32,
+    row: u64,
+    seq: u64,
+}
+
+/// Scanner state between lines.
+#[derive(Debug)]
+pub(crate) struct Scanner {
+    profile: Profile,
+    fence: Option<u32>,
+    thinking: Option<u32>,
+    pending: Pending,
+    block: Option<Block>,
+    injected: VecDeque<String>,
+}
+
+/// What a line looks like, computed once.
+struct Shape<'a> {
+    text: &'a str,
+    /// Leading whitespace, in cells.
+    indent: usize,
+    /// The text after decoration.
+    rest: &'a str,
+    /// Character index where `rest` starts.
+    rest_idx: usize,
+    blank: bool,
+}
+
+fn is_decoration(c: char) -> bool {
+    c.is_whitespace()
+        || matches!(
+            c,
+            '>' | '$'
+                | '%'
+                | '#'
+                | '●'
+                | '•'
+                | '◦'
+                | '‣'
+                | '⁃'
+                | '-'
+                | '*'
+                | '⏺'
+                | '◆'
+                | '◇'
+                | '○'
+                | '□'
+                | '■'
+                | '→'
+                | '➜'
+                | '›'
+                | '»'
+                | '✦'
+                | '│'
+                | '┃'
+        )
+}
+
+fn shape(text: &str) -> Shape<'_> {
+    let indent = text.chars().take_while(|&c| is_margin(c)).count();
+    let mut rest_idx = 0;
+    let mut rest = text;
+    loop {
+        if ALIASES[2..].iter().any(|(p, _)| rest.starts_with(p)) {
+            break;
+        }
+        let mut chars = rest.chars();
+        match chars.next() {
+            Some(c) if is_decoration(c) => {
+                rest = chars.as_str();
+                rest_idx += 1;
+            }
+            _ => break,
+        }
+    }
+    Shape {
+        text,
+        indent,
+        rest,
+        rest_idx,
+        blank: rest.chars().all(is_margin),
+    }
+}
+
+/// Whitespace and the vertical bars of a box drawn around text.
+fn is_margin(c: char) -> bool {
+    c.is_whitespace() || c == '│' || c == '┃'
+}
+
+/// Lines that start a new turn or a new element of a TUI: they end any continuation.
+fn is_prompt(text: &str) -> bool {
+    let t = text.trim_start();
+    if t.starts_with('❯')
+        || t.starts_with(">>> ")
+        || t == ">>>"
+        || t.starts_with("$ ")
+        || t.starts_with("% ")
+        || t.starts_with("> ")
+    {
+        return true;
+    }
+    // A shell prompt like `user@host:~/dir$ cmd`.
+    let first = t.split_whitespace().next().unwrap_or("");
+    first.len() > 1 && first.ends_with(['$', '#', '%']) && first.contains(['@', ':', '~', '/'])
+}
+
+/// TUI markers that begin a new element (message bullet, spinner, tool result).
+fn is_marker_line(text: &str) -> bool {
+    matches!(
+        text.trim_start().chars().next(),
+        Some(
+            '●' | '⏺'
+                | '✦'
+                | '✻'
+                | '✶'
+                | '✳'
+                | '✢'
+                | '✽'
+                | '·'
+                | '⎿'
+                | '└'
+                | '❯'
+                | '╭'
+                | '╰'
+                | '─'
+        )
+    )
+}
+
+fn is_fence(text: &str) -> bool {
+    let t = text.trim_start_matches(is_margin);
+    t.starts_with("```") || t.starts_with("~~~")
+}
+
+fn is_list_item(text: &str) -> bool {
+    let t = text.trim_start();
+    if t.starts_with("- ") || t.starts_with("* ") || t.starts_with("• ") {
+        return true;
+    }
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    digits > 0 && (t[digits..].starts_with(". ") || t[digits..].starts_with(") "))
+}
+
+fn is_echo_start(rest: &str) -> bool {
+    rest.trim_start_matches(['❯', ' '])
+        .starts_with("Relay message from")
+}
+
+fn starts_directive(rest: &str) -> bool {
+    ALIASES.iter().any(|(p, _)| rest.starts_with(p))
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn parse_target(name: &str) -> Option<Target> {
+    let name = name.strip_suffix(':').unwrap_or(name);
+    if name == "*" {
+        Some(Target::Broadcast)
+    } else if valid_name(name) {
+        Some(Target::Agent(name.to_string()))
+    } else {
+        None
+    }
+}
+
+/// `@relay:NAME body` (or an alias) at the start of `rest`.
+fn parse_inline(rest: &str) -> Option<(Kind, Target, &str)> {
+    let (kind, after) = ALIASES
+        .iter()
+        .find_map(|(p, k)| rest.strip_prefix(p).map(|a| (*k, a)))?;
+    let end = after.find(char::is_whitespace).unwrap_or(after.len());
+    let to = parse_target(&after[..end])?;
+    let body = after[end..].trim_matches(is_margin);
+    if body.is_empty() {
+        return None;
+    }
+    Some((kind, to, body))
+}
+
+/// The JSON of a `[[RELAY]]` block; `None` if it is not a valid directive.
+fn parse_block(json: &str) -> Option<Directive> {
+    let value: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
+    let obj = value.as_object()?;
+    let to = parse_target(obj.get("to")?.as_str()?)?;
+    let kind = match obj.get("type") {
+        None => Kind::Message,
+        Some(t) => Kind::parse(t.as_str()?)?,
+    };
+    let body = obj
+        .get("body")
+        .or_else(|| obj.get("text"))
+        .and_then(|b| b.as_str())
+        .unwrap_or("");
+    let data = obj.get("data").filter(|d| !d.is_null()).cloned();
+    if body.trim().is_empty() && data.is_none() {
+        return None;
+    }
+    let thread = match obj.get("thread") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(t) => Some(t.as_str()?.to_string()),
+    };
+    Some(Directive {
+        to,
+        kind,
+        body: body.trim().to_string(),
+        thread,
+        data,
+    })
+}
+
+fn normalize(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl Scanner {
+    pub(crate) fn new(profile: Profile) -> Self {
+        Self {
+            profile,
+            fence: None,
+            thinking: None,
+            pending: Pending::None,
+            block: None,
+            injected: VecDeque::new(),
+        }
+    }
+
+    /// Bytes held between lines (for the memory bound).
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        let pending = match &self.pending {
+            Pending::Inline { found, .. } => found.directive.body.capacity(),
+            _ => 0,
+        };
+        let block = self.block.as_ref().map_or(0, |b| b.text.capacity());
+        let injected: usize = self.injected.iter().map(String::capacity).sum();
+        pending + block + injected
+    }
+
+    pub(crate) fn note_injected(&mut self, text: &str) {
+        let mut norm = normalize(text);
+        if norm.len() > MAX_BODY {
+            let mut cut = MAX_BODY;
+            while !norm.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            norm.truncate(cut);
+        }
+        if norm.is_empty() {
+            return;
+        }
+        if self.injected.len() == MAX_INJECTED {
+            self.injected.pop_front();
+        }
+        self.injected.push_back(norm);
+    }
+
+    fn is_injected_echo(&self, rest: &str) -> bool {
+        if self.injected.is_empty() {
+            return false;
+        }
+        let norm = normalize(rest);
+        norm.len() >= 8 && self.injected.iter().any(|t| t.contains(&norm))
+    }
+
+    fn is_code_at(&self, line: &CommittedLine, idx: usize) -> bool {
+        self.profile.code_by_colour() && line.code.get(idx).copied().unwrap_or(false)
+    }
+
+    /// The screen was cleared: what follows is a new screen, so fences, thinking and blocks
+    /// that were open end here. Returns the pending directive: its continuation lines may
+    /// have been dropped with the screen, and a re-print may show it whole.
+    pub(crate) fn clear(&mut self) -> Option<Found> {
+        self.fence = None;
+        self.thinking = None;
+        self.block = None;
+        match std::mem::replace(&mut self.pending, Pending::None) {
+            Pending::Inline { found, .. } => Some(found),
+            Pending::None | Pending::Echo { .. } => None,
+        }
+    }
+
+    /// End of a burst: a pending directive is complete.
+    pub(crate) fn flush(&mut self, out: &mut Vec<Found>) {
+        match std::mem::replace(&mut self.pending, Pending::None) {
+            Pending::Inline { found, .. } => out.push(found),
+            Pending::None | Pending::Echo { .. } => {}
+        }
+    }
+
+    /// Scans one final line.
+    pub(crate) fn line(&mut self, line: &CommittedLine, seq: u64, out: &mut Vec<Found>) {
+        if self.block.is_some() {
+            self.block_line(&line.text, out);
+            return;
+        }
+        let s = shape(&line.text);
+        let prompt = is_prompt(s.text);
+
+        if line.seen {
+            // Context only: it may continue or end what is pending, nothing else.
+            if self.fence.is_none() && self.thinking.is_none() && !self.continues(line, &s, prompt)
+            {
+                self.flush(out);
+            }
+            return;
+        }
+
+        if is_fence(s.text) {
+            self.flush(out);
+            self.fence = if self.fence.is_some() { None } else { Some(0) };
+            return;
+        }
+        if let Some(n) = &mut self.fence {
+            *n += 1;
+            if !prompt && *n < MAX_HIDDEN_LINES {
+                return;
+            }
+            self.fence = None;
+        }
+
+        if let Some(n) = &mut self.thinking {
+            *n += 1;
+            if s.text.contains("</thinking>") || prompt || *n >= MAX_HIDDEN_LINES {
+                self.thinking = None;
+            }
+            if !prompt {
+                return;
+            }
+        } else if let Some(at) = s.text.find("<thinking>") {
+            self.flush(out);
+            if !s.text[at..].contains("</thinking>") {
+                self.thinking = Some(0);
+            }
+            return;
+        }
+
+        if self.continues(line, &s, prompt) {
+            return;
+        }
+        self.flush(out);
+
+        if s.blank {
+            return;
+        }
+        let code = self.is_code_at(line, s.rest_idx);
+        if is_echo_start(s.rest) {
+            let body = s.rest.trim_start_matches(['❯', ' ']);
+            let indent = s.text.chars().count() - body.chars().count();
+            self.pending = Pending::Echo { indent };
+            return;
+        }
+        if code {
+            return;
+        }
+        if s.rest.starts_with(OPEN_BLOCK) {
+            if self.is_injected_echo(s.rest) {
+                return;
+            }
+            self.block = Some(Block {
+                text: String::new(),
+                lines: 0,
+                row: line.row,
+                seq,
+            });
+            self.block_line(&s.rest[OPEN_BLOCK.len()..], out);
+            return;
+        }
+        if let Some((kind, to, body)) = parse_inline(s.rest) {
+            if self.is_injected_echo(s.rest) {
+                self.pending = Pending::Echo { indent: s.rest_idx };
+                return;
+            }
+            let directive = Directive {
+                to,
+                kind,
+                body: body.to_string(),
+                thread: None,
+                data: None,
+            };
+            let found = Found {
+                directive,
+                row: line.row,
+                seq,
+            };
+            self.pending = Pending::Inline {
+                found,
+                indent: s.rest_idx,
+            };
+        }
+    }
+
+    pub(crate) fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Whether a directive is pending and `line`, were it final, would end it.
+    pub(crate) fn would_end_pending(&self, line: &CommittedLine) -> bool {
+        if !matches!(self.pending, Pending::Inline { .. }) {
+            return false;
+        }
+        let s = shape(&line.text);
+        !self.may_continue(line, &s, is_prompt(s.text))
+    }
+
+    /// Whether `line` may continue what is pending (a directive or an echo).
+    fn may_continue(&self, line: &CommittedLine, s: &Shape<'_>, prompt: bool) -> bool {
+        let indent = match &self.pending {
+            Pending::None => return false,
+            Pending::Inline { indent, .. } | Pending::Echo { indent } => *indent,
+        };
+        let echo = matches!(self.pending, Pending::Echo { .. });
+        !(s.blank
+            || prompt
+            || is_marker_line(s.text)
+            || s.indent < indent
+            || (!echo && (starts_directive(s.rest) || s.rest.starts_with(OPEN_BLOCK)))
+            || is_echo_start(s.rest)
+            || self.is_code_at(line, s.indent))
+    }
+
+    /// Appends `line` to the pending directive if it continues it; true if it did.
+    fn continues(&mut self, line: &CommittedLine, s: &Shape<'_>, prompt: bool) -> bool {
+        if !self.may_continue(line, s, prompt) {
+            return false;
+        }
+        let list = is_list_item(s.text);
+        let Pending::Inline { found, .. } = &mut self.pending else {
+            return true; // an echo swallows its continuation lines
+        };
+        let mut text = s.text.trim_matches(is_margin);
+        for (alias, _) in ALIASES {
+            if let Some(after) = text.strip_prefix('\\') {
+                if after.starts_with(alias) {
+                    text = after;
+                }
+            }
+        }
+        let body = &mut found.directive.body;
+        if body.len() + text.len() + 1 > MAX_BODY {
+            return false;
+        }
+        body.push(if list { '\n' } else { ' ' });
+        body.push_str(text);
+        true
+    }
+
+    fn block_line(&mut self, text: &str, out: &mut Vec<Found>) {
+        let Some(block) = &mut self.block else { return };
+        block.lines += 1;
+        if let Some(end) = text.find(CLOSE_BLOCK) {
+            let mut json = std::mem::take(&mut block.text);
+            if !json.is_empty() {
+                json.push('\n');
+            }
+            json.push_str(&text[..end]);
+            let (row, seq) = (block.row, block.seq);
+            self.block = None;
+            let directive = parse_block(&json).or_else(|| {
+                // A TUI may have wrapped a long string: join the lines without the breaks.
+                let joined: Vec<&str> = json.lines().map(str::trim).collect();
+                parse_block(&joined.join(" "))
+            });
+            if let Some(directive) = directive {
+                out.push(Found {
+                    directive,
+                    row,
+                    seq,
+                });
+            }
+            return;
+        }
+        if block.text.len() + text.len() + 1 > MAX_BLOCK || block.lines >= MAX_BLOCK_LINES {
+            self.block = None;
+            return;
+        }
+        if !block.text.is_empty() {
+            block.text.push('\n');
+        }
+        block.text.push_str(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_with(profile: Profile, lines: &[&str]) -> Vec<Directive> {
+        let mut s = Scanner::new(profile);
+        let mut out = Vec::new();
+        for (i, text) in lines.iter().enumerate() {
+            let line = CommittedLine {
+                row: i as u64,
+                text: (*text).to_string(),
+                code: Vec::new(),
+                seen: false,
+            };
+            s.line(&line, i as u64, &mut out);
+        }
+        s.flush(&mut out);
+        out.into_iter().map(|f| f.directive).collect()
+    }
+
+    fn scan(lines: &[&str]) -> Vec<Directive> {
+        scan_with(Profile::generic(), lines)
+    }
+
+    fn msg(to: &str, body: &str) -> Directive {
+        Directive {
+            to: if to == "*" {
+                Target::Broadcast
+            } else {
+                Target::Agent(to.into())
+            },
+            kind: Kind::Message,
+            body: body.into(),
+            thread: None,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn inline_directive_at_line_start() {
+        assert_eq!(
+            scan(&["@relay:Bob Can you review auth.ts?"]),
+            [msg("Bob", "Can you review auth.ts?")]
+        );
+    }
+
+    #[test]
+    fn decoration_before_a_directive_is_allowed() {
+        for prefix in [
+            "  ", "> ", "$ ", "% ", "# ", "● ", "• ", "- ", "* ", "⏺ ", "│ ", "┃ ", "» ", "✦ ",
+            "➜ ", "→ ", "› ", "◆ ", "■ ", "│ ● ", "> - ", "●",
+        ] {
+            let line = format!("{prefix}@relay:Bob hi");
+            assert_eq!(scan(&[&line]), [msg("Bob", "hi")], "prefix {prefix:?}");
+        }
+    }
+
+    #[test]
+    fn text_or_list_numbers_before_a_directive_prevent_it() {
+        assert!(scan(&["say @relay:Bob hi"]).is_empty());
+        assert!(scan(&["1. @relay:Bob hi"]).is_empty());
+        assert!(scan(&["2) @relay:Bob hi"]).is_empty());
+        assert!(scan(&["echo \"@relay:Bob hi\""]).is_empty());
+    }
+
+    #[test]
+    fn thinking_directive_and_aliases() {
+        let d = scan(&["@thinking:Bob pondering"]);
+        assert_eq!(d[0].kind, Kind::Thinking);
+        assert_eq!(scan(&["->relay:Bob hi"]), [msg("Bob", "hi")]);
+        assert_eq!(scan(&["● ->thinking:Bob hm"])[0].kind, Kind::Thinking);
+    }
+
+    #[test]
+    fn target_rules() {
+        assert_eq!(scan(&["@relay:* all hands"]), [msg("*", "all hands")]);
+        assert_eq!(scan(&["@relay:Bob: hi"]), [msg("Bob", "hi")]);
+        assert_eq!(scan(&["@relay:agent-2_x.y hi"]), [msg("agent-2_x.y", "hi")]);
+        assert!(scan(&["@relay:Bob! hi"]).is_empty());
+        assert!(scan(&["@relay: hi"]).is_empty());
+        assert!(scan(&["@relay:Bob:hi"]).is_empty());
+    }
+
+    #[test]
+    fn whitespace_only_body_is_no_directive() {
+        assert!(scan(&["@relay:Bob   "]).is_empty());
+        assert!(scan(&["@relay:Bob"]).is_empty());
+    }
+
+    #[test]
+    fn continuation_lines_keep_the_indentation() {
+        let lines = [
+            "● @relay:Bob Please review the auth module, especially",
+            "  the token refresh path.",
+            "",
+            "  Next paragraph.",
+        ];
+        assert_eq!(
+            scan(&lines),
+            [msg(
+                "Bob",
+                "Please review the auth module, especially the token refresh path."
+            )]
+        );
+    }
+
+    #[test]
+    fn continuation_stops_at_less_indentation_prompt_marker_or_directive() {
+        assert_eq!(scan(&["  @relay:Bob a", "b"]), [msg("Bob", "a")]);
+        assert_eq!(
+            scan(&["@relay:Bob a", "user@host:~$ ls"]),
+            [msg("Bob", "a")]
+        );
+        assert_eq!(scan(&["@relay:Bob a", ">>> x = 1"]), [msg("Bob", "a")]);
+        assert_eq!(
+            scan(&["  @relay:Bob a", "  ✻ Baked for 2s"]),
+            [msg("Bob", "a")]
+        );
+        assert_eq!(
+            scan(&["@relay:Bob a", "@relay:Carol b"]),
+            [msg("Bob", "a"), msg("Carol", "b")]
+        );
+    }
+
+    #[test]
+    fn list_items_continue_on_their_own_lines() {
+        let lines = ["● @relay:Bob Please check:", "  - auth.ts", "  - db.ts"];
+        assert_eq!(
+            scan(&lines),
+            [msg("Bob", "Please check:\n- auth.ts\n- db.ts")]
+        );
+    }
+
+    #[test]
+    fn escaped_directive_is_not_one_and_loses_its_backslash_in_a_body() {
+        assert!(scan(&["\\@relay:Bob hi"]).is_empty());
+        let lines = ["@relay:Bob write this:", "\\@relay:Carol hello"];
+        assert_eq!(scan(&lines), [msg("Bob", "write this: @relay:Carol hello")]);
+    }
+
+    #[test]
+    fn fenced_code_hides_directives() {
+        let lines = [
+            "```",
+            "@relay:Bob no",
+            "```",
+            "@relay:Bob yes",
+            "```rust",
+            "@relay:Bob no",
+            "~~~",
+            "```",
+        ];
+        assert_eq!(scan(&lines), [msg("Bob", "yes")]);
+    }
+
+    #[test]
+    fn unclosed_fence_ends_at_a_prompt() {
+        assert_eq!(
+            scan(&["```", "$ ls", "@relay:Bob yes"]),
+            [msg("Bob", "yes")]
+        );
+    }
+
+    #[test]
+    fn thinking_blocks_hide_directives() {
+        let lines = [
+            "<thinking>",
+            "@relay:Bob no",
+            "</thinking>",
+            "@relay:Bob yes",
+            "<thinking>@relay:Bob no</thinking>",
+        ];
+        assert_eq!(scan(&lines), [msg("Bob", "yes")]);
+    }
+
+    #[test]
+    fn relay_echo_is_never_a_directive() {
+        let lines = [
+            "❯ Relay message from Alice [t1]: hi",
+            "  @relay:Bob forwarded text",
+            "",
+            "@relay:Bob real",
+        ];
+        assert_eq!(scan(&lines), [msg("Bob", "real")]);
+        assert!(scan(&["Relay message from Alice: @relay:Bob x"]).is_empty());
+    }
+
+    #[test]
+    fn noted_injected_text_echo_is_ignored() {
+        let mut s = Scanner::new(Profile::generic());
+        s.note_injected("please run\n@relay:Carol tell me the result");
+        let mut out = Vec::new();
+        let line = CommittedLine {
+            row: 0,
+            text: "@relay:Carol tell me the result".into(),
+            code: Vec::new(),
+            seen: false,
+        };
+        s.line(&line, 0, &mut out);
+        s.flush(&mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn code_coloured_text_is_code_for_markdown_tuis() {
+        let text = "  @relay:Bob hi";
+        let mut code = vec![false; text.chars().count()];
+        for c in &mut code[2..] {
+            *c = true;
+        }
+        for (profile, expect) in [(Profile::claude(), 0), (Profile::generic(), 1)] {
+            let mut s = Scanner::new(profile);
+            let mut out = Vec::new();
+            let line = CommittedLine {
+                row: 0,
+                text: text.into(),
+                code: code.clone(),
+                seen: false,
+            };
+            s.line(&line, 0, &mut out);
+            s.flush(&mut out);
+            assert_eq!(out.len(), expect);
+        }
+    }
+
+    #[test]
+    fn block_on_one_line() {
+        let d = scan(&[
+            r#"[[RELAY]]{"to":"Bob","type":"action","body":"run tests","thread":"t1","data":{"n":1}}[[/RELAY]]"#,
+        ]);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].kind, Kind::Action);
+        assert_eq!(d[0].body, "run tests");
+        assert_eq!(d[0].thread.as_deref(), Some("t1"));
+        assert_eq!(d[0].data, Some(serde_json::json!({"n": 1})));
+    }
+
+    #[test]
+    fn block_over_several_lines_and_text_field() {
+        let lines = [
+            "● [[RELAY]]{",
+            r#"  "to": "*", "type": "state","#,
+            r#"  "text": "tests pass""#,
+            "}[[/RELAY]]",
+            "@relay:Bob after",
+        ];
+        let d = scan(&lines);
+        assert_eq!(d[0].to, Target::Broadcast);
+        assert_eq!(d[0].kind, Kind::State);
+        assert_eq!(d[0].body, "tests pass");
+        assert_eq!(d[1], msg("Bob", "after"));
+    }
+
+    #[test]
+    fn block_with_a_wrapped_string_is_joined() {
+        let lines = [
+            r#"[[RELAY]]{"to":"Bob","body":"a long"#,
+            r#"  text"}[[/RELAY]]"#,
+        ];
+        assert_eq!(scan(&lines), [msg("Bob", "a long text")]);
+    }
+
+    #[test]
+    fn invalid_or_oversize_blocks_are_dropped() {
+        assert!(
+            scan(&[
+                "[[RELAY]]{not json}[[/RELAY]]",
+                "[[RELAY]]{\"to\":\"Bob\"}[[/RELAY]]"
+            ])
+            .is_empty()
+        );
+        assert!(
+            scan(&["[[RELAY]]{\"to\":\"Bob\",\"type\":\"bogus\",\"body\":\"x\"}[[/RELAY]]"])
+                .is_empty()
+        );
+        assert!(scan(&["x [[RELAY]]{\"to\":\"Bob\",\"body\":\"x\"}[[/RELAY]]"]).is_empty());
+        let big = "x".repeat(MAX_BLOCK / 100);
+        let mut lines = vec!["[[RELAY]]{\"to\":\"Bob\",\"body\":\""];
+        lines.extend(std::iter::repeat_n(big.as_str(), 200));
+        lines.push("\"}[[/RELAY]]");
+        lines.push("@relay:Bob still works");
+        assert_eq!(scan(&lines), [msg("Bob", "still works")]);
+    }
+
+    #[test]
+    fn text_in_a_box_loses_the_box() {
+        let lines = [
+            "│ @relay:Bob inside a box   │",
+            "│   and its second line  │",
+            "│                        │",
+        ];
+        assert_eq!(
+            scan(&lines),
+            [msg("Bob", "inside a box and its second line")]
+        );
+    }
+
+    #[test]
+    fn several_directives_in_one_reply() {
+        let lines = [
+            "● Sure.",
+            "",
+            "  @relay:Bob first",
+            "",
+            "  @relay:Carol second",
+            "  @relay:* third",
+        ];
+        assert_eq!(
+            scan(&lines),
+            [
+                msg("Bob", "first"),
+                msg("Carol", "second"),
+                msg("*", "third")
+            ]
+        );
+    }
+}
