@@ -143,8 +143,17 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         let mut client = Client::connect(cfg)
             .await
             .context("receiver cannot connect")?;
+        let hasher = std::collections::hash_map::RandomState::new();
         receivers.push(tokio::spawn(async move {
-            let mut seen = HashSet::with_capacity(want);
+            // 64-bit hashes of the ids: no allocation per message, and a false "duplicate"
+            // would need a collision among a few hundred thousand ids (odds ~1e-9).
+            let mut seen: HashSet<u64> = HashSet::with_capacity(want);
+            let id_hash = |id: &str| {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = hasher.build_hasher();
+                h.write(id.as_bytes());
+                h.finish()
+            };
             let mut res = ReceiverResult {
                 unique: 0,
                 duplicates: 0,
@@ -165,7 +174,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(now);
                 res.latencies_ns.push(now.saturating_sub(sent));
-                if seen.insert(m.id.clone()) {
+                if seen.insert(id_hash(&m.id)) {
                     res.unique += 1;
                 } else {
                     res.duplicates += 1;
@@ -180,7 +189,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                 tokio::time::timeout(Duration::from_millis(200), client.next_event()).await
             {
                 if let Event::Message(m) = ev {
-                    if !seen.insert(m.id.clone()) {
+                    if !seen.insert(id_hash(&m.id)) {
                         res.duplicates += 1;
                     }
                     let _ = client.ack(&m, None).await;

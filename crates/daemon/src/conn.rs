@@ -144,7 +144,7 @@ impl Reader {
                 _ = tick.tick() => match self.session.on_tick(Instant::now()) {
                     Tick::Idle => {}
                     Tick::Ping => {
-                        self.queue(Outbound::Control(Payload::Ping(Ping::default()))).await;
+                        self.queue(Outbound::Control(Box::new(Payload::Ping(Ping::default())))).await;
                     }
                     Tick::Expired(code, message) => {
                         tracing::info!(conn = self.conn_id, %message, "closing connection");
@@ -180,10 +180,10 @@ impl Reader {
         );
         if fatal {
             if let Payload::Error(e) = env.payload {
-                self.queue(Outbound::Close(Some(e))).await;
+                self.queue(Outbound::Close(Some(Box::new(e)))).await;
             }
         } else {
-            self.queue(Outbound::Frame(env)).await;
+            self.queue(Outbound::Frame(Box::new(env))).await;
         }
     }
 
@@ -220,7 +220,8 @@ impl Reader {
                         code: NackCode::Invalid,
                         reason: format!("bad SEND payload: {reason}"),
                     };
-                    self.queue(Outbound::Control(Payload::Nack(nack))).await;
+                    self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))
+                        .await;
                     return Flow::Continue;
                 }
                 if !self.registered {
@@ -272,12 +273,13 @@ impl Reader {
                 req,
             },
             Payload::Ping(p) => {
-                self.queue(Outbound::Control(Payload::Pong(p))).await;
+                self.queue(Outbound::Control(Box::new(Payload::Pong(p))))
+                    .await;
                 return Flow::Continue;
             }
             Payload::Bye(_) => {
                 let bye = Envelope::new(frame_id(), now_ms(), Payload::Bye(Default::default()));
-                self.queue(Outbound::Frame(bye)).await;
+                self.queue(Outbound::Frame(Box::new(bye))).await;
                 self.queue(Outbound::Close(None)).await;
                 return Flow::Stop;
             }
@@ -401,7 +403,27 @@ fn encode(
                 Envelope::write_deliver_json(w, &header, &msg.payload)
             })
         }
-        Outbound::Close(err) => return Some(err),
+        Outbound::Receipt {
+            ack_id,
+            status,
+            recipients,
+        } => {
+            let header = Header {
+                id: ids.next(),
+                ts: now_ms(),
+                ..Header::default()
+            };
+            let ack = Payload::Ack(relay_protocol::Ack {
+                ack_id,
+                seq: None,
+                status: Some(status),
+                recipients,
+                state: None,
+                cumulative: false,
+            });
+            encode_with(buf, max, |w| ack.write_json(w, &header))
+        }
+        Outbound::Close(err) => return Some(err.map(|e| *e)),
     };
     if let Err(e) = res {
         // Our own frames are bounded below the limit by the body limit; log if not.

@@ -43,17 +43,24 @@ pub(crate) struct DeliverItem {
     pub(crate) session_id: Arc<str>,
 }
 
-/// What a connection's writer is asked to write.
+/// What a connection's writer is asked to write. Kept small (about 48 bytes): every message
+/// passes through two of these queues, and tokio's channels move values in and out by copy.
 #[derive(Debug)]
 pub(crate) enum Outbound {
-    /// A frame built by the router or the reader.
-    Frame(Envelope),
+    /// A frame built by the router or the reader (rare: WELCOME, RESULT, BYE).
+    Frame(Box<Envelope>),
     /// A daemon-originated frame with no routing fields; the writer stamps its id and time.
-    Control(Payload),
+    Control(Box<Payload>),
+    /// The receipt for a SEND (the one control frame sent per message).
+    Receipt {
+        ack_id: String,
+        status: AckStatus,
+        recipients: Option<u32>,
+    },
     /// A DELIVER.
     Deliver(DeliverItem),
     /// Write this error (if any) after everything queued, then close.
-    Close(Option<ErrorPayload>),
+    Close(Option<Box<ErrorPayload>>),
 }
 
 /// Cuts a connection short from outside (slow consumer, takeover, shutdown).
@@ -343,7 +350,7 @@ impl Router {
                     reason: Some("daemon shutting down".into()),
                 }),
             );
-            if conn.tx.try_send(Outbound::Frame(bye)).is_err()
+            if conn.tx.try_send(Outbound::Frame(Box::new(bye))).is_err()
                 || conn.tx.try_send(Outbound::Close(None)).is_err()
             {
                 conn.killer
@@ -475,7 +482,11 @@ impl Router {
                 resumed,
             }),
         );
-        if conn.tx.try_send(Outbound::Frame(welcome)).is_err() {
+        if conn
+            .tx
+            .try_send(Outbound::Frame(Box::new(welcome)))
+            .is_err()
+        {
             return Err((ErrorCode::Internal, "connection queue unavailable".into()));
         }
         self.conns.insert(
@@ -559,7 +570,22 @@ impl Router {
 
     fn reply(&self, conn_id: u64, payload: Payload) {
         if let Some(conn) = self.conns.get(&conn_id) {
-            send_or_kill(&conn.tx, &conn.killer, Outbound::Control(payload));
+            send_or_kill(&conn.tx, &conn.killer, Outbound::Control(Box::new(payload)));
+        }
+    }
+
+    /// Acknowledges a SEND (or SUBSCRIBE) to its sender.
+    fn receipt(&self, conn_id: u64, ack_id: String, status: AckStatus, recipients: Option<u32>) {
+        if let Some(conn) = self.conns.get(&conn_id) {
+            send_or_kill(
+                &conn.tx,
+                &conn.killer,
+                Outbound::Receipt {
+                    ack_id,
+                    status,
+                    recipients,
+                },
+            );
         }
     }
 
@@ -764,17 +790,7 @@ impl Router {
         };
         let (message, seqs) = match outcome {
             AppendOutcome::Duplicate { .. } => {
-                self.reply(
-                    conn_id,
-                    Payload::Ack(Ack {
-                        ack_id: env_id,
-                        seq: None,
-                        status: Some(AckStatus::Duplicate),
-                        recipients: None,
-                        state: None,
-                        cumulative: false,
-                    }),
-                );
+                self.receipt(conn_id, env_id, AckStatus::Duplicate, None);
                 return;
             }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
@@ -822,16 +838,11 @@ impl Router {
         } else {
             AckStatus::Queued
         };
-        self.reply(
+        self.receipt(
             conn_id,
-            Payload::Ack(Ack {
-                ack_id: env_id,
-                seq: None,
-                status: Some(status),
-                recipients: Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
-                state: None,
-                cumulative: false,
-            }),
+            env_id,
+            status,
+            Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
         );
         for (target, pending) in busy {
             tracing::warn!(%target, pending, "recipient is far behind; telling sender BUSY");
@@ -1087,17 +1098,7 @@ impl Router {
             }
         };
         self.to_store(StoreCmd::Write(op, WriteCtx::None)).await;
-        self.reply(
-            conn_id,
-            Payload::Ack(Ack {
-                ack_id: id,
-                seq: None,
-                status: Some(AckStatus::Accepted),
-                recipients: None,
-                state: None,
-                cumulative: false,
-            }),
-        );
+        self.receipt(conn_id, id, AckStatus::Accepted, None);
         self.write_agents_file();
     }
 
@@ -1142,7 +1143,7 @@ impl Router {
         if let Some(conn) = self.conns.get(&ctx.conn_id) {
             // RESULT answers carry the question's id in `id` so the client can match them.
             env.id = ctx.env_id;
-            send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(env));
+            send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
         }
     }
 
