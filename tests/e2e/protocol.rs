@@ -493,3 +493,30 @@ fn agents_json_follows_membership() {
         },
     );
 }
+
+#[test]
+fn a_message_waiting_for_an_offline_agent_expires_after_the_inbox_ttl() {
+    let relay = Relay::start_with(&["--inbox-ttl", "1"]);
+    {
+        let (mut bob, _) = relay.agent("Bob");
+        bob.send_env("BYE", json!({}), json!({}));
+        assert!(bob.closed());
+    }
+    let (mut alice, _) = relay.agent("Alice");
+    let id = alice.send("Bob", "too late");
+    assert_eq!(alice.expect("ACK")["payload"]["status"], "queued");
+    wait_for(
+        std::time::Duration::from_secs(20),
+        "the delivery expires",
+        || {
+            let v: serde_json::Value =
+                serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
+                    .unwrap_or_default();
+            v["deliveries"][0]["status"] == "expired"
+        },
+    );
+    // Bob comes back: nothing is replayed.
+    let (mut bob, _) = relay.agent("Bob");
+    bob.send_env("PING", json!({}), json!({"nonce": "n"}));
+    assert_eq!(bob.expect("PONG")["payload"]["nonce"], "n");
+}

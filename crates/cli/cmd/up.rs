@@ -183,6 +183,9 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     let mut cfg = relay_daemon::Config::new(paths.socket.clone());
     cfg.agents_file = Some(paths.agents_file.clone());
     cfg.inbox_ttl = Duration::from_secs(args.inbox_ttl);
+    // Sweep often enough that a message outlives its TTL by at most a quarter of it.
+    cfg.sweep_interval =
+        (cfg.inbox_ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
     cfg.heartbeat_timeout = cfg.heartbeat * 3;
     cfg.busy_high_water = args.busy_high_water.max(1);

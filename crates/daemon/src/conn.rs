@@ -459,10 +459,17 @@ async fn write_loop(
             break;
         };
         close = encode(first, &mut buf, max, &mut ids);
-        // Batch whatever else is ready into the same write.
+        // Batch whatever else is ready into the same write. When little is ready, let the
+        // other tasks run once first: under load the router queues more in the meantime, so
+        // one write syscall carries many frames; when idle the yield returns at once.
+        let mut yielded = false;
         while close.is_none() && buf.len() < 64 * 1024 {
             match rx.try_recv() {
                 Ok(item) => close = encode(item, &mut buf, max, &mut ids),
+                Err(_) if !yielded && buf.len() < 4096 => {
+                    yielded = true;
+                    tokio::task::yield_now().await;
+                }
                 Err(_) => break,
             }
         }
