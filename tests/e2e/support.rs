@@ -50,7 +50,7 @@ impl Relay {
             .env("AGENT_RELAY_SOCKET", &self.socket)
             .env_remove("AGENT_RELAY_STORAGE_PATH")
             .env_remove("AGENT_RELAY_STORAGE_TYPE")
-            .env("AGENT_RELAY_LOG", "debug")
+            .env("AGENT_RELAY_LOG", "debug,relay_daemon=trace")
             .current_dir(self.dir.path());
         c
     }

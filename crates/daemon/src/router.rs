@@ -1156,6 +1156,7 @@ impl Router {
             .collect();
         let ttl = u64::try_from(self.cfg.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
         let queued_before = now_ms().saturating_sub(ttl);
+        tracing::trace!(queued_before, online = except.len(), "expiry sweep");
         self.to_store(StoreCmd::Write(
             WriteOp::Expire {
                 queued_before,

@@ -180,6 +180,13 @@ fn flush(
     }
     match store.write_batch(&batch, now_ms()) {
         Ok(results) => {
+            for res in &results {
+                if let WriteResult::Expired(n) = res
+                    && *n > 0
+                {
+                    tracing::info!(deliveries = n, "expired undelivered messages (inbox TTL)");
+                }
+            }
             for (ctx, res) in batch_ctx.into_iter().zip(results) {
                 if !matches!(ctx, WriteCtx::None) {
                     let _ = events.send(StoreEvent::Written(ctx, Ok(res)));

@@ -14,6 +14,7 @@
 
 mod common;
 mod memory;
+mod names;
 mod sqlite;
 #[cfg(test)]
 mod tests;

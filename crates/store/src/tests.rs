@@ -916,7 +916,7 @@ fn sqlite_failed_batch_keeps_nothing() {
     let other = rusqlite::Connection::open(b.path()).unwrap();
     other
         .execute_batch(
-            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = 'boom'
+            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = (SELECT id FROM names WHERE name = 'boom')
              BEGIN SELECT RAISE(ABORT, 'boom'); END;",
         )
         .unwrap();
@@ -978,7 +978,7 @@ fn sqlite_failed_batch_keeps_cursor() {
     let other = rusqlite::Connection::open(b.path()).unwrap();
     other
         .execute_batch(
-            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = 'boom'
+            "CREATE TRIGGER boom BEFORE INSERT ON deliveries WHEN NEW.recipient = (SELECT id FROM names WHERE name = 'boom')
              BEGIN SELECT RAISE(ABORT, 'boom'); END;",
         )
         .unwrap();
@@ -1004,7 +1004,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 1,
+            supported: 2,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1023,7 +1023,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 1);
+    assert_eq!(v, 2);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 
