@@ -205,6 +205,10 @@ pub(crate) struct BenchArgs {
     /// Use the relay on this socket instead of starting a private one.
     #[arg(long, value_name = "PATH")]
     pub(crate) target: Option<PathBuf>,
+    /// Acknowledge each DELIVER with its own ACK instead of one cumulative ACK per read (for
+    /// relays that speak only plain protocol v1).
+    #[arg(long)]
+    pub(crate) per_message_acks: bool,
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,

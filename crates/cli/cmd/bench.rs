@@ -1,23 +1,27 @@
 //! `agent-relay bench`: a load generator that measures what a user would feel.
 //!
 //! S sender connections send N messages of B bytes to R receiving agents, keeping up to
-//! `--window` SENDs unacknowledged each; receivers acknowledge every DELIVER. Each body starts
+//! `--window` SENDs unacknowledged each; receivers acknowledge what they receive (one
+//! cumulative ACK per read, or one per message with `--per-message-acks`). Each body starts
 //! with the send time (nanoseconds since the bench started, same process clock), so latency is
 //! SEND written → DELIVER read. Receivers do not de-duplicate, so a duplicate on the wire is
 //! counted, and lost = accepted by the relay − distinct messages received.
 //!
+//! The connections are lean protocol loops (`bench/wire.rs`), not the client library: the
+//! generator shares the machine with the relay, and every cycle it spends is one the relay
+//! cannot use.
+//!
 //! Without `--target` it starts a private daemon (the real binary, `up --foreground`) on a
 //! temporary directory and stops it afterwards.
 
-use std::collections::{HashSet, VecDeque};
+mod wire;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use relay_client::paths::Paths;
-use relay_client::{Client, ClientConfig, Event, Outgoing};
-use relay_protocol::AckStatus;
 
 use crate::args::BenchArgs;
 use crate::out::{json, line};
@@ -73,20 +77,6 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-struct ReceiverResult {
-    unique: usize,
-    duplicates: usize,
-    latencies_ns: Vec<u64>,
-    last: Option<Instant>,
-}
-
-#[derive(Default)]
-struct SenderResult {
-    accepted: usize,
-    refused: usize,
-    first_error: Option<String>,
-}
-
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -134,120 +124,35 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
 
     let mut receivers = Vec::with_capacity(r_count);
     for (r, &want) in expected.iter().enumerate() {
-        let cfg = ClientConfig {
-            max_inflight: 1024,
-            reconnect: false,
-            dedupe: false,
-            ..ClientConfig::agent(socket.clone(), format!("bench-r{r}"))
-        };
-        let mut client = Client::connect(cfg)
-            .await
-            .context("receiver cannot connect")?;
-        let hasher = std::collections::hash_map::RandomState::new();
-        receivers.push(tokio::spawn(async move {
-            // 64-bit hashes of the ids: no allocation per message, and a false "duplicate"
-            // would need a collision among a few hundred thousand ids (odds ~1e-9).
-            let mut seen: HashSet<u64> = HashSet::with_capacity(want);
-            let id_hash = |id: &str| {
-                use std::hash::{BuildHasher, Hasher};
-                let mut h = hasher.build_hasher();
-                h.write(id.as_bytes());
-                h.finish()
-            };
-            let mut res = ReceiverResult {
-                unique: 0,
-                duplicates: 0,
-                latencies_ns: Vec::with_capacity(want),
-                last: None,
-            };
-            while res.unique < want {
-                let ev = match tokio::time::timeout_at(deadline, client.next_event()).await {
-                    Ok(Some(ev)) => ev,
-                    _ => break,
-                };
-                let Event::Message(m) = ev else { continue };
-                let now = base.elapsed().as_nanos() as u64;
-                let sent: u64 = m
-                    .payload
-                    .body
-                    .get(..20)
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(now);
-                res.latencies_ns.push(now.saturating_sub(sent));
-                if seen.insert(id_hash(&m.id)) {
-                    res.unique += 1;
-                } else {
-                    res.duplicates += 1;
-                }
-                res.last = Some(Instant::now());
-                if client.ack(&m, None).await.is_err() {
-                    break;
-                }
-            }
-            // Catch late duplicates for a moment before leaving.
-            while let Ok(Some(ev)) =
-                tokio::time::timeout(Duration::from_millis(200), client.next_event()).await
-            {
-                if let Event::Message(m) = ev {
-                    if !seen.insert(id_hash(&m.id)) {
-                        res.duplicates += 1;
-                    }
-                    let _ = client.ack(&m, None).await;
-                }
-            }
-            client.close().await;
-            res
-        }));
+        receivers.push(
+            wire::receiver(
+                socket.clone(),
+                r,
+                want,
+                base,
+                deadline,
+                args.per_message_acks,
+            )
+            .await?,
+        );
     }
-
     let start = Instant::now();
-    let names: std::sync::Arc<Vec<String>> =
-        std::sync::Arc::new((0..r_count).map(|r| format!("bench-r{r}")).collect());
+    let plan = std::sync::Arc::new(wire::SendPlan {
+        socket: socket.clone(),
+        receivers: std::sync::Arc::new((0..r_count).map(|r| format!("bench-r{r}")).collect()),
+        bytes: args.bytes,
+        window: args.window,
+        period: (args.rate > 0).then(|| Duration::from_secs_f64(s_count as f64 / args.rate as f64)),
+        base,
+    });
     let mut senders = Vec::with_capacity(s_count);
     for (i, &count) in per_sender.iter().enumerate() {
-        let client = Client::connect(ClientConfig::tool(socket.clone(), format!("bench-s{i}")))
-            .await
-            .context("sender cannot connect")?;
-        let window = args.window;
-        let bytes = args.bytes;
-        let names = names.clone();
-        let period =
-            (args.rate > 0).then(|| Duration::from_secs_f64(s_count as f64 / args.rate as f64));
-        senders.push(tokio::spawn(async move {
-            let mut res = SenderResult::default();
-            let mut inflight = VecDeque::with_capacity(window);
-            let pad = "x".repeat(bytes - 21);
-            let t0 = tokio::time::Instant::now();
-            for j in 0..count {
-                if let Some(p) = period {
-                    tokio::time::sleep_until(t0 + p.mul_f64(j as f64)).await;
-                }
-                let body = format!("{:020} {pad}", base.elapsed().as_nanos() as u64);
-                let to = names[(i + j) % r_count].clone();
-                match client.send_nowait(Outgoing::new(to, body)).await {
-                    Ok((_, pending)) => inflight.push_back(pending),
-                    Err(e) => {
-                        res.first_error.get_or_insert(e.to_string());
-                        break;
-                    }
-                }
-                if inflight.len() >= window {
-                    if let Some(p) = inflight.pop_front() {
-                        tally(&mut res, p.wait().await);
-                    }
-                }
-            }
-            for p in inflight {
-                tally(&mut res, p.wait().await);
-            }
-            client.close().await;
-            res
-        }));
+        senders.push(tokio::spawn(wire::sender(plan.clone(), i, count)));
     }
 
-    let mut sent = SenderResult::default();
+    let mut sent = wire::SenderResult::default();
     for s in senders {
-        let r = s.await?;
+        let r = s.await??;
         sent.accepted += r.accepted;
         sent.refused += r.refused;
         if sent.first_error.is_none() {
@@ -259,7 +164,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let mut lat = Vec::with_capacity(n);
     let mut last = start;
     for r in receivers {
-        let r = r.await?;
+        let r = r.await??;
         unique += r.unique;
         duplicates += r.duplicates;
         lat.extend(r.latencies_ns);
@@ -333,15 +238,4 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         );
     }
     Ok(())
-}
-
-fn tally(res: &mut SenderResult, r: Result<relay_client::Receipt, relay_client::ClientError>) {
-    match r {
-        Ok(rc) if rc.status != AckStatus::Duplicate => res.accepted += 1,
-        Ok(_) => {}
-        Err(e) => {
-            res.refused += 1;
-            res.first_error.get_or_insert(e.to_string());
-        }
-    }
 }

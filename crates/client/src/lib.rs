@@ -230,7 +230,8 @@ pub enum Event {
 type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
 
 enum Cmd {
-    Send(Envelope, Reply<Receipt>),
+    /// A SEND, already encoded by the caller (so the driver only copies bytes).
+    Send(Unsent),
     Query(Envelope, Reply<QueryResult>),
     Subscribe(Envelope, Reply<()>),
     Ack {
@@ -240,6 +241,13 @@ enum Cmd {
         state: Option<DeliveryState>,
     },
     Close(oneshot::Sender<()>),
+}
+
+/// A SEND not yet acknowledged: kept, encoded, to be re-sent after a reconnect.
+struct Unsent {
+    id: String,
+    frame: Vec<u8>,
+    reply: Reply<Receipt>,
 }
 
 /// A SEND whose receipt has not arrived yet.
@@ -303,7 +311,6 @@ impl Client {
             cmds: cmds_rx,
             events: events_tx,
             outbox: VecDeque::new(),
-            waiting_sends: HashMap::new(),
             queries: HashMap::new(),
             subs: HashMap::new(),
             seen: Dedupe::new(DEDUPE_CAPACITY),
@@ -338,9 +345,17 @@ impl Client {
         let mut env = Envelope::new(id.clone(), now_ms(), Payload::Send(msg.payload));
         env.to = msg.to;
         env.topic = msg.topic;
+        // Encoded here, in the caller's task: the driver stays a thin I/O loop.
+        let mut frame = Vec::with_capacity(256);
+        encode_frame(&env, &mut frame, MAX_FRAME_BYTES)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
         self.cmds
-            .send(Cmd::Send(env, tx))
+            .send(Cmd::Send(Unsent {
+                id: id.clone(),
+                frame,
+                reply: tx,
+            }))
             .await
             .map_err(|_| ClientError::Closed)?;
         Ok((id, PendingReceipt(rx)))
@@ -602,8 +617,7 @@ struct Driver {
     cmds: mpsc::Receiver<Cmd>,
     events: mpsc::Sender<Event>,
     /// Unacknowledged SENDs in send order, re-sent after a reconnect.
-    outbox: VecDeque<Envelope>,
-    waiting_sends: HashMap<String, Reply<Receipt>>,
+    outbox: VecDeque<Unsent>,
     queries: HashMap<String, Reply<QueryResult>>,
     subs: HashMap<String, Reply<()>>,
     seen: Dedupe,
@@ -647,8 +661,8 @@ impl Driver {
                     }
                     let _ = self.events.send(Event::Disconnected { reason }).await;
                     if !self.cfg.reconnect {
-                        for (_, s) in self.waiting_sends.drain() {
-                            let _ = s.send(Err(ClientError::Disconnected));
+                        for u in self.outbox.drain(..) {
+                            let _ = u.reply.send(Err(ClientError::Disconnected));
                         }
                         return;
                     }
@@ -698,10 +712,7 @@ impl Driver {
     /// Handles a command while disconnected.
     fn queue_offline(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Send(env, reply) => {
-                self.waiting_sends.insert(env.id.clone(), reply);
-                self.outbox.push_back(env);
-            }
+            Cmd::Send(unsent) => self.outbox.push_back(unsent),
             Cmd::Query(_, reply) => {
                 let _ = reply.send(Err(ClientError::Disconnected));
             }
@@ -740,9 +751,8 @@ impl Driver {
             encode_frame(&env, &mut out, MAX_FRAME_BYTES)
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
         }
-        for env in &self.outbox {
-            encode_frame(env, &mut out, MAX_FRAME_BYTES)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        for u in &self.outbox {
+            out.extend_from_slice(&u.frame);
         }
         conn.stream.write_all(&out).await?;
         Ok(())
@@ -836,8 +846,8 @@ impl Driver {
         self.flush_acks(&mut out);
         Self::encode(&mut out, &bye);
         let _ = conn.stream.write_all(&out).await;
-        for (_, s) in self.waiting_sends.drain() {
-            let _ = s.send(Err(ClientError::Closed));
+        for u in self.outbox.drain(..) {
+            let _ = u.reply.send(Err(ClientError::Closed));
         }
     }
 
@@ -849,10 +859,9 @@ impl Driver {
 
     fn on_cmd(&mut self, cmd: Cmd, out: &mut Vec<u8>) {
         match cmd {
-            Cmd::Send(env, reply) => {
-                Self::encode(out, &env);
-                self.waiting_sends.insert(env.id.clone(), reply);
-                self.outbox.push_back(env);
+            Cmd::Send(unsent) => {
+                out.extend_from_slice(&unsent.frame);
+                self.outbox.push_back(unsent);
             }
             Cmd::Query(env, reply) => {
                 Self::encode(out, &env);
@@ -941,14 +950,17 @@ impl Driver {
     }
 
     fn settle_send(&mut self, id: &str, result: Result<Receipt, ClientError>) {
-        if let Some(reply) = self.waiting_sends.remove(id) {
-            // Usually the oldest; otherwise search.
-            if self.outbox.front().is_some_and(|e| e.id == id) {
-                self.outbox.pop_front();
-            } else if let Some(i) = self.outbox.iter().position(|e| e.id == id) {
-                self.outbox.remove(i);
-            }
-            let _ = reply.send(result);
+        // Receipts come in send order: usually the oldest; otherwise search.
+        let unsent = if self.outbox.front().is_some_and(|u| u.id == id) {
+            self.outbox.pop_front()
+        } else {
+            self.outbox
+                .iter()
+                .position(|u| u.id == id)
+                .and_then(|i| self.outbox.remove(i))
+        };
+        if let Some(u) = unsent {
+            let _ = u.reply.send(result);
         }
     }
 
@@ -1097,7 +1109,6 @@ mod tests {
             cmds,
             events,
             outbox: VecDeque::new(),
-            waiting_sends: HashMap::new(),
             queries: HashMap::new(),
             subs: HashMap::new(),
             seen: Dedupe::new(16),

@@ -194,8 +194,8 @@ impl Reader {
     }
 
     async fn on_frame(&mut self, frame: &[u8]) -> Flow {
-        let env = match Envelope::from_json(frame) {
-            Ok(env) => env,
+        let (env, raw) = match Envelope::from_json_with_payload(frame) {
+            Ok(decoded) => decoded,
             Err(e) if e.is_fatal() => {
                 let code = match e {
                     DecodeError::BadVersion(_) => ErrorCode::BadVersion,
@@ -258,6 +258,8 @@ impl Reader {
                 to: env.to,
                 topic: env.topic,
                 payload,
+                // Forwarded verbatim to live recipients: already validated by the typed parse.
+                raw: raw.map(|r| crate::router::Raw::from(r.to_owned())),
             },
             Payload::Ack(ack) => RouterMsg::Ack { conn_id, ack },
             Payload::Nack(nack) => RouterMsg::Nack { conn_id, nack },
@@ -390,6 +392,7 @@ fn encode(
             seq,
             attempt,
             session_id,
+            raw,
         }) => {
             let header = Header {
                 id: &msg.id,
@@ -399,8 +402,9 @@ fn encode(
                 topic: msg.topic.as_deref(),
                 delivery: Some((seq, &session_id, attempt)),
             };
-            encode_with(buf, max, |w| {
-                Envelope::write_deliver_json(w, &header, &msg.payload)
+            encode_with(buf, max, |w| match &raw {
+                Some(raw) => Envelope::write_deliver_json(w, &header, &**raw),
+                None => Envelope::write_deliver_json(w, &header, &msg.payload),
             })
         }
         Outbound::Receipt {

@@ -41,7 +41,14 @@ pub(crate) struct DeliverItem {
     pub(crate) seq: u64,
     pub(crate) attempt: u32,
     pub(crate) session_id: Arc<str>,
+    /// The payload exactly as the sender's SEND carried it, when delivering live: written as
+    /// is instead of serializing `msg.payload` again (which was the costliest step per
+    /// DELIVER). Replays from the store have none.
+    pub(crate) raw: Option<Raw>,
 }
+
+/// A payload's JSON text as received.
+pub(crate) type Raw = Arc<serde_json::value::RawValue>;
 
 /// What a connection's writer is asked to write. Kept small (about 48 bytes): every message
 /// passes through two of these queues, and tokio's channels move values in and out by copy.
@@ -117,6 +124,7 @@ pub(crate) enum RouterMsg {
         to: Option<String>,
         topic: Option<String>,
         payload: Send,
+        raw: Option<Raw>,
     },
     /// A recipient acknowledged a DELIVER.
     Ack { conn_id: u64, ack: Ack },
@@ -147,6 +155,7 @@ pub(crate) enum WriteCtx {
         conn_id: u64,
         env_id: String,
         recipients: Vec<String>,
+        raw: Option<Raw>,
     },
 }
 
@@ -223,6 +232,7 @@ impl Online {
         msg: Arc<StoredMessage>,
         seq: u64,
         attempt: u32,
+        raw: Option<Raw>,
     ) -> Result<(), SlowConsumer> {
         let pos = msg.pos;
         let id = msg.id.clone();
@@ -231,6 +241,7 @@ impl Online {
             seq,
             attempt,
             session_id: self.session_id.clone(),
+            raw,
         };
         if self.tx.try_send(Outbound::Deliver(item)).is_err() {
             return Err(SlowConsumer);
@@ -387,8 +398,9 @@ impl Router {
                 to,
                 topic,
                 payload,
+                raw,
             } => {
-                self.on_send(conn_id, id, to, topic, payload).await;
+                self.on_send(conn_id, id, to, topic, payload, raw).await;
             }
             RouterMsg::Ack { conn_id, ack } => {
                 self.on_ack(conn_id, &ack.ack_id, ack.seq, ack.state, ack.cumulative)
@@ -671,6 +683,7 @@ impl Router {
         to: Option<String>,
         topic: Option<String>,
         payload: Send,
+        raw: Option<Raw>,
     ) {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
@@ -726,6 +739,7 @@ impl Router {
                 conn_id,
                 env_id: id,
                 recipients: names,
+                raw,
             },
         ))
         .await;
@@ -738,10 +752,12 @@ impl Router {
                     conn_id,
                     env_id,
                     recipients,
+                    raw,
                 },
                 res,
             ) => {
-                self.on_appended(conn_id, env_id, recipients, res).await;
+                self.on_appended(conn_id, env_id, recipients, raw, res)
+                    .await;
             }
             StoreEvent::Written(WriteCtx::None, Err(e)) => {
                 tracing::warn!(error = %e, "store write failed");
@@ -764,6 +780,7 @@ impl Router {
         conn_id: u64,
         env_id: String,
         recipients: Vec<String>,
+        raw: Option<Raw>,
         res: Result<WriteResult, String>,
     ) {
         let outcome = match res {
@@ -805,7 +822,7 @@ impl Router {
             };
             any_online = true;
             if on.can_send_live() {
-                if on.dispatch(message.clone(), seq, 1).is_err() {
+                if on.dispatch(message.clone(), seq, 1, raw.clone()).is_err() {
                     slow.push(name.clone());
                 }
                 if !on.ack_required {
@@ -933,7 +950,7 @@ impl Router {
             if d.message.pos <= on.last_sent {
                 continue;
             }
-            if on.dispatch(d.message, d.seq, d.attempt).is_err() {
+            if on.dispatch(d.message, d.seq, d.attempt, None).is_err() {
                 slow = true;
                 break;
             }

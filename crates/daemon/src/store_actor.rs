@@ -55,10 +55,6 @@ pub(crate) enum StoreCmd {
 
 /// What the store thread reports to the router.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "Written is the common variant; boxing it would allocate per message"
-)]
 pub(crate) enum StoreEvent {
     /// A write's result.
     Written(WriteCtx, Result<WriteResult, String>),

@@ -604,7 +604,7 @@ struct DeliveryOut<'a> {
     attempt: u32,
 }
 
-fn write_parts<W: std::io::Write, P: Serialize>(
+fn write_parts<W: std::io::Write, P: Serialize + ?Sized>(
     out: W,
     ty: MessageType,
     h: &Header<'_>,
@@ -659,7 +659,7 @@ impl Payload {
 }
 
 #[derive(Serialize)]
-struct WireOut<'a, P: Serialize> {
+struct WireOut<'a, P: Serialize + ?Sized> {
     v: u32,
     #[serde(rename = "type")]
     ty: &'static str,
@@ -719,6 +719,16 @@ impl Envelope {
     /// # Errors
     /// [`DecodeError`]; [`DecodeError::is_fatal`] says whether the stream can still be trusted.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::from_json_with_payload(bytes).map(|(env, _)| env)
+    }
+
+    /// Like [`Envelope::from_json`], and also returns the payload's JSON text exactly as it
+    /// was received (validated by the typed parse). A relay can forward that text instead of
+    /// serializing the payload again.
+    ///
+    /// # Errors
+    /// As [`Envelope::from_json`].
+    pub fn from_json_with_payload(bytes: &[u8]) -> Result<(Self, Option<&RawValue>), DecodeError> {
         let wire: WireIn<'_> =
             serde_json::from_slice(bytes).map_err(|e| DecodeError::BadFrame(e.to_string()))?;
         if wire.v != u64::from(PROTOCOL_VERSION) {
@@ -753,16 +763,19 @@ impl Envelope {
             ty: ty.as_str(),
             reason: e.to_string(),
         })?;
-        Ok(Self {
-            v: PROTOCOL_VERSION,
-            id: wire.id,
-            ts: wire.ts,
-            from: wire.from,
-            to: wire.to,
-            topic: wire.topic,
-            delivery: wire.delivery,
-            payload,
-        })
+        Ok((
+            Self {
+                v: PROTOCOL_VERSION,
+                id: wire.id,
+                ts: wire.ts,
+                from: wire.from,
+                to: wire.to,
+                topic: wire.topic,
+                delivery: wire.delivery,
+                payload,
+            },
+            raw,
+        ))
     }
 
     /// Serializes the envelope to JSON, appending to `out`.
@@ -790,10 +803,10 @@ impl Envelope {
     ///
     /// # Errors
     /// Only if `out` fails.
-    pub fn write_deliver_json<W: std::io::Write>(
+    pub fn write_deliver_json<W: std::io::Write, P: Serialize + ?Sized>(
         out: W,
         header: &Header<'_>,
-        payload: &Send,
+        payload: &P,
     ) -> Result<(), serde_json::Error> {
         write_parts(out, MessageType::Deliver, header, payload)
     }
