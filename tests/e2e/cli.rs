@@ -123,6 +123,7 @@ fn send_read_history_agents() {
     let short = relay.cli(&["read", "01"]);
     assert_ne!(short.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&short.stderr).contains("at least 8"));
+
     let missing = relay.cli(&["read", "ZZZZZZZZZZZZ"]);
     assert_eq!(missing.status.code(), Some(4));
 
@@ -278,4 +279,16 @@ fn another_user_is_refused_even_when_the_socket_is_left_open() {
     );
     // The owner is unaffected.
     assert!(relay.cli(&["status"]).status.success());
+}
+
+#[test]
+fn read_takes_a_whole_short_id_but_only_long_prefixes() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    // v1 clients choose their own ids, which may be short.
+    ok_stdout(&relay.cli(&["send", "Bob", "short id", "--id", "m7"]));
+    assert!(ok_stdout(&relay.cli(&["read", "m7"])).contains("short id"));
+    let out = relay.cli(&["read", "m"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 8"));
 }

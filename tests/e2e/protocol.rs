@@ -505,15 +505,24 @@ fn a_message_waiting_for_an_offline_agent_expires_after_the_inbox_ttl() {
     let (mut alice, _) = relay.agent("Alice");
     let id = alice.send("Bob", "too late");
     assert_eq!(alice.expect("ACK")["payload"]["status"], "queued");
-    wait_for(
-        std::time::Duration::from_secs(20),
-        "the delivery expires",
-        || {
-            let v: serde_json::Value =
-                serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                    .unwrap_or_default();
-            v["deliveries"][0]["status"] == "expired"
-        },
+    let mut last = String::new();
+    let expired = (0..200).any(|_| {
+        let out = relay.cli(&["read", &id, "--json"]);
+        last = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let done = v["deliveries"][0]["status"] == "expired";
+        if !done {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        done
+    });
+    assert!(
+        expired,
+        "the delivery did not show as expired; last `read`:\n{last}"
     );
     // Bob comes back: nothing is replayed.
     let (mut bob, _) = relay.agent("Bob");

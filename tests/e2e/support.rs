@@ -162,7 +162,8 @@ impl Raw {
 
     pub fn id(&mut self) -> String {
         self.next += 1;
-        format!("t{}-{}", std::process::id(), self.next)
+        // Long enough to be read back by a prefix too (`read` wants 8 characters of one).
+        format!("t{}-{:06}", std::process::id(), self.next)
     }
 
     pub fn write_bytes(&mut self, bytes: &[u8]) {

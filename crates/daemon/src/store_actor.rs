@@ -219,41 +219,41 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             Ok(agents) => QueryResult::Agents { agents },
             Err(e) => internal(e),
         },
-        QueryRequest::Read { id } => {
-            if id.len() < 8 {
-                QueryResult::Error {
-                    code: "invalid".into(),
-                    message: format!(
-                        "id prefix {id:?} is too short: give at least 8 characters of the id"
-                    ),
-                }
-            } else {
-                match store.find(id, 10) {
-                    Ok(mut found) if found.len() == 1 => QueryResult::Read {
-                        message: found.remove(0),
-                    },
-                    Ok(found) if found.is_empty() => QueryResult::Error {
-                        code: "not_found".into(),
-                        message: format!(
-                            "no message with id {id:?}; `agent-relay history` lists recent ids"
-                        ),
-                    },
-                    Ok(found) => QueryResult::Error {
-                        code: "ambiguous".into(),
-                        message: format!(
-                            "{id:?} matches {} messages ({}); give more of the id",
-                            found.len(),
-                            found
-                                .iter()
-                                .map(|m| m.id.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    },
-                    Err(e) => internal(e),
+        QueryRequest::Read { id } => match store.find(id, 10) {
+            // A full id of any length is fine (v1 clients choose their own ids); a prefix must
+            // have at least 8 characters so it is unlikely to be ambiguous.
+            Ok(found) if found.len() == 1 && (found[0].id == *id || id.len() >= 8) => {
+                let mut found = found;
+                QueryResult::Read {
+                    message: found.remove(0),
                 }
             }
-        }
+            Ok(_) if id.len() < 8 => QueryResult::Error {
+                code: "invalid".into(),
+                message: format!(
+                    "no message with id {id:?}; as a prefix it is too short: give at least 8 characters of the id"
+                ),
+            },
+            Ok(found) if found.is_empty() => QueryResult::Error {
+                code: "not_found".into(),
+                message: format!(
+                    "no message with id {id:?}; `agent-relay history` lists recent ids"
+                ),
+            },
+            Ok(found) => QueryResult::Error {
+                code: "ambiguous".into(),
+                message: format!(
+                    "{id:?} matches {} messages ({}); give more of the id",
+                    found.len(),
+                    found
+                        .iter()
+                        .map(|m| m.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
+            Err(e) => internal(e),
+        },
         QueryRequest::History(filter) => match store.history(filter) {
             Ok(messages) => QueryResult::History { messages },
             Err(e) => internal(e),
