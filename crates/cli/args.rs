@@ -188,7 +188,7 @@ pub(crate) struct BenchArgs {
     #[arg(short = 'r', long, default_value_t = 64)]
     pub(crate) receivers: usize,
     /// Messages in all.
-    #[arg(short = 'n', long, default_value_t = 200_000)]
+    #[arg(short = 'n', long, default_value_t = 1_000_000)]
     pub(crate) messages: usize,
     /// Body size in bytes.
     #[arg(short = 'b', long, default_value_t = 200)]
