@@ -350,13 +350,16 @@ fn bad_frames_get_an_error_and_only_that_connection_closes() {
     assert_eq!(c.expect("ERROR")["payload"]["code"], "bad_frame");
     assert!(c.closed());
 
-    // A frame before HELLO: fatal.
+    // A SEND before HELLO: NACK not_active for the message, then a fatal ERROR.
     let mut c = relay.connect();
-    c.send_env(
+    let id = c.send_env(
         "SEND",
         json!({"to": "Bystander"}),
         json!({"body": "sneaky"}),
     );
+    let nack = c.expect("NACK");
+    assert_eq!(nack["payload"]["ack_id"], id.as_str());
+    assert_eq!(nack["payload"]["code"], "not_active");
     assert_eq!(c.expect("ERROR")["payload"]["code"], "bad_state");
     assert!(c.closed());
 
@@ -528,4 +531,36 @@ fn a_message_waiting_for_an_offline_agent_expires_after_the_inbox_ttl() {
     let (mut bob, _) = relay.agent("Bob");
     bob.send_env("PING", json!({}), json!({"nonce": "n"}));
     assert_eq!(bob.expect("PONG")["payload"]["nonce"], "n");
+}
+
+#[test]
+fn unsubscribe_stops_topic_deliveries() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    bob.send_env("SUBSCRIBE", json!({"topic": "build.*"}), json!({}));
+    bob.expect("ACK");
+    let (mut alice, _) = relay.agent("Alice");
+    let send = |a: &mut crate::support::Raw| {
+        a.send_env(
+            "SEND",
+            json!({"topic": "build.linux"}),
+            json!({"body": "x"}),
+        );
+        a.expect("ACK")["payload"]["recipients"].as_u64().unwrap()
+    };
+    assert_eq!(send(&mut alice), 1);
+    let d = bob.expect("DELIVER");
+    bob.ack(&d);
+    bob.send_env("UNSUBSCRIBE", json!({"topic": "build.*"}), json!({}));
+    bob.expect("ACK");
+    assert_eq!(send(&mut alice), 0);
+    let v: serde_json::Value =
+        serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap();
+    let bob_info = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "Bob")
+        .unwrap();
+    assert_eq!(bob_info["topics"], json!([]));
 }

@@ -245,6 +245,16 @@ impl Reader {
         if let Verdict::Fatal(code, message) =
             self.session.on_frame(env.message_type(), Instant::now())
         {
+            if env.message_type() == MessageType::Send && !self.registered {
+                // Tell the sender about its message before closing the connection.
+                let nack = Nack {
+                    ack_id: env.id,
+                    code: NackCode::NotActive,
+                    reason: "not stored: the connection has not completed its handshake (send HELLO first)".into(),
+                };
+                self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))
+                    .await;
+            }
             self.fatal(code, message).await;
             return Flow::Stop;
         }
