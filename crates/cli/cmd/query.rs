@@ -77,9 +77,7 @@ pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         return json(&agents);
     }
     if agents.is_empty() {
-        return Ok(line(
-            "no agents yet — start one with `agent-relay -n NAME <cli>`",
-        )?);
+        return Ok(line("no agents have connected yet")?);
     }
     line(format!(
         "{:<20} {:<8} {:<10} {:>7}  {:<19}  TOPICS",

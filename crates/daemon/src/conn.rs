@@ -108,9 +108,10 @@ impl Reader {
                         }
                     }
                     Ok(None) => {
-                        // Make room for the rest of a large frame without growing past it.
-                        if let Ok(Some(_)) | Err(_) = frame_len(&buf, self.cfg.max_frame_bytes) {
-                        } else if buf.len() >= 4 {
+                        // A frame is partly here and its length already passed the limit
+                        // check: make room for exactly the rest, so a large frame does not
+                        // grow the buffer step by step.
+                        if buf.len() >= 4 {
                             let want =
                                 u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 4;
                             buf.reserve(want.saturating_sub(buf.len()));

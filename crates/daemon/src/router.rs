@@ -462,7 +462,7 @@ impl Router {
                 return Err((
                     ErrorCode::NameInUse,
                     format!(
-                        "an agent named {:?} is already connected; choose another name (-n NAME) or stop the other one",
+                        "an agent named {:?} is already connected; choose another name or stop the other one",
                         hello.agent
                     ),
                 ));

@@ -3,8 +3,6 @@
 //! The length is checked against the limit *before* any buffer grows for the body, so a hostile
 //! peer announcing a 4 GiB frame costs us four bytes, not four gigabytes.
 
-use bytes::{Buf, BytesMut};
-
 use crate::Envelope;
 
 /// The largest frame body (JSON bytes, excluding the 4-byte header) either side accepts: 1 MiB.
@@ -28,35 +26,13 @@ pub enum FrameError {
     Encode(String),
 }
 
-/// Takes one complete frame body off the front of `buf`, if one is there.
+/// Length of the complete frame (header included) at the front of `buf`, if one is there;
+/// `Ok(None)` when more bytes are needed. The result does not depend on how the stream was
+/// split into reads.
 ///
-/// Returns `Ok(None)` when more bytes are needed; the caller reads more and calls again. The
-/// result does not depend on how the stream was split into reads.
-///
-/// # Errors
-/// [`FrameError::TooLarge`] as soon as a header announces more than `max` bytes.
-pub fn decode_frame(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, FrameError> {
-    if buf.len() < 4 {
-        return Ok(None);
-    }
-    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if len > max {
-        return Err(FrameError::TooLarge { len, max });
-    }
-    if buf.len() < 4 + len {
-        // Reserve only what the (already bounded) frame still needs.
-        buf.reserve(4 + len - buf.len());
-        return Ok(None);
-    }
-    buf.advance(4);
-    Ok(Some(buf.split_to(len)))
-}
-
-/// Length of the complete frame (header included) at the front of `buf`, if one is there.
-///
-/// The zero-copy form of [`decode_frame`]: parse `&buf[4..n]` in place, then drop the frame
-/// with `buf.advance(n)`. Splitting frames off instead would make the read buffer shared and
-/// force a reallocation and copy on the next read.
+/// Parse `&buf[4..n]` in place, then drop the frame with `buf.advance(n)`. (Splitting frames
+/// off a `BytesMut` instead would make the read buffer shared and force a reallocation and
+/// copy on the next read.)
 ///
 /// # Errors
 /// [`FrameError::TooLarge`] as soon as a header announces more than `max` bytes.
@@ -107,14 +83,4 @@ pub fn encode_with(
     // `len <= max`, and callers pass limits far below `u32::MAX`.
     out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(())
-}
-
-/// Encodes `env` as a complete frame in a fresh buffer (convenience for tests and tools).
-///
-/// # Errors
-/// As [`encode_frame`].
-pub fn frame_bytes(env: &Envelope) -> Result<Vec<u8>, FrameError> {
-    let mut out = Vec::with_capacity(256);
-    encode_frame(env, &mut out, MAX_FRAME_BYTES)?;
-    Ok(out)
 }

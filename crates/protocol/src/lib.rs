@@ -15,9 +15,7 @@ mod envelope;
 mod names;
 pub mod query;
 
-pub use codec::{
-    FrameError, MAX_FRAME_BYTES, decode_frame, encode_frame, encode_with, frame_bytes, frame_len,
-};
+pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, DecodeError, Delivery, DeliveryState,
     Envelope, ErrorCode, ErrorPayload, Header, Hello, Kind, MessageType, Nack, NackCode,
