@@ -292,3 +292,54 @@ fn read_takes_a_whole_short_id_but_only_long_prefixes() {
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 8"));
 }
+
+#[test]
+fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
+    // Small scale: this checks the load generator's accounting, not speed.
+    let check = |out: std::process::Output, n: u64| {
+        let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+        assert_eq!(v["accepted"], n, "{v}");
+        assert_eq!(v["delivered"], n, "{v}");
+        assert_eq!(v["lost"], 0, "{v}");
+        assert_eq!(v["duplicated"], 0, "{v}");
+        assert!(v["msgs_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{v}");
+        v
+    };
+    // A private daemon (SQLite), cumulative acknowledgements.
+    let private = std::process::Command::new(BIN)
+        .args([
+            "bench", "-s", "4", "-r", "3", "-n", "3000", "-b", "64", "--json",
+        ])
+        .output()
+        .unwrap();
+    let v = check(private, 3000);
+    assert_eq!(v["storage"], "sqlite");
+    assert!(v["daemon_peak_rss_kib"].as_u64().unwrap() > 0);
+    // A daemon we started, one ACK per message, rate-limited.
+    let relay = Relay::start();
+    let given = relay
+        .command()
+        .args([
+            "bench",
+            "-s",
+            "2",
+            "-r",
+            "2",
+            "-n",
+            "200",
+            "--rate",
+            "2000",
+            "--per-message-acks",
+            "--json",
+            "--target",
+        ])
+        .arg(&relay.socket)
+        .output()
+        .unwrap();
+    let v = check(given, 200);
+    assert_eq!(v["storage"], "external");
+    // The messages really went through that daemon's store.
+    let status: Value = serde_json::from_slice(&relay.cli(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["messages"], 200);
+}
