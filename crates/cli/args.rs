@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 const AFTER_HELP: &str = "\
 Quick start:
   agent-relay up                      start the relay for this project (in the background)
+  agent-relay -n Alice claude         run an agent under the relay (starts the relay if needed)
   agent-relay send Bob 'hello'        send a message as a person
   agent-relay history                 what was said
   agent-relay status                  is it running? how much is stored?
@@ -22,6 +23,9 @@ Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 no such message
 #[derive(Debug, Parser)]
 #[command(name = "agent-relay", version, about, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
+    /// With an agent command (`agent-relay -n Alice claude`): the agent's relay name.
+    #[arg(short = 'n', long = "name", value_name = "NAME")]
+    pub(crate) name: Option<String>,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,
@@ -51,6 +55,12 @@ pub(crate) enum Cmd {
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
+    /// Run an agent CLI under the relay: what it prints as `@relay:NAME ...` is sent, what it
+    /// receives is typed in when it is idle. Shorthand: `agent-relay -n NAME <cli> [args]`.
+    Wrap(WrapArgs),
+    /// `agent-relay [-n NAME] <cli> [args]`: the same as `wrap`.
+    #[command(external_subcommand)]
+    Agent(Vec<String>),
 }
 
 /// `--json` alone.
@@ -176,6 +186,24 @@ pub(crate) struct HistoryArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `agent-relay wrap`.
+#[derive(Debug, Args)]
+pub(crate) struct WrapArgs {
+    /// The agent's relay name (default: a generated one, printed).
+    #[arg(short = 'n', long)]
+    pub(crate) name: Option<String>,
+    /// How to read the agent's screen: claude, codex, gemini, shell or generic (default: from
+    /// the command's name).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) profile: Option<String>,
+    /// Do not pass this terminal's keystrokes to the agent (it gets relayed messages only).
+    #[arg(long)]
+    pub(crate) no_input: bool,
+    /// The agent command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub(crate) command: Vec<String>,
 }
 
 /// `agent-relay bench`.

@@ -58,7 +58,10 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
 /// Prints `err` (unless it is a closed pipe) and returns its exit code.
 pub(crate) fn report(err: &anyhow::Error) -> i32 {
     let code = code_of(err);
-    if code != 0 {
+    let silent = err
+        .downcast_ref::<Coded>()
+        .is_some_and(|c| c.message.is_empty());
+    if code != 0 && !silent {
         let mut stderr = std::io::stderr().lock();
         let _ = writeln!(stderr, "agent-relay: {err:#}");
     }

@@ -8,3 +8,4 @@ mod crash;
 mod parse;
 mod protocol;
 mod support;
+mod wrap;

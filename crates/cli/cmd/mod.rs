@@ -4,7 +4,8 @@ mod bench;
 pub(crate) mod parse;
 mod query;
 mod send;
-mod up;
+pub(crate) mod up;
+mod wrap;
 
 use std::path::Path;
 
@@ -25,6 +26,19 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Down(args) => up::down(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        Cmd::Wrap(mut args) => {
+            args.name = args.name.or(cli.name);
+            exit_with(wrap::wrap(&paths, args)?)
+        }
+        Cmd::Agent(command) => {
+            let args = crate::args::WrapArgs {
+                name: cli.name,
+                profile: None,
+                no_input: false,
+                command,
+            };
+            exit_with(wrap::wrap(&paths, args)?)
+        }
         cmd => {
             init_logging("warn");
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -38,10 +52,25 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
-                    Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) => Ok(()),
+                    Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) | Cmd::Wrap(_) | Cmd::Agent(_) => {
+                        Ok(())
+                    }
                 }
             })
         }
+    }
+}
+
+/// The wrapped agent's exit code becomes ours.
+fn exit_with(code: i32) -> anyhow::Result<()> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(crate::exit::Coded {
+            code,
+            message: String::new(),
+        }
+        .into())
     }
 }
 

@@ -100,8 +100,25 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     if args.foreground {
         return foreground(paths, args);
     }
+    match start_background(paths, args)? {
+        Started::Already(pid) => print_running(paths, pid, true, args.json),
+        Started::Now(pid) => print_running(paths, pid, false, args.json),
+    }
+}
+
+/// Whether [`start_background`] found a daemon or started one.
+pub(crate) enum Started {
+    /// One was running (its pid).
+    Already(u32),
+    /// One was started (its pid).
+    Now(u32),
+}
+
+/// Starts the daemon in the background unless one runs, and returns once it accepts
+/// connections. Used by `up` and by the wrapper (which starts the relay rather than fail).
+pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<Started> {
     if let Some(pid) = running_pid(paths)? {
-        return print_running(paths, pid, true, args.json);
+        return Ok(Started::Already(pid));
     }
     make_data_dir(&paths.data_dir)?;
     let log = OpenOptions::new()
@@ -144,7 +161,7 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    print_running(paths, child.id(), false, args.json)
+    Ok(Started::Now(child.id()))
 }
 
 fn log_tail(path: &Path, from: u64) -> String {

@@ -473,6 +473,12 @@ impl Scanner {
             Pending::Inline { indent, .. } | Pending::Echo { indent } => *indent,
         };
         let echo = matches!(self.pending, Pending::Echo { .. });
+        if echo && !self.injected.is_empty() {
+            // The wrapper told us what it typed: only pieces of that text (a TUI wrapping the
+            // echoed prompt) continue the echo. A plain agent's answer on the very next line
+            // is its own output, and may be a directive.
+            return !s.blank && s.indent >= indent && self.is_injected_echo(s.rest);
+        }
         !(s.blank
             || prompt
             || is_marker_line(s.text)
@@ -729,6 +735,35 @@ mod tests {
         ];
         assert_eq!(scan(&lines), [msg("Bob", "real")]);
         assert!(scan(&["Relay message from Alice: @relay:Bob x"]).is_empty());
+    }
+
+    #[test]
+    fn an_answer_right_after_a_noted_echo_is_read() {
+        let mut s = Scanner::new(Profile::generic());
+        let injected = "Relay message from Alice [01M]: hello from alice";
+        s.note_injected(injected);
+        let mut out = Vec::new();
+        for (row, text) in [
+            injected,
+            "got: Relay message from Alice [01M]: hello from alice",
+            "@relay:Alice thanks",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let line = CommittedLine {
+                row: row as u64,
+                text: text.into(),
+                code: Vec::new(),
+                seen: false,
+            };
+            s.line(&line, 0, &mut out);
+        }
+        s.flush(&mut out);
+        assert_eq!(
+            out.iter().map(|f| f.directive.clone()).collect::<Vec<_>>(),
+            [msg("Alice", "thanks")]
+        );
     }
 
     #[test]

@@ -1,0 +1,212 @@
+//! The wrapper: agents run in real PTYs under `agent-relay`, talking through a real daemon.
+
+use std::io::Read;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{BIN, Relay, ok_stdout, wait_for};
+
+const BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; exit 0;;
+  esac
+done
+"#;
+
+const ALICE: &str = r#"echo "@relay:Bob hello from alice"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"Relay message from Bob"*) exit 7;; esac
+done
+"#;
+
+fn output_of(mut child: Child) -> (i32, String) {
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = child.wait().unwrap();
+    (status.code().unwrap_or(-1), out)
+}
+
+#[test]
+fn two_wrapped_agents_talk_through_the_relay() {
+    let relay = Relay::start();
+    std::fs::write(relay.dir.path().join("bob.sh"), BOB).unwrap();
+    std::fs::write(relay.dir.path().join("alice.sh"), ALICE).unwrap();
+    let bob = relay
+        .command()
+        .args(["wrap", "--no-input", "-n", "Bob", "--", "sh", "bob.sh"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(20), "Bob is connected", || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array()
+            .is_some_and(|a| a.iter().any(|x| x["name"] == "Bob" && x["online"] == true))
+    });
+    // The shorthand form, with no terminal on stdin.
+    let alice = relay
+        .command()
+        .args(["-n", "Alice", "sh", "alice.sh"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (alice_code, alice_out) = output_of(alice);
+    let (bob_code, bob_out) = output_of(bob);
+    assert!(
+        bob_out.contains("I am Bob"),
+        "the agent gets AGENT_RELAY_NAME:\n{bob_out}"
+    );
+    // Bob's agent received Alice's directive as typed input, in the relay's format.
+    assert!(
+        bob_out.contains("got: Relay message from Alice [")
+            && bob_out.contains("]: hello from alice"),
+        "{bob_out}"
+    );
+    assert!(
+        alice_out.contains("got: Relay message from Bob [")
+            && alice_out.contains("]: thanks for the hello"),
+        "{alice_out}"
+    );
+    assert_eq!(alice_code, 7, "the agent's exit code is the wrapper's");
+    assert_eq!(bob_code, 0);
+    // Each directive was relayed exactly once (the echoes were not relayed again).
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let pairs: Vec<(String, String, String)> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["from"].as_str().unwrap().to_owned(),
+                m["to"].as_str().unwrap().to_owned(),
+                m["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![
+            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
+            ("Alice".into(), "Bob".into(), "hello from alice".into()),
+        ]
+    );
+}
+
+#[test]
+fn the_wrapper_starts_the_relay_when_it_is_not_running() {
+    let dir = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .env("AGENT_RELAY_DATA_DIR", dir.path().join("data"))
+            .env("AGENT_RELAY_SOCKET", dir.path().join("r.sock"))
+            .env_remove("AGENT_RELAY_STORAGE_PATH")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&["-n", "Solo", "sh", "-c", "echo working; exit 3"]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("working"));
+    let status: Value = serde_json::from_str(&ok_stdout(&run(&["status", "--json"]))).unwrap();
+    assert_eq!(status["running"], true);
+    assert_eq!(status["known_agents"], 1);
+    ok_stdout(&run(&["down"]));
+}
+
+/// A person at a real terminal (a private tmux server): keystrokes reach the agent, and the
+/// terminal is back in its normal mode once the wrapper exits.
+#[test]
+fn keystrokes_pass_through_and_the_terminal_is_restored() {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let script = dir.join("person.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
+             '{bin}' -n Carol sh -c 'read x; echo \"you typed $x\"; sleep 1'\n\
+             echo \"wrapper exit $?\"\n\
+             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'\n\
+             sleep 60\n",
+            data = relay.data_dir().display(),
+            sock = relay.socket.display(),
+            bin = BIN,
+            stty = dir.join("stty.txt").display(),
+        ),
+    )
+    .unwrap();
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .env("TMUX_TMPDIR", dir)
+            .args(["-L", "relaytest"])
+            .args(args)
+            .output()
+            .expect("tmux is installed (.ci/run installs it)")
+    };
+    let started = tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        "sh",
+        script.to_str().unwrap(),
+    ]);
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    wait_for(Duration::from_secs(20), "Carol is connected", || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == "Carol" && x["online"] == true)
+        })
+    });
+    tmux(&["send-keys", "-l", "hello there"]);
+    tmux(&["send-keys", "Enter"]);
+    wait_for(
+        Duration::from_secs(20),
+        "the agent echoes what was typed",
+        || pane().contains("you typed hello there"),
+    );
+    let stty = dir.join("stty.txt");
+    wait_for(Duration::from_secs(20), "the wrapper exits", || {
+        stty.exists()
+    });
+    let pane_text = pane();
+    assert!(pane_text.contains("wrapper exit 0"), "{pane_text}");
+    let modes = std::fs::read_to_string(&stty).unwrap();
+    let words: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig", "icrnl"] {
+        assert!(
+            words.contains(&mode),
+            "terminal not restored: {mode} is off\n{modes}"
+        );
+    }
+    tmux(&["kill-server"]);
+}
