@@ -210,3 +210,96 @@ fn keystrokes_pass_through_and_the_terminal_is_restored() {
     }
     tmux(&["kill-server"]);
 }
+
+/// Stopping the wrapper with SIGTERM stops the agent and gives the terminal back as it was.
+#[test]
+fn a_signal_to_the_wrapper_restores_the_terminal() {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let stty = dir.join("stty-term.txt");
+    let script = dir.join("term.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
+             '{bin}' -n Eve sleep 59\n\
+             echo \"wrapper exit $?\"\n\
+             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'\n\
+             sleep 60\n",
+            data = relay.data_dir().display(),
+            sock = relay.socket.display(),
+            bin = BIN,
+            stty = stty.display(),
+        ),
+    )
+    .unwrap();
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .env("TMUX_TMPDIR", dir)
+            .args(["-L", "relaysig"])
+            .args(args)
+            .output()
+            .expect("tmux is installed (.ci/run installs it)")
+    };
+    assert!(
+        tmux(&[
+            "new-session",
+            "-d",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            "sh",
+            script.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    wait_for(Duration::from_secs(20), "Eve is connected", || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array()
+            .is_some_and(|a| a.iter().any(|x| x["name"] == "Eve" && x["online"] == true))
+    });
+    let agent_running = || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-f", "^sleep 59$"])
+            .output()
+            .unwrap();
+        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+    };
+    wait_for(Duration::from_secs(20), "the agent runs", agent_running);
+    let pids = std::process::Command::new("pgrep")
+        .args(["-f", "--", "-n Eve sleep 59"])
+        .output()
+        .unwrap();
+    let pid: i32 = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::Term,
+    )
+    .unwrap();
+    wait_for(Duration::from_secs(20), "the wrapper exits", || {
+        stty.exists()
+    });
+    let modes = std::fs::read_to_string(&stty).unwrap();
+    let words: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig", "icrnl"] {
+        assert!(
+            words.contains(&mode),
+            "terminal not restored: {mode} is off\n{modes}"
+        );
+    }
+    // The agent went with it.
+    wait_for(Duration::from_secs(10), "the agent is gone", || {
+        !agent_running()
+    });
+    tmux(&["kill-server"]);
+}

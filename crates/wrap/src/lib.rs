@@ -168,8 +168,14 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     } else {
         drop(keys_tx);
     }
-    let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
-        .map_err(|e| WrapError::Terminal(e.to_string()))?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let signal_of = |kind| signal(kind).map_err(|e| WrapError::Terminal(e.to_string()));
+    let mut winch = signal_of(SignalKind::window_change())?;
+    // Stopping the wrapper stops the agent and, through `RawMode`'s drop, gives the person
+    // their terminal back as it was.
+    let mut term = signal_of(SignalKind::terminate())?;
+    let mut hup = signal_of(SignalKind::hangup())?;
+    let mut stopped = false;
     let mut parser = Parser::new(cfg.profile.clone());
     parser.set_rows(usize::from(rows));
     let mut injector: Injector<Delivered> = Injector::new(cfg.timing, Instant::now());
@@ -207,6 +213,8 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 }
             },
             Some(k) = keys.recv() => pty.write(k).await?,
+            _ = term.recv() => { stopped = true; break; }
+            _ = hup.recv() => { stopped = true; break; }
             _ = winch.recv() => {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
@@ -237,6 +245,11 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     }
     for d in parser.finish() {
         send_directive(&client, d).await;
+    }
+    let mut pty = pty;
+    if stopped {
+        tracing::info!("stopped by a signal: ending the agent");
+        pty.kill();
     }
     let code = tokio::task::spawn_blocking(move || pty.wait())
         .await

@@ -122,6 +122,11 @@ impl Pty {
             .map_err(|e| pty_err("cannot resize", e))
     }
 
+    /// Ends the agent (the wrapper is being stopped).
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
     /// Waits for the agent to exit; its exit code.
     pub(crate) fn wait(mut self) -> Result<i32, WrapError> {
         let status = self
