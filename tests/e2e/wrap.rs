@@ -303,3 +303,133 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
     });
     tmux(&["kill-server"]);
 }
+
+#[test]
+fn a_refused_message_comes_back_to_the_agent_as_a_notice() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    std::fs::write(
+        relay.dir.path().join("typo.sh"),
+        r#"echo "@relay:Bobb are you there?"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"was not sent"*) exit 5;; esac
+done
+"#,
+    )
+    .unwrap();
+    let out = relay
+        .command()
+        .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "typo.sh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{text}");
+    assert!(
+        text.contains("got: relay: your message to Bobb was not sent: no agent named \"Bobb\"; known: Alice, Bob"),
+        "{text}"
+    );
+    // Nothing was stored, and the notice's echo was not sent anywhere either.
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
+}
+
+/// A person's half-written line is never typed over: the relayed message waits until the
+/// line is submitted, then follows it.
+#[test]
+fn a_message_waits_for_the_person_to_finish_their_line() {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let script = dir.join("frank.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
+             '{bin}' -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'\n\
+             sleep 60\n",
+            data = relay.data_dir().display(),
+            sock = relay.socket.display(),
+            bin = BIN,
+        ),
+    )
+    .unwrap();
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .env("TMUX_TMPDIR", dir)
+            .args(["-L", "relayperson"])
+            .args(args)
+            .output()
+            .expect("tmux is installed (.ci/run installs it)")
+    };
+    assert!(
+        tmux(&[
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            "sh",
+            script.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    wait_for(Duration::from_secs(20), "Frank is connected", || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == "Frank" && x["online"] == true)
+        })
+    });
+    tmux(&["send-keys", "-l", "half a thought"]);
+    wait_for(Duration::from_secs(10), "the typing shows", || {
+        pane().contains("half a thought")
+    });
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        "Frank",
+        "hello frank",
+        "--json",
+    ])))
+    .unwrap();
+    let id = sent["id"].as_str().unwrap().to_owned();
+    let status = || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap_or_default();
+        v["deliveries"][0]["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    // Well past the quiet time the wrapper needs before typing: still held back.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(status(), "queued");
+    assert!(
+        !pane().contains("Relay message"),
+        "typed over the person:\n{}",
+        pane()
+    );
+    tmux(&["send-keys", "Enter"]);
+    wait_for(
+        Duration::from_secs(20),
+        "the message follows the person's line",
+        || pane().contains("got: Relay message from human ["),
+    );
+    let text = pane();
+    let mine = text
+        .find("got: half a thought")
+        .expect("the person's line reached the agent");
+    let relayed = text.find("got: Relay message from human [").unwrap();
+    assert!(mine < relayed, "{text}");
+    wait_for(
+        Duration::from_secs(10),
+        "the delivery is acknowledged",
+        || status() == "acked",
+    );
+    tmux(&["kill-server"]);
+}

@@ -2,9 +2,9 @@
 //! told about output and time, and answers what to write.
 //!
 //! One message at a time: wait until the agent's output has been quiet for the profile's
-//! time, type the text, wait a moment, then press Enter as a separate write (agents that get
-//! text and Enter in one write often leave the text unsubmitted), and only then report the
-//! message as handed over.
+//! time and the person at the terminal has no half-written line, type the text, wait a
+//! moment, then press Enter as a separate write (agents that get text and Enter in one write
+//! often leave the text unsubmitted), and only then report the message as handed over.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -40,6 +40,8 @@ pub struct Injector<T> {
     queue: VecDeque<(String, T)>,
     state: State<T>,
     last_output: Instant,
+    /// Characters the person has typed on the current input line (0: nothing pending).
+    person_line: usize,
 }
 
 impl<T> Injector<T> {
@@ -50,6 +52,23 @@ impl<T> Injector<T> {
             queue: VecDeque::new(),
             state: State::Idle,
             last_output: now,
+            person_line: 0,
+        }
+    }
+
+    /// The person typed `bytes` at `now` (they go to the agent). A line in progress holds every
+    /// injection back until it is submitted (Enter) or cleared (Ctrl-C, Ctrl-U, backspaced
+    /// away): the relay never types into the middle of someone's sentence.
+    pub fn on_person_input(&mut self, bytes: &[u8], now: Instant) {
+        self.last_output = now;
+        for &b in bytes {
+            match b {
+                b'\r' | b'\n' | 0x03 | 0x15 => self.person_line = 0,
+                0x7f | 0x08 => self.person_line = self.person_line.saturating_sub(1),
+                // Anything else (letters, escape sequences of arrow keys...) means the person is
+                // at the line; only submitting or clearing it gives the terminal back.
+                _ => self.person_line += 1,
+            }
         }
     }
 
@@ -79,7 +98,8 @@ impl<T> Injector<T> {
                 None
             }
             State::Idle => {
-                if now.duration_since(self.last_output) < self.timing.quiet {
+                if self.person_line > 0 || now.duration_since(self.last_output) < self.timing.quiet
+                {
                     return None;
                 }
                 let (text, item) = self.queue.pop_front()?;
@@ -93,6 +113,41 @@ impl<T> Injector<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_half_written_line_holds_injection_back_until_submitted_or_cleared() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1);
+        inj.on_person_input(b"half", ms(0));
+        assert_eq!(inj.poll(ms(10_000)), None, "never types over a person");
+        inj.on_person_input(b"\x7f\x7f\x7f", ms(10_000));
+        assert_eq!(inj.poll(ms(20_000)), None, "one character left");
+        inj.on_person_input(b"\x7f", ms(20_000));
+        assert_eq!(
+            inj.poll(ms(20_600)),
+            Some(Action::Type("msg".into())),
+            "line cleared"
+        );
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1);
+        inj.on_person_input(b"ls -l\r", ms(0));
+        assert_eq!(inj.poll(ms(400)), None, "still the quiet time");
+        assert_eq!(
+            inj.poll(ms(600)),
+            Some(Action::Type("msg".into())),
+            "line submitted"
+        );
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1);
+        inj.on_person_input(b"oops\x15", ms(0));
+        assert_eq!(
+            inj.poll(ms(600)),
+            Some(Action::Type("msg".into())),
+            "Ctrl-U cleared it"
+        );
+    }
 
     fn timing() -> Timing {
         Timing {

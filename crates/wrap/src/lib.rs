@@ -98,7 +98,24 @@ fn terminal_size() -> (u16, u16) {
     }
 }
 
-async fn send_directive(client: &Client, d: Directive) {
+/// What the injector types: a relayed message (acknowledged once typed) or a notice from the
+/// relay itself (a refusal the agent should learn about).
+enum Typed {
+    Message(Box<Delivered>),
+    Notice,
+}
+
+/// The notice typed into the agent when the relay refuses one of its messages.
+fn refusal_notice(to: &str, reason: &str) -> String {
+    let reason: String = reason
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(300)
+        .collect();
+    format!("relay: your message to {to} was not sent: {reason}")
+}
+
+async fn send_directive(client: &Client, d: Directive, notices: &mpsc::UnboundedSender<String>) {
     let to = match d.to {
         Target::Agent(name) => name,
         Target::Broadcast => "*".to_owned(),
@@ -116,14 +133,19 @@ async fn send_directive(client: &Client, d: Directive) {
             budget: None,
         },
     };
-    // The receipt is awaited off the loop; a refusal is logged (typing it back into the
-    // agent's terminal is the next step for the wrapper).
+    // The receipt is awaited off the loop; a refusal goes back to the agent as a notice, so it
+    // learns (a misspelt name, a message too large...).
     match client.send_nowait(msg).await {
         Ok((id, pending)) => {
+            let notices = notices.clone();
             tokio::spawn(async move {
                 match pending.wait().await {
                     Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
-                    Err(e) => tracing::warn!(%id, %to, error = %e, "relay refused a message"),
+                    Err(ClientError::Rejected { reason, .. }) => {
+                        tracing::warn!(%id, %to, %reason, "relay refused a message");
+                        let _ = notices.send(refusal_notice(&to, &reason));
+                    }
+                    Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
                 }
             });
         }
@@ -178,7 +200,8 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     let mut stopped = false;
     let mut parser = Parser::new(cfg.profile.clone());
     parser.set_rows(usize::from(rows));
-    let mut injector: Injector<Delivered> = Injector::new(cfg.timing, Instant::now());
+    let mut injector: Injector<Typed> = Injector::new(cfg.timing, Instant::now());
+    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let mut last_output = Instant::now();
     let mut settled = true;
     let mut relay_open = true;
@@ -195,7 +218,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 last_output = now;
                 settled = false;
                 for d in parser.feed(&bytes) {
-                    send_directive(&client, d).await;
+                    send_directive(&client, d, &notice_tx).await;
                 }
             }
             ev = client.next_event(), if relay_open => match ev {
@@ -203,7 +226,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                     let text = format::injected_text(
                         &m.from, &m.id, m.payload.thread.as_deref(), &m.payload.body, cfg.max_body,
                     );
-                    injector.push(text, m);
+                    injector.push(text, Typed::Message(Box::new(m)));
                 }
                 Some(other) => tracing::debug!(?other, "relay event"),
                 None => {
@@ -212,7 +235,11 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                     relay_open = false;
                 }
             },
-            Some(k) = keys.recv() => pty.write(k).await?,
+            Some(k) = keys.recv() => {
+                injector.on_person_input(&k, Instant::now());
+                pty.write(k).await?;
+            }
+            Some(notice) = notices.recv() => injector.push(notice, Typed::Notice),
             _ = term.recv() => { stopped = true; break; }
             _ = hup.recv() => { stopped = true; break; }
             _ = winch.recv() => {
@@ -225,7 +252,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 if !settled && now.duration_since(last_output) >= cfg.settle_after {
                     settled = true;
                     for d in parser.settle() {
-                        send_directive(&client, d).await;
+                        send_directive(&client, d, &notice_tx).await;
                     }
                 }
                 while let Some(action) = injector.poll(now) {
@@ -234,9 +261,11 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                             parser.note_injected(&text);
                             pty.write(text.into_bytes()).await?;
                         }
-                        Action::Submit(m) => {
+                        Action::Submit(item) => {
                             pty.write(b"\r".to_vec()).await?;
-                            let _ = client.ack(&m, None).await;
+                            if let Typed::Message(m) = item {
+                                let _ = client.ack(&m, None).await;
+                            }
                         }
                     }
                 }
@@ -244,7 +273,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
         }
     }
     for d in parser.finish() {
-        send_directive(&client, d).await;
+        send_directive(&client, d, &notice_tx).await;
     }
     let mut pty = pty;
     if stopped {
