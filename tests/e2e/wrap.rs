@@ -433,3 +433,81 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
     );
     tmux(&["kill-server"]);
 }
+
+#[test]
+fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
+    let relay = Relay::start();
+    std::fs::write(
+        relay.dir.path().join("paste.py"),
+        "import sys\n\
+         sys.stdout.write('\\x1b[?2004hready\\r\\n'); sys.stdout.flush()\n\
+         line = sys.stdin.readline()\n\
+         print('raw:', repr(line)); sys.stdout.flush()\n",
+    )
+    .unwrap();
+    let agent = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "-n",
+            "Paula",
+            "--",
+            "python3",
+            "paste.py",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(20), "Paula is connected", || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == "Paula" && x["online"] == true)
+        })
+    });
+    ok_stdout(&relay.cli(&["send", "Paula", "pasted text"]));
+    let (code, out) = output_of(agent);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(r"raw: '\x1b[200~Relay message from human [")
+            && out.contains(r"]: pasted text\x1b[201~\n'"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
+    let mut relay = Relay::start();
+    let agent = relay
+        .command()
+        .args(["wrap", "--no-input", "-n", "Gus", "--", "sh", "-c"])
+        .arg(r#"while IFS= read -r l; do echo "got: $l"; case "$l" in *"after the restart"*) exit 0;; esac; done"#)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let online = |relay: &Relay| {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+        v.as_array()
+            .is_some_and(|a| a.iter().any(|x| x["name"] == "Gus" && x["online"] == true))
+    };
+    wait_for(Duration::from_secs(20), "Gus is connected", || {
+        online(&relay)
+    });
+    relay.kill9();
+    relay.spawn();
+    wait_for(Duration::from_secs(30), "Gus reconnects by itself", || {
+        online(&relay)
+    });
+    ok_stdout(&relay.cli(&["send", "Gus", "after the restart"]));
+    let (code, out) = output_of(agent);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("got: Relay message from human [") && out.contains("]: after the restart"),
+        "{out}"
+    );
+}

@@ -51,9 +51,67 @@ pub fn injected_text(
     text
 }
 
+/// Follows whether the agent has turned bracketed paste on (`ESC[?2004h`) or off
+/// (`ESC[?2004l`) in its output, across chunk boundaries.
+#[derive(Debug, Default)]
+pub struct PasteMode {
+    on: bool,
+    tail: Vec<u8>,
+}
+
+const PASTE_ON: &[u8] = b"\x1b[?2004h";
+const PASTE_OFF: &[u8] = b"\x1b[?2004l";
+
+impl PasteMode {
+    /// Notes a chunk of the agent's output.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(bytes);
+        // The last marker in the output decides.
+        let last = |m: &[u8]| window.windows(m.len()).rposition(|w| w == m);
+        match (last(PASTE_ON), last(PASTE_OFF)) {
+            (Some(a), Some(b)) => self.on = a > b,
+            (Some(_), None) => self.on = true,
+            (None, Some(_)) => self.on = false,
+            (None, None) => {}
+        }
+        let keep = window.len().saturating_sub(PASTE_ON.len() - 1);
+        self.tail = window.split_off(keep);
+    }
+
+    /// Whether the agent currently wants pastes bracketed.
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// `text` as the agent should receive it: bracketed when it asked for that.
+    pub fn wrap(&self, text: &str) -> Vec<u8> {
+        if self.on {
+            [b"\x1b[200~", text.as_bytes(), b"\x1b[201~"].concat()
+        } else {
+            text.as_bytes().to_vec()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paste_mode_follows_the_agent_across_chunks() {
+        let mut p = PasteMode::default();
+        assert_eq!(p.wrap("x"), b"x");
+        p.feed(b"hello \x1b[?20");
+        assert!(!p.is_on());
+        p.feed(b"04h prompt");
+        assert!(p.is_on());
+        assert_eq!(p.wrap("x"), b"\x1b[200~x\x1b[201~");
+        p.feed(b"\x1b[?2004l\x1b[?2004h\x1b[?2004l");
+        assert!(!p.is_on(), "the last marker wins");
+        p.feed(b"\x1b[?2004h");
+        assert!(p.is_on());
+    }
 
     #[test]
     fn shape_and_short_id() {

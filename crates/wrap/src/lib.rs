@@ -198,6 +198,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     let mut term = signal_of(SignalKind::terminate())?;
     let mut hup = signal_of(SignalKind::hangup())?;
     let mut stopped = false;
+    let mut paste = format::PasteMode::default();
     let mut parser = Parser::new(cfg.profile.clone());
     parser.set_rows(usize::from(rows));
     let mut injector: Injector<Typed> = Injector::new(cfg.timing, Instant::now());
@@ -214,6 +215,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 // The person sees exactly what the agent printed.
                 let _ = stdout.write_all(&bytes).and_then(|()| stdout.flush());
                 let now = Instant::now();
+                paste.feed(&bytes);
                 injector.on_output(now);
                 last_output = now;
                 settled = false;
@@ -259,7 +261,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                     match action {
                         Action::Type(text) => {
                             parser.note_injected(&text);
-                            pty.write(text.into_bytes()).await?;
+                            pty.write(paste.wrap(&text)).await?;
                         }
                         Action::Submit(item) => {
                             pty.write(b"\r".to_vec()).await?;
