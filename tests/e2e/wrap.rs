@@ -511,3 +511,98 @@ fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart
         "{out}"
     );
 }
+
+fn wait_online(relay: &Relay, name: &str) {
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{name} is connected"),
+        || {
+            let v: Value = serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout)
+                .unwrap_or_default();
+            v.as_array()
+                .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
+        },
+    );
+}
+
+/// A wrapped agent that prints what it reads and exits once it has read `until`.
+fn listener(relay: &Relay, name: &str, until: &str) -> Child {
+    relay
+        .command()
+        .args(["wrap", "--no-input", "-n", name, "--", "sh", "-c"])
+        .arg(format!(
+            r#"while IFS= read -r l; do echo "got: $l"; case "$l" in *"{until}"*) exit 0;; esac; done"#
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_broadcast_reaches_three_wrapped_agents_once_each() {
+    let relay = Relay::start();
+    let listeners: Vec<(&str, Child)> = ["Carol", "Dave", "Erin"]
+        .into_iter()
+        .map(|n| (n, listener(&relay, n, "all hands")))
+        .collect();
+    for (n, _) in &listeners {
+        wait_online(&relay, n);
+    }
+    let alice = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "-n",
+            "Alice",
+            "--",
+            "sh",
+            "-c",
+            "echo '@relay:* all hands at noon'",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(alice.status.success());
+    for (n, child) in listeners {
+        let (code, out) = output_of(child);
+        assert_eq!(code, 0, "{n}: {out}");
+        assert_eq!(
+            out.matches("got: Relay message from Alice [").count(),
+            1,
+            "{n}: {out}"
+        );
+        assert!(out.contains("]: all hands at noon"), "{n}: {out}");
+    }
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let h = h.as_array().unwrap();
+    assert_eq!(h.len(), 1, "stored once: {h:?}");
+    assert_eq!(h[0]["to"], "*");
+    assert_eq!(h[0]["deliveries"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn an_agent_started_after_a_message_was_sent_for_it_still_gets_it() {
+    let relay = Relay::start();
+    {
+        // Hank has been here before, so messages for him are kept while he is away.
+        let (mut hank, _) = relay.agent("Hank");
+        hank.send_env("BYE", serde_json::json!({}), serde_json::json!({}));
+        assert!(hank.closed());
+    }
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        "Hank",
+        "while you were out",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(sent["status"], "queued");
+    let (code, out) = output_of(listener(&relay, "Hank", "while you were out"));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("got: Relay message from human [") && out.contains("]: while you were out"),
+        "{out}"
+    );
+}

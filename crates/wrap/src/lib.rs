@@ -207,6 +207,7 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     let mut settled = true;
     let mut relay_open = true;
     let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stdout = std::io::stdout();
     loop {
         tokio::select! {
@@ -249,7 +250,9 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 pty.resize(r, c)?;
                 parser.set_rows(usize::from(r));
             }
-            _ = tick.tick() => {
+            // Only while something waits (unread output or a queued message): an idle agent
+            // costs the wrapper no wake-ups.
+            _ = tick.tick(), if !settled || injector.pending() > 0 => {
                 let now = Instant::now();
                 if !settled && now.duration_since(last_output) >= cfg.settle_after {
                     settled = true;
