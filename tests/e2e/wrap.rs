@@ -24,6 +24,49 @@ while IFS= read -r line; do
 done
 "#;
 
+/// Runs a tmux command on a private server (`-L server`, sockets under `dir`).
+fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("tmux")
+        .env("TMUX_TMPDIR", dir)
+        .args(["-L", server])
+        .args(args)
+        .output()
+        .expect("tmux is installed (.ci/run installs it)")
+}
+
+/// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with
+/// this relay's environment: a person's terminal. `{bin}` in `commands` is the binary.
+fn person_terminal(relay: &Relay, server: &str, commands: &str) {
+    let dir = relay.dir.path();
+    let script = dir.join(format!("{server}.sh"));
+    let body = format!(
+        "#!/bin/sh\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}'\n{}\nsleep 60\n",
+        relay.data_dir().display(),
+        relay.socket.display(),
+        commands.replace("{bin}", &format!("'{BIN}'")),
+    );
+    std::fs::write(&script, body).unwrap();
+    let out = tmux_in(
+        dir,
+        server,
+        &[
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            "sh",
+            script.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn output_of(mut child: Child) -> (i32, String) {
     let mut out = String::new();
     child
@@ -48,12 +91,7 @@ fn two_wrapped_agents_talk_through_the_relay() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(Duration::from_secs(20), "Bob is connected", || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array()
-            .is_some_and(|a| a.iter().any(|x| x["name"] == "Bob" && x["online"] == true))
-    });
+    wait_online(&relay, "Bob");
     // The shorthand form, with no terminal on stdin.
     let alice = relay
         .command()
@@ -138,55 +176,20 @@ fn the_wrapper_starts_the_relay_when_it_is_not_running() {
 fn keystrokes_pass_through_and_the_terminal_is_restored() {
     let relay = Relay::start();
     let dir = relay.dir.path();
-    let script = dir.join("person.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n\
-             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
-             '{bin}' -n Carol sh -c 'read x; echo \"you typed $x\"; sleep 1'\n\
+    let stty_file = dir.join("stty.txt");
+    person_terminal(
+        &relay,
+        "relaytest",
+        &format!(
+            "{{bin}} -n Carol sh -c 'read x; echo \"you typed $x\"; sleep 1'\n\
              echo \"wrapper exit $?\"\n\
-             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'\n\
-             sleep 60\n",
-            data = relay.data_dir().display(),
-            sock = relay.socket.display(),
-            bin = BIN,
-            stty = dir.join("stty.txt").display(),
+             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'",
+            stty = stty_file.display(),
         ),
-    )
-    .unwrap();
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .env("TMUX_TMPDIR", dir)
-            .args(["-L", "relaytest"])
-            .args(args)
-            .output()
-            .expect("tmux is installed (.ci/run installs it)")
-    };
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "100",
-        "-y",
-        "30",
-        "sh",
-        script.to_str().unwrap(),
-    ]);
-    assert!(
-        started.status.success(),
-        "{}",
-        String::from_utf8_lossy(&started.stderr)
     );
+    let tmux = |args: &[&str]| tmux_in(dir, "relaytest", args);
     let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
-    wait_for(Duration::from_secs(20), "Carol is connected", || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|x| x["name"] == "Carol" && x["online"] == true)
-        })
-    });
+    wait_online(&relay, "Carol");
     tmux(&["send-keys", "-l", "hello there"]);
     tmux(&["send-keys", "Enter"]);
     wait_for(
@@ -194,7 +197,7 @@ fn keystrokes_pass_through_and_the_terminal_is_restored() {
         "the agent echoes what was typed",
         || pane().contains("you typed hello there"),
     );
-    let stty = dir.join("stty.txt");
+    let stty = stty_file;
     wait_for(Duration::from_secs(20), "the wrapper exits", || {
         stty.exists()
     });
@@ -217,51 +220,18 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
     let relay = Relay::start();
     let dir = relay.dir.path();
     let stty = dir.join("stty-term.txt");
-    let script = dir.join("term.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n\
-             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
-             '{bin}' -n Eve sleep 59\n\
+    person_terminal(
+        &relay,
+        "relaysig",
+        &format!(
+            "{{bin}} -n Eve sleep 59\n\
              echo \"wrapper exit $?\"\n\
-             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'\n\
-             sleep 60\n",
-            data = relay.data_dir().display(),
-            sock = relay.socket.display(),
-            bin = BIN,
+             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'",
             stty = stty.display(),
         ),
-    )
-    .unwrap();
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .env("TMUX_TMPDIR", dir)
-            .args(["-L", "relaysig"])
-            .args(args)
-            .output()
-            .expect("tmux is installed (.ci/run installs it)")
-    };
-    assert!(
-        tmux(&[
-            "new-session",
-            "-d",
-            "-x",
-            "100",
-            "-y",
-            "30",
-            "sh",
-            script.to_str().unwrap()
-        ])
-        .status
-        .success()
     );
-    wait_for(Duration::from_secs(20), "Eve is connected", || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array()
-            .is_some_and(|a| a.iter().any(|x| x["name"] == "Eve" && x["online"] == true))
-    });
+    let tmux = |args: &[&str]| tmux_in(dir, "relaysig", args);
+    wait_online(&relay, "Eve");
     let agent_running = || {
         let out = std::process::Command::new("pgrep")
             .args(["-f", "^sleep 59$"])
@@ -341,51 +311,14 @@ done
 fn a_message_waits_for_the_person_to_finish_their_line() {
     let relay = Relay::start();
     let dir = relay.dir.path();
-    let script = dir.join("frank.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n\
-             export AGENT_RELAY_DATA_DIR='{data}' AGENT_RELAY_SOCKET='{sock}'\n\
-             '{bin}' -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'\n\
-             sleep 60\n",
-            data = relay.data_dir().display(),
-            sock = relay.socket.display(),
-            bin = BIN,
-        ),
-    )
-    .unwrap();
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .env("TMUX_TMPDIR", dir)
-            .args(["-L", "relayperson"])
-            .args(args)
-            .output()
-            .expect("tmux is installed (.ci/run installs it)")
-    };
-    assert!(
-        tmux(&[
-            "new-session",
-            "-d",
-            "-x",
-            "120",
-            "-y",
-            "30",
-            "sh",
-            script.to_str().unwrap()
-        ])
-        .status
-        .success()
+    person_terminal(
+        &relay,
+        "relayperson",
+        "{bin} -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'",
     );
+    let tmux = |args: &[&str]| tmux_in(dir, "relayperson", args);
     let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
-    wait_for(Duration::from_secs(20), "Frank is connected", || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|x| x["name"] == "Frank" && x["online"] == true)
-        })
-    });
+    wait_online(&relay, "Frank");
     tmux(&["send-keys", "-l", "half a thought"]);
     wait_for(Duration::from_secs(10), "the typing shows", || {
         pane().contains("half a thought")
@@ -460,14 +393,7 @@ fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(Duration::from_secs(20), "Paula is connected", || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|x| x["name"] == "Paula" && x["online"] == true)
-        })
-    });
+    wait_online(&relay, "Paula");
     ok_stdout(&relay.cli(&["send", "Paula", "pasted text"]));
     let (code, out) = output_of(agent);
     assert_eq!(code, 0, "{out}");
@@ -489,19 +415,11 @@ fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let online = |relay: &Relay| {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-        v.as_array()
-            .is_some_and(|a| a.iter().any(|x| x["name"] == "Gus" && x["online"] == true))
-    };
-    wait_for(Duration::from_secs(20), "Gus is connected", || {
-        online(&relay)
-    });
+    wait_online(&relay, "Gus");
     relay.kill9();
     relay.spawn();
     wait_for(Duration::from_secs(30), "Gus reconnects by itself", || {
-        online(&relay)
+        is_online(&relay, "Gus")
     });
     ok_stdout(&relay.cli(&["send", "Gus", "after the restart"]));
     let (code, out) = output_of(agent);
@@ -512,16 +430,18 @@ fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart
     );
 }
 
+fn is_online(relay: &Relay, name: &str) -> bool {
+    let v: Value =
+        serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
+    v.as_array()
+        .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
+}
+
 fn wait_online(relay: &Relay, name: &str) {
     wait_for(
         Duration::from_secs(20),
         &format!("{name} is connected"),
-        || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout)
-                .unwrap_or_default();
-            v.as_array()
-                .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
-        },
+        || is_online(relay, name),
     );
 }
 
