@@ -201,6 +201,10 @@ pub(crate) struct WrapArgs {
     /// Do not pass this terminal's keystrokes to the agent (it gets relayed messages only).
     #[arg(long)]
     pub(crate) no_input: bool,
+    /// Longest message body typed in full; longer ones are cut, with a hint to read the rest
+    /// with `agent-relay read <id>`.
+    #[arg(long, value_name = "CHARS", default_value_t = 2000)]
+    pub(crate) max_body: usize,
     /// The agent command and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub(crate) command: Vec<String>,

@@ -526,3 +526,40 @@ fn an_agent_started_after_a_message_was_sent_for_it_still_gets_it() {
         "{out}"
     );
 }
+
+#[test]
+fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
+    let relay = Relay::start();
+    let agent = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "--max-body",
+            "20",
+            "-n",
+            "Ivy",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"IFS= read -r l; echo "got: $l""#)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_online(&relay, "Ivy");
+    let long = "0123456789".repeat(10);
+    let sent: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Ivy", &long, "--json"]))).unwrap();
+    let id = sent["id"].as_str().unwrap();
+    let (_, out) = output_of(agent);
+    assert!(
+        out.contains(&format!(
+            "]: 01234567890123456789 … (truncated; full text: agent-relay read {id})"
+        )),
+        "{out}"
+    );
+    // The whole text is there to read.
+    assert!(ok_stdout(&relay.cli(&["read", id])).contains(&long));
+}

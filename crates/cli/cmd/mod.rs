@@ -35,6 +35,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                 name: cli.name,
                 profile: None,
                 no_input: false,
+                max_body: 2000,
                 command,
             };
             exit_with(wrap::wrap(&paths, args)?)

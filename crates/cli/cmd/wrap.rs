@@ -75,7 +75,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
             enter_delay: Duration::from_millis(100),
         },
         settle_after: Duration::from_millis(400),
-        max_body: 2000,
+        max_body: args.max_body.max(1),
         interactive: !args.no_input,
     };
     init_wrap_logging(paths, &cfg);
