@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::Config;
-use crate::clock::{frame_id, now_ms};
+use crate::clock::now_ms;
 use crate::router::{ConnHandle, DeliverItem, Killer, Outbound, RouterMsg};
 use crate::session::{Session, Tick, Timing, Verdict};
 
@@ -170,22 +170,17 @@ impl Reader {
     }
 
     async fn error(&self, code: ErrorCode, message: String, fatal: bool) {
-        let env = Envelope::new(
-            frame_id(),
-            now_ms(),
-            Payload::Error(ErrorPayload {
-                code,
-                message,
-                fatal,
-            }),
-        );
-        if fatal {
-            if let Payload::Error(e) = env.payload {
-                self.queue(Outbound::Close(Some(Box::new(e)))).await;
-            }
+        let err = ErrorPayload {
+            code,
+            message,
+            fatal,
+        };
+        let out = if fatal {
+            Outbound::Close(Some(Box::new(err)))
         } else {
-            self.queue(Outbound::Frame(Box::new(env))).await;
-        }
+            Outbound::Control(Box::new(Payload::Error(err)))
+        };
+        self.queue(out).await;
     }
 
     async fn fatal(&mut self, code: ErrorCode, message: String) {
@@ -291,8 +286,10 @@ impl Reader {
                 return Flow::Continue;
             }
             Payload::Bye(_) => {
-                let bye = Envelope::new(frame_id(), now_ms(), Payload::Bye(Default::default()));
-                self.queue(Outbound::Frame(Box::new(bye))).await;
+                self.queue(Outbound::Control(Box::new(
+                    Payload::Bye(Default::default()),
+                )))
+                .await;
                 self.queue(Outbound::Close(None)).await;
                 return Flow::Stop;
             }
@@ -497,10 +494,14 @@ async fn write_loop(
         }
     }
     if let Some(Some(err)) = close {
-        let env = Envelope::new(frame_id(), now_ms(), Payload::Error(err));
-        if encode_frame(&env, &mut buf, max).is_ok() {
-            let _ = wr.write_all(&buf).await;
-        }
+        encode(
+            Outbound::Control(Box::new(Payload::Error(err))),
+            &mut buf,
+            max,
+            &mut ids,
+        );
+        let _ = wr.write_all(&buf).await;
     }
+
     let _ = wr.shutdown().await;
 }

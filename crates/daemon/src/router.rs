@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use relay_protocol::query::{AgentInfo, DeliveryStatus, QueryRequest, QueryResult, StatusInfo};
+use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult, StatusInfo};
 use relay_protocol::{
     Ack, AckStatus, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack, NackCode,
     Payload, Role, Send, ServerInfo, Welcome, topic_matches, validate_agent_name, validate_topic,
@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::Config;
-use crate::clock::{frame_id, now_ms};
+use crate::clock::now_ms;
 use crate::store_actor::{StoreCmd, StoreEvent};
 
 /// One DELIVER waiting in a connection's queue; the connection's writer encodes it.
@@ -354,14 +354,10 @@ impl Router {
         }
         self.flush_watermarks().await;
         for conn in self.conns.values() {
-            let bye = Envelope::new(
-                frame_id(),
-                now_ms(),
-                Payload::Bye(relay_protocol::Bye {
-                    reason: Some("daemon shutting down".into()),
-                }),
-            );
-            if conn.tx.try_send(Outbound::Frame(Box::new(bye))).is_err()
+            let bye = Payload::Bye(relay_protocol::Bye {
+                reason: Some("daemon shutting down".into()),
+            });
+            if conn.tx.try_send(Outbound::Control(Box::new(bye))).is_err()
                 || conn.tx.try_send(Outbound::Close(None)).is_err()
             {
                 conn.killer
@@ -481,22 +477,18 @@ impl Router {
             }
             resumed = true;
         }
-        let welcome = Envelope::new(
-            frame_id(),
-            now_ms(),
-            Payload::Welcome(Welcome {
-                session_id: session_id.to_string(),
-                resume_token: resume_token.clone(),
-                server: ServerInfo {
-                    max_frame_bytes: u32::try_from(self.cfg.max_frame_bytes).unwrap_or(u32::MAX),
-                    heartbeat_ms: u64::try_from(self.cfg.heartbeat.as_millis()).unwrap_or(u64::MAX),
-                },
-                resumed,
-            }),
-        );
+        let welcome = Payload::Welcome(Welcome {
+            session_id: session_id.to_string(),
+            resume_token: resume_token.clone(),
+            server: ServerInfo {
+                max_frame_bytes: u32::try_from(self.cfg.max_frame_bytes).unwrap_or(u32::MAX),
+                heartbeat_ms: u64::try_from(self.cfg.heartbeat.as_millis()).unwrap_or(u64::MAX),
+            },
+            resumed,
+        });
         if conn
             .tx
-            .try_send(Outbound::Frame(Box::new(welcome)))
+            .try_send(Outbound::Control(Box::new(welcome)))
             .is_err()
         {
             return Err((ErrorCode::Internal, "connection queue unavailable".into()));
@@ -1155,11 +1147,9 @@ impl Router {
                 message: "no answer".into(),
             },
         };
-        let mut env = Envelope::new(frame_id(), now_ms(), Payload::Result(result));
-        env.to = None;
         if let Some(conn) = self.conns.get(&ctx.conn_id) {
             // RESULT answers carry the question's id in `id` so the client can match them.
-            env.id = ctx.env_id;
+            let env = Envelope::new(ctx.env_id, now_ms(), Payload::Result(result));
             send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
         }
     }
@@ -1190,26 +1180,17 @@ impl Router {
         let Some(path) = &self.cfg.agents_file else {
             return;
         };
-        let mut list: Vec<AgentInfo> = self
-            .agents
-            .iter()
-            .map(|(name, a)| AgentInfo {
-                name: name.clone(),
-                cli: a.cli.clone(),
-                online: a.online.is_some(),
-                first_seen: 0,
-                last_seen: a.connected_at,
-                pending: 0,
-                topics: a.topics.iter().cloned().collect(),
-            })
-            .collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut names: Vec<&String> = self.agents.keys().collect();
+        names.sort();
         let doc = serde_json::json!({
-            "agents": list.iter().map(|a| serde_json::json!({
-                "name": a.name, "cli": a.cli, "online": a.online,
-                "connected_at": if a.online { Some(a.last_seen) } else { None },
-                "topics": a.topics,
-            })).collect::<Vec<_>>(),
+            "agents": names.iter().map(|name| {
+                let a = &self.agents[*name];
+                serde_json::json!({
+                    "name": name, "cli": a.cli, "online": a.online.is_some(),
+                    "connected_at": a.online.as_ref().map(|_| a.connected_at),
+                    "topics": a.topics,
+                })
+            }).collect::<Vec<_>>(),
         });
         if let Err(e) = write_atomic(path, doc.to_string().as_bytes()) {
             tracing::warn!(error = %e, path = %path.display(), "could not write agents.json");
