@@ -8,4 +8,5 @@ mod crash;
 mod parse;
 mod protocol;
 mod support;
+mod tmux;
 mod wrap;
