@@ -67,6 +67,9 @@ pub(crate) enum Cmd {
     Wrap(WrapArgs),
     /// Attach this terminal to a wrapped agent's tmux session (detach again with Ctrl-b d).
     Attach(AttachArgs),
+    /// The scripted agents of `bench --wrap`.
+    #[command(hide = true)]
+    BenchAgent(BenchAgentArgs),
     /// `agent-relay [-n NAME] <cli> [args]`: the same as `wrap`.
     #[command(external_subcommand)]
     Agent(Vec<String>),
@@ -303,9 +306,35 @@ pub(crate) struct BenchArgs {
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
+    /// Instead: measure a wrapped agent's directive reaching another wrapped agent's terminal
+    /// (printed → first byte typed), with both agents under this backend; -n messages, one
+    /// every --interval-ms.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub(crate) wrap: Option<Backend>,
+    /// With --wrap: pause between two directives (keep it above 50 ms, the recipient's
+    /// Enter-and-check cycle, to measure an idle recipient).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) interval_ms: u64,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `agent-relay bench-agent` (hidden): the two scripted agents of `bench --wrap`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchAgentArgs {
+    /// Print directives to this agent (send), or else record what is typed in (receive).
+    #[arg(long)]
+    pub(crate) to: Option<String>,
+    /// Directives to print.
+    #[arg(short = 'n', default_value_t = 100)]
+    pub(crate) count: usize,
+    /// Pause between directives.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) interval_ms: u64,
+    /// Receive: append one latency (µs) per message here.
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
 }
 
 #[cfg(test)]

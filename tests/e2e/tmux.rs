@@ -145,6 +145,44 @@ fn history(relay: &Relay) -> Vec<(String, String, String)> {
     v
 }
 
+/// Waits until `cond`; on timeout fails with what every session shows and every wrapper
+/// logged, and the relay's history.
+fn wait_or_dump(relay: &Relay, tmux: &Tmux<'_>, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        if std::time::Instant::now() > deadline {
+            let mut dump = String::new();
+            let sessions = tmux.run(&["list-sessions", "-F", "#{session_name}"]);
+            for s in String::from_utf8_lossy(&sessions.stdout).lines() {
+                let info = tmux.run(&[
+                    "display-message",
+                    "-p",
+                    "-t",
+                    &format!("={s}:"),
+                    "dead=#{pane_dead} status=#{pane_dead_status} cmd=#{pane_current_command}",
+                ]);
+                dump.push_str(&format!(
+                    "--- pane {s} ({}):\n{}\n",
+                    String::from_utf8_lossy(&info.stdout).trim(),
+                    tmux.pane(s)
+                ));
+            }
+            if let Ok(dirs) = std::fs::read_dir(relay.data_dir().join("team")) {
+                for d in dirs.flatten() {
+                    let log =
+                        std::fs::read_to_string(d.path().join("wrap.log")).unwrap_or_default();
+                    dump.push_str(&format!("--- {}/wrap.log:\n{log}\n", d.path().display()));
+                }
+            }
+            panic!(
+                "timed out waiting until {what}\nhistory: {:?}\n{dump}",
+                history(relay)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn count(hay: &str, needle: &str) -> usize {
     hay.matches(needle).count()
 }
@@ -179,11 +217,9 @@ done
 "#,
         &[],
     );
-    wait_for(
-        Duration::from_secs(30),
-        "Alice hears back and exits",
-        || !tmux.has(&alice),
-    );
+    wait_or_dump(&relay, &tmux, "Alice hears back and exits", || {
+        !tmux.has(&alice)
+    });
     let exit = std::fs::read_to_string(relay.data_dir().join("team/Alice/exit")).unwrap();
     assert_eq!(exit.trim(), "7", "the agent's exit status is kept");
     wait_for(
@@ -403,4 +439,36 @@ fn attach_names_a_missing_session_clearly() {
         err.contains("no tmux session") && err.contains("--backend tmux"),
         "{err}"
     );
+}
+
+/// `bench --wrap` measures both backends end to end (its figures go to PERFORMANCE.md; here
+/// only that it runs and counts every message).
+#[test]
+fn the_wrapper_latency_bench_runs_on_both_backends() {
+    for backend in ["pty", "tmux"] {
+        let out = Command::new(crate::support::BIN)
+            .args([
+                "bench",
+                "--wrap",
+                backend,
+                "-n",
+                "5",
+                "--interval-ms",
+                "100",
+            ])
+            .args(["--storage", "memory", "--timeout", "60", "--json"])
+            .env_remove("TMUX")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["backend"], backend);
+        assert_eq!(v["messages"], 5, "{v}");
+        assert!(v["p99_us"].as_u64().unwrap() >= v["p50_us"].as_u64().unwrap());
+    }
 }

@@ -15,6 +15,7 @@
 //! temporary directory and stops it afterwards.
 
 mod wire;
+pub(crate) mod wrap;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -77,7 +78,7 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

@@ -47,6 +47,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             exit_with(wrap::wrap(&paths, args)?)
         }
         Cmd::Attach(args) => exit_with(wrap::attach(&paths, &args)?),
+        Cmd::BenchAgent(args) => bench::wrap::agent(&args),
+        Cmd::Bench(args) if args.wrap.is_some() => bench::wrap::run(&args),
         cmd => {
             init_logging("warn");
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -65,7 +67,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     | Cmd::Parse(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
-                    | Cmd::Attach(_) => Ok(()),
+                    | Cmd::Attach(_)
+                    | Cmd::BenchAgent(_) => Ok(()),
                 }
             })
         }

@@ -111,6 +111,7 @@ pub fn terminal_size() -> (u16, u16) {
 
 /// What the injector types: a relayed message (acknowledged once its outcome is known) or a
 /// notice from the relay itself (a refusal the agent should learn about).
+#[derive(Debug)]
 enum Item {
     Message(Box<Delivered>),
     Notice,
@@ -178,10 +179,14 @@ impl ProfileLook<'_> {
 
 impl Look for ProfileLook<'_> {
     fn ready(&mut self) -> Result<(), NotReady> {
-        match self.screen() {
+        let verdict = match self.screen() {
             Some(s) => self.profile.ready(&s),
             None => Err(NotReady::NoPrompt),
+        };
+        if let Err(why) = &verdict {
+            tracing::debug!(?why, "not ready for a message");
         }
+        verdict
     }
 
     fn submitted(&mut self, typed: &str) -> bool {
@@ -463,6 +468,7 @@ impl Core {
                 break;
             };
             let in_mode = look.in_mode;
+            tracing::trace!(?action, "injector");
             match action {
                 Action::Type(text) => {
                     if let Some(Item::Message(m)) = self.injector.current() {
@@ -731,6 +737,11 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         }
     };
     tracing::info!(?code, "the agent exited; ending its session");
+    // The hook may not have written it (see `tmux::watch_exit`); `wrap` reads it.
+    let exit_file = core.cfg.team_dir.join("exit");
+    if let (Some(c), false) = (code, exit_file.exists()) {
+        let _ = state::write_atomically(&exit_file, format!("{c}\n").as_bytes());
+    }
     core.maybe_checkpoint();
     core.finish().await;
     tmux::kill(&session);

@@ -197,17 +197,19 @@ impl InjectedLog {
     }
 }
 
-/// Writes `bytes` to `path` so that readers see the old file or the new one, never a part.
+/// Writes `bytes` to `path` so that readers, and a wrapper restarted after a crash, see the
+/// old file or the new one, never a part.
+///
+/// No fsync: these files must survive the wrapper being killed, which the page cache
+/// guarantees; surviving a power cut is not worth the wait. (An fsync here once held the
+/// relaying loop, and the messages it had just handed to the client, for over a second on a
+/// busy disk.)
 ///
 /// # Errors
 /// Any I/O error.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
+    std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
 

@@ -4,9 +4,9 @@
 //! - Output is streamed, never polled: `pipe-pane` appends everything the pane prints to
 //!   `<team dir>/pane.log` (the `cat` it starts belongs to tmux, so nothing is missed while
 //!   no wrapper runs), and a thread follows the file with inotify.
-//! - The session keeps its pane when the agent exits (`remain-on-exit`), and a `pane-died`
-//!   hook writes the exit status to `<team dir>/exit`; the relaying process sees the file
-//!   appear, says goodbye to the relay and removes the session.
+//! - The agent runs under a one-line shell that writes its exit status to `<team dir>/exit`;
+//!   the session ends with the agent, and the relaying process (woken by the file, or by a
+//!   pidfd on the pane's process) says goodbye to the relay.
 //! - The screen is read with one `capture-pane` only when a message is about to be typed
 //!   or checked, and text goes in with `load-buffer` + `paste-buffer -p` (tmux sends it as
 //!   a bracketed paste when the application asked for that), Enter with `send-keys`.
@@ -125,8 +125,8 @@ pub struct NewSession<'a> {
 }
 
 /// Starts the agent in a new detached session, with its output piped to `pane.log` and its
-/// exit status reported to `exit`, all in one tmux command group so that not a byte of the
-/// agent's first output is missed.
+/// exit status kept in `exit`, in one tmux command group so that not a byte of the agent's
+/// first output is missed.
 ///
 /// # Errors
 /// tmux is missing or refuses (a session of that name exists, say).
@@ -149,16 +149,6 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
         let _ = std::fs::remove_file(stale);
     }
     std::fs::File::create(&log).map_err(|e| tmux_err("pane log", e))?;
-    let on_exit = s.team_dir.join("on-exit.sh");
-    std::fs::write(
-        &on_exit,
-        format!(
-            "printf '%s\\n' \"$1\" > {tmp} && mv {tmp} {exit}\n",
-            tmp = sh_quote(&format!("{}.tmp", exit.display())),
-            exit = sh_quote(&exit.to_string_lossy()),
-        ),
-    )
-    .map_err(|e| tmux_err("exit hook", e))?;
     // Every command names the session's window (`=name:`): an exact match, never a prefix.
     let pane = format!("={}:", s.name);
     let (cols, rows) = (s.cols.to_string(), s.rows.to_string());
@@ -191,32 +181,31 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
         args.push("-e".into());
         args.push(format!("{k}={v}"));
     }
-    args.push("--".into());
+    // The agent runs under a one-line shell that keeps its exit status in `exit`; the pane,
+    // and the session, close with it. (tmux's own record of the status, with remain-on-exit
+    // and a pane-died hook, was not always there: tmux 3.3a sometimes marked a dead pane with
+    // no status and fired no hook.) The path and the command are arguments: nothing to quote.
+    args.extend(
+        [
+            "--",
+            "sh",
+            "-c",
+            r#"x="$1"; shift; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
+            "agent-relay",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned()),
+    );
+    args.push(exit.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
     args.extend(
         [
-            ";",
-            "set-option",
-            "-w",
-            "-t",
-            &pane,
-            "remain-on-exit",
-            "on",
             ";",
             "pipe-pane",
             "-O",
             "-t",
             &pane,
             &format!("exec cat >> {}", sh_quote(&log.to_string_lossy())),
-            ";",
-            "set-hook",
-            "-t",
-            &pane,
-            "pane-died",
-            &format!(
-                "run-shell -b \"sh '{}' '#{{pane_dead_status}}'\"",
-                on_exit.display()
-            ),
         ]
         .iter()
         .map(|a| (*a).to_owned()),
@@ -385,6 +374,7 @@ pub(crate) fn follow(
     log.seek(SeekFrom::Start(offset))
         .map_err(|e| tmux_err("pane log", e))?;
     let (tx, rx) = mpsc::channel(64);
+    watch_exit(&session, &team_dir, tx.clone())?;
     std::thread::Builder::new()
         .name("relay-tmux-tail".into())
         .spawn(move || {
@@ -454,6 +444,65 @@ pub(crate) fn follow(
         })
         .map_err(|e| tmux_err("thread", e))?;
     Ok(rx)
+}
+
+/// Reports the agent's exit through `tx` once the pane's process ends, even if the `exit`
+/// file never comes (the session killed from outside): a thread waits on a pidfd of the
+/// pane's process (no polling), then gives the file a moment to arrive.
+fn watch_exit(session: &str, team_dir: &Path, tx: mpsc::Sender<Tail>) -> Result<(), WrapError> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::process::{Pid, PidfdFlags, pidfd_open};
+    let pane = format!("={session}:");
+    let info = tmux(
+        &[
+            "display-message",
+            "-p",
+            "-t",
+            &pane,
+            "#{pane_pid} #{pane_dead}",
+        ],
+        None,
+    )?;
+    let mut it = info.split_whitespace();
+    let pid = it
+        .next()
+        .and_then(|p| p.parse::<i32>().ok())
+        .and_then(Pid::from_raw);
+    let already_dead = it.next() == Some("1");
+    let fd = match pid {
+        Some(pid) if !already_dead => pidfd_open(pid, PidfdFlags::empty()).ok(),
+        _ => None,
+    };
+    let exit_file = team_dir.join("exit");
+    std::thread::Builder::new()
+        .name("relay-tmux-exit".into())
+        .spawn(move || {
+            if let Some(fd) = fd {
+                loop {
+                    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                    match poll(&mut fds, -1) {
+                        Ok(_) => break,
+                        Err(e) if e == rustix::io::Errno::INTR => {}
+                        Err(_) => return,
+                    }
+                }
+            } else if !already_dead {
+                // No pidfd (an old kernel): the exit file and the pipe are all there is.
+                return;
+            }
+            // The status, from the exit file, if it comes within a second (the shell writes
+            // it just before it ends).
+            for _ in 0..20 {
+                if let Ok(text) = std::fs::read_to_string(&exit_file) {
+                    let _ = tx.blocking_send(Tail::Exited(text.trim().parse().ok()));
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = tx.blocking_send(Tail::Exited(None));
+        })
+        .map_err(|e| tmux_err("thread", e))?;
+    Ok(())
 }
 
 #[cfg(test)]
