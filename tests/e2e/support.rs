@@ -11,6 +11,10 @@ use serde_json::{Value, json};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agent-relay");
 
+/// `up` arguments that turn the rate limits off, for tests that move volume through one
+/// sender or one pair (they test something else; the limits have their own tests).
+pub const UNLIMITED: &[&str] = &["--rate-limit", "0", "--pair-rate-limit", "0"];
+
 /// A daemon under test. Killed (SIGKILL) when dropped.
 pub struct Relay {
     pub dir: tempfile::TempDir,

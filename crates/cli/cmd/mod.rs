@@ -51,6 +51,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::Agents(a) => query::agents(&paths, a.json).await,
                     Cmd::Read(a) => query::read(&paths, &a).await,
                     Cmd::History(a) => query::history(&paths, &a).await,
+                    Cmd::Trace(a) => query::trace(&paths, &a).await,
+                    Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) | Cmd::Wrap(_) | Cmd::Agent(_) => {

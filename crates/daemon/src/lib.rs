@@ -12,6 +12,7 @@
 
 mod clock;
 mod conn;
+pub mod limits;
 mod router;
 mod session;
 mod store_actor;
@@ -56,6 +57,11 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Messages waiting for one recipient before its senders are told BUSY.
     pub busy_high_water: u64,
+    /// Most replies in a chain: a SEND answering a message (`in_reply_to`) has one hop more
+    /// than it, and one over this is refused (`budget_exceeded`) and dead-lettered.
+    pub max_hops: u32,
+    /// Rate limits per sender and per pair.
+    pub rates: limits::RateConfig,
 }
 
 impl Config {
@@ -75,6 +81,8 @@ impl Config {
             inbox_ttl: Duration::from_secs(3600),
             sweep_interval: Duration::from_secs(30),
             busy_high_water: 10_000,
+            max_hops: 10,
+            rates: limits::RateConfig::default(),
         }
     }
 }
@@ -197,6 +205,7 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(config);
     let known = store.known_agents()?;
+    let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -208,6 +217,7 @@ pub async fn run(
         cfg.clone(),
         store_tx,
         known,
+        hops,
         location,
         storage_kind.to_owned(),
     );
