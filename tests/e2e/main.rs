@@ -7,5 +7,6 @@ mod client;
 mod crash;
 mod parse;
 mod protocol;
+mod safety;
 mod support;
 mod wrap;

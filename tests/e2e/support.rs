@@ -164,6 +164,11 @@ impl Raw {
         Self { stream, next: 0 }
     }
 
+    /// How long a read waits before giving up (20 s by default).
+    pub fn read_timeout(&mut self, limit: Duration) {
+        self.stream.set_read_timeout(Some(limit)).unwrap();
+    }
+
     pub fn id(&mut self) -> String {
         self.next += 1;
         // Long enough to be read back by a prefix too (`read` wants 8 characters of one).

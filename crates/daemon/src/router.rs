@@ -1379,6 +1379,18 @@ impl Router {
                     return;
                 }
             };
+            // The acknowledgement it follows may still wait in the watermark (and range
+            // updates are committed after other writes): record it first, so the trace keeps
+            // both. (It changes nothing if the acknowledgement is already stored.)
+            self.to_store(StoreCmd::Write(
+                WriteOp::MarkById {
+                    recipient: name.clone(),
+                    msg_id: ack_id.to_owned(),
+                    status: DeliveryStatus::Acked,
+                },
+                WriteCtx::None,
+            ))
+            .await;
             self.to_store(StoreCmd::Write(
                 WriteOp::MarkById {
                     recipient: name,

@@ -80,12 +80,12 @@ pub(crate) fn record(m: &StoredMessage, deliveries: Vec<DeliveryRecord>) -> Mess
     }
 }
 
-/// The trace event a delivery's new status adds, with its explanation (none for queued,
-/// which a retry records itself).
+/// The trace event a delivery's new status adds, with its explanation.
 pub(crate) fn status_event(status: DeliveryStatus) -> Option<(TraceState, &'static str)> {
     Some(match status {
-        DeliveryStatus::Queued => return None,
-        DeliveryStatus::Acked => (TraceState::Injected, "acknowledged by the recipient"),
+        // Queued: a retry records itself. Acked: the delivery row holds the time, and a later
+        // status that overwrites it records it then.
+        DeliveryStatus::Queued | DeliveryStatus::Acked => return None,
         DeliveryStatus::Verified => (TraceState::Verified, "seen on the agent's screen"),
         DeliveryStatus::Failed => (
             TraceState::Failed,

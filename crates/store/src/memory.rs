@@ -225,6 +225,10 @@ impl MemoryStore {
                     .get_mut(recipient)
                     .and_then(|ds| ds.get_mut(pos))
                 {
+                    // As in the SQLite store: an acknowledgement never overwrites.
+                    if *status == DeliveryStatus::Acked && d.status != DeliveryStatus::Queued {
+                        return WriteResult::Done;
+                    }
                     old = Some((d.status, d.updated_at));
                     d.status = *status;
                     d.updated_at = Some(now);

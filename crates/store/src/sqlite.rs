@@ -856,6 +856,13 @@ impl Batch<'_> {
                     )?
                     .query_row(params![pos, rid], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
+                // An acknowledgement only acknowledges what waits: it never overwrites a
+                // later state (or the time of an earlier acknowledgement).
+                if *status == DeliveryStatus::Acked
+                    && old.is_some_and(|(s, _)| s != DeliveryStatus::Queued.code())
+                {
+                    return Ok(WriteResult::Done);
+                }
                 let queued_at: Option<i64> = tx
                     .prepare_cached(
                         "UPDATE deliveries SET status = ?1, updated_at = ?2
