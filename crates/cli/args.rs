@@ -56,6 +56,8 @@ pub(crate) enum Cmd {
     Trace(ReadArgs),
     /// The dead-letter queue: messages that were not delivered, with the reason.
     Dlq(DlqArgs),
+    /// Access rules: which agent may send to which (applied without a restart).
+    Rules(RulesArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -199,6 +201,44 @@ pub(crate) struct DlqArgs {
     /// Print JSON for scripts.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+}
+
+/// `agent-relay rules`.
+#[derive(Debug, Args)]
+pub(crate) struct RulesArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub(crate) action: Option<RulesAction>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay rules` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum RulesAction {
+    /// List the rules, numbered.
+    List,
+    /// Add a rule. Names may use '*' for any run of characters.
+    Add {
+        /// Sender name or pattern.
+        #[arg(long)]
+        from: String,
+        /// Recipient name or pattern.
+        #[arg(long)]
+        to: String,
+        /// allow or deny.
+        #[arg(long, value_parser = ["allow", "deny"])]
+        action: String,
+        /// The matching rule with the highest priority decides.
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        priority: i64,
+    },
+    /// Remove a rule by its number in `rules list`.
+    Remove {
+        /// Its number.
+        number: usize,
+    },
 }
 
 /// `agent-relay dlq` actions.

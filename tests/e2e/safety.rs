@@ -497,3 +497,95 @@ fn a_pair_trading_messages_is_limited_while_the_sender_can_still_reach_others() 
     alice.send("Carol", "still fine");
     assert_eq!(alice.expect("ACK")["payload"]["status"], "accepted");
 }
+
+#[test]
+fn a_denied_pair_never_gets_through_and_a_malformed_rules_file_keeps_the_previous_rules() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let (mut carol, _) = relay.agent("Carol");
+    let (mut mallory, _) = relay.agent("Mallory");
+    ok_stdout(&relay.cli(&[
+        "rules",
+        "add",
+        "--from",
+        "Mall*",
+        "--to",
+        "Bob",
+        "--action",
+        "deny",
+        "--priority",
+        "5",
+    ]));
+    // A lower-priority allow-all does not override it.
+    ok_stdout(&relay.cli(&[
+        "rules", "add", "--from", "*", "--to", "*", "--action", "allow",
+    ]));
+    let listed = cli_json(&relay, &["rules", "list"]);
+    assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
+    wait_for(Duration::from_secs(20), "rules loaded", || {
+        cli_json(&relay, &["status"])["rules"] == 2
+    });
+    let mut refused = Vec::new();
+    for i in 0..5 {
+        let id = mallory.send("Bob", &format!("let me in {i}"));
+        let f = answer(&mut mallory);
+        assert_eq!(f["type"], "NACK", "{f}");
+        assert_eq!(f["payload"]["code"], "forbidden", "{f}");
+        refused.push(id);
+    }
+    // A broadcast reaches Carol, not Bob; Mallory can still reach Carol directly.
+    mallory.send("*", "hello all");
+    assert_eq!(answer(&mut mallory)["payload"]["recipients"], 1);
+    mallory.send("Carol", "hi Carol");
+    assert_eq!(answer(&mut mallory)["type"], "ACK");
+    for _ in 0..2 {
+        let d = carol.expect("DELIVER");
+        assert_eq!(d["from"], "Mallory");
+        carol.ack(&d);
+    }
+    // Carol talks to Bob: allowed.
+    carol.send("Bob", "from Carol");
+    assert_eq!(answer(&mut carol)["type"], "ACK");
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "Carol", "Bob never gets Mallory's messages: {d}");
+    bob.ack(&d);
+    let to_bob = cli_json(&relay, &["history", "--to", "Bob", "--from", "Mallory"]);
+    assert!(to_bob.as_array().unwrap().is_empty(), "{to_bob}");
+    // Each refusal, and the broadcast's copy for Bob, is a dead letter.
+    let dl = cli_json(&relay, &["dlq", "list"]);
+    let dl = dl["dead_letters"].as_array().unwrap();
+    assert_eq!(dl.len(), 6, "{dl:?}");
+    assert!(
+        dl.iter()
+            .all(|d| d["code"] == "forbidden" && d["recipient"] == "Bob")
+    );
+
+    // A malformed file: a clear error naming the line, and the previous rules stay.
+    let file = relay.data_dir().join("rules.json");
+    std::fs::write(
+        &file,
+        "{\"rules\": [\n  {\"from\": \"*\", \"to\": \"*\", \"action\": \"allow\"},\n  {\"from\": \"Mallory\", \"to\": \"Bob\", \"action\": \"perhaps\"}\n]}\n",
+    )
+    .unwrap();
+    wait_for(Duration::from_secs(20), "rules error reported", || {
+        cli_json(&relay, &["status"])["rules_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("line 3"))
+    });
+    let out = relay.cli(&["rules", "list"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 3") && err.contains("perhaps"), "{err}");
+    mallory.send("Bob", "now?");
+    assert_eq!(answer(&mut mallory)["payload"]["code"], "forbidden");
+    // Fixed: the deny is gone and Mallory gets through.
+    std::fs::write(&file, "{\"rules\": []}\n").unwrap();
+    wait_for(Duration::from_secs(20), "rules reloaded", || {
+        let st = cli_json(&relay, &["status"]);
+        st["rules"] == 0 && st["rules_error"].is_null()
+    });
+    mallory.send("Bob", "finally");
+    assert_eq!(answer(&mut mallory)["type"], "ACK");
+    assert_eq!(bob.expect("DELIVER")["from"], "Mallory");
+    assert_nothing_dropped(&relay, &["Bob"], &refused);
+}

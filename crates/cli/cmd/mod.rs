@@ -3,6 +3,7 @@
 mod bench;
 pub(crate) mod parse;
 mod query;
+pub(crate) mod rules;
 mod send;
 pub(crate) mod up;
 mod wrap;
@@ -26,6 +27,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Down(args) => up::down(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Edits a file; the daemon need not run.
+        Cmd::Rules(args) => rules::run(&paths, args),
         Cmd::Wrap(mut args) => {
             args.name = args.name.or(cli.name);
             exit_with(wrap::wrap(&paths, args)?)
@@ -55,9 +58,12 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
-                    Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) | Cmd::Wrap(_) | Cmd::Agent(_) => {
-                        Ok(())
-                    }
+                    Cmd::Up(_)
+                    | Cmd::Down(_)
+                    | Cmd::Parse(_)
+                    | Cmd::Rules(_)
+                    | Cmd::Wrap(_)
+                    | Cmd::Agent(_) => Ok(()),
                 }
             })
         }

@@ -67,6 +67,18 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         "  messages: {} stored, {} waiting for delivery",
         s.messages, s.pending
     ))?;
+    if let Some(e) = &s.rules_error {
+        line(format!(
+            "  rules:    {} in force; the rules file is invalid: {}",
+            s.rules,
+            clean(e)
+        ))?;
+    } else if s.rules > 0 {
+        line(format!(
+            "  rules:    {} in force (`agent-relay rules list`)",
+            s.rules
+        ))?;
+    }
     if let Some(d) = &s.delivery {
         let states: Vec<String> = d.by_state.iter().map(|(k, v)| format!("{v} {k}")).collect();
         line(format!(

@@ -14,6 +14,7 @@ mod clock;
 mod conn;
 pub mod limits;
 mod router;
+pub mod rules;
 mod session;
 mod store_actor;
 
@@ -62,6 +63,8 @@ pub struct Config {
     pub max_hops: u32,
     /// Rate limits per sender and per pair.
     pub rates: limits::RateConfig,
+    /// The access rules file, reloaded when it changes; `None`: everything is allowed.
+    pub rules_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -83,6 +86,7 @@ impl Config {
             busy_high_water: 10_000,
             max_hops: 10,
             rates: limits::RateConfig::default(),
+            rules_file: None,
         }
     }
 }

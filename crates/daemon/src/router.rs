@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Config;
 use crate::clock::now_ms;
 use crate::limits::{Hops, RateLimiter};
+use crate::rules::Rules;
 use crate::store_actor::{StoreCmd, StoreEvent};
 
 /// One DELIVER waiting in a connection's queue; the connection's writer encodes it.
@@ -347,7 +348,16 @@ pub(crate) struct Router {
     limiter: RateLimiter,
     /// Hop counts of recent replies.
     hops: Hops,
+    /// Access rules in force.
+    rules: Rules,
+    /// The rules file's modification time and length when last read.
+    rules_stamp: Option<(Option<std::time::SystemTime>, u64)>,
+    /// Why the rules file could not be loaded, if it could not.
+    rules_error: Option<String>,
 }
+
+/// How often the rules file is checked for changes.
+const RULES_CHECK: Duration = Duration::from_secs(1);
 
 /// Flush watermarks at least this often under sustained load (they are also flushed whenever
 /// the router runs out of work).
@@ -392,6 +402,9 @@ impl Router {
             since_flush: 0,
             limiter,
             hops,
+            rules: Rules::default(),
+            rules_stamp: None,
+            rules_error: None,
         }
     }
 
@@ -404,6 +417,8 @@ impl Router {
     ) {
         let mut sweep = tokio::time::interval(self.cfg.sweep_interval);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rules_check = tokio::time::interval(RULES_CHECK);
+        rules_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.write_agents_file();
         loop {
             tokio::select! {
@@ -414,6 +429,7 @@ impl Router {
                     None => break,
                 },
                 _ = sweep.tick() => self.on_sweep().await,
+                _ = rules_check.tick(), if self.cfg.rules_file.is_some() => self.reload_rules(),
                 () = shutdown.cancelled() => break,
                 // Lowest priority: runs only when nothing else is ready.
                 () = std::future::ready(()), if !self.dirty.is_empty() => self.flush_watermarks().await,
@@ -825,13 +841,67 @@ impl Router {
             session_id,
             checked,
         } = origin;
-        let (to_name, names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
+        let (to_name, mut names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
             Ok(r) => r,
             Err((code, reason)) => {
                 self.nack(conn_id, id, code, reason);
                 return;
             }
         };
+        // Access rules: a denied recipient never gets it. A message every recipient is
+        // denied is refused; a broadcast goes to the others, and each denied copy is
+        // dead-lettered.
+        let denied: Vec<String> = names
+            .iter()
+            .filter(|n| !self.rules.allows(&from, n))
+            .cloned()
+            .collect();
+        if !denied.is_empty() {
+            names.retain(|n| !denied.contains(n));
+            let all = names.is_empty();
+            for d in &denied {
+                let reason = format!(
+                    "an access rule forbids {from} to send to {d} (`agent-relay rules list`)"
+                );
+                if all && denied.len() == 1 {
+                    self.nack(
+                        conn_id,
+                        id.clone(),
+                        NackCode::Forbidden,
+                        format!("{reason}; kept in the dead-letter queue"),
+                    );
+                }
+                let message = NewMessage {
+                    id: id.clone(),
+                    from: from.clone(),
+                    to: d.clone(),
+                    topic: topic.clone(),
+                    payload: payload.clone(),
+                    session_id: session_id.clone(),
+                    recipients: Vec::new(),
+                };
+                self.to_store(StoreCmd::Write(
+                    WriteOp::Reject {
+                        message: Box::new(message),
+                        code: "forbidden".to_owned(),
+                        reason,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+            }
+            if all {
+                if denied.len() > 1 {
+                    self.nack(
+                        conn_id,
+                        id,
+                        NackCode::Forbidden,
+                        format!("access rules forbid {from} to send to any of {} (`agent-relay rules list`); kept in the dead-letter queue", denied.join(", ")),
+                    );
+                }
+                return;
+            }
+        }
         // The daemon, not the sender, decides a message's hop count: a reply has one more
         // than what it answers; anything else starts a fresh chain.
         let hops = payload
@@ -907,6 +977,43 @@ impl Router {
             },
         ))
         .await;
+    }
+
+    /// Loads the rules file if it changed. A file that does not parse leaves the rules in
+    /// force as they were (and `status` says why).
+    fn reload_rules(&mut self) {
+        let Some(path) = &self.cfg.rules_file else {
+            return;
+        };
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
+        if stamp == self.rules_stamp {
+            return;
+        }
+        self.rules_stamp = stamp;
+        if stamp.is_none() {
+            if !self.rules.rules.is_empty() {
+                tracing::info!(path = %path.display(), "rules file removed: everything is allowed");
+            }
+            self.rules = Rules::default();
+            self.rules_error = None;
+            return;
+        }
+        let parsed = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| Rules::parse(&t));
+        match parsed {
+            Ok(rules) => {
+                tracing::info!(count = rules.rules.len(), path = %path.display(), "access rules loaded");
+                self.rules = rules;
+                self.rules_error = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "rules file is invalid; keeping the previous rules");
+                self.rules_error = Some(format!("{}: {e}", path.display()));
+            }
+        }
     }
 
     /// Tells the senders of undelivered messages, with a message from [`RELAY`] stored in
@@ -1559,6 +1666,8 @@ impl Router {
                 messages: stats.messages,
                 pending: stats.pending,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
+                rules: self.rules.rules.len() as u64,
+                rules_error: self.rules_error.clone(),
                 delivery: delivery.map(|d| *d),
             }),
             (QueryKind::Agents, Some(QueryResult::Agents { mut agents })) => {

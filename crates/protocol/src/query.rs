@@ -228,6 +228,12 @@ pub struct StatusInfo {
     pub pending: u64,
     /// Daemon version.
     pub version: String,
+    /// Access rules in force.
+    #[serde(default)]
+    pub rules: u64,
+    /// Why the rules file was not loaded (the previous rules stay in force), if it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_error: Option<String>,
     /// Delivery counts and latencies (absent from older daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryFigures>,
