@@ -5,6 +5,8 @@
 mod cli;
 mod client;
 mod crash;
+mod faults;
+mod hardening;
 mod parse;
 mod protocol;
 mod safety;
