@@ -143,6 +143,14 @@ pub(crate) struct SafetyArgs {
     /// The sliding window of the rate limits, in seconds.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub(crate) rate_window: u64,
+    /// Failure reports in a row from one agent that pause deliveries to it (its messages wait;
+    /// 0: never pause).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub(crate) breaker_failures: u32,
+    /// How long a paused agent waits before one message is tried again, in milliseconds
+    /// (doubling while that fails).
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub(crate) breaker_cooldown_ms: u64,
     /// A different --rate-limit for one sender, as NAME=N (repeatable).
     #[arg(long = "rate-override", value_name = "NAME=N", value_parser = parse_override)]
     pub(crate) rate_overrides: Vec<(String, u32)>,
@@ -155,6 +163,8 @@ impl Default for SafetyArgs {
             rate_limit: 100,
             pair_rate_limit: 30,
             rate_window: 60,
+            breaker_failures: 3,
+            breaker_cooldown_ms: 30_000,
             rate_overrides: Vec::new(),
         }
     }
@@ -172,6 +182,10 @@ impl SafetyArgs {
             self.pair_rate_limit.to_string(),
             "--rate-window".to_owned(),
             self.rate_window.to_string(),
+            "--breaker-failures".to_owned(),
+            self.breaker_failures.to_string(),
+            "--breaker-cooldown-ms".to_owned(),
+            self.breaker_cooldown_ms.to_string(),
         ];
         for (name, n) in &self.rate_overrides {
             v.push("--rate-override".to_owned());

@@ -589,3 +589,74 @@ fn a_denied_pair_never_gets_through_and_a_malformed_rules_file_keeps_the_previou
     assert_eq!(bob.expect("DELIVER")["from"], "Mallory");
     assert_nothing_dropped(&relay, &["Bob"], &refused);
 }
+
+#[test]
+fn a_recipient_that_keeps_failing_is_paused_then_probed_and_nothing_is_lost() {
+    let relay = Relay::start_with(&["--breaker-failures", "2", "--breaker-cooldown-ms", "300"]);
+    let (mut bob, _) = relay.agent("Bob");
+    let (mut alice, _) = relay.agent("Alice");
+    let fail = |bob: &mut Raw, d: &Value| {
+        bob.send_env(
+            "ACK",
+            json!({}),
+            json!({"ack_id": d["id"], "seq": d["delivery"]["seq"], "state": "failed"}),
+        );
+    };
+    // Two failures in a row open Bob's circuit.
+    for i in 0..2 {
+        alice.send("Bob", &format!("will fail {i}"));
+        answer(&mut alice);
+        let d = bob.expect("DELIVER");
+        fail(&mut bob, &d);
+    }
+    wait_for(Duration::from_secs(20), "circuit open", || {
+        relay.log().contains("circuit open")
+    });
+    // What is sent now waits in Bob's inbox instead of being handed to him.
+    let waiting: Vec<String> = (0..4)
+        .map(|i| alice.send("Bob", &format!("waits {i}")))
+        .collect();
+    for _ in 0..4 {
+        assert_eq!(answer(&mut alice)["type"], "ACK");
+    }
+    let pending = || {
+        cli_json(&relay, &["agents"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "Bob")
+            .unwrap()["pending"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(pending(), 4);
+    // After the cool-down, one message is tried (the probe); only one until it is taken.
+    bob.read_timeout(Duration::from_secs(20));
+    let probe = bob.expect("DELIVER");
+    assert_eq!(probe["id"], waiting[0].as_str());
+    bob.read_timeout(Duration::from_millis(300));
+    loop {
+        match bob.read() {
+            Some(f) if f["type"] == "PING" => {
+                bob.send_env("PONG", json!({}), json!({}));
+            }
+            Some(f) => panic!("only the probe is in flight, got {f}"),
+            None => break,
+        }
+    }
+    // Take the probe: the circuit closes and the rest follows.
+    bob.read_timeout(Duration::from_secs(20));
+    bob.ack(&probe);
+    for id in &waiting[1..] {
+        let d = bob.expect("DELIVER");
+        assert_eq!(d["id"], id.as_str());
+        bob.ack(&d);
+    }
+    wait_for(Duration::from_secs(20), "acks recorded", || pending() == 0);
+    // Alice has not read her two notices (one per failure): they wait in her inbox.
+    let notices = cli_json(&relay, &["history", "--from", "relay", "--to", "Alice"]);
+    assert_eq!(notices.as_array().unwrap().len(), 2);
+    let (acked, dead) = assert_nothing_dropped(&relay, &["Alice"], &[]);
+    assert_eq!((acked, dead), (4, 2));
+    assert!(relay.log().contains("circuit half open"));
+}

@@ -208,6 +208,8 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     cfg.heartbeat_timeout = cfg.heartbeat * 3;
     cfg.busy_high_water = args.busy_high_water.max(1);
     cfg.max_hops = args.safety.max_hops;
+    cfg.breaker_failures = args.safety.breaker_failures;
+    cfg.breaker_cooldown = Duration::from_millis(args.safety.breaker_cooldown_ms.max(1));
     cfg.rules_file = Some(paths.data_dir.join(crate::cmd::rules::FILE));
     let window_ms = args.safety.rate_window.max(1).saturating_mul(1000);
     cfg.rates = relay_daemon::limits::RateConfig {

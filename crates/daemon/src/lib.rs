@@ -65,6 +65,10 @@ pub struct Config {
     pub rates: limits::RateConfig,
     /// The access rules file, reloaded when it changes; `None`: everything is allowed.
     pub rules_file: Option<PathBuf>,
+    /// Failure reports in a row from one recipient that open its circuit (0: never).
+    pub breaker_failures: u32,
+    /// How long an open circuit waits before trying one message (doubling while probes fail).
+    pub breaker_cooldown: Duration,
 }
 
 impl Config {
@@ -87,6 +91,8 @@ impl Config {
             max_hops: 10,
             rates: limits::RateConfig::default(),
             rules_file: None,
+            breaker_failures: 3,
+            breaker_cooldown: Duration::from_secs(30),
         }
     }
 }

@@ -245,7 +245,24 @@ struct Online {
     traced_through: i64,
     /// When the first DELIVER after `traced_through` was written (none since: `None`).
     trace_since: Option<u64>,
+    /// Failure reports in a row.
+    failures: u32,
+    /// The circuit breaker.
+    circuit: Circuit,
 }
+
+/// A recipient's circuit breaker: after repeated failure reports its messages wait in the
+/// store instead of being handed to an agent that cannot take them; after a cool-down one
+/// message is tried (the probe), and its success closes the circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Circuit {
+    Closed,
+    Open { until: Instant, cooldown: Duration },
+    HalfOpen { cooldown: Duration },
+}
+
+/// Longest cool-down of a circuit that keeps failing its probes.
+const MAX_COOLDOWN: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default)]
 struct Agent {
@@ -260,7 +277,44 @@ struct SlowConsumer;
 
 impl Online {
     fn can_send_live(&self) -> bool {
-        self.mode == Mode::Live && self.inflight.len() < self.window
+        self.mode == Mode::Live && self.inflight.len() < self.room_limit()
+    }
+
+    /// How many DELIVERs may be unacknowledged: the window, or none while the circuit is
+    /// open, or one (the probe) while it is half open.
+    fn room_limit(&self) -> usize {
+        match self.circuit {
+            Circuit::Closed => self.window,
+            Circuit::Open { .. } => 0,
+            Circuit::HalfOpen { .. } => 1,
+        }
+    }
+
+    /// Counts a failure report; opens the circuit after `threshold` in a row (or again after
+    /// a failed probe, for twice as long). True when it opened now.
+    fn failed(&mut self, threshold: u32, cooldown: Duration, now: Instant) -> bool {
+        self.failures += 1;
+        let next = match self.circuit {
+            Circuit::HalfOpen { cooldown } => (cooldown * 2).min(MAX_COOLDOWN),
+            Circuit::Closed if threshold > 0 && self.failures >= threshold => cooldown,
+            _ => return false,
+        };
+        self.circuit = Circuit::Open {
+            until: now + next,
+            cooldown: next,
+        };
+        if self.mode == Mode::Live {
+            self.mode = Mode::CatchUp { loading: false };
+        }
+        true
+    }
+
+    /// A successful hand-over closes the circuit.
+    fn succeeded(&mut self) -> bool {
+        self.failures = 0;
+        let was_probing = matches!(self.circuit, Circuit::HalfOpen { .. });
+        self.circuit = Circuit::Closed;
+        was_probing
     }
 
     /// Queues a DELIVER. `Ok(true)` when it is the first since the trace was last written
@@ -429,7 +483,10 @@ impl Router {
                     None => break,
                 },
                 _ = sweep.tick() => self.on_sweep().await,
-                _ = rules_check.tick(), if self.cfg.rules_file.is_some() => self.reload_rules(),
+                _ = rules_check.tick() => {
+                    self.reload_rules();
+                    self.probe_circuits().await;
+                }
                 () = shutdown.cancelled() => break,
                 // Lowest priority: runs only when nothing else is ready.
                 () = std::future::ready(()), if !self.dirty.is_empty() => self.flush_watermarks().await,
@@ -633,6 +690,8 @@ impl Router {
             busy_told: HashMap::new(),
             traced_through: 0,
             trace_since: None,
+            failures: 0,
+            circuit: Circuit::Closed,
         });
         tracing::info!(agent = %hello.agent, cli = ?hello.cli, resumed, "agent connected");
         self.to_store(StoreCmd::Write(
@@ -977,6 +1036,25 @@ impl Router {
             },
         ))
         .await;
+    }
+
+    /// Circuits whose cool-down is over go half open: one message is tried.
+    async fn probe_circuits(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (name, a) in &mut self.agents {
+            if let Some(on) = a.online.as_mut()
+                && let Circuit::Open { until, cooldown } = on.circuit
+                && until <= now
+            {
+                on.circuit = Circuit::HalfOpen { cooldown };
+                due.push(name.clone());
+            }
+        }
+        for name in due {
+            tracing::info!(agent = %name, "circuit half open: trying one message");
+            self.advance_watermark(&name).await;
+        }
     }
 
     /// Loads the rules file if it changed. A file that does not parse leaves the rules in
@@ -1428,9 +1506,15 @@ impl Router {
         };
         let n = deliveries.len();
         let mut slow = false;
+        // The circuit may have opened while the page was loading: what is left waits.
+        let mut held = false;
         for d in deliveries {
             if d.message.pos <= on.last_sent {
                 continue;
+            }
+            if on.inflight.len() >= on.room_limit() {
+                held = true;
+                break;
             }
             match on.dispatch(d.message, d.seq, d.attempt, None) {
                 Err(SlowConsumer) => {
@@ -1444,7 +1528,7 @@ impl Router {
             }
         }
         on.backlog = on.backlog.saturating_sub(n as u64);
-        if n < limit {
+        if n < limit && !held {
             on.mode = Mode::Live;
             on.backlog = 0;
         } else {
@@ -1476,6 +1560,24 @@ impl Router {
         else {
             return;
         };
+        let failed = state == Some(DeliveryState::Failed);
+        let opened = if failed {
+            on.failed(
+                self.cfg.breaker_failures,
+                self.cfg.breaker_cooldown,
+                Instant::now(),
+            )
+        } else {
+            on.succeeded();
+            false
+        };
+        if opened {
+            tracing::warn!(
+                agent = %name,
+                failures = on.failures,
+                "circuit open: the agent keeps failing to take messages; they wait in its inbox until a probe succeeds"
+            );
+        }
         let Some(pos) = on.find(ack_id, seq) else {
             // A later state (verified, failed) of a message already acknowledged as injected.
             let status = match state {
@@ -1548,13 +1650,17 @@ impl Router {
         if on.watermark() > on.acked_through && !self.dirty.contains(name) {
             self.dirty.insert(name.to_owned());
         }
-        if on.mode == (Mode::CatchUp { loading: false }) && on.inflight.len() <= on.window / 2 {
+        let room = on.room_limit();
+        if on.mode == (Mode::CatchUp { loading: false })
+            && on.inflight.len() < room
+            && (room < on.window || on.inflight.len() <= on.window / 2)
+        {
             on.mode = Mode::CatchUp { loading: true };
             let cmd = StoreCmd::TakePending {
                 recipient: name.to_owned(),
                 conn_id: on.conn_id,
                 after: on.last_sent,
-                limit: on.window - on.inflight.len(),
+                limit: room - on.inflight.len(),
             };
             self.to_store(cmd).await;
         }
