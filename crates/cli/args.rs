@@ -11,6 +11,8 @@ Quick start:
   agent-relay send Bob 'hello'        send a message as a person
   agent-relay history                 what was said
   agent-relay status                  is it running? how much is stored?
+  agent-relay trace ID                what became of a message
+  agent-relay dlq                     messages that were not delivered, and why
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
@@ -398,7 +400,8 @@ pub(crate) struct BenchArgs {
     /// Storage for the private daemon the bench starts (ignored with --socket).
     #[arg(long, value_enum, default_value = "sqlite")]
     pub(crate) storage: StorageKind,
-    /// Use the relay on this socket instead of starting a private one.
+    /// Use the relay on this socket instead of starting a private one (its rate limits apply:
+    /// start it with `--rate-limit 0 --pair-rate-limit 0` to measure it).
     #[arg(long, value_name = "PATH")]
     pub(crate) target: Option<PathBuf>,
     /// Acknowledge each DELIVER with its own ACK instead of one cumulative ACK per read (for

@@ -222,7 +222,8 @@ fn escape_sequences_in_bodies_never_reach_the_terminal_raw() {
 #[test]
 fn every_command_has_help() {
     for cmd in [
-        "up", "down", "status", "agents", "send", "read", "history", "bench",
+        "up", "down", "status", "agents", "send", "read", "history", "bench", "trace", "dlq",
+        "rules",
     ] {
         let out = std::process::Command::new(BIN)
             .args([cmd, "--help"])
