@@ -660,3 +660,39 @@ fn a_recipient_that_keeps_failing_is_paused_then_probed_and_nothing_is_lost() {
     assert_eq!((acked, dead), (4, 2));
     assert!(relay.log().contains("circuit half open"));
 }
+
+#[test]
+fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
+    let relay = Relay::start_with(&["--busy-high-water", "5"]);
+    {
+        let (mut bob, _) = relay.agent("Bob");
+        bob.send_env("BYE", json!({}), json!({}));
+        assert!(bob.closed());
+    }
+    let (mut alice, _) = relay.agent("Alice");
+    let mut busy = Vec::new();
+    for i in 0..8 {
+        alice.send("Bob", &format!("m{i}"));
+        loop {
+            let f = alice.read().unwrap();
+            match f["type"].as_str().unwrap() {
+                "ACK" => break,
+                "BUSY" => busy.push(f),
+                _ => {}
+            }
+        }
+    }
+    // Once, at the crossing (the BUSY follows the fifth message's ACK).
+    let f = alice.read_until_quiet();
+    busy.extend(f.into_iter().filter(|f| f["type"] == "BUSY"));
+    assert_eq!(busy.len(), 1, "{busy:?}");
+    assert_eq!(busy[0]["payload"]["target"], "Bob");
+    assert_eq!(busy[0]["payload"]["pending"], 5);
+    assert!(relay.log().contains("passed the high-water mark"));
+    // Nothing was dropped: all eight wait for Bob.
+    let (mut bob, _) = relay.agent("Bob");
+    for _ in 0..8 {
+        let d = bob.expect("DELIVER");
+        bob.ack(&d);
+    }
+}

@@ -270,6 +270,9 @@ struct Agent {
     topics: BTreeSet<String>,
     online: Option<Online>,
     connected_at: u64,
+    /// Messages stored for it while offline since it last connected (approximate: counted
+    /// from this daemon's start), for the high-water warning.
+    offline_backlog: u64,
 }
 
 /// Why a DELIVER could not be queued.
@@ -674,6 +677,7 @@ impl Router {
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
         agent.connected_at = now_ms();
+        agent.offline_backlog = 0;
         agent.online = Some(Online {
             conn_id: conn.id,
             tx: conn.tx,
@@ -1358,7 +1362,21 @@ impl Router {
         let mut slow: Vec<String> = Vec::new();
         let mut refill: Vec<String> = Vec::new();
         for (name, seq) in recipients.iter().zip(seqs) {
-            let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+            let Some(agent) = self.agents.get_mut(name) else {
+                continue;
+            };
+            let Some(on) = agent.online.as_mut() else {
+                // An offline inbox passing the high-water mark: warn once per crossing and
+                // tell the sender, as for an online recipient far behind.
+                agent.offline_backlog += 1;
+                if agent.offline_backlog == self.cfg.busy_high_water {
+                    tracing::warn!(
+                        agent = %name,
+                        pending = agent.offline_backlog,
+                        "an offline agent's inbox passed the high-water mark; its messages wait (and expire after the inbox TTL)"
+                    );
+                    busy.push((name.clone(), agent.offline_backlog));
+                }
                 continue;
             };
             any_online = true;
