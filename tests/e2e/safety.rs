@@ -425,7 +425,32 @@ fn two_agents_answering_each_other_are_stopped_by_the_hop_budget() {
     assert_eq!(s, ["rejected", "dead_lettered@Ben"]);
     // Exactly the person's message and four replies were stored.
     assert_eq!(cli_json(&relay, &["history"]).as_array().unwrap().len(), 5);
-    assert_nothing_dropped(&relay, &["Ann", "Ben"], &[refused]);
+    assert_nothing_dropped(&relay, &["Ann", "Ben"], std::slice::from_ref(&refused));
+    // A person may send the refused reply anyway: it is stored as Ann's, for Ben.
+    let n = dl[0]["dlq_id"].as_i64().unwrap().to_string();
+    let retry = cli_json(&relay, &["dlq", "retry", &n]);
+    assert!(
+        retry["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("sent again as Ann"),
+        "{retry}"
+    );
+    let s = wait_stages(
+        &relay,
+        &refused,
+        &["rejected", "retried@Ben", "accepted", "queued@Ben"],
+    );
+    assert_eq!(s[0], "rejected", "{s:?}");
+    let (mut ben, _) = relay.agent("Ben");
+    let d = ben.expect("DELIVER");
+    assert_eq!(d["id"], refused.as_str());
+    assert_eq!(d["from"], "Ann");
+    assert_eq!(
+        d["payload"]["budget"]["hops"], 5,
+        "past the budget, by a person's decision"
+    );
+    ben.ack(&d);
     // A person's new message starts a fresh budget.
     let out = ok_stdout(&relay.cli(&["send", "Ben", "new topic", "--json"]));
     let v: Value = serde_json::from_str(&out).unwrap();

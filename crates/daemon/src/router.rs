@@ -906,6 +906,33 @@ impl Router {
         } = origin;
         let (to_name, mut names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
             Ok(r) => r,
+            Err((code, reason)) if conn_id == NO_CONN => {
+                // The daemon's own send (a retried dead letter) has nobody to answer: it goes
+                // back to the dead-letter queue rather than vanish.
+                let message = NewMessage {
+                    id,
+                    from,
+                    to: to.unwrap_or_else(|| "*".into()),
+                    topic,
+                    payload,
+                    session_id,
+                    recipients: Vec::new(),
+                };
+                let code = serde_json::to_value(code)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "invalid".into());
+                self.to_store(StoreCmd::Write(
+                    WriteOp::Reject {
+                        message: Box::new(message),
+                        code,
+                        reason,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+                return;
+            }
             Err((code, reason)) => {
                 self.nack(conn_id, id, code, reason);
                 return;
