@@ -8,6 +8,7 @@ const AFTER_HELP: &str = "\
 Quick start:
   agent-relay up                      start the relay for this project (in the background)
   agent-relay -n Alice claude         run an agent under the relay (starts the relay if needed)
+  agent-relay attach Alice            back to Alice's tmux session (detach: Ctrl-b d)
   agent-relay send Bob 'hello'        send a message as a person
   agent-relay history                 what was said
   agent-relay status                  is it running? how much is stored?
@@ -28,6 +29,12 @@ pub(crate) struct Cli {
     /// With an agent command (`agent-relay -n Alice claude`): the agent's relay name.
     #[arg(short = 'n', long = "name", value_name = "NAME")]
     pub(crate) name: Option<String>,
+    /// With an agent command: where it runs, tmux or pty (see `wrap --help`).
+    #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
+    pub(crate) backend: Option<Backend>,
+    /// With an agent command and tmux: start it and return without attaching.
+    #[arg(long)]
+    pub(crate) detached: bool,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,
@@ -67,6 +74,8 @@ pub(crate) enum Cmd {
     /// Run an agent CLI under the relay: what it prints as `@relay:NAME ...` is sent, what it
     /// receives is typed in when it is idle. Shorthand: `agent-relay -n NAME <cli> [args]`.
     Wrap(WrapArgs),
+    /// Attach this terminal to a wrapped agent's tmux session (detach again with Ctrl-b d).
+    Attach(AttachArgs),
     /// `agent-relay [-n NAME] <cli> [args]`: the same as `wrap`.
     #[command(external_subcommand)]
     Agent(Vec<String>),
@@ -313,6 +322,9 @@ pub(crate) struct SendArgs {
     /// Message id to use (default: a new ULID). Re-using an id makes the send a no-op duplicate.
     #[arg(long)]
     pub(crate) id: Option<String>,
+    /// Urgent: the recipient's wrapper types it before the other messages waiting for it.
+    #[arg(long)]
+    pub(crate) urgent: bool,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
@@ -354,26 +366,73 @@ pub(crate) struct HistoryArgs {
     pub(crate) json: bool,
 }
 
+/// Where a wrapped agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Backend {
+    /// Its own tmux session: detach and reattach (`agent-relay attach NAME`) at will.
+    Tmux,
+    /// A pseudo-terminal owned by this process, in this terminal.
+    Pty,
+}
+
+impl Backend {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Tmux => "tmux",
+            Self::Pty => "pty",
+        }
+    }
+}
+
 /// `agent-relay wrap`.
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Backends: with tmux the agent runs in its own tmux session named <project>-<NAME>; you are
+attached to it (detach with Ctrl-b d; the agent keeps running and relaying), and
+`agent-relay attach NAME` brings you back. Run the same command again after a crash and the
+wrapper picks the session up without re-sending anything. With pty the agent runs inside this
+terminal and ends with it. Default: tmux when this is a terminal and tmux is installed, else pty.
+
+Profiles (when to type a message in, how to read the screen) are TOML files; override any
+field in $AGENT_RELAY_PROFILE_DIR/<profile>.toml (default ~/.config/agent-relay/profiles/).")]
 pub(crate) struct WrapArgs {
     /// The agent's relay name (default: a generated one, printed).
     #[arg(short = 'n', long)]
     pub(crate) name: Option<String>,
+    /// Where the agent runs: tmux or pty.
+    #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
+    pub(crate) backend: Option<Backend>,
+    /// tmux: start (or pick up) the session and return at once, without attaching.
+    #[arg(long)]
+    pub(crate) detached: bool,
     /// How to read the agent's screen: claude, codex, gemini, shell or generic (default: from
     /// the command's name).
     #[arg(long, value_name = "NAME")]
     pub(crate) profile: Option<String>,
-    /// Do not pass this terminal's keystrokes to the agent (it gets relayed messages only).
+    /// Do not pass this terminal's keystrokes to the agent (pty; it gets relayed messages only).
     #[arg(long)]
     pub(crate) no_input: bool,
     /// Longest message body typed in full; longer ones are cut, with a hint to read the rest
     /// with `agent-relay read <id>`.
     #[arg(long, value_name = "CHARS", default_value_t = 2000)]
     pub(crate) max_body: usize,
+    /// Also append every message for the agent to team/<NAME>/inbox.md in the data directory
+    /// (or under $AGENT_RELAY_INBOX_DIR), so it can be told to read it if typing ever fails.
+    #[arg(long)]
+    pub(crate) inbox: bool,
+    /// Internal: relay for an existing tmux session (started by `wrap --backend tmux`).
+    #[arg(long, hide = true, value_name = "SESSION")]
+    pub(crate) serve_tmux: Option<String>,
     /// The agent command and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub(crate) command: Vec<String>,
+}
+
+/// `agent-relay attach`.
+#[derive(Debug, Args)]
+pub(crate) struct AttachArgs {
+    /// The agent's name.
+    pub(crate) name: String,
 }
 
 /// `agent-relay bench`.

@@ -11,4 +11,5 @@ mod parse;
 mod protocol;
 mod safety;
 mod support;
+mod tmux;
 mod wrap;

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::support::{BIN, Relay, ok_stdout, wait_for};
 
-const BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
+pub(crate) const BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in
@@ -17,7 +17,7 @@ while IFS= read -r line; do
 done
 "#;
 
-const ALICE: &str = r#"echo "@relay:Bob hello from alice"
+pub(crate) const ALICE: &str = r#"echo "@relay:Bob hello from alice"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in *"Relay message from Bob"*) exit 7;; esac
@@ -25,7 +25,7 @@ done
 "#;
 
 /// Runs a tmux command on a private server (`-L server`, sockets under `dir`).
-fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new("tmux")
         .env("TMUX_TMPDIR", dir)
         .args(["-L", server])
@@ -36,11 +36,11 @@ fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::
 
 /// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with
 /// this relay's environment: a person's terminal. `{bin}` in `commands` is the binary.
-fn person_terminal(relay: &Relay, server: &str, commands: &str) {
+pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     let dir = relay.dir.path();
     let script = dir.join(format!("{server}.sh"));
     let body = format!(
-        "#!/bin/sh\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}'\n{}\nsleep 60\n",
+        "#!/bin/sh\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}' AGENT_RELAY_BACKEND=pty\n{}\nsleep 60\n",
         relay.data_dir().display(),
         relay.socket.display(),
         commands.replace("{bin}", &format!("'{BIN}'")),
@@ -67,7 +67,7 @@ fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     );
 }
 
-fn output_of(mut child: Child) -> (i32, String) {
+pub(crate) fn output_of(mut child: Child) -> (i32, String) {
     let mut out = String::new();
     child
         .stdout
@@ -112,9 +112,14 @@ fn two_wrapped_agents_talk_through_the_relay() {
             && bob_out.contains("]: hello from alice"),
         "{bob_out}"
     );
+    // Bob's answer is in the thread of Alice's message (shown by its short id).
+    let alice_id = {
+        let start = bob_out.find("got: Relay message from Alice [").unwrap() + 31;
+        bob_out[start..start + 8].to_owned()
+    };
     assert!(
         alice_out.contains("got: Relay message from Bob [")
-            && alice_out.contains("]: thanks for the hello"),
+            && alice_out.contains(&format!("] (thread {alice_id}): thanks for the hello")),
         "{alice_out}"
     );
     assert_eq!(alice_code, 7, "the agent's exit code is the wrapper's");
@@ -139,6 +144,14 @@ fn two_wrapped_agents_talk_through_the_relay() {
             ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
             ("Alice".into(), "Bob".into(), "hello from alice".into()),
         ]
+    );
+    // Printed after Alice's message was typed in: Bob's directive answers it.
+    let (reply, first) = (&h[0], &h[1]);
+    assert_eq!(reply["in_reply_to"], first["id"], "{h:#}");
+    assert_eq!(reply["thread"], first["id"], "{h:#}");
+    assert!(
+        first["in_reply_to"].is_null(),
+        "a fresh message starts fresh"
     );
 }
 
@@ -359,10 +372,11 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
         .expect("the person's line reached the agent");
     let relayed = text.find("got: Relay message from human [").unwrap();
     assert!(mine < relayed, "{text}");
+    // The wrapper saw the line submitted (the agent echoed it on a new line) and said so.
     wait_for(
         Duration::from_secs(10),
-        "the delivery is acknowledged",
-        || status() == "acked",
+        "the delivery is reported verified",
+        || status() == "verified",
     );
     tmux(&["kill-server"]);
 }
@@ -430,14 +444,14 @@ fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart
     );
 }
 
-fn is_online(relay: &Relay, name: &str) -> bool {
+pub(crate) fn is_online(relay: &Relay, name: &str) -> bool {
     let v: Value =
         serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
     v.as_array()
         .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
 }
 
-fn wait_online(relay: &Relay, name: &str) {
+pub(crate) fn wait_online(relay: &Relay, name: &str) {
     wait_for(
         Duration::from_secs(20),
         &format!("{name} is connected"),
@@ -446,7 +460,7 @@ fn wait_online(relay: &Relay, name: &str) {
 }
 
 /// A wrapped agent that prints what it reads and exits once it has read `until`.
-fn listener(relay: &Relay, name: &str, until: &str) -> Child {
+pub(crate) fn listener(relay: &Relay, name: &str, until: &str) -> Child {
     relay
         .command()
         .args(["wrap", "--no-input", "-n", name, "--", "sh", "-c"])
@@ -562,4 +576,58 @@ fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
     );
     // The whole text is there to read.
     assert!(ok_stdout(&relay.cli(&["read", id])).contains(&long));
+}
+
+/// An agent that works (a spinner with "esc to interrupt", then a silent stretch with the
+/// status still shown) gets its messages only once it is idle, the urgent one first.
+#[test]
+fn a_busy_agent_gets_its_messages_once_idle_urgent_first() {
+    let relay = Relay::start();
+    std::fs::write(
+        relay.dir.path().join("busy.sh"),
+        r#"i=0
+while [ $i -lt 15 ]; do printf '\r* Working %d (esc to interrupt)' $i; i=$((i+1)); sleep 0.1; done
+sleep 1.5
+printf '\r\033[2Kdone working\n'
+while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; done
+"#,
+    )
+    .unwrap();
+    let agent = relay
+        .command()
+        .current_dir(relay.dir.path())
+        .args([
+            "wrap",
+            "--backend",
+            "pty",
+            "--no-input",
+            "--profile",
+            "generic",
+            "-n",
+            "Busy",
+            "--",
+            "sh",
+            "busy.sh",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_online(&relay, "Busy");
+    ok_stdout(&relay.cli(&["send", "Busy", "first"]));
+    ok_stdout(&relay.cli(&["send", "Busy", "second"]));
+    ok_stdout(&relay.cli(&["send", "Busy", "third", "--urgent"]));
+    let (code, out) = output_of(agent);
+    assert_eq!(code, 0, "{out}");
+    let done = out
+        .find("done working")
+        .expect("the agent finished working");
+    let typed = out.find("Relay message").expect("messages were typed");
+    assert!(done < typed, "typed while the agent was busy:\n{out}");
+    let got: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("got: Relay message from human ["))
+        .map(|l| l.rsplit(": ").next().unwrap_or("").trim_end())
+        .collect();
+    assert_eq!(got, ["third", "first", "second"], "{out}");
 }

@@ -31,18 +31,25 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Rules(args) => rules::run(&paths, args),
         Cmd::Wrap(mut args) => {
             args.name = args.name.or(cli.name);
+            args.backend = args.backend.or(cli.backend);
+            args.detached |= cli.detached;
             exit_with(wrap::wrap(&paths, args)?)
         }
         Cmd::Agent(command) => {
             let args = crate::args::WrapArgs {
                 name: cli.name,
+                backend: cli.backend,
+                detached: cli.detached,
                 profile: None,
                 no_input: false,
                 max_body: 2000,
+                inbox: false,
+                serve_tmux: None,
                 command,
             };
             exit_with(wrap::wrap(&paths, args)?)
         }
+        Cmd::Attach(args) => exit_with(wrap::attach(&paths, &args)?),
         cmd => {
             init_logging("warn");
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -63,7 +70,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     | Cmd::Parse(_)
                     | Cmd::Rules(_)
                     | Cmd::Wrap(_)
-                    | Cmd::Agent(_) => Ok(()),
+                    | Cmd::Agent(_)
+                    | Cmd::Attach(_) => Ok(()),
                 }
             })
         }

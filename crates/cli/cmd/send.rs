@@ -37,6 +37,7 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
             thread: args.thread,
             in_reply_to: None,
             budget: None,
+            urgent: args.urgent,
         },
     };
     let res = client.send(msg).await;

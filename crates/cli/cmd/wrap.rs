@@ -1,14 +1,17 @@
 //! `agent-relay wrap` and `agent-relay [-n NAME] <cli> [args]`: run an agent under the relay.
 
-use std::time::Duration;
+use std::io::IsTerminal;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
 
 use anyhow::Context;
 use relay_client::paths::Paths;
-use relay_parse::Profile;
 use relay_wrap::WrapConfig;
-use relay_wrap::inject::Timing;
+use relay_wrap::profile::Profile;
+use relay_wrap::tmux;
 
-use crate::args::{StorageKind, UpArgs, WrapArgs};
+use crate::args::{AttachArgs, Backend, StorageKind, UpArgs, WrapArgs};
 use crate::cmd::up::start_background;
 
 const ADJECTIVES: [&str; 16] = [
@@ -29,7 +32,7 @@ fn generated_name() -> String {
 
 /// Runs the agent; returns its exit code.
 pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
-    let name = match args.name {
+    let name = match args.name.clone() {
         Some(n) => {
             relay_protocol::validate_agent_name(&n)
                 .map_err(|e| anyhow::anyhow!("-n {n:?}: {e}"))?;
@@ -42,15 +45,22 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         }
     };
     let program = args.command.first().context("no agent command given")?;
-    let profile = match &args.profile {
-        Some(p) => Profile::by_name(p).with_context(|| {
-            format!(
-                "unknown profile {p:?}; known: {}",
-                Profile::NAMES.join(", ")
-            )
-        })?,
-        None => Profile::for_command(program),
-    };
+    let profile_name = args
+        .profile
+        .clone()
+        .unwrap_or_else(|| Profile::name_for_command(program).to_owned());
+    let profile = Profile::load(
+        &profile_name,
+        relay_wrap::profile::override_dir().as_deref(),
+    )?;
+    let interactive_terminal = std::io::stdin().is_terminal();
+    let backend = args.backend.unwrap_or_else(|| {
+        if interactive_terminal && tmux_installed() {
+            Backend::Tmux
+        } else {
+            Backend::Pty
+        }
+    });
     // The relay starts if it is not running, as `agent-relay up` would.
     let storage = match std::env::var("AGENT_RELAY_STORAGE_TYPE").as_deref() {
         Ok("memory") => StorageKind::Memory,
@@ -66,35 +76,223 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         json: false,
     };
     start_background(paths, &up).context("cannot start the relay")?;
+    let team_dir = paths.data_dir.join("team").join(&name);
+    let inbox = match std::env::var_os("AGENT_RELAY_INBOX_DIR") {
+        Some(dir) => Some(PathBuf::from(dir).join("team").join(&name)),
+        None if args.inbox => Some(team_dir.clone()),
+        None => None,
+    };
     let cfg = WrapConfig {
         name,
-        command: args.command,
+        command: args.command.clone(),
         profile,
         socket: paths.socket.clone(),
-        timing: Timing {
-            quiet: Duration::from_millis(500),
-            enter_delay: Duration::from_millis(100),
-        },
-        settle_after: Duration::from_millis(400),
         max_body: args.max_body.max(1),
         interactive: !args.no_input,
+        team_dir,
+        inbox,
     };
-    init_wrap_logging(paths, &cfg);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    Ok(rt.block_on(relay_wrap::run(cfg))?)
+    match (backend, &args.serve_tmux) {
+        (Backend::Pty, _) => {
+            init_wrap_logging(&cfg, cfg.interactive && interactive_terminal);
+            runtime()?
+                .block_on(relay_wrap::run_pty(cfg))
+                .map_err(Into::into)
+        }
+        (Backend::Tmux, Some(session)) => {
+            init_wrap_logging(&cfg, true);
+            let _lock = relay_lock(&cfg)?;
+            runtime()?
+                .block_on(relay_wrap::serve_tmux(cfg, session.clone()))
+                .map_err(Into::into)
+        }
+        (Backend::Tmux, None) => tmux_front(paths, &args, &cfg, &profile_name),
+    }
 }
 
-/// The person's terminal belongs to the agent: when it is in use, logs go to
-/// `<data>/wrap-<name>.log`; otherwise to stderr.
-fn init_wrap_logging(paths: &Paths, cfg: &WrapConfig) {
-    let interactive = cfg.interactive && std::io::IsTerminal::is_terminal(&std::io::stdin());
-    if !interactive {
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn tmux_installed() -> bool {
+    std::process::Command::new("tmux")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// tmux: start the agent's session (or find it running), make sure a background process
+/// relays for it, then attach the person to it unless `--detached`.
+fn tmux_front(
+    paths: &Paths,
+    args: &WrapArgs,
+    cfg: &WrapConfig,
+    profile: &str,
+) -> anyhow::Result<i32> {
+    if !tmux_installed() {
+        anyhow::bail!(
+            "--backend tmux needs tmux, which was not found (Debian/Ubuntu: apt install tmux; \
+             macOS: brew install tmux), or use --backend pty"
+        );
+    }
+    let session = tmux::session_name(&paths.project_root, &cfg.name);
+    let name = &cfg.name;
+    if tmux::exists(&session) {
+        eprintln!("agent-relay: {name} is running in tmux session {session}; picking it up");
+    } else {
+        let (rows, cols) = relay_wrap::terminal_size();
+        let cwd = std::env::current_dir().context("no working directory")?;
+        tmux::create(&tmux::NewSession {
+            name: &session,
+            command: &cfg.command,
+            env: &[("AGENT_RELAY_NAME".to_owned(), name.clone())],
+            cwd: &cwd,
+            rows,
+            cols,
+            team_dir: &cfg.team_dir,
+        })?;
+        eprintln!("agent-relay: started {name} in tmux session {session}");
+    }
+    ensure_relaying(paths, args, cfg, &session, profile)?;
+    if args.detached || !std::io::stdin().is_terminal() {
+        eprintln!("agent-relay: {name} runs detached; attach with: agent-relay attach {name}");
+        return Ok(0);
+    }
+    let status = tmux::attach_command(&session)
+        .status()
+        .context("cannot run tmux attach")?;
+    if let Ok(text) = std::fs::read_to_string(cfg.team_dir.join("exit")) {
+        if !tmux::exists(&session) {
+            return Ok(text.trim().parse().unwrap_or(0));
+        }
+    }
+    if !status.success() {
+        anyhow::bail!("tmux attach failed ({status})");
+    }
+    eprintln!(
+        "agent-relay: detached; {name} keeps running and relaying. Back to it: agent-relay attach {name}"
+    );
+    Ok(0)
+}
+
+/// The relaying process's lock, held for its life, with its pid written in: one relaying
+/// process per agent.
+fn relay_lock(cfg: &WrapConfig) -> anyhow::Result<std::fs::File> {
+    use rustix::fs::{FlockOperation, flock};
+    use std::io::Write;
+    std::fs::create_dir_all(&cfg.team_dir)?;
+    let path = cfg.team_dir.join("relay.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+        anyhow::bail!(
+            "another process already relays for {} (its pid is in {})",
+            cfg.name,
+            path.display()
+        );
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+/// Starts the process that relays for `session`, unless one runs: it holds an exclusive
+/// lock on `team/<name>/relay.lock` for as long as it lives.
+fn ensure_relaying(
+    paths: &Paths,
+    args: &WrapArgs,
+    cfg: &WrapConfig,
+    session: &str,
+    profile: &str,
+) -> anyhow::Result<()> {
+    use rustix::fs::{FlockOperation, flock};
+    std::fs::create_dir_all(&cfg.team_dir)?;
+    let lock_path = cfg.team_dir.join("relay.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    if flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Ok(());
+    }
+    drop(lock);
+    let log_path = cfg.team_dir.join("wrap.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "wrap",
+        "--backend",
+        Backend::Tmux.as_str(),
+        "--serve-tmux",
+        session,
+    ])
+    .args(["-n", &cfg.name, "--profile", profile])
+    .args(["--max-body", &args.max_body.to_string()]);
+    if args.inbox {
+        cmd.arg("--inbox");
+    }
+    cmd.arg("--")
+        .args(&cfg.command)
+        .env("AGENT_RELAY_SOCKET", &paths.socket)
+        .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C in this terminal must not stop the relaying.
+        .process_group(0)
+        .spawn()
+        .context("cannot start the relaying process")?;
+    Ok(())
+}
+
+/// `agent-relay attach NAME`.
+pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
+    relay_protocol::validate_agent_name(&args.name)
+        .map_err(|e| anyhow::anyhow!("{:?}: {e}", args.name))?;
+    let session = tmux::session_name(&paths.project_root, &args.name);
+    if !tmux::exists(&session) {
+        return Err(crate::exit::Coded {
+            code: 4,
+            message: format!(
+                "no tmux session {session} for {}: start it with \
+                 `agent-relay -n {} --backend tmux <cli>` (agents run with --backend pty live \
+                 in their own terminal)",
+                args.name, args.name
+            ),
+        }
+        .into());
+    }
+    let status = tmux::attach_command(&session)
+        .status()
+        .context("cannot run tmux attach")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// The person's terminal belongs to the agent: when it is in use (or there is no terminal:
+/// a background relaying process), logs go to `<data>/team/<name>/wrap.log`; otherwise to
+/// stderr.
+fn init_wrap_logging(cfg: &WrapConfig, to_file: bool) {
+    if !to_file {
         crate::cmd::init_logging("warn");
         return;
     }
-    let path = paths.data_dir.join(format!("wrap-{}.log", cfg.name));
+    let _ = std::fs::create_dir_all(&cfg.team_dir);
+    let path = cfg.team_dir.join("wrap.log");
     let Ok(file) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -163,6 +163,7 @@ impl Outgoing {
                 thread: None,
                 in_reply_to: None,
                 budget: None,
+                urgent: false,
             },
         }
     }

@@ -1154,6 +1154,7 @@ impl Router {
                     max_hops: self.cfg.max_hops,
                     expires_at: None,
                 }),
+                urgent: false,
             };
             let id = ulid::Ulid::new().to_string();
             let new = NewMessage {

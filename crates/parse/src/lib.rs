@@ -91,6 +91,34 @@ pub struct Directive {
     pub data: Option<serde_json::Value>,
 }
 
+/// The text a terminal shows: its rows (trailing spaces removed) and where the cursor is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScreenText {
+    /// The rows, top to bottom.
+    pub lines: Vec<String>,
+    /// The cursor's row, an index into `lines` (may be `lines.len()` on an empty screen).
+    pub cursor_row: usize,
+    /// The cursor's column.
+    pub cursor_col: usize,
+}
+
+impl ScreenText {
+    /// A screen from text rows (a `tmux capture-pane` or a test), with the cursor at
+    /// `(row, col)`.
+    pub fn from_text(text: &str, cursor_row: usize, cursor_col: usize) -> Self {
+        Self {
+            lines: text.lines().map(|l| l.trim_end().to_owned()).collect(),
+            cursor_row,
+            cursor_col,
+        }
+    }
+
+    /// The row under the cursor (empty when there is none).
+    pub fn cursor_line(&self) -> &str {
+        self.lines.get(self.cursor_row).map_or("", String::as_str)
+    }
+}
+
 /// One agent terminal's parser. See the crate docs.
 pub struct Parser {
     vte: vte::Parser,
@@ -218,6 +246,17 @@ impl Parser {
     /// pane, for instance): directives shown again in the same order are not reported twice.
     pub fn begin_replay(&mut self) {
         self.dedupe.begin_replay(0, self.seq);
+    }
+
+    /// What the terminal shows now, as text: for deciding whether the agent is ready for
+    /// input and whether typed input was submitted.
+    pub fn screen(&self) -> ScreenText {
+        let (lines, cursor_row, cursor_col) = self.screen.visible();
+        ScreenText {
+            lines,
+            cursor_row,
+            cursor_col,
+        }
     }
 
     /// Bytes of state this parser holds; bounded whatever the input (under 8 MiB).

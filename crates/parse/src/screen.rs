@@ -248,6 +248,24 @@ impl Screen {
         })
     }
 
+    /// The rows the terminal shows now (trailing spaces removed) and the cursor's position
+    /// in them (row, column).
+    pub(crate) fn visible(&self) -> (Vec<String>, usize, usize) {
+        let start = self.grid.len().saturating_sub(self.rows);
+        let lines = self
+            .grid
+            .iter()
+            .skip(start)
+            .map(|r| {
+                r.cells[..trimmed_len(&r.cells)]
+                    .iter()
+                    .map(|c| c.ch)
+                    .collect()
+            })
+            .collect();
+        (lines, self.cur_row.saturating_sub(start), self.cur_col)
+    }
+
     /// Rows above the cursor are final now (the stream went quiet).
     pub(crate) fn commit_above_cursor(&mut self) {
         self.commit_rows(self.cur_row);

@@ -252,6 +252,10 @@ pub struct Send {
     /// Extension: loop-control budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// Extension: the sender marked this urgent; a recipient's wrapper types it before the
+    /// other messages waiting for that terminal.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub urgent: bool,
 }
 
 /// Delivery metadata on a DELIVER envelope (extension, top level like the seed's example).
@@ -891,6 +895,7 @@ mod tests {
                     max_hops: 10,
                     expires_at: Some(9),
                 }),
+                urgent: true,
             }),
         );
         env.from = Some("Alice".into());

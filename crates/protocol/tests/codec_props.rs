@@ -52,20 +52,24 @@ fn send_payload() -> impl Strategy<Value = Send> {
             any::<u32>(),
             proptest::option::of(any::<u64>()),
         )),
+        any::<bool>(),
     )
-        .prop_map(|(kind, body, data, thread, in_reply_to, budget)| Send {
-            kind,
-            body,
-            // `Some(Null)` and `None` are the same on the wire.
-            data: data.filter(|d| !d.is_null()),
-            thread,
-            in_reply_to,
-            budget: budget.map(|(hops, max_hops, expires_at)| Budget {
-                hops,
-                max_hops,
-                expires_at,
-            }),
-        })
+        .prop_map(
+            |(kind, body, data, thread, in_reply_to, budget, urgent)| Send {
+                kind,
+                body,
+                // `Some(Null)` and `None` are the same on the wire.
+                data: data.filter(|d| !d.is_null()),
+                thread,
+                in_reply_to,
+                budget: budget.map(|(hops, max_hops, expires_at)| Budget {
+                    hops,
+                    max_hops,
+                    expires_at,
+                }),
+                urgent,
+            },
+        )
 }
 
 fn payload() -> impl Strategy<Value = Payload> {

@@ -206,7 +206,9 @@ INSERT INTO meta (key, value)
 
 DROP TABLE cursors;
 ",
-    // v3: delivery traces and the dead-letter queue.
+    // v3: urgent messages (the recipient's wrapper types them before the others).
+    "ALTER TABLE messages ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0;",
+    // v4: delivery traces and the dead-letter queue.
     //
     // The common path of a delivery (stored, handed over, acknowledged) is already in
     // `messages.ts`, `deliveries.queued_at` and the acknowledgement's `updated_at`; what is
@@ -271,9 +273,9 @@ const STREAMS_FLUSH_EVERY: u32 = 64;
 /// Message columns in the order [`RawMessage::from_row`] reads them.
 const MSG_COLS: &str = "m.pos, m.id, m.ts, (SELECT n.name FROM names n WHERE n.id = m.sender) \
                         AS sender_name, m.recipient, m.topic, m.kind, m.body, m.data, \
-                        m.thread, m.in_reply_to, m.budget, m.fanout";
+                        m.thread, m.in_reply_to, m.budget, m.fanout, m.urgent";
 /// Number of columns in [`MSG_COLS`].
-const MSG_NCOLS: usize = 13;
+const MSG_NCOLS: usize = 14;
 
 /// `DeliveryStatus::Queued.code()`. The SQL below also spells out `1` (acked) and `4`
 /// (expired); `status_codes_match_sql` in the tests pins them.
@@ -285,8 +287,8 @@ const QUEUED: i64 = 0;
 /// The unique (id, sender) index is the dedupe check: no separate lookup on the common path,
 /// and it also sees rows inserted earlier in the same transaction.
 const INSERT_MESSAGE: &str = "INSERT INTO messages (id, ts, sender, recipient, topic, kind, body,
-    data, thread, in_reply_to, budget, session_id, fanout)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+    data, thread, in_reply_to, budget, session_id, fanout, urgent)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
     ON CONFLICT (id, sender) DO NOTHING";
 /// `updated_at` starts as `-1 - queued_at`, read back as "never updated" (NULL in v1): a
 /// negative of the same magnitude has the same encoded size as the time that replaces it, so
@@ -696,6 +698,7 @@ struct RawMessage {
     in_reply_to: Option<String>,
     budget: Option<String>,
     fanout: Option<String>,
+    urgent: bool,
 }
 
 impl RawMessage {
@@ -714,6 +717,7 @@ impl RawMessage {
             in_reply_to: r.get(base + 10)?,
             budget: r.get(base + 11)?,
             fanout: r.get(base + 12)?,
+            urgent: r.get(base + 13)?,
         })
     }
 
@@ -748,6 +752,7 @@ impl RawMessage {
                 thread: self.thread,
                 in_reply_to: self.in_reply_to,
                 budget,
+                urgent: self.urgent,
             },
         };
         Ok((m, fanout))
@@ -1045,6 +1050,7 @@ impl Batch<'_> {
             budget,
             m.session_id,
             fanout,
+            p.urgent,
         ])?;
         if inserted == 0 {
             let pos: i64 = tx

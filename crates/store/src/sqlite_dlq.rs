@@ -1,4 +1,4 @@
-//! The SQLite store's delivery trace and dead-letter queue (schema v3): the writes a batch
+//! The SQLite store's delivery trace and dead-letter queue (schema v4): the writes a batch
 //! makes for them and the reads behind `trace`, `dlq` and the `status` figures. Everything
 //! here is off the common path of a message except [`Batch::sent`], one row per recipient
 //! per router flush.

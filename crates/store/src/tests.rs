@@ -76,6 +76,7 @@ pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMes
             thread: None,
             in_reply_to: None,
             budget: None,
+            urgent: false,
         },
         session_id: Some("sess".into()),
         recipients: recipients.iter().map(|r| rcpt(r)).collect(),
@@ -877,6 +878,22 @@ fn empty_store<B: Backend>(mut b: B) {
     assert_eq!(pending_ids(&mut s, "x"), vec!["m1"]);
 }
 
+/// The urgent mark survives storage (an offline inbox is typed in urgent-first too).
+fn urgent_survives_reopen<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let mut m = msg("u1", "a", "x", &["x"]);
+    m.payload.urgent = true;
+    put(&mut s, m, 1);
+    put(&mut s, msg("n1", "a", "x", &["x"]), 2);
+    let mut s = b.reopen(s);
+    let pending = s.take_pending("x", 0, 10).unwrap();
+    let marks: Vec<(&str, bool)> = pending
+        .iter()
+        .map(|p| (p.message.id.as_str(), p.message.payload.urgent))
+        .collect();
+    assert_eq!(marks, vec![("u1", true), ("n1", false)]);
+}
+
 macro_rules! for_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -1157,6 +1174,7 @@ for_both!(
     history_limits,
     agents_and_subscriptions,
     empty_store,
+    urgent_survives_reopen,
 );
 
 #[test]
@@ -1266,7 +1284,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 3,
+            supported: 4,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1285,7 +1303,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 3);
+    assert_eq!(v, 4);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 

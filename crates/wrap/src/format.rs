@@ -1,7 +1,7 @@
 //! How a delivered message becomes text typed into an agent's terminal.
 
 /// Shortest id prefix shown; `agent-relay read` accepts it (or the whole id when shorter).
-const SHORT_ID: usize = 8;
+pub const SHORT_ID: usize = 8;
 
 /// The line typed into the recipient's terminal for one message:
 /// `Relay message from Alice [01JB2K7Q]: body` (with ` (thread T)` when there is one).
@@ -37,7 +37,13 @@ pub fn injected_text(
     }
     let thread = thread
         .map(|t| {
-            let t: String = t.chars().filter(|c| !c.is_control()).take(64).collect();
+            // A thread the relay started is the id of its first message: its short form is
+            // enough (and `agent-relay read` takes it).
+            let t: String = if ulid::Ulid::from_string(t).is_ok() {
+                t.chars().take(SHORT_ID).collect()
+            } else {
+                t.chars().filter(|c| !c.is_control()).take(64).collect()
+            };
             format!(" (thread {t})")
         })
         .unwrap_or_default();

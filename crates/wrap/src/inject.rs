@@ -1,21 +1,60 @@
-//! When to type an incoming message into the agent's terminal: a pure state machine that is
-//! told about output and time, and answers what to write.
+//! When to type an incoming message into the agent's terminal, and whether it was submitted:
+//! a pure state machine that is told about output and time, asks a [`Look`] about the
+//! screen, and answers what to write.
 //!
-//! One message at a time: wait until the agent's output has been quiet for the profile's
-//! time and the person at the terminal has no half-written line, type the text, wait a
-//! moment, then press Enter as a separate write (agents that get text and Enter in one write
-//! often leave the text unsubmitted), and only then report the message as handed over.
+//! One message at a time:
+//! 1. wait until the output has been quiet for the profile's time, the person at the
+//!    terminal has no half-written line, and the screen says the agent is ready (prompt
+//!    empty, no spinner, no dialog);
+//! 2. type the text;
+//! 3. after a pause, press Enter as a separate write (agents that get text and Enter in one
+//!    write often leave the text unsubmitted);
+//! 4. a moment later look whether the input line let go of the text; if not, press Enter
+//!    again, a bounded number of times; then report the outcome, verified or failed.
+//!
+//! Nothing here sends Escape or erases anything: a busy agent or a person's text is waited
+//! for, never cleared.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Timing of injection.
+use crate::profile::NotReady;
+
+/// Timing of injection (from the profile).
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     /// Output must have been quiet this long before typing.
     pub quiet: Duration,
     /// Pause between the text and its Enter.
     pub enter_delay: Duration,
+    /// How long after Enter to check that it submitted.
+    pub verify_after: Duration,
+    /// Extra Enters when the text is still in the input box.
+    pub enter_retries: u32,
+    /// After the screen said "not ready", look again this long later even if nothing was
+    /// printed (a dialog closed by a person's click, say).
+    pub recheck: Duration,
+}
+
+/// The screen, as the injector needs to see it. The wrapper answers from its screen model
+/// (PTY) or a pane capture (tmux); tests answer from recorded screens.
+pub trait Look {
+    /// Whether the agent may be given a message now.
+    ///
+    /// # Errors
+    /// Why not.
+    fn ready(&mut self) -> Result<(), NotReady>;
+    /// Whether `typed` was submitted (the input line let go of it).
+    fn submitted(&mut self, typed: &str) -> bool;
+}
+
+/// How typing one message ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Typed, Enter pressed, and the screen shows it submitted.
+    Verified,
+    /// Typed, but the screen still shows it in the input line after every Enter.
+    Failed(String),
 }
 
 /// What to do now.
@@ -23,14 +62,26 @@ pub struct Timing {
 pub enum Action<T> {
     /// Write this text (no Enter yet).
     Type(String),
-    /// Write Enter, then acknowledge the message: it is handed over.
-    Submit(T),
+    /// Press Enter (the first time, or again when the text did not submit).
+    Enter,
+    /// This message is finished: report the outcome.
+    Done(T, Outcome),
 }
 
 #[derive(Debug)]
 enum State<T> {
     Idle,
-    Typed { at: Instant, item: T },
+    Typed {
+        at: Instant,
+        text: String,
+        item: T,
+    },
+    Entered {
+        at: Instant,
+        text: String,
+        item: T,
+        enters: u32,
+    },
 }
 
 /// The injection queue of one terminal. `T` is whatever identifies a message to its owner.
@@ -42,6 +93,10 @@ pub struct Injector<T> {
     last_output: Instant,
     /// Characters the person has typed on the current input line (0: nothing pending).
     person_line: usize,
+    /// When the screen last said "not ready", and why.
+    blocked: Option<(Instant, NotReady)>,
+    /// Output came since the screen last said "not ready": look again once it is quiet.
+    changed: bool,
 }
 
 impl<T> Injector<T> {
@@ -53,6 +108,8 @@ impl<T> Injector<T> {
             state: State::Idle,
             last_output: now,
             person_line: 0,
+            blocked: None,
+            changed: false,
         }
     }
 
@@ -60,7 +117,7 @@ impl<T> Injector<T> {
     /// injection back until it is submitted (Enter) or cleared (Ctrl-C, Ctrl-U, backspaced
     /// away): the relay never types into the middle of someone's sentence.
     pub fn on_person_input(&mut self, bytes: &[u8], now: Instant) {
-        self.last_output = now;
+        self.on_output(now);
         for &b in bytes {
             match b {
                 b'\r' | b'\n' | 0x03 | 0x15 => self.person_line = 0,
@@ -72,38 +129,125 @@ impl<T> Injector<T> {
         }
     }
 
-    /// Queues `text` for typing.
-    pub fn push(&mut self, text: String, item: T) {
-        self.queue.push_back((text, item));
+    /// Whether the person has a half-written line.
+    pub fn person_typing(&self) -> bool {
+        self.person_line > 0
+    }
+
+    /// Queues `text` for typing; `urgent` goes before everything else waiting.
+    pub fn push(&mut self, text: String, item: T, urgent: bool) {
+        if urgent {
+            self.queue.push_front((text, item));
+        } else {
+            self.queue.push_back((text, item));
+        }
     }
 
     /// The agent printed something at `now`.
     pub fn on_output(&mut self, now: Instant) {
         self.last_output = now;
+        // The screen changed: what blocked typing may be gone.
+        self.changed = true;
     }
 
     /// Messages waiting (including the one being typed).
     pub fn pending(&self) -> usize {
-        self.queue.len() + usize::from(matches!(self.state, State::Typed { .. }))
+        self.queue.len() + usize::from(!matches!(self.state, State::Idle))
     }
 
-    /// What to do at `now`, if anything. Call repeatedly until it returns `None`.
-    pub fn poll(&mut self, now: Instant) -> Option<Action<T>> {
-        match std::mem::replace(&mut self.state, State::Idle) {
-            State::Typed { at, item } if now.duration_since(at) >= self.timing.enter_delay => {
-                Some(Action::Submit(item))
+    /// The message being typed, entered or checked, if any.
+    pub fn current(&self) -> Option<&T> {
+        match &self.state {
+            State::Idle => None,
+            State::Typed { item, .. } | State::Entered { item, .. } => Some(item),
+        }
+    }
+
+    /// Whether a queued or current message satisfies `f`.
+    pub fn holds(&self, mut f: impl FnMut(&T) -> bool) -> bool {
+        self.current().is_some_and(&mut f) || self.queue.iter().any(|(_, t)| f(t))
+    }
+
+    /// Why the next message waits, if the screen said so last time it was asked.
+    pub fn blocked_by(&self) -> Option<&NotReady> {
+        self.blocked.as_ref().map(|(_, r)| r)
+    }
+
+    /// When [`Injector::poll`] next has something to do, if anything waits.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match &self.state {
+            State::Typed { at, .. } => Some(*at + self.timing.enter_delay),
+            State::Entered { at, .. } => Some(*at + self.timing.verify_after),
+            State::Idle if self.queue.is_empty() || self.person_line > 0 => None,
+            State::Idle => {
+                let quiet = self.last_output + self.timing.quiet;
+                Some(match &self.blocked {
+                    Some((at, _)) if !self.changed => quiet.max(*at + self.timing.recheck),
+                    _ => quiet,
+                })
             }
-            State::Typed { at, item } => {
-                self.state = State::Typed { at, item };
+        }
+    }
+
+    /// What to do at `now`, if anything; `look` is asked about the screen only when needed.
+    /// Call repeatedly until it returns `None`.
+    pub fn poll(&mut self, now: Instant, look: &mut dyn Look) -> Option<Action<T>> {
+        match std::mem::replace(&mut self.state, State::Idle) {
+            State::Typed { at, text, item } if now >= at + self.timing.enter_delay => {
+                self.state = State::Entered {
+                    at: now,
+                    text,
+                    item,
+                    enters: 1,
+                };
+                Some(Action::Enter)
+            }
+            State::Entered {
+                at,
+                text,
+                item,
+                enters,
+            } if now >= at + self.timing.verify_after => {
+                if look.submitted(&text) {
+                    return Some(Action::Done(item, Outcome::Verified));
+                }
+                if enters <= self.timing.enter_retries {
+                    self.state = State::Entered {
+                        at: now,
+                        text,
+                        item,
+                        enters: enters + 1,
+                    };
+                    return Some(Action::Enter);
+                }
+                Some(Action::Done(
+                    item,
+                    Outcome::Failed(format!(
+                        "the text was still in the input line after Enter was pressed {enters} times"
+                    )),
+                ))
+            }
+            state @ (State::Typed { .. } | State::Entered { .. }) => {
+                self.state = state;
                 None
             }
             State::Idle => {
-                if self.person_line > 0 || now.duration_since(self.last_output) < self.timing.quiet
-                {
+                let due = self.next_deadline()?;
+                if now < due {
                     return None;
                 }
+                self.changed = false;
+                if let Err(why) = look.ready() {
+                    self.blocked = Some((now, why));
+                    return None;
+                }
+                self.blocked = None;
                 let (text, item) = self.queue.pop_front()?;
-                self.state = State::Typed { at: now, item };
+                self.state = State::Typed {
+                    at: now,
+                    text: text.clone(),
+                    item,
+                };
                 Some(Action::Type(text))
             }
         }
@@ -114,68 +258,178 @@ impl<T> Injector<T> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_half_written_line_holds_injection_back_until_submitted_or_cleared() {
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        let mut inj = Injector::new(timing(), t0);
-        inj.push("msg".into(), 1);
-        inj.on_person_input(b"half", ms(0));
-        assert_eq!(inj.poll(ms(10_000)), None, "never types over a person");
-        inj.on_person_input(b"\x7f\x7f\x7f", ms(10_000));
-        assert_eq!(inj.poll(ms(20_000)), None, "one character left");
-        inj.on_person_input(b"\x7f", ms(20_000));
-        assert_eq!(
-            inj.poll(ms(20_600)),
-            Some(Action::Type("msg".into())),
-            "line cleared"
-        );
-        let mut inj = Injector::new(timing(), t0);
-        inj.push("msg".into(), 1);
-        inj.on_person_input(b"ls -l\r", ms(0));
-        assert_eq!(inj.poll(ms(400)), None, "still the quiet time");
-        assert_eq!(
-            inj.poll(ms(600)),
-            Some(Action::Type("msg".into())),
-            "line submitted"
-        );
-        let mut inj = Injector::new(timing(), t0);
-        inj.push("msg".into(), 1);
-        inj.on_person_input(b"oops\x15", ms(0));
-        assert_eq!(
-            inj.poll(ms(600)),
-            Some(Action::Type("msg".into())),
-            "Ctrl-U cleared it"
-        );
+    /// A screen that answers from fields the test sets.
+    #[derive(Default)]
+    struct Fake {
+        not_ready: Option<NotReady>,
+        stuck: bool,
+        looks: usize,
+    }
+
+    impl Look for Fake {
+        fn ready(&mut self) -> Result<(), NotReady> {
+            self.looks += 1;
+            self.not_ready.clone().map_or(Ok(()), Err)
+        }
+        fn submitted(&mut self, _typed: &str) -> bool {
+            !self.stuck
+        }
     }
 
     fn timing() -> Timing {
         Timing {
             quiet: Duration::from_millis(500),
             enter_delay: Duration::from_millis(100),
+            verify_after: Duration::from_millis(300),
+            enter_retries: 2,
+            recheck: Duration::from_millis(2000),
         }
     }
 
     #[test]
-    fn waits_for_quiet_then_types_then_enters_one_at_a_time() {
+    fn a_half_written_line_holds_injection_back_until_submitted_or_cleared() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
+        let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
-        inj.push("one".into(), 1);
-        inj.push("two".into(), 2);
-        assert_eq!(inj.poll(ms(100)), None, "output not quiet yet");
+        inj.push("msg".into(), 1, false);
+        inj.on_person_input(b"half", ms(0));
+        assert_eq!(
+            inj.poll(ms(10_000), look),
+            None,
+            "never types over a person"
+        );
+        assert_eq!(inj.next_deadline(), None, "nothing to wake up for");
+        inj.on_person_input(b"\x7f\x7f\x7f", ms(10_000));
+        assert_eq!(inj.poll(ms(20_000), look), None, "one character left");
+        inj.on_person_input(b"\x7f", ms(20_000));
+        assert_eq!(
+            inj.poll(ms(20_600), look),
+            Some(Action::Type("msg".into())),
+            "line cleared"
+        );
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1, false);
+        inj.on_person_input(b"ls -l\r", ms(0));
+        assert_eq!(inj.poll(ms(400), look), None, "still the quiet time");
+        assert_eq!(
+            inj.poll(ms(600), look),
+            Some(Action::Type("msg".into())),
+            "line submitted"
+        );
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1, false);
+        inj.on_person_input(b"oops\x15", ms(0));
+        assert_eq!(
+            inj.poll(ms(600), look),
+            Some(Action::Type("msg".into())),
+            "Ctrl-U cleared it"
+        );
+    }
+
+    #[test]
+    fn waits_for_quiet_then_types_enters_verifies_one_at_a_time() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("one".into(), 1, false);
+        inj.push("two".into(), 2, false);
+        assert_eq!(inj.poll(ms(100), look), None, "output not quiet yet");
         inj.on_output(ms(300));
-        assert_eq!(inj.poll(ms(700)), None, "quiet since 300 only");
-        assert_eq!(inj.poll(ms(800)), Some(Action::Type("one".into())));
-        assert_eq!(inj.poll(ms(850)), None, "Enter waits for its delay");
-        assert_eq!(inj.poll(ms(900)), Some(Action::Submit(1)));
-        // The agent reacts to the message: the next waits for quiet again.
+        assert_eq!(inj.next_deadline(), Some(ms(800)));
+        assert_eq!(inj.poll(ms(700), look), None, "quiet since 300 only");
+        assert_eq!(inj.poll(ms(800), look), Some(Action::Type("one".into())));
+        assert_eq!(inj.poll(ms(850), look), None, "Enter waits for its delay");
+        assert_eq!(inj.poll(ms(900), look), Some(Action::Enter));
+        // The agent reacts to the message.
         inj.on_output(ms(950));
-        assert_eq!(inj.poll(ms(1000)), None);
-        assert_eq!(inj.poll(ms(1450)), Some(Action::Type("two".into())));
+        assert_eq!(inj.poll(ms(1100), look), None, "verification waits");
+        assert_eq!(
+            inj.poll(ms(1200), look),
+            Some(Action::Done(1, Outcome::Verified))
+        );
+        assert_eq!(inj.poll(ms(1300), look), None, "quiet since 950 only");
+        assert_eq!(inj.poll(ms(1450), look), Some(Action::Type("two".into())));
         assert_eq!(inj.pending(), 1);
-        assert_eq!(inj.poll(ms(1550)), Some(Action::Submit(2)));
+        assert_eq!(inj.poll(ms(1550), look), Some(Action::Enter));
+        assert_eq!(
+            inj.poll(ms(1850), look),
+            Some(Action::Done(2, Outcome::Verified))
+        );
         assert_eq!(inj.pending(), 0);
-        assert_eq!(inj.poll(ms(5000)), None);
+        assert_eq!(inj.poll(ms(5000), look), None);
+        assert_eq!(inj.next_deadline(), None);
+    }
+
+    #[test]
+    fn enter_is_retried_a_bounded_number_of_times_then_the_failure_is_reported() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let look = &mut Fake {
+            stuck: true,
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("text".into(), 7, false);
+        assert_eq!(inj.poll(ms(500), look), Some(Action::Type("text".into())));
+        assert_eq!(inj.poll(ms(600), look), Some(Action::Enter));
+        assert_eq!(inj.poll(ms(900), look), Some(Action::Enter), "retry 1");
+        assert_eq!(inj.poll(ms(1200), look), Some(Action::Enter), "retry 2");
+        match inj.poll(ms(1500), look) {
+            Some(Action::Done(7, Outcome::Failed(why))) => assert!(why.contains("3 times")),
+            other => panic!("{other:?}"),
+        }
+        // A retry that works ends verified.
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("text".into(), 8, false);
+        inj.poll(ms(500), look);
+        inj.poll(ms(600), look);
+        assert_eq!(inj.poll(ms(900), look), Some(Action::Enter));
+        look.stuck = false;
+        assert_eq!(
+            inj.poll(ms(1200), look),
+            Some(Action::Done(8, Outcome::Verified))
+        );
+    }
+
+    #[test]
+    fn a_busy_screen_holds_the_message_and_is_looked_at_again_after_output_or_a_while() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let look = &mut Fake {
+            not_ready: Some(NotReady::Busy("esc to interrupt".into())),
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("m".into(), 1, false);
+        assert_eq!(inj.poll(ms(500), look), None);
+        assert_eq!(look.looks, 1);
+        assert_eq!(
+            inj.blocked_by(),
+            Some(&NotReady::Busy("esc to interrupt".into()))
+        );
+        // Nothing printed: the screen is not captured again before the recheck time.
+        assert_eq!(inj.next_deadline(), Some(ms(2500)));
+        assert_eq!(inj.poll(ms(1000), look), None);
+        assert_eq!(look.looks, 1, "no look before the recheck");
+        // Output came: look again once it is quiet.
+        inj.on_output(ms(1100));
+        assert_eq!(inj.next_deadline(), Some(ms(1600)));
+        look.not_ready = None;
+        assert_eq!(inj.poll(ms(1600), look), Some(Action::Type("m".into())));
+        assert_eq!(look.looks, 2);
+    }
+
+    #[test]
+    fn an_urgent_message_goes_first() {
+        let t0 = Instant::now();
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("a".into(), 1, false);
+        inj.push("b".into(), 2, false);
+        inj.push("urgent".into(), 3, true);
+        let at = t0 + Duration::from_secs(1);
+        assert_eq!(inj.poll(at, look), Some(Action::Type("urgent".into())));
     }
 }

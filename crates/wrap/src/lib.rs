@@ -1,35 +1,43 @@
-//! The wrapper: runs an agent CLI in a pseudo-terminal without modifying it, relays the
-//! directives it prints, and types in the messages it receives.
+//! The wrapper: runs an agent CLI in a pseudo-terminal or a tmux session without modifying
+//! it, relays the directives it prints, and types in the messages it receives.
 //!
 //! ```text
-//! agent output ──► PTY ──► person's terminal (unchanged)
-//!                     └──► relay_parse::Parser ──► directives ──► relay_client::Client::send
-//! client DELIVER ──► format::injected_text ──► inject::Injector (waits for quiet) ──► PTY input ──► ACK
+//! agent output ──► PTY / tmux pipe-pane ──► person's terminal (PTY: mirrored unchanged)
+//!                                      └──► relay_parse::Parser ──► directives ──► Client::send
+//! Client DELIVER ──► format::injected_text ──► inject::Injector (profile: quiet, prompt empty,
+//!                    no spinner or dialog, no person mid-line) ──► type, Enter, verify ──► ACK
 //! ```
 //!
-//! The pure parts (`format`, `inject`) are unit tested; `run` is the I/O shell around them and
-//! is tested end to end with the real binary.
+//! The pure parts (`format`, `inject`, `profile`) are unit tested, the profiles against
+//! screens recorded from the real CLIs; [`run_pty`] and [`serve_tmux`] are the I/O shells
+//! around them and are tested end to end with the real binary.
 
 pub mod format;
 pub mod inject;
+pub mod profile;
 mod pty;
+pub mod state;
+pub mod tmux;
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_parse::{Directive, Parser, Profile, Target};
-use relay_protocol::Send;
+use relay_parse::{Directive, Parser, ScreenText, Target};
+use relay_protocol::{DeliveryState, Send};
 use tokio::sync::mpsc;
 
-use crate::inject::{Action, Injector, Timing};
+use crate::inject::{Action, Injector, Look, Outcome, Timing};
+use crate::profile::{NotReady, Profile};
+use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
 
 /// Wrapper failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WrapError {
-    /// The pseudo-terminal or the agent process failed.
+    /// The pseudo-terminal, tmux or the agent process failed.
     #[error("{0}")]
     Pty(String),
     /// The relay could not be reached or refused us.
@@ -38,6 +46,9 @@ pub enum WrapError {
     /// The person's terminal could not be set up.
     #[error("terminal: {0}")]
     Terminal(String),
+    /// The wrapper's files in the data directory could not be used.
+    #[error("{0}")]
+    State(String),
 }
 
 /// How to run one agent.
@@ -47,19 +58,19 @@ pub struct WrapConfig {
     pub name: String,
     /// The agent command and its arguments.
     pub command: Vec<String>,
-    /// How to read the agent's screen.
+    /// Readiness rules and how to read the screen.
     pub profile: Profile,
     /// The relay's socket.
     pub socket: PathBuf,
-    /// Injection timing.
-    pub timing: Timing,
-    /// Output quiet this long lets the parser read what is on screen.
-    pub settle_after: Duration,
     /// Longest body typed in full; longer ones are cut with a hint to `agent-relay read`.
     pub max_body: usize,
     /// Put the person's terminal in raw mode and pass keystrokes through (when stdin is a
     /// terminal). Off, the agent gets no input but relayed messages (scripts, tests).
     pub interactive: bool,
+    /// This agent's wrapper files: `<data>/team/<name>/`.
+    pub team_dir: PathBuf,
+    /// Also append every message to `inbox.md` in this directory.
+    pub inbox: Option<PathBuf>,
 }
 
 /// Restores the person's terminal when dropped, on every way out (errors, panics).
@@ -91,16 +102,16 @@ impl Drop for RawMode {
 }
 
 /// The person's terminal size, or a roomy default when there is none.
-fn terminal_size() -> (u16, u16) {
+pub fn terminal_size() -> (u16, u16) {
     match rustix::termios::tcgetwinsize(std::io::stdout()) {
         Ok(ws) if ws.ws_row > 0 && ws.ws_col > 0 => (ws.ws_row, ws.ws_col),
         _ => (40, 120),
     }
 }
 
-/// What the injector types: a relayed message (acknowledged once typed) or a notice from the
-/// relay itself (a refusal the agent should learn about).
-enum Typed {
+/// What the injector types: a relayed message (acknowledged once its outcome is known) or a
+/// notice from the relay itself (a refusal the agent should learn about).
+enum Item {
     Message(Box<Delivered>),
     Notice,
 }
@@ -115,55 +126,443 @@ fn refusal_notice(to: &str, reason: &str) -> String {
     format!("relay: your message to {to} was not sent: {reason}")
 }
 
-async fn send_directive(client: &Client, d: Directive, notices: &mpsc::UnboundedSender<String>) {
-    let to = match d.to {
-        Target::Agent(name) => name,
-        Target::Broadcast => "*".to_owned(),
-    };
-    let msg = Outgoing {
-        id: None,
-        to: Some(to.clone()),
-        topic: None,
-        payload: Send {
-            kind: d.kind,
-            body: d.body,
-            data: d.data,
-            thread: d.thread,
-            in_reply_to: None,
-            budget: None,
-        },
-    };
-    // The receipt is awaited off the loop; a refusal goes back to the agent as a notice, so it
-    // learns (a misspelt name, a message too large...).
-    match client.send_nowait(msg).await {
-        Ok((id, pending)) => {
-            let notices = notices.clone();
-            tokio::spawn(async move {
-                match pending.wait().await {
-                    Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
-                    Err(ClientError::Rejected { reason, .. }) => {
-                        tracing::warn!(%id, %to, %reason, "relay refused a message");
-                        let _ = notices.send(refusal_notice(&to, &reason));
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A receipt came back (or never will) for a relayed directive.
+struct ReceiptDone;
+
+/// Where the agent's screen is read and its keys are typed.
+enum Term<'a> {
+    Pty(&'a pty::Pty, &'a mut format::PasteMode),
+    Tmux(&'a tmux::Pane),
+}
+
+/// The screen seen through a profile, for the injector.
+struct ProfileLook<'a> {
+    profile: &'a Profile,
+    source: LookSource<'a>,
+    /// tmux: the pane was in copy mode when last captured.
+    in_mode: bool,
+}
+
+enum LookSource<'a> {
+    Parser(&'a Parser),
+    Tmux(&'a tmux::Pane),
+}
+
+impl ProfileLook<'_> {
+    fn screen(&mut self) -> Option<ScreenText> {
+        match &self.source {
+            LookSource::Parser(p) => Some(p.screen()),
+            LookSource::Tmux(pane) => {
+                // A capture takes a few milliseconds; the loop's runtime has other threads.
+                let got = tokio::task::block_in_place(|| pane.screen());
+                match got {
+                    Ok((screen, in_mode)) => {
+                        self.in_mode = in_mode;
+                        Some(screen)
                     }
-                    Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the pane");
+                        None
+                    }
                 }
-            });
+            }
         }
-        Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
     }
 }
 
-/// Runs the agent until it exits; returns its exit code.
-///
-/// # Errors
-/// [`WrapError`] when the agent cannot start or the relay cannot be reached at start.
-pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
-    let interactive = cfg.interactive && rustix::termios::isatty(std::io::stdin());
-    let mut client = Client::connect(ClientConfig {
+impl Look for ProfileLook<'_> {
+    fn ready(&mut self) -> Result<(), NotReady> {
+        match self.screen() {
+            Some(s) => self.profile.ready(&s),
+            None => Err(NotReady::NoPrompt),
+        }
+    }
+
+    fn submitted(&mut self, typed: &str) -> bool {
+        self.screen()
+            .is_some_and(|s| self.profile.submitted(&s, typed))
+    }
+}
+
+/// The state both backends share: the relay connection, the parser, the injector and what
+/// the wrapper remembers on disk.
+struct Core {
+    cfg: WrapConfig,
+    client: Client,
+    parser: Parser,
+    injector: Injector<Item>,
+    log: InjectedLog,
+    notices: mpsc::UnboundedSender<String>,
+    receipts: mpsc::UnboundedSender<ReceiptDone>,
+    /// Directives relayed whose receipt has not come back.
+    unacked: usize,
+    /// The message typed last: what the agent prints next answers it.
+    replying_to: Option<(String, Option<String>)>,
+    /// Ids queued in the injector (a replay after a reconnect must not queue them twice).
+    queued: HashSet<String>,
+    last_output: Instant,
+    settled: bool,
+    /// tmux: where relaying can resume.
+    resume: Option<Resume>,
+}
+
+/// tmux: the checkpoint relaying resumes from, and what was read since.
+struct Resume {
+    checkpoint: Checkpoint,
+    session: String,
+    /// Directives found since the checkpoint, by (to, body): how many.
+    seen: std::collections::HashMap<(String, String), u32>,
+    /// Bytes of the pane log read.
+    consumed: u64,
+    /// Texts earlier wrappers typed, by the pane log offset where typing began: re-reading
+    /// the log, the parser is told about each at that point, as it was the first time.
+    notes: std::collections::VecDeque<(u64, String)>,
+}
+
+impl Core {
+    fn new(
+        cfg: WrapConfig,
+        client: Client,
+        notices: mpsc::UnboundedSender<String>,
+        receipts: mpsc::UnboundedSender<ReceiptDone>,
+        rows: u16,
+    ) -> Result<Self, WrapError> {
+        let log = InjectedLog::open(&cfg.team_dir).map_err(|e| {
+            WrapError::State(format!(
+                "{}: {e}",
+                cfg.team_dir.join("injected.log").display()
+            ))
+        })?;
+        let mut parser = Parser::new(cfg.profile.parse.clone());
+        parser.set_rows(usize::from(rows));
+        let timing = Timing {
+            quiet: cfg.profile.quiet,
+            enter_delay: cfg.profile.enter_delay,
+            verify_after: cfg.profile.verify_after,
+            enter_retries: cfg.profile.enter_retries,
+            recheck: Duration::from_secs(2),
+        };
+        let now = Instant::now();
+        Ok(Self {
+            injector: Injector::new(timing, now),
+            cfg,
+            client,
+            parser,
+            log,
+            notices,
+            receipts,
+            unacked: 0,
+            replying_to: None,
+            queued: HashSet::new(),
+            last_output: now,
+            settled: true,
+            resume: None,
+        })
+    }
+
+    async fn send_directive(&mut self, d: Directive) {
+        let to = match d.to {
+            Target::Agent(name) => name,
+            Target::Broadcast => "*".to_owned(),
+        };
+        // Printed after a relayed message arrived: an answer to it, in its thread.
+        let (in_reply_to, thread) = match &self.replying_to {
+            Some((id, thread)) => (
+                Some(id.clone()),
+                d.thread
+                    .or_else(|| thread.clone())
+                    .or_else(|| Some(id.clone())),
+            ),
+            None => (None, d.thread),
+        };
+        // tmux: ids repeatable from the checkpoint, so a wrapper restarted there re-sends
+        // the same ids and the relay drops them as duplicates.
+        let id = self.resume.as_mut().map(|r| {
+            let n = r.seen.entry((to.clone(), d.body.clone())).or_insert(0);
+            let id = r.checkpoint.directive_id(&r.session, &to, &d.body, *n);
+            *n += 1;
+            id
+        });
+        let msg = Outgoing {
+            id,
+            to: Some(to.clone()),
+            topic: None,
+            payload: Send {
+                kind: d.kind,
+                body: d.body,
+                data: d.data,
+                thread,
+                in_reply_to,
+                budget: None,
+                urgent: false,
+            },
+        };
+        // The receipt is awaited off the loop; a refusal goes back to the agent as a notice, so
+        // it learns (a misspelt name, a message too large...).
+        match self.client.send_nowait(msg).await {
+            Ok((id, pending)) => {
+                tracing::debug!(%id, %to, "relaying a directive");
+                self.unacked += 1;
+                let notices = self.notices.clone();
+                let receipts = self.receipts.clone();
+                tokio::spawn(async move {
+                    match pending.wait().await {
+                        Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
+                        Err(ClientError::Rejected { reason, .. }) => {
+                            tracing::warn!(%id, %to, %reason, "relay refused a message");
+                            let _ = notices.send(refusal_notice(&to, &reason));
+                        }
+                        Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
+                    }
+                    let _ = receipts.send(ReceiptDone);
+                });
+            }
+            Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
+        }
+    }
+
+    async fn on_output(&mut self, bytes: &[u8], now: Instant) {
+        self.injector.on_output(now);
+        self.last_output = now;
+        self.settled = false;
+        for d in self.parser.feed(bytes) {
+            self.send_directive(d).await;
+        }
+    }
+
+    /// tmux: bytes of the pane log ending at offset `end`. Texts typed by an earlier wrapper
+    /// inside them are noted where they were typed.
+    async fn on_pane_output(&mut self, bytes: &[u8], end: u64, now: Instant) {
+        let mut pos = end - bytes.len() as u64;
+        let mut rest = bytes;
+        while let Some(r) = &mut self.resume {
+            r.consumed = end;
+            let Some((at, _)) = r.notes.front() else {
+                break;
+            };
+            if *at >= pos + rest.len() as u64 {
+                break;
+            }
+            let cut = usize::try_from(at.saturating_sub(pos)).unwrap_or(0);
+            let Some((_, text)) = r.notes.pop_front() else {
+                break;
+            };
+            self.on_output(&rest[..cut], now).await;
+            self.parser.note_injected(&text);
+            pos += cut as u64;
+            rest = &rest[cut..];
+        }
+        self.on_output(rest, now).await;
+    }
+
+    /// A message arrived for this agent.
+    async fn on_message(&mut self, m: Delivered, pane: Option<&tmux::Pane>) {
+        if self.queued.contains(&m.id) {
+            return;
+        }
+        let text = format::injected_text(
+            &m.from,
+            &m.id,
+            m.payload.thread.as_deref(),
+            &m.payload.body,
+            self.cfg.max_body,
+        );
+        // Never typed twice: a message this terminal was given before (a replay after a
+        // reconnect or a wrapper restart) is acknowledged with what is known of it.
+        match self.log.get(&m.id) {
+            Some(Remembered::Verified) => {
+                let _ = self.client.ack(&m, Some(DeliveryState::Verified)).await;
+                return;
+            }
+            Some(Remembered::Failed) => {
+                let _ = self.client.ack(&m, Some(DeliveryState::Failed)).await;
+                return;
+            }
+            Some(Remembered::Started) => {
+                // The wrapper stopped between typing and checking. A tmux pane outlives it:
+                // the history says whether the text got there. A PTY agent ended with the
+                // wrapper; what it was given is unknown, and typing twice is the worse error.
+                let shown = match pane {
+                    Some(p) => {
+                        let short: String = m.id.chars().take(format::SHORT_ID).collect();
+                        tokio::task::block_in_place(|| p.history())
+                            .map(|h| h.contains(&format!("[{short}]")))
+                            .unwrap_or(true)
+                    }
+                    None => true,
+                };
+                if shown {
+                    // Typed; if the wrapper stopped before its Enter, the text still waits
+                    // in the input line: submit it now.
+                    if let Some(p) = pane {
+                        let waiting = tokio::task::block_in_place(|| p.screen())
+                            .is_ok_and(|(s, _)| !self.cfg.profile.submitted(&s, &text));
+                        if waiting {
+                            tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
+                            let _ = tokio::task::block_in_place(|| p.enter());
+                        }
+                    }
+                    let _ = self.log.finished(&m.id, false);
+                    let _ = self.client.ack(&m, Some(DeliveryState::Injected)).await;
+                    return;
+                }
+            }
+            None => {}
+        }
+        if let Some(dir) = &self.cfg.inbox {
+            let entry = InboxEntry {
+                id: &m.id,
+                from: &m.from,
+                ts: m.ts,
+                thread: m.payload.thread.as_deref(),
+                body: &m.payload.body,
+            };
+            if let Err(e) = state::append_inbox(dir, &entry) {
+                tracing::warn!(error = %e, "cannot write the inbox file");
+            }
+        }
+        let urgent = m.payload.urgent;
+        self.queued.insert(m.id.clone());
+        self.injector.push(text, Item::Message(Box::new(m)), urgent);
+    }
+
+    /// When the loop must wake up next, if nothing happens before.
+    fn next_wake(&self) -> Option<Instant> {
+        let settle = (!self.settled).then(|| self.last_output + self.cfg.profile.settle);
+        match (settle, self.injector.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
+    async fn drive(&mut self, now: Instant, mut term: Term<'_>) -> Result<(), WrapError> {
+        if !self.settled && now >= self.last_output + self.cfg.profile.settle {
+            self.settled = true;
+            for d in self.parser.settle() {
+                self.send_directive(d).await;
+            }
+        }
+        self.maybe_checkpoint();
+        loop {
+            let mut look = ProfileLook {
+                profile: &self.cfg.profile,
+                source: match &term {
+                    Term::Pty(..) => LookSource::Parser(&self.parser),
+                    Term::Tmux(pane) => LookSource::Tmux(pane),
+                },
+                in_mode: false,
+            };
+            let Some(action) = self.injector.poll(now, &mut look) else {
+                break;
+            };
+            let in_mode = look.in_mode;
+            match action {
+                Action::Type(text) => {
+                    if let Some(Item::Message(m)) = self.injector.current() {
+                        // Recorded before the first byte: a restarted wrapper will not type
+                        // it again.
+                        let recorded = match &self.resume {
+                            Some(r) => self.log.started_at(&m.id, r.consumed, &text),
+                            None => self.log.started(&m.id),
+                        };
+                        if let Err(e) = recorded {
+                            tracing::warn!(error = %e, "cannot record an injected message");
+                        }
+                        self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
+                    }
+                    self.parser.note_injected(&text);
+                    match &mut term {
+                        Term::Pty(pty, paste) => pty.write(paste.wrap(&text)).await?,
+                        Term::Tmux(pane) => {
+                            tokio::task::block_in_place(|| pane.type_text(&text, in_mode))?;
+                        }
+                    }
+                }
+                Action::Enter => match &term {
+                    Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,
+                    Term::Tmux(pane) => tokio::task::block_in_place(|| pane.enter())?,
+                },
+                Action::Done(Item::Message(m), outcome) => {
+                    let verified = outcome == Outcome::Verified;
+                    if let Outcome::Failed(why) = &outcome {
+                        tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
+                    }
+                    if let Err(e) = self.log.finished(&m.id, verified) {
+                        tracing::warn!(error = %e, "cannot record an injected message");
+                    }
+                    self.queued.remove(&m.id);
+                    let state = if verified {
+                        DeliveryState::Verified
+                    } else {
+                        DeliveryState::Failed
+                    };
+                    let _ = self.client.ack(&m, Some(state)).await;
+                }
+                Action::Done(Item::Notice, _) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// tmux: once everything read is settled and every directive in it acknowledged, a
+    /// restarted wrapper can start reading from here.
+    fn maybe_checkpoint(&mut self) {
+        let Some(r) = &mut self.resume else {
+            return;
+        };
+        if !self.settled || self.unacked > 0 || r.consumed <= r.checkpoint.offset {
+            return;
+        }
+        r.checkpoint = Checkpoint {
+            offset: r.consumed,
+            at_ms: now_ms(),
+        };
+        r.seen.clear();
+        if let Err(e) = r.checkpoint.save(&self.cfg.team_dir) {
+            tracing::warn!(error = %e, "cannot save the relaying checkpoint");
+        }
+    }
+
+    async fn finish(mut self) {
+        for d in self.parser.finish() {
+            self.send_directive(d).await;
+        }
+        // Let the last receipts arrive before saying goodbye.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.client.close().await;
+    }
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn connect(cfg: &WrapConfig) -> Result<Client, WrapError> {
+    Ok(Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
         ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
     })
-    .await?;
+    .await?)
+}
+
+/// Runs the agent in a PTY until it exits; returns its exit code.
+///
+/// # Errors
+/// [`WrapError`] when the agent cannot start or the relay cannot be reached at start.
+pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
+    let interactive = cfg.interactive && rustix::termios::isatty(std::io::stdin());
+    let client = connect(&cfg).await?;
     let (rows, cols) = terminal_size();
     let env = vec![("AGENT_RELAY_NAME".to_owned(), cfg.name.clone())];
     let (pty, mut output) = pty::spawn(&cfg.command, &env, rows, cols)?;
@@ -199,38 +598,23 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     let mut hup = signal_of(SignalKind::hangup())?;
     let mut stopped = false;
     let mut paste = format::PasteMode::default();
-    let mut parser = Parser::new(cfg.profile.clone());
-    parser.set_rows(usize::from(rows));
-    let mut injector: Injector<Typed> = Injector::new(cfg.timing, Instant::now());
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-    let mut last_output = Instant::now();
-    let mut settled = true;
+    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
+    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
     let mut relay_open = true;
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stdout = std::io::stdout();
     loop {
+        let wake = core.next_wake();
         tokio::select! {
             chunk = output.recv() => {
                 let Some(bytes) = chunk else { break };
                 // The person sees exactly what the agent printed.
                 let _ = stdout.write_all(&bytes).and_then(|()| stdout.flush());
-                let now = Instant::now();
                 paste.feed(&bytes);
-                injector.on_output(now);
-                last_output = now;
-                settled = false;
-                for d in parser.feed(&bytes) {
-                    send_directive(&client, d, &notice_tx).await;
-                }
+                core.on_output(&bytes, Instant::now()).await;
             }
-            ev = client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => {
-                    let text = format::injected_text(
-                        &m.from, &m.id, m.payload.thread.as_deref(), &m.payload.body, cfg.max_body,
-                    );
-                    injector.push(text, Typed::Message(Box::new(m)));
-                }
+            ev = core.client.next_event(), if relay_open => match ev {
+                Some(Event::Message(m)) => core.on_message(m, None).await,
                 Some(other) => tracing::debug!(?other, "relay event"),
                 None => {
                     // The agent keeps running; it just is not relayed any more.
@@ -239,46 +623,29 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
                 }
             },
             Some(k) = keys.recv() => {
-                injector.on_person_input(&k, Instant::now());
+                core.injector.on_person_input(&k, Instant::now());
+                // A person's new line starts a new conversation: what the agent prints next
+                // answers them, not the last relayed message.
+                if k.contains(&b'\r') {
+                    core.replying_to = None;
+                }
                 pty.write(k).await?;
             }
-            Some(notice) = notices.recv() => injector.push(notice, Typed::Notice),
+            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             _ = term.recv() => { stopped = true; break; }
             _ = hup.recv() => { stopped = true; break; }
             _ = winch.recv() => {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
-                parser.set_rows(usize::from(r));
+                core.parser.set_rows(usize::from(r));
             }
-            // Only while something waits (unread output or a queued message): an idle agent
+            // Only when something is due (unread output, a queued message): an idle agent
             // costs the wrapper no wake-ups.
-            _ = tick.tick(), if !settled || injector.pending() > 0 => {
-                let now = Instant::now();
-                if !settled && now.duration_since(last_output) >= cfg.settle_after {
-                    settled = true;
-                    for d in parser.settle() {
-                        send_directive(&client, d, &notice_tx).await;
-                    }
-                }
-                while let Some(action) = injector.poll(now) {
-                    match action {
-                        Action::Type(text) => {
-                            parser.note_injected(&text);
-                            pty.write(paste.wrap(&text)).await?;
-                        }
-                        Action::Submit(item) => {
-                            pty.write(b"\r".to_vec()).await?;
-                            if let Typed::Message(m) = item {
-                                let _ = client.ack(&m, None).await;
-                            }
-                        }
-                    }
-                }
-            }
+            () = sleep_until(wake) => {}
         }
-    }
-    for d in parser.finish() {
-        send_directive(&client, d, &notice_tx).await;
+        core.drive(Instant::now(), Term::Pty(&pty, &mut paste))
+            .await?;
     }
     let mut pty = pty;
     if stopped {
@@ -288,8 +655,84 @@ pub async fn run(cfg: WrapConfig) -> Result<i32, WrapError> {
     let code = tokio::task::spawn_blocking(move || pty.wait())
         .await
         .map_err(|e| WrapError::Pty(e.to_string()))??;
-    // Let the last receipts arrive before saying goodbye.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    client.close().await;
+    core.finish().await;
     Ok(code)
+}
+
+/// Relays for an agent running in tmux session `session` (created by [`tmux::create`])
+/// until the agent exits; returns its exit status. Stopping this process leaves the agent
+/// running: run again, it picks the session up where the last one stopped, sending nothing
+/// twice (see [`state::Checkpoint`]) and missing nothing the agent printed meanwhile.
+///
+/// # Errors
+/// [`WrapError`] when the relay cannot be reached at start or the pane log cannot be read.
+pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapError> {
+    let client = connect(&cfg).await?;
+    tmux::ensure_pipe(&session, &cfg.team_dir)?;
+    let mut checkpoint = Checkpoint::load(&cfg.team_dir);
+    if checkpoint.at_ms == 0 {
+        // The first relaying process for this session: ids it derives carry this time.
+        checkpoint.at_ms = now_ms();
+        checkpoint
+            .save(&cfg.team_dir)
+            .map_err(|e| WrapError::State(format!("cannot save the checkpoint: {e}")))?;
+    }
+    let mut output = tmux::follow(session.clone(), cfg.team_dir.clone(), checkpoint.offset)?;
+    let pane = tmux::Pane::new(&session);
+    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
+    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
+    let rows = pane
+        .screen()
+        .map(|(s, _)| u16::try_from(s.lines.len().max(24)).unwrap_or(40))
+        .unwrap_or(40);
+    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    let notes = core.log.typed_since(checkpoint.offset).into();
+    core.resume = Some(Resume {
+        checkpoint,
+        session: session.clone(),
+        seen: std::collections::HashMap::new(),
+        consumed: checkpoint.offset,
+        notes,
+    });
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
+    let mut relay_open = true;
+    let code = loop {
+        let wake = core.next_wake();
+        tokio::select! {
+            tail = output.recv() => match tail {
+                Some(tmux::Tail::Output(bytes, end)) => {
+                    core.on_pane_output(&bytes, end, Instant::now()).await;
+                }
+                Some(tmux::Tail::Exited(code)) => break code,
+                None => break None,
+            },
+            ev = core.client.next_event(), if relay_open => match ev {
+                Some(Event::Message(m)) => core.on_message(m, Some(&pane)).await,
+                Some(other) => tracing::debug!(?other, "relay event"),
+                None => {
+                    tracing::warn!("relay client stopped");
+                    relay_open = false;
+                }
+            },
+            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
+            // Stopped: the agent keeps running in its session; a new wrapper resumes.
+            _ = term.recv() => {
+                tracing::info!("stopped by a signal; the agent keeps running in tmux");
+                core.client.close().await;
+                return Ok(0);
+            }
+            () = sleep_until(wake) => {}
+        }
+        if let Err(e) = core.drive(Instant::now(), Term::Tmux(&pane)).await {
+            tracing::warn!(error = %e, "typing into the pane failed");
+        }
+    };
+    tracing::info!(?code, "the agent exited; ending its session");
+    core.maybe_checkpoint();
+    core.finish().await;
+    tmux::kill(&session);
+    Ok(code.unwrap_or(0))
 }

@@ -1,0 +1,323 @@
+//! Per-CLI readiness rules, as data: when may a message be typed into an agent's terminal,
+//! and did Enter submit it?
+//!
+//! Each CLI has a TOML file in `crates/wrap/profiles/`, embedded in the binary. A person can
+//! override any field with a file of the same name in `$AGENT_RELAY_PROFILE_DIR` (default
+//! `~/.config/agent-relay/profiles/`); fields the override leaves out keep the defaults. The
+//! rules are pure functions of a [`ScreenText`], tested against screens recorded from the
+//! real CLIs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use regex_lite::Regex;
+use relay_parse::ScreenText;
+use serde::Deserialize;
+
+/// The embedded defaults, by profile name.
+const DEFAULTS: [(&str, &str); 5] = [
+    ("claude", include_str!("../profiles/claude.toml")),
+    ("codex", include_str!("../profiles/codex.toml")),
+    ("gemini", include_str!("../profiles/gemini.toml")),
+    ("shell", include_str!("../profiles/shell.toml")),
+    ("generic", include_str!("../profiles/generic.toml")),
+];
+
+/// A profile that cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// No such profile.
+    #[error("unknown profile {name:?}; known: claude, codex, gemini, shell, generic")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+    },
+    /// A profile file is not valid.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file (or `<embedded NAME>`).
+        path: String,
+        /// What is wrong, with the line when known.
+        message: String,
+    },
+}
+
+/// The fields of a profile file; every one optional so that an override can name just one.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    parse: Option<String>,
+    settle_ms: Option<u64>,
+    quiet_ms: Option<u64>,
+    enter_delay_ms: Option<u64>,
+    verify_after_ms: Option<u64>,
+    enter_retries: Option<u32>,
+    busy: Option<Vec<String>>,
+    busy_patterns: Option<Vec<String>>,
+    dialogs: Option<Vec<String>>,
+    prompt: Option<String>,
+    placeholders: Option<Vec<String>>,
+}
+
+impl File {
+    fn overlay(&mut self, o: File) {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if o.$f.is_some() { self.$f = o.$f; } )* };
+        }
+        take!(
+            parse,
+            settle_ms,
+            quiet_ms,
+            enter_delay_ms,
+            verify_after_ms,
+            enter_retries,
+            busy,
+            busy_patterns,
+            dialogs,
+            prompt,
+            placeholders
+        );
+    }
+}
+
+/// Why an agent is not ready for a message now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// A busy marker is showing (the text that matched).
+    Busy(String),
+    /// A dialog or menu is open (the text that matched).
+    Dialog(String),
+    /// The profile's input line is not on screen.
+    NoPrompt,
+    /// Someone has typed into the input line.
+    InputNotEmpty(String),
+}
+
+/// Readiness and submission rules for one CLI.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    name: String,
+    /// How the parser reads this CLI's screen.
+    pub parse: relay_parse::Profile,
+    /// Output quiet this long lets the parser treat the screen as settled.
+    pub settle: Duration,
+    /// Output quiet this long before a message is typed.
+    pub quiet: Duration,
+    /// Pause between typed text and its Enter.
+    pub enter_delay: Duration,
+    /// How long after Enter to check that it submitted.
+    pub verify_after: Duration,
+    /// Extra Enters allowed when the text is still in the input box.
+    pub enter_retries: u32,
+    busy: Vec<String>,
+    busy_patterns: Vec<Regex>,
+    dialogs: Vec<String>,
+    prompt: Option<Regex>,
+    placeholders: Vec<Regex>,
+}
+
+fn ms(v: Option<u64>, default: u64) -> Duration {
+    Duration::from_millis(v.unwrap_or(default))
+}
+
+fn parse_file(text: &str, path: &str) -> Result<File, ProfileError> {
+    toml::from_str(text).map_err(|e| ProfileError::Invalid {
+        path: path.to_owned(),
+        // toml's message names the line and column.
+        message: e.to_string().trim_end().to_owned(),
+    })
+}
+
+fn regex(p: &str, path: &str) -> Result<Regex, ProfileError> {
+    Regex::new(p).map_err(|e| ProfileError::Invalid {
+        path: path.to_owned(),
+        message: format!("pattern {p:?}: {e}"),
+    })
+}
+
+/// Where a person's profile overrides live: `$AGENT_RELAY_PROFILE_DIR`, else
+/// `$XDG_CONFIG_HOME/agent-relay/profiles`, else `~/.config/agent-relay/profiles`.
+pub fn override_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("AGENT_RELAY_PROFILE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(config.join("agent-relay").join("profiles"))
+}
+
+impl Profile {
+    /// The names with embedded defaults.
+    pub const NAMES: [&'static str; 5] = ["claude", "codex", "gemini", "shell", "generic"];
+
+    /// The profile called `name`: the embedded defaults, overlaid with `<dir>/<name>.toml`
+    /// when `overrides` names a directory holding one.
+    ///
+    /// # Errors
+    /// [`ProfileError`] for an unknown name or an invalid file (the message names the file
+    /// and line).
+    pub fn load(name: &str, overrides: Option<&Path>) -> Result<Self, ProfileError> {
+        let (_, text) =
+            DEFAULTS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| ProfileError::Unknown {
+                    name: name.to_owned(),
+                })?;
+        let mut file = parse_file(text, &format!("<embedded {name}.toml>"))?;
+        let mut source = format!("<embedded {name}.toml>");
+        if let Some(dir) = overrides {
+            let path = dir.join(format!("{name}.toml"));
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    source = path.display().to_string();
+                    file.overlay(parse_file(&text, &source)?);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ProfileError::Invalid {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        Self::from_file(name, file, &source)
+    }
+
+    /// The built-in profile called `name`, without overrides.
+    ///
+    /// # Errors
+    /// [`ProfileError::Unknown`] for a name not in [`Profile::NAMES`].
+    pub fn builtin(name: &str) -> Result<Self, ProfileError> {
+        Self::load(name, None)
+    }
+
+    /// The profile for a command line, by its program's file name (see
+    /// [`relay_parse::Profile::for_command`]).
+    pub fn name_for_command(command: &str) -> &'static str {
+        relay_parse::Profile::for_command(command).name()
+    }
+
+    fn from_file(name: &str, f: File, source: &str) -> Result<Self, ProfileError> {
+        let parse_name = f.parse.as_deref().unwrap_or(name);
+        let parse =
+            relay_parse::Profile::by_name(parse_name).ok_or_else(|| ProfileError::Invalid {
+                path: source.to_owned(),
+                message: format!(
+                    "parse = {parse_name:?}: known: {}",
+                    relay_parse::Profile::NAMES.join(", ")
+                ),
+            })?;
+        let regexes = |v: Option<Vec<String>>| -> Result<Vec<Regex>, ProfileError> {
+            v.unwrap_or_default()
+                .iter()
+                .map(|p| regex(p, source))
+                .collect()
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            parse,
+            settle: ms(f.settle_ms, 400),
+            quiet: ms(f.quiet_ms, 500),
+            enter_delay: ms(f.enter_delay_ms, 100),
+            verify_after: ms(f.verify_after_ms, 300),
+            enter_retries: f.enter_retries.unwrap_or(1),
+            busy: lowercase(f.busy.unwrap_or_default()),
+            busy_patterns: regexes(f.busy_patterns)?,
+            dialogs: lowercase(f.dialogs.unwrap_or_default()),
+            prompt: f.prompt.as_deref().map(|p| regex(p, source)).transpose()?,
+            placeholders: regexes(f.placeholders)?,
+        })
+    }
+
+    /// The profile's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The input line's text, if the profile knows what its input line looks like and it is
+    /// on screen: the last visible row matching the prompt pattern. A placeholder counts as
+    /// empty.
+    fn input(&self, screen: &ScreenText) -> Option<Option<String>> {
+        let prompt = self.prompt.as_ref()?;
+        let found = screen.lines.iter().rev().find_map(|row| {
+            let row = normalize(row);
+            prompt
+                .captures(&row)
+                .map(|c| c.get(1).map_or("", |m| m.as_str()).trim().to_owned())
+        });
+        Some(found.map(|text| {
+            if self.placeholders.iter().any(|p| p.is_match(&text)) {
+                String::new()
+            } else {
+                text
+            }
+        }))
+    }
+
+    /// Whether the agent on `screen` may be given a message now.
+    ///
+    /// # Errors
+    /// [`NotReady`] with the reason: busy, a dialog, no prompt, or text in the input line.
+    pub fn ready(&self, screen: &ScreenText) -> Result<(), NotReady> {
+        for row in &screen.lines {
+            let row = normalize(row);
+            let lower = row.to_lowercase();
+            if let Some(m) = self.dialogs.iter().find(|m| lower.contains(m.as_str())) {
+                return Err(NotReady::Dialog(m.clone()));
+            }
+            if let Some(m) = self.busy.iter().find(|m| lower.contains(m.as_str())) {
+                return Err(NotReady::Busy(m.clone()));
+            }
+            if self.busy_patterns.iter().any(|p| p.is_match(row.trim())) {
+                return Err(NotReady::Busy(row.trim().to_owned()));
+            }
+        }
+        match self.input(screen) {
+            None => Ok(()),
+            Some(None) => Err(NotReady::NoPrompt),
+            Some(Some(text)) if text.is_empty() => Ok(()),
+            Some(Some(text)) => Err(NotReady::InputNotEmpty(text)),
+        }
+    }
+
+    /// Whether `typed` (text the wrapper typed before pressing Enter) was submitted: the
+    /// input line no longer holds it. Without a prompt rule: the row under the cursor no
+    /// longer ends with it (a line-reading program moved to the next line).
+    pub fn submitted(&self, screen: &ScreenText, typed: &str) -> bool {
+        let tail: String = {
+            let t = typed.trim_end();
+            let n = t.chars().count();
+            t.chars().skip(n.saturating_sub(16)).collect()
+        };
+        let head: String = typed.chars().take(24).collect();
+        match self.input(screen) {
+            Some(Some(text)) => {
+                // A big paste can show collapsed ("[Pasted text #1 +3 lines]").
+                !(text.contains(&head) || text.contains(&tail) || text.starts_with("[Pasted text"))
+            }
+            // The input line is gone (the agent is working, a transcript scrolled...).
+            Some(None) => true,
+            None => !normalize(screen.cursor_line()).trim_end().ends_with(&tail),
+        }
+    }
+}
+
+fn lowercase(v: Vec<String>) -> Vec<String> {
+    v.into_iter().map(|s| s.to_lowercase()).collect()
+}
+
+/// TUIs draw non-breaking spaces after prompt glyphs; rules are written with plain spaces.
+fn normalize(row: &str) -> std::borrow::Cow<'_, str> {
+    if row.contains('\u{a0}') {
+        std::borrow::Cow::Owned(row.replace('\u{a0}', " "))
+    } else {
+        std::borrow::Cow::Borrowed(row)
+    }
+}
+
+#[cfg(test)]
+mod tests;

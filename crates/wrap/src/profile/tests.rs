@@ -1,0 +1,152 @@
+//! The profiles against screens recorded from the real CLIs
+//! (`crates/parse/tests/fixtures/*.bin`), replayed into the parser up to a byte offset.
+
+use super::*;
+use relay_parse::Parser;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../parse/tests/fixtures");
+
+/// The screen of fixture `name` after its first `bytes` bytes, on a terminal of `rows`.
+fn screen_at(name: &str, bytes: usize, rows: usize) -> ScreenText {
+    let data = std::fs::read(format!("{FIXTURES}/{name}.bin")).unwrap();
+    let mut p = Parser::new(relay_parse::Profile::generic());
+    p.set_rows(rows);
+    p.feed(&data[..bytes.min(data.len())]);
+    p.screen()
+}
+
+fn claude() -> Profile {
+    Profile::builtin("claude").unwrap()
+}
+
+#[test]
+fn claude_with_a_persons_text_in_its_input_box_is_not_ready() {
+    let s = screen_at("claude-session", 1262, 30);
+    assert_eq!(
+        claude().ready(&s),
+        Err(NotReady::InputNotEmpty("ask Bob to review auth.ts".into()))
+    );
+    // And that text, typed by the wrapper, is not submitted yet.
+    assert!(!claude().submitted(&s, "ask Bob to review auth.ts"));
+}
+
+#[test]
+fn claude_working_is_busy_by_its_status_line_or_its_spinner() {
+    let s = screen_at("claude-session", 6342, 30);
+    assert_eq!(
+        claude().ready(&s),
+        Err(NotReady::Busy("esc to interrupt".into()))
+    );
+    // Once it is working the prompt it was given is gone from the input box.
+    assert!(claude().submitted(&s, "ask Bob to review auth.ts"));
+    match claude().ready(&screen_at("claude-session", 6607, 30)) {
+        Err(NotReady::Busy(row)) => assert!(row.starts_with("· Contemplating…"), "{row}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn claude_idle_with_an_empty_prompt_is_ready() {
+    assert_eq!(
+        claude().ready(&screen_at("claude-session", 30440, 30)),
+        Ok(())
+    );
+    assert_eq!(
+        claude().ready(&screen_at("claude-injected", 6561, 30)),
+        Ok(())
+    );
+}
+
+#[test]
+fn claude_showing_a_dialog_is_not_ready() {
+    let s = ScreenText::from_text(
+        " Bash command\n\n   rm -rf build\n\n Do you want to proceed?\n ❯ 1. Yes\n   2. No\n\n Esc to cancel\n",
+        5,
+        3,
+    );
+    assert_eq!(
+        claude().ready(&s),
+        Err(NotReady::Dialog("do you want to".into()))
+    );
+}
+
+#[test]
+fn codex_placeholder_counts_as_empty_and_typed_text_does_not() {
+    let codex = Profile::builtin("codex").unwrap();
+    assert_eq!(codex.ready(&screen_at("codex-session", 20928, 30)), Ok(()));
+    assert_eq!(
+        codex.ready(&screen_at("codex-session", 39544, 30)),
+        Err(NotReady::InputNotEmpty("ping Bob".into()))
+    );
+}
+
+#[test]
+fn without_a_prompt_rule_submission_is_the_cursor_leaving_the_line() {
+    let generic = Profile::builtin("generic").unwrap();
+    let typed = "Relay message from Alice [01ABCDEF]: hello";
+    let before = ScreenText::from_text(&format!("$ run\n{typed}"), 1, typed.len());
+    assert!(!generic.submitted(&before, typed));
+    let after = ScreenText::from_text(&format!("$ run\n{typed}\ngot it\n"), 3, 0);
+    assert!(generic.submitted(&after, typed));
+    assert_eq!(generic.ready(&after), Ok(()));
+}
+
+#[test]
+fn a_persons_override_changes_only_the_fields_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("claude.toml"),
+        "# mine\nquiet_ms = 1500\nbusy = [\"thinking hard\"]\n",
+    )
+    .unwrap();
+    let p = Profile::load("claude", Some(dir.path())).unwrap();
+    assert_eq!(p.quiet, Duration::from_millis(1500));
+    assert_eq!(p.enter_delay, claude().enter_delay, "kept");
+    let s = ScreenText::from_text("❯ \n  Thinking hard · 3s\n", 0, 2);
+    assert_eq!(p.ready(&s), Err(NotReady::Busy("thinking hard".into())));
+    // The prompt rule is still the embedded one.
+    let s = ScreenText::from_text("❯ half a line\n", 0, 2);
+    assert_eq!(
+        p.ready(&s),
+        Err(NotReady::InputNotEmpty("half a line".into()))
+    );
+}
+
+#[test]
+fn a_broken_override_is_refused_with_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("codex.toml");
+    std::fs::write(&path, "quiet_ms = 10\nbusy = [unclosed\n").unwrap();
+    let e = Profile::load("codex", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string()) && e.contains("line 2"),
+        "{e}"
+    );
+    std::fs::write(&path, "quiet = 10\n").unwrap();
+    let e = Profile::load("codex", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown field"), "{e}");
+    std::fs::write(&path, "prompt = '(unclosed'\n").unwrap();
+    let e = Profile::load("codex", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pattern"), "{e}");
+    assert!(
+        Profile::load("vim", None)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown profile")
+    );
+}
+
+#[test]
+fn every_embedded_profile_loads() {
+    for name in Profile::NAMES {
+        let p = Profile::builtin(name).unwrap();
+        assert_eq!(p.name(), name);
+        assert_eq!(p.parse.name(), name);
+    }
+}

@@ -1,0 +1,442 @@
+//! What a wrapper remembers on disk, in `<data>/team/<name>/`, so that a restarted wrapper
+//! neither types a message twice nor forgets where it was:
+//!
+//! - `injected.log`: one line per message typed (`T <id>`) and per outcome (`D <id> <state>`),
+//!   appended and flushed before the text is typed.
+//! - `inbox.md` (with `--inbox`): every message for the agent, for it to read if typing ever
+//!   fails; rewritten atomically (temporary file, then rename).
+//! - `checkpoint` (tmux backend): how far the pane log has been read with every directive
+//!   in it relayed.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Ids remembered; older ones are dropped when the log is compacted.
+const REMEMBER: usize = 10_000;
+
+/// How far a remembered message got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Typed {
+    /// Typing started; no outcome recorded (the wrapper stopped in between).
+    Started,
+    /// Submitted and seen on the screen.
+    Verified,
+    /// Typed but not seen submitted.
+    Failed,
+}
+
+/// The ids this agent's terminal has been given, persisted.
+#[derive(Debug)]
+pub struct InjectedLog {
+    path: PathBuf,
+    ids: HashMap<String, Typed>,
+    order: std::collections::VecDeque<String>,
+    lines: usize,
+    /// Texts typed, with the pane log's length when typing began (tmux).
+    typed_at: Vec<(u64, String)>,
+}
+
+impl InjectedLog {
+    /// Loads `dir/injected.log` (creating `dir`).
+    ///
+    /// # Errors
+    /// The directory cannot be created or the file read.
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("injected.log");
+        let mut log = Self {
+            path,
+            ids: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            lines: 0,
+            typed_at: Vec::new(),
+        };
+        match std::fs::read_to_string(&log.path) {
+            Ok(text) => {
+                // A last line without its newline was cut short by a crash: ignore it, and
+                // end it so that the next line starts on a line of its own.
+                let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+                if !text.is_empty() && !text.ends_with('\n') {
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&log.path)?
+                        .write_all(b"\n")?;
+                }
+                for line in whole.lines() {
+                    log.lines += 1;
+                    let mut parts = line.splitn(4, ' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some("T"), Some(id), offset) => {
+                            log.remember(id, Typed::Started);
+                            if let (Some(Ok(at)), Some(text)) =
+                                (offset.map(str::parse), parts.next())
+                            {
+                                log.typed_at.push((at, text.to_owned()));
+                            }
+                        }
+                        (Some("D"), Some(id), Some("verified")) => {
+                            log.remember(id, Typed::Verified);
+                        }
+                        (Some("D"), Some(id), Some(_)) => log.remember(id, Typed::Failed),
+                        // A line cut short by a crash: ignore it.
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if log.lines > 4 * REMEMBER {
+            log.compact()?;
+        }
+        Ok(log)
+    }
+
+    fn remember(&mut self, id: &str, state: Typed) {
+        if self.ids.insert(id.to_owned(), state).is_none() {
+            self.order.push_back(id.to_owned());
+            if self.order.len() > REMEMBER
+                && let Some(old) = self.order.pop_front()
+            {
+                self.ids.remove(&old);
+            }
+        }
+    }
+
+    /// What is remembered about `id`.
+    pub fn get(&self, id: &str) -> Option<Typed> {
+        self.ids.get(id).copied()
+    }
+
+    fn append(&mut self, line: &str) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        // One write: a crash leaves a whole line or a cut one (ignored on load).
+        f.write_all(format!("{line}\n").as_bytes())?;
+        self.lines += 1;
+        Ok(())
+    }
+
+    /// Records that typing `id` starts now. Call before the first byte is typed.
+    ///
+    /// # Errors
+    /// The log cannot be written (the caller should not type, or risk typing twice later).
+    pub fn started(&mut self, id: &str) -> std::io::Result<()> {
+        self.append(&format!("T {id}"))?;
+        self.remember(id, Typed::Started);
+        Ok(())
+    }
+
+    /// Like [`InjectedLog::started`], also recording the text and the pane log's length
+    /// `at` when typing began, so that a wrapper re-reading the log from before that point
+    /// knows the echo of `text` for what it is (see [`InjectedLog::typed_since`]).
+    ///
+    /// # Errors
+    /// The log cannot be written.
+    pub fn started_at(&mut self, id: &str, at: u64, text: &str) -> std::io::Result<()> {
+        // The text is one line (see `format::injected_text`); keep it so.
+        let text: String = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        self.append(&format!("T {id} {at} {text}"))?;
+        self.remember(id, Typed::Started);
+        Ok(())
+    }
+
+    /// The texts typed at or after pane log offset `from`, oldest first, as recorded by
+    /// earlier wrappers.
+    pub fn typed_since(&self, from: u64) -> Vec<(u64, String)> {
+        let mut v: Vec<_> = self
+            .typed_at
+            .iter()
+            .filter(|(at, _)| *at >= from)
+            .cloned()
+            .collect();
+        v.sort_by_key(|(at, _)| *at);
+        v
+    }
+
+    /// Records how typing `id` ended.
+    ///
+    /// # Errors
+    /// The log cannot be written.
+    pub fn finished(&mut self, id: &str, verified: bool) -> std::io::Result<()> {
+        let state = if verified { "verified" } else { "failed" };
+        self.append(&format!("D {id} {state}"))?;
+        let t = if verified {
+            Typed::Verified
+        } else {
+            Typed::Failed
+        };
+        if let Some(s) = self.ids.get_mut(id) {
+            *s = t;
+        } else {
+            self.remember(id, t);
+        }
+        Ok(())
+    }
+
+    /// Rewrites the log with only what is remembered.
+    fn compact(&mut self) -> std::io::Result<()> {
+        let mut text = String::new();
+        for id in &self.order {
+            match self.ids.get(id) {
+                Some(Typed::Started) => text.push_str(&format!("T {id}\n")),
+                Some(Typed::Verified) => text.push_str(&format!("D {id} verified\n")),
+                Some(Typed::Failed) => text.push_str(&format!("D {id} failed\n")),
+                None => {}
+            }
+        }
+        write_atomically(&self.path, text.as_bytes())?;
+        self.lines = self.order.len();
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the new one, never a part.
+///
+/// # Errors
+/// Any I/O error.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// One message as the file inbox shows it.
+#[derive(Debug)]
+pub struct InboxEntry<'a> {
+    /// Message id.
+    pub id: &'a str,
+    /// Sender.
+    pub from: &'a str,
+    /// When it was stored (Unix ms).
+    pub ts: u64,
+    /// Thread, if any.
+    pub thread: Option<&'a str>,
+    /// The text (control characters are removed here).
+    pub body: &'a str,
+}
+
+/// Appends `entry` to `<dir>/inbox.md`, replacing the file atomically.
+///
+/// # Errors
+/// Any I/O error.
+pub fn append_inbox(dir: &Path, entry: &InboxEntry<'_>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("inbox.md");
+    let mut text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            "# Relay inbox\n\nMessages sent to this agent through agent-relay, oldest first.\n"
+                .to_owned()
+        }
+        Err(e) => return Err(e),
+    };
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| *c == '\n' || *c == '\t' || !c.is_control())
+            .collect()
+    };
+    let thread = entry
+        .thread
+        .map(|t| format!(" (thread {})", clean(t)))
+        .unwrap_or_default();
+    text.push_str(&format!(
+        "\n## From {} [{}]{} at {}\n\n{}\n",
+        clean(entry.from),
+        clean(entry.id),
+        thread,
+        rfc3339(entry.ts),
+        clean(entry.body).trim_end()
+    ));
+    write_atomically(&path, text.as_bytes())
+}
+
+/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// How far the tmux pane log has been relayed: bytes read with every directive in them sent
+/// and acknowledged, and the key that makes directive ids repeatable from there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Checkpoint {
+    /// Bytes of the pane log read.
+    pub offset: u64,
+    /// Unix ms when this checkpoint was taken; directive ids found after it are derived from
+    /// it, so a wrapper that restarts here sends the same ids again (and the relay drops them
+    /// as duplicates) instead of new ones.
+    pub at_ms: u64,
+}
+
+impl Checkpoint {
+    /// Loads `dir/checkpoint` (zero when absent or unreadable).
+    pub fn load(dir: &Path) -> Self {
+        let Ok(text) = std::fs::read_to_string(dir.join("checkpoint")) else {
+            return Self::default();
+        };
+        let mut it = text.split_whitespace().map(str::parse::<u64>);
+        match (it.next(), it.next()) {
+            (Some(Ok(offset)), Some(Ok(at_ms))) => Self { offset, at_ms },
+            _ => Self::default(),
+        }
+    }
+
+    /// Saves to `dir/checkpoint`, atomically.
+    ///
+    /// # Errors
+    /// Any I/O error.
+    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+        write_atomically(
+            &dir.join("checkpoint"),
+            format!("{} {}\n", self.offset, self.at_ms).as_bytes(),
+        )
+    }
+
+    /// The id of the `n`-th directive to `to` with text `body` found after this checkpoint in
+    /// the session `session`: a ULID whose time is the checkpoint's and whose random part is
+    /// a hash of the rest. Keyed by content, not by position: a wrapper that restarts here
+    /// reads the log without knowing what its predecessor typed, so it may skip a directive
+    /// that its predecessor read (the echo of an injection hides what follows it), and the
+    /// ones it does find must still get the ids they had.
+    pub fn directive_id(&self, session: &str, to: &str, body: &str, n: u32) -> String {
+        // SHA-256, not std's hasher: the ids must stay the same across a wrapper upgrade.
+        use sha2::Digest;
+        let digest = sha2::Sha256::new()
+            .chain_update(session.as_bytes())
+            .chain_update([0])
+            .chain_update(self.offset.to_be_bytes())
+            .chain_update(to.as_bytes())
+            .chain_update([0])
+            .chain_update(body.as_bytes())
+            .chain_update([0])
+            .chain_update(n.to_be_bytes())
+            .finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        let random = u128::from_be_bytes(bytes) & ((1u128 << 80) - 1);
+        ulid::Ulid::from_parts(self.at_ms, random).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_survives_a_restart_and_a_cut_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = InjectedLog::open(dir.path()).unwrap();
+        log.started("A").unwrap();
+        log.finished("A", true).unwrap();
+        log.started("B").unwrap();
+        log.started("C").unwrap();
+        log.finished("C", false).unwrap();
+        // A crash in the middle of a line.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("injected.log"))
+            .unwrap();
+        f.write_all(b"D B verif").unwrap();
+        let mut log = InjectedLog::open(dir.path()).unwrap();
+        assert_eq!(log.get("A"), Some(Typed::Verified));
+        assert_eq!(
+            log.get("B"),
+            Some(Typed::Started),
+            "a cut outcome is no outcome"
+        );
+        assert_eq!(log.get("C"), Some(Typed::Failed));
+        assert_eq!(log.get("D"), None);
+        // Texts typed with their pane offsets come back for a re-read from an offset.
+        log.started_at("E", 500, "Relay message from X [E]: one")
+            .unwrap();
+        log.started_at("F", 90, "Relay message from X [F]: two")
+            .unwrap();
+        let log = InjectedLog::open(dir.path()).unwrap();
+        assert_eq!(
+            log.typed_since(100),
+            vec![(500, "Relay message from X [E]: one".to_owned())]
+        );
+        assert_eq!(log.typed_since(0).len(), 2);
+    }
+
+    #[test]
+    fn the_inbox_keeps_every_message_in_order_without_control_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        for (id, body) in [("01A", "first"), ("01B", "second\x1b[2J line\nnext")] {
+            append_inbox(
+                dir.path(),
+                &InboxEntry {
+                    id,
+                    from: "Alice",
+                    ts: 1_700_000_000_000,
+                    thread: None,
+                    body,
+                },
+            )
+            .unwrap();
+        }
+        let text = std::fs::read_to_string(dir.path().join("inbox.md")).unwrap();
+        let a = text
+            .find("## From Alice [01A] at 2023-11-14T22:13:20Z\n\nfirst")
+            .unwrap();
+        let b = text.find("[01B]").unwrap();
+        assert!(a < b, "{text}");
+        assert!(!text.contains('\x1b'));
+        assert!(text.contains("second[2J line\nnext"));
+    }
+
+    #[test]
+    fn directive_ids_repeat_from_the_same_checkpoint_and_differ_otherwise() {
+        let c = Checkpoint {
+            offset: 100,
+            at_ms: 1_700_000_000_000,
+        };
+        let id = |session, to, body, n| c.directive_id(session, to, body, n);
+        assert_eq!(id("s", "Bob", "hi", 0), id("s", "Bob", "hi", 0));
+        assert_ne!(id("s", "Bob", "hi", 0), id("s", "Bob", "hi", 1));
+        assert_ne!(id("s", "Bob", "hi", 0), id("s", "Bo", "bhi", 0));
+        assert_ne!(id("s", "Bob", "hi", 0), id("t", "Bob", "hi", 0));
+        let other = Checkpoint { offset: 101, ..c };
+        assert_ne!(
+            id("s", "Bob", "hi", 0),
+            other.directive_id("s", "Bob", "hi", 0)
+        );
+        let id = id("s", "Bob", "hi", 0);
+        assert_eq!(id.len(), 26);
+        assert!(ulid::Ulid::from_string(&id).is_ok(), "{id}");
+        let dir = tempfile::tempdir().unwrap();
+        c.save(dir.path()).unwrap();
+        assert_eq!(Checkpoint::load(dir.path()), c);
+        assert_eq!(
+            Checkpoint::load(&dir.path().join("none")),
+            Checkpoint::default()
+        );
+    }
+}

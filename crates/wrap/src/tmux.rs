@@ -1,0 +1,476 @@
+//! The tmux backend: the agent runs in its own tmux session, which a person can attach to
+//! and leave at will while relaying goes on.
+//!
+//! - Output is streamed, never polled: `pipe-pane` appends everything the pane prints to
+//!   `<team dir>/pane.log` (the `cat` it starts belongs to tmux, so nothing is missed while
+//!   no wrapper runs), and a thread follows the file with inotify.
+//! - The session keeps its pane when the agent exits (`remain-on-exit`), and a `pane-died`
+//!   hook writes the exit status to `<team dir>/exit`; the relaying process sees the file
+//!   appear, says goodbye to the relay and removes the session.
+//! - The screen is read with one `capture-pane` only when a message is about to be typed
+//!   or checked, and text goes in with `load-buffer` + `paste-buffer -p` (tmux sends it as
+//!   a bracketed paste when the application asked for that), Enter with `send-keys`.
+//!
+//! tmux is driven through its command line (`std::process::Command`), one process per
+//! command group: the `tmux_interface` crate is a builder over the very same calls and
+//! cannot pipe a buffer through stdin, which `load-buffer -` needs.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use relay_parse::ScreenText;
+use tokio::sync::mpsc;
+
+use crate::WrapError;
+
+/// What the pane-log follower reports.
+#[derive(Debug)]
+pub(crate) enum Tail {
+    /// Bytes the pane printed; the log's offset after them.
+    Output(Vec<u8>, u64),
+    /// The agent exited (its status when tmux knew it), or the session is gone.
+    Exited(Option<i32>),
+}
+
+fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
+    WrapError::Pty(format!("tmux {what}: {e}"))
+}
+
+/// Runs one tmux command line; its stdout on success.
+fn tmux(args: &[&str], stdin: Option<&[u8]>) -> Result<String, WrapError> {
+    let mut cmd = Command::new("tmux");
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        tmux_err(
+            args.first().copied().unwrap_or(""),
+            format!("{e} (is tmux installed? Debian/Ubuntu: apt install tmux)"),
+        )
+    })?;
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(bytes).map_err(|e| tmux_err("stdin", e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| tmux_err(args.first().copied().unwrap_or(""), e))?;
+    if !out.status.success() {
+        return Err(tmux_err(
+            args.first().copied().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Quotes `s` for `/bin/sh`.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A tmux session name from the project and the agent: `myapp-Alice`. tmux reserves `.` and
+/// `:` in targets, so only letters, digits, `-` and `_` are kept.
+pub fn session_name(project_root: &Path, agent: &str) -> String {
+    let project = project_root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let keep = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let project = keep(&project);
+    if project.is_empty() {
+        format!("relay-{}", keep(agent))
+    } else {
+        format!("{project}-{}", keep(agent))
+    }
+}
+
+/// Whether session `name` exists.
+pub fn exists(name: &str) -> bool {
+    tmux(&["has-session", "-t", &format!("={name}")], None).is_ok()
+}
+
+/// How to start an agent in a new session.
+#[derive(Debug)]
+pub struct NewSession<'a> {
+    /// Session name.
+    pub name: &'a str,
+    /// The agent command and its arguments.
+    pub command: &'a [String],
+    /// Extra environment (besides the caller's, which the session gets whole).
+    pub env: &'a [(String, String)],
+    /// Working directory.
+    pub cwd: &'a Path,
+    /// Size.
+    pub rows: u16,
+    /// Size.
+    pub cols: u16,
+    /// The agent's directory of wrapper files (`pane.log`, `exit`).
+    pub team_dir: &'a Path,
+}
+
+/// Starts the agent in a new detached session, with its output piped to `pane.log` and its
+/// exit status reported to `exit`, all in one tmux command group so that not a byte of the
+/// agent's first output is missed.
+///
+/// # Errors
+/// tmux is missing or refuses (a session of that name exists, say).
+pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
+    std::fs::create_dir_all(s.team_dir).map_err(|e| tmux_err("team directory", e))?;
+    for p in [s.team_dir.to_string_lossy()] {
+        // The paths go into commands tmux parses and formats; refuse what would be read
+        // as syntax there instead of escaping through two languages.
+        if p.contains(['"', '\\', '\'', '#', '$', '`', '\n']) {
+            return Err(WrapError::Pty(format!(
+                "the data directory {p:?} contains a character tmux commands cannot carry \
+                 (\" \\ # $ ` or a newline); set AGENT_RELAY_DATA_DIR to a plainer path"
+            )));
+        }
+    }
+    let log = s.team_dir.join("pane.log");
+    let exit = s.team_dir.join("exit");
+    // A new session starts a new log and checkpoint: offsets in them refer to this session.
+    for stale in [&log, &exit, &s.team_dir.join("checkpoint")] {
+        let _ = std::fs::remove_file(stale);
+    }
+    std::fs::File::create(&log).map_err(|e| tmux_err("pane log", e))?;
+    let on_exit = s.team_dir.join("on-exit.sh");
+    std::fs::write(
+        &on_exit,
+        format!(
+            "printf '%s\\n' \"$1\" > {tmp} && mv {tmp} {exit}\n",
+            tmp = sh_quote(&format!("{}.tmp", exit.display())),
+            exit = sh_quote(&exit.to_string_lossy()),
+        ),
+    )
+    .map_err(|e| tmux_err("exit hook", e))?;
+    // Every command names the session's window (`=name:`): an exact match, never a prefix.
+    let pane = format!("={}:", s.name);
+    let (cols, rows) = (s.cols.to_string(), s.rows.to_string());
+    let cwd = s.cwd.to_string_lossy();
+    let mut args: Vec<String> = [
+        "new-session",
+        "-d",
+        "-s",
+        s.name,
+        "-x",
+        &cols,
+        "-y",
+        &rows,
+        "-c",
+        &cwd,
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    // The caller's environment, whole: a running tmux server would otherwise give the
+    // agent the environment the server started with.
+    for (k, v) in std::env::vars() {
+        if k == "TMUX" || k == "TMUX_PANE" || k.contains('=') {
+            continue;
+        }
+        args.push("-e".into());
+        args.push(format!("{k}={v}"));
+    }
+    for (k, v) in s.env {
+        args.push("-e".into());
+        args.push(format!("{k}={v}"));
+    }
+    args.push("--".into());
+    args.extend(s.command.iter().cloned());
+    args.extend(
+        [
+            ";",
+            "set-option",
+            "-w",
+            "-t",
+            &pane,
+            "remain-on-exit",
+            "on",
+            ";",
+            "pipe-pane",
+            "-O",
+            "-t",
+            &pane,
+            &format!("exec cat >> {}", sh_quote(&log.to_string_lossy())),
+            ";",
+            "set-hook",
+            "-t",
+            &pane,
+            "pane-died",
+            &format!(
+                "run-shell -b \"sh '{}' '#{{pane_dead_status}}'\"",
+                on_exit.display()
+            ),
+        ]
+        .iter()
+        .map(|a| (*a).to_owned()),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    tmux(&args, None)?;
+    Ok(())
+}
+
+/// Makes sure the pane's output still goes to `pane.log` (a tmux server restored from a
+/// snapshot, or a pipe someone closed). Only when no pipe is open: `pipe-pane` always closes
+/// the pane's current pipe first (even with `-o`, which then opens none), and a gap between
+/// two pipes would lose output.
+///
+/// # Errors
+/// tmux refuses.
+pub fn ensure_pipe(name: &str, team_dir: &Path) -> Result<(), WrapError> {
+    let pane = format!("={name}:");
+    let open = tmux(
+        &["display-message", "-p", "-t", &pane, "#{pane_pipe}"],
+        None,
+    )?;
+    if open.trim() == "1" {
+        return Ok(());
+    }
+    let log = team_dir.join("pane.log");
+    tmux(
+        &[
+            "pipe-pane",
+            "-O",
+            "-t",
+            &pane,
+            &format!("exec cat >> {}", sh_quote(&log.to_string_lossy())),
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// Ends session `name`.
+pub fn kill(name: &str) {
+    let _ = tmux(&["kill-session", "-t", &format!("={name}")], None);
+}
+
+/// A command that attaches the person's terminal to session `name` (switches the client
+/// when already inside tmux).
+pub fn attach_command(name: &str) -> Command {
+    let mut cmd = Command::new("tmux");
+    if std::env::var_os("TMUX").is_some() {
+        cmd.args(["switch-client", "-t", &format!("={name}")]);
+    } else {
+        cmd.args(["attach-session", "-t", &format!("={name}")]);
+    }
+    cmd
+}
+
+/// The agent's pane in a running session.
+#[derive(Debug, Clone)]
+pub(crate) struct Pane {
+    target: String,
+    buffer: String,
+}
+
+impl Pane {
+    pub(crate) fn new(session: &str) -> Self {
+        Self {
+            target: format!("={session}:"),
+            buffer: format!("relay-{session}"),
+        }
+    }
+
+    /// What the pane shows, with the cursor; and whether it is in copy mode.
+    pub(crate) fn screen(&self) -> Result<(ScreenText, bool), WrapError> {
+        let out = tmux(
+            &[
+                "capture-pane",
+                "-p",
+                "-t",
+                &self.target,
+                ";",
+                "display-message",
+                "-p",
+                "-t",
+                &self.target,
+                "#{cursor_y} #{cursor_x} #{pane_in_mode}",
+            ],
+            None,
+        )?;
+        let out = out.trim_end_matches('\n');
+        let (text, last) = out.rsplit_once('\n').unwrap_or(("", out));
+        let mut it = last.split(' ').map(|n| n.parse::<usize>().unwrap_or(0));
+        let (row, col, mode) = (
+            it.next().unwrap_or(0),
+            it.next().unwrap_or(0),
+            it.next().unwrap_or(0),
+        );
+        Ok((ScreenText::from_text(text, row, col), mode != 0))
+    }
+
+    /// Everything in the pane's history and screen, as text (for finding a message typed by
+    /// a wrapper that stopped before recording its outcome).
+    pub(crate) fn history(&self) -> Result<String, WrapError> {
+        tmux(
+            &["capture-pane", "-p", "-J", "-S", "-", "-t", &self.target],
+            None,
+        )
+    }
+
+    /// Types `text` (no Enter), leaving copy mode first: one buffer load and one paste,
+    /// bracketed when the application asked for bracketed paste.
+    pub(crate) fn type_text(&self, text: &str, in_mode: bool) -> Result<(), WrapError> {
+        if in_mode {
+            tmux(&["send-keys", "-t", &self.target, "-X", "cancel"], None)?;
+        }
+        tmux(
+            &[
+                "load-buffer",
+                "-b",
+                &self.buffer,
+                "-",
+                ";",
+                "paste-buffer",
+                "-p",
+                "-d",
+                "-r",
+                "-b",
+                &self.buffer,
+                "-t",
+                &self.target,
+            ],
+            Some(text.as_bytes()),
+        )?;
+        Ok(())
+    }
+
+    /// Presses Enter.
+    pub(crate) fn enter(&self) -> Result<(), WrapError> {
+        tmux(&["send-keys", "-t", &self.target, "Enter"], None)?;
+        Ok(())
+    }
+}
+
+/// Follows `<team_dir>/pane.log` from `offset`, and `<team_dir>/exit`, on a thread woken by
+/// inotify: no timer, no wake-up while the agent prints nothing.
+///
+/// # Errors
+/// inotify or the log cannot be opened.
+pub(crate) fn follow(
+    session: String,
+    team_dir: PathBuf,
+    offset: u64,
+) -> Result<mpsc::Receiver<Tail>, WrapError> {
+    use rustix::fs::inotify;
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC).map_err(|e| tmux_err("inotify", e))?;
+    // Watch the directory: the log is appended to, the exit file is renamed in.
+    inotify::add_watch(
+        &fd,
+        &team_dir,
+        inotify::WatchFlags::MODIFY
+            | inotify::WatchFlags::CLOSE_WRITE
+            | inotify::WatchFlags::MOVED_TO,
+    )
+    .map_err(|e| tmux_err("inotify watch", e))?;
+    let log_path = team_dir.join("pane.log");
+    let mut log = std::fs::File::open(&log_path).map_err(|e| tmux_err("pane log", e))?;
+    log.seek(SeekFrom::Start(offset))
+        .map_err(|e| tmux_err("pane log", e))?;
+    let (tx, rx) = mpsc::channel(64);
+    std::thread::Builder::new()
+        .name("relay-tmux-tail".into())
+        .spawn(move || {
+            let mut pos = offset;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut events = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut reader = inotify::Reader::new(&fd, &mut events);
+            loop {
+                // Everything appended so far.
+                loop {
+                    match log.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            pos += n as u64;
+                            if tx
+                                .blocking_send(Tail::Output(buf[..n].to_vec(), pos))
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot read the pane log");
+                            let _ = tx.blocking_send(Tail::Exited(None));
+                            return;
+                        }
+                    }
+                }
+                if let Ok(text) = std::fs::read_to_string(team_dir.join("exit")) {
+                    let _ = tx.blocking_send(Tail::Exited(text.trim().parse().ok()));
+                    return;
+                }
+                // Block until something changes in the directory.
+                match reader.next() {
+                    Ok(ev) => {
+                        let closed = ev.events().contains(inotify::ReadFlags::CLOSE_WRITE)
+                            && ev.file_name().is_some_and(|n| n.to_bytes() == b"pane.log");
+                        // The pipe's writer went away: the pane (or the server) is gone,
+                        // or someone closed the pipe, which is opened again.
+                        if closed && exists(&session) {
+                            if let Err(e) = ensure_pipe(&session, &team_dir) {
+                                tracing::warn!(error = %e, "cannot reopen the pane's pipe");
+                            }
+                        } else if closed {
+                            // Read what is left, then report.
+                            let mut rest = Vec::new();
+                            if log.read_to_end(&mut rest).is_ok() && !rest.is_empty() {
+                                pos += rest.len() as u64;
+                                let _ = tx.blocking_send(Tail::Output(rest, pos));
+                            }
+                            let code = std::fs::read_to_string(team_dir.join("exit"))
+                                .ok()
+                                .and_then(|t| t.trim().parse().ok());
+                            let _ = tx.blocking_send(Tail::Exited(code));
+                            return;
+                        }
+                    }
+                    Err(e) if e == rustix::io::Errno::INTR => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "inotify failed");
+                        let _ = tx.blocking_send(Tail::Exited(None));
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| tmux_err("thread", e))?;
+    Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_keep_only_what_tmux_targets_allow() {
+        assert_eq!(
+            session_name(Path::new("/home/me/my.app"), "Alice"),
+            "my_app-Alice"
+        );
+        assert_eq!(session_name(Path::new("/"), "Bob"), "relay-Bob");
+    }
+
+    #[test]
+    fn shell_quoting_survives_quotes() {
+        assert_eq!(sh_quote("a'b"), r"'a'\''b'");
+    }
+}

@@ -1,0 +1,406 @@
+//! The tmux backend: agents in their own tmux sessions (a private tmux server per test, via
+//! `TMUX_TMPDIR`), relayed by a background process that can be killed and started again.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{Relay, ok_stdout, wait_for};
+use crate::wrap::{is_online, output_of, wait_online};
+
+/// Replies to every relayed message, and to a person's `person:` lines, on a line of its own.
+const ECHO_AGENT: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from"*) echo "@relay:Carol ack ${line##*: }"; echo;;
+    person:*) echo "@relay:Carol ack ${line#person:}"; echo;;
+  esac
+done
+"#;
+
+/// The test's tmux server, killed (with every session on it) when dropped; the relaying
+/// processes notice and end.
+struct Tmux<'a> {
+    dir: &'a Path,
+}
+
+impl Tmux<'_> {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .env("TMUX_TMPDIR", self.dir)
+            .env_remove("TMUX")
+            .args(args)
+            .output()
+            .expect("tmux is installed (.ci/run installs it)")
+    }
+
+    fn pane(&self, session: &str) -> String {
+        let out = self.run(&[
+            "capture-pane",
+            "-p",
+            "-J",
+            "-S",
+            "-",
+            "-t",
+            &format!("={session}:"),
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn has(&self, session: &str) -> bool {
+        self.run(&["has-session", "-t", &format!("={session}")])
+            .status
+            .success()
+    }
+}
+
+impl Drop for Tmux<'_> {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+/// `agent-relay <args>` in the relay's directory, with the test's tmux server.
+fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
+    let mut c = relay.command();
+    c.current_dir(relay.dir.path())
+        .env("TMUX_TMPDIR", relay.dir.path())
+        .env("AGENT_RELAY_LOG", "relay_wrap=debug,info")
+        .env_remove("TMUX")
+        .args(args)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Starts `script` as agent `name` in tmux, detached; returns its session name.
+fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> String {
+    let file = relay.dir.path().join(format!("{name}.sh"));
+    std::fs::write(&file, script).unwrap();
+    let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", file.to_str().unwrap()]);
+    let out = wrap_cmd(relay, &args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("attach with: agent-relay attach {name}")),
+        "{err}"
+    );
+    session_of(relay, name)
+}
+
+/// Runs the wrapper again for agent `name`, whose session exists (the command is not run).
+fn rerun(relay: &Relay, name: &str) -> std::process::Output {
+    let args = [
+        "wrap",
+        "--backend",
+        "tmux",
+        "--detached",
+        "-n",
+        name,
+        "--",
+        "sh",
+        "unused.sh",
+    ];
+    wrap_cmd(relay, &args).output().unwrap()
+}
+
+fn session_of(relay: &Relay, name: &str) -> String {
+    let base = relay
+        .dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .replace(
+            |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_',
+            "_",
+        );
+    format!("{base}-{name}")
+}
+
+/// Every stored message as (from, to, body).
+fn history(relay: &Relay) -> Vec<(String, String, String)> {
+    let h: Value =
+        serde_json::from_slice(&relay.cli(&["history", "--json", "--limit", "1000"]).stdout)
+            .unwrap_or_default();
+    let mut v: Vec<_> = h
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    (
+                        m["from"].as_str().unwrap_or("").to_owned(),
+                        m["to"].as_str().unwrap_or("").to_owned(),
+                        m["body"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.reverse();
+    v
+}
+
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+#[test]
+fn two_agents_converse_in_tmux_sessions_and_the_session_ends_with_the_agent() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let bob = start_tmux_agent(
+        &relay,
+        "Bob",
+        r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; echo;; esac
+done
+"#,
+        &["--inbox"],
+    );
+    wait_online(&relay, "Bob");
+    let alice = start_tmux_agent(
+        &relay,
+        "Alice",
+        r#"echo "@relay:Bob hello from alice"
+echo
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"Relay message from Bob"*) sleep 0.5; exit 7;; esac
+done
+"#,
+        &[],
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "Alice hears back and exits",
+        || !tmux.has(&alice),
+    );
+    let exit = std::fs::read_to_string(relay.data_dir().join("team/Alice/exit")).unwrap();
+    assert_eq!(exit.trim(), "7", "the agent's exit status is kept");
+    wait_for(
+        Duration::from_secs(20),
+        "Alice's relaying process says goodbye",
+        || !is_online(&relay, "Alice"),
+    );
+    let bob_pane = tmux.pane(&bob);
+    assert!(bob_pane.contains("I am Bob"), "{bob_pane}");
+    assert_eq!(
+        count(&bob_pane, "got: Relay message from Alice ["),
+        1,
+        "{bob_pane}"
+    );
+    assert_eq!(
+        history(&relay),
+        vec![
+            ("Alice".into(), "Bob".into(), "hello from alice".into()),
+            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
+        ]
+    );
+    // --inbox: Bob's messages are also in a file, whole.
+    let inbox = std::fs::read_to_string(relay.data_dir().join("team/Bob/inbox.md")).unwrap();
+    assert!(
+        inbox.contains("## From Alice [") && inbox.contains("\n\nhello from alice\n"),
+        "{inbox}"
+    );
+    // The delivery was seen submitted on Bob's screen.
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let to_bob = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["to"] == "Bob")
+        .unwrap();
+    let read: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "read",
+        to_bob["id"].as_str().unwrap(),
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(read["deliveries"][0]["status"], "verified", "{read:#}");
+}
+
+#[test]
+fn agents_on_different_backends_talk_both_ways() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    start_tmux_agent(&relay, "Bob", crate::wrap::BOB, &[]);
+    wait_online(&relay, "Bob");
+    std::fs::write(relay.dir.path().join("alice.sh"), crate::wrap::ALICE).unwrap();
+    let alice = wrap_cmd(
+        &relay,
+        &[
+            "wrap",
+            "--backend",
+            "pty",
+            "--no-input",
+            "-n",
+            "Alice",
+            "--",
+            "sh",
+            "alice.sh",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (code, out) = output_of(alice);
+    assert_eq!(code, 7, "{out}");
+    assert_eq!(count(&out, "got: Relay message from Bob ["), 1, "{out}");
+    assert_eq!(
+        history(&relay),
+        vec![
+            ("Alice".into(), "Bob".into(), "hello from alice".into()),
+            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
+        ]
+    );
+}
+
+/// The relaying process for a tmux agent is killed (-9) and started again, several times,
+/// while messages arrive for the agent and the agent (through a person at its session) prints
+/// directives: nothing is sent twice, typed twice or lost.
+#[test]
+fn a_restarted_wrapper_picks_up_its_tmux_session_sending_nothing_twice_and_missing_nothing() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    // Carol is known (offline): Bob's answers wait in her inbox.
+    drop(relay.agent("Carol"));
+    let bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
+    wait_online(&relay, "Bob");
+    let lock = relay.data_dir().join("team/Bob/relay.lock");
+    let rounds = 4;
+    for round in 0..rounds {
+        ok_stdout(&relay.cli(&["send", "Bob", &format!("m{round}")]));
+        // Kill the relaying process at a different moment each round: before the message is
+        // typed, while it is, while the answer is printed, after it is relayed.
+        if round + 1 == rounds {
+            wait_for(
+                Duration::from_secs(20),
+                &format!("Bob answers m{round}"),
+                || {
+                    history(&relay)
+                        .iter()
+                        .any(|(_, _, b)| b == &format!("ack m{round}"))
+                },
+            );
+        } else {
+            std::thread::sleep(Duration::from_millis(250 * round as u64));
+        }
+        // Kill the relaying process; the agent keeps running in its session.
+        let pid: i32 = std::fs::read_to_string(&lock)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::Kill,
+        )
+        .unwrap();
+        wait_for(Duration::from_secs(20), "Bob is seen offline", || {
+            !is_online(&relay, "Bob")
+        });
+        // Meanwhile a message waits for Bob, and a person makes Bob print a directive.
+        ok_stdout(&relay.cli(&["send", "Bob", &format!("while away {round}")]));
+        tmux.run(&[
+            "send-keys",
+            "-t",
+            &format!("={bob}:"),
+            "-l",
+            &format!("person:p{round}"),
+        ]);
+        tmux.run(&["send-keys", "-t", &format!("={bob}:"), "Enter"]);
+        wait_for(
+            Duration::from_secs(10),
+            "the agent answers the person",
+            || {
+                tmux.pane(&bob)
+                    .contains(&format!("@relay:Carol ack p{round}"))
+            },
+        );
+        // Run again: it picks the session up.
+        let out = rerun(&relay, "Bob");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.contains("picking it up"),
+            "{err}"
+        );
+        let arrived = || {
+            let h = history(&relay);
+            h.iter().any(|(_, _, b)| b == &format!("ack p{round}"))
+                && h.iter()
+                    .any(|(_, _, b)| b == &format!("ack while away {round}"))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !arrived() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the waiting message and the directive did not arrive\n\
+                 history: {:#?}\npane:\n{}\nwrapper log:\n{}",
+                history(&relay),
+                tmux.pane(&bob),
+                std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log"))
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // Everything exactly once.
+    let h = history(&relay);
+    let pane = tmux.pane(&bob);
+    for round in 0..rounds {
+        for body in [
+            format!("ack m{round}"),
+            format!("ack p{round}"),
+            format!("ack while away {round}"),
+        ] {
+            let n = h
+                .iter()
+                .filter(|(f, _, b)| f == "Bob" && *b == body)
+                .count();
+            assert_eq!(n, 1, "{body:?} relayed {n} times: {h:#?}");
+        }
+        for typed in [format!("]: m{round}"), format!("]: while away {round}")] {
+            let n = pane
+                .lines()
+                .filter(|l| l.starts_with("got: Relay message from human [") && l.ends_with(&typed))
+                .count();
+            assert_eq!(n, 1, "{typed:?} typed {n} times:\n{pane}");
+        }
+    }
+    assert_eq!(h.len(), 2 * rounds + 3 * rounds, "{h:#?}");
+    // One relaying process at a time: running the command again while one runs starts none.
+    let before = std::fs::read_to_string(&lock).unwrap();
+    let out = rerun(&relay, "Bob");
+    assert!(out.status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), before);
+    assert!(is_online(&relay, "Bob"));
+}
+
+#[test]
+fn attach_names_a_missing_session_clearly() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let out = wrap_cmd(&relay, &["attach", "Nobody"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no tmux session") && err.contains("--backend tmux"),
+        "{err}"
+    );
+}
