@@ -17,7 +17,7 @@ use crate::support::{Relay, UNLIMITED};
 
 const AGENTS: usize = 4;
 const PER_AGENT: usize = 200;
-const KILLS: usize = 6;
+const KILLS: usize = 10;
 
 /// (recipient) -> every (sender, id) its agent was handed, in order, repeats included.
 type Received = Arc<Mutex<HashMap<String, Vec<(String, String)>>>>;
@@ -31,17 +31,28 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
     // Printed so that a failure can be replayed with AGENT_RELAY_FAULT_SEED.
     eprintln!("fault-injection seed: {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut relay = Relay::start_with(UNLIMITED);
+    // A short inbox TTL: what is sent to the agent that never comes back expires during the
+    // run, so dead-lettering and the senders' notices are crossed by kills too.
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--inbox-ttl", "1"]);
+    let mut relay = Relay::start_with(&args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let names: Vec<String> = (0..AGENTS).map(|i| format!("agent{i}")).collect();
+    let mut names: Vec<String> = (0..AGENTS).map(|i| format!("agent{i}")).collect();
+    names.push("sleeper".into());
     let received: Received = Arc::default();
     let (accepted, statuses) = rt.block_on(async {
+        // Known, then gone for good.
+        Client::connect(ClientConfig::agent(relay.socket.clone(), "sleeper"))
+            .await
+            .unwrap()
+            .close()
+            .await;
         let mut clients = Vec::new();
-        for n in &names {
+        for n in &names[..AGENTS] {
             clients.push(
                 Client::connect(ClientConfig::agent(relay.socket.clone(), n.as_str()))
                     .await
@@ -97,7 +108,12 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
         let plan: Vec<(usize, usize, u64)> = (0..AGENTS * PER_AGENT)
             .map(|k| {
                 let from = k % AGENTS;
-                let to = (from + rng.gen_range(1..AGENTS)) % AGENTS;
+                // One in ten to the sleeper.
+                let to = if rng.gen_range(0..10) == 0 {
+                    AGENTS
+                } else {
+                    (from + rng.gen_range(1..AGENTS)) % AGENTS
+                };
                 (from, to, rng.gen_range(0..3))
             })
             .collect();
@@ -159,6 +175,17 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
             )
         })
         .collect();
+    // Notices from the relay are counted apart: one per dead letter, to its sender.
+    let mut notices: HashMap<String, usize> = HashMap::new();
+    let mut received: HashMap<String, Vec<(String, String)>> = received;
+    for v in received.values_mut() {
+        v.retain(|(f, i)| {
+            if f == "relay" {
+                *notices.entry(i.clone()).or_default() += 1;
+            }
+            f != "relay"
+        });
+    }
     let (mut delivered, mut dead_lettered, mut lost, mut doubled) = (0, 0, 0, 0);
     for (from, id, to) in &accepted {
         let n = received.get(to).map_or(0, |v| {
@@ -172,12 +199,24 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
         }
     }
     let extra: usize = received.values().map(Vec::len).sum::<usize>() - delivered - doubled;
+    let to_sleeper = accepted.iter().filter(|(_, _, to)| to == "sleeper").count();
     eprintln!(
-        "fault injection: {KILLS} kills, {} accepted, {delivered} delivered once, {dead_lettered} dead-lettered, {lost} lost, {doubled} doubled, {extra} unexpected",
-        accepted.len()
+        "fault injection: {KILLS} kills, {} accepted ({to_sleeper} to an agent that never came back), {delivered} delivered once, {dead_lettered} dead-lettered, {lost} lost, {doubled} doubled, {extra} unexpected; {} notices to senders",
+        accepted.len(),
+        notices.len()
     );
     assert_eq!((lost, doubled, extra), (0, 0, 0), "seed {seed}");
     assert_eq!(delivered + dead_lettered, accepted.len());
+    assert_eq!(
+        dead_lettered, to_sleeper,
+        "what the sleeper never took is dead-lettered"
+    );
+    // Every dead letter's sender was told exactly once, whatever the kills interrupted.
+    assert_eq!(notices.len(), dead.len(), "seed {seed}: {notices:?}");
+    assert!(
+        notices.values().all(|n| *n == 1),
+        "seed {seed}: {notices:?}"
+    );
     // And the store agrees: nothing is left undelivered without a dead letter.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -194,7 +233,7 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
     }
     assert_nothing_dropped(&relay, &[], &[]);
 
-    // The database survived six SIGKILLs.
+    // The database survived the SIGKILLs.
     let status = relay.stop();
     assert!(status.success(), "{status}");
     let db = relay.data_dir().join("messages.sqlite");

@@ -216,6 +216,7 @@ pub async fn run(
     let cfg = Arc::new(config);
     let known = store.known_agents()?;
     let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
+    let untold = store.unnotified(100_000)?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -231,7 +232,7 @@ pub async fn run(
         location,
         storage_kind.to_owned(),
     );
-    let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone()));
+    let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     let uid = rustix::process::getuid().as_raw();
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let mut next_id: u64 = 1;

@@ -471,7 +471,15 @@ impl Router {
         mut rx: mpsc::Receiver<RouterMsg>,
         mut events: mpsc::UnboundedReceiver<StoreEvent>,
         shutdown: CancellationToken,
+        untold: Vec<DeadNotice>,
     ) {
+        if !untold.is_empty() {
+            tracing::info!(
+                count = untold.len(),
+                "telling senders about dead letters made before the last stop"
+            );
+        }
+        self.notify(untold).await;
         let mut sweep = tokio::time::interval(self.cfg.sweep_interval);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rules_check = tokio::time::interval(RULES_CHECK);
@@ -1127,10 +1135,14 @@ impl Router {
 
     /// Tells the senders of undelivered messages, with a message from [`RELAY`] stored in
     /// their inbox like any other (so an offline sender gets it when it comes back). Never for
-    /// a notice, so notices cannot beget notices.
+    /// a notice, so notices cannot beget notices. Each is then marked told; one made just
+    /// before a crash is told at the next start (`unnotified`), and because a notice's id is
+    /// its dead letter's number, telling it twice stores it once.
     async fn notify(&mut self, notices: Vec<DeadNotice>) {
         for n in notices {
+            let told = WriteOp::Notified { dlq_id: n.dlq_id };
             if n.from == RELAY || !self.agents.contains_key(&n.from) {
+                self.to_store(StoreCmd::Write(told, WriteCtx::None)).await;
                 continue;
             }
             let short: String = n.msg_id.chars().take(8).collect();
@@ -1156,7 +1168,7 @@ impl Router {
                 }),
                 urgent: false,
             };
-            let id = ulid::Ulid::new().to_string();
+            let id = format!("dead-letter-{}", n.dlq_id);
             let new = NewMessage {
                 id: id.clone(),
                 from: RELAY.to_owned(),
@@ -1178,6 +1190,9 @@ impl Router {
                 },
             ))
             .await;
+            // After the notice in command order, so at worst a crash repeats the notice
+            // (stored once), never loses it.
+            self.to_store(StoreCmd::Write(told, WriteCtx::None)).await;
         }
     }
 

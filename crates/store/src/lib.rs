@@ -241,6 +241,11 @@ pub enum WriteOp {
     },
     /// Removes every dead letter.
     Purge,
+    /// The sender of this dead letter has been told (its notice is stored).
+    Notified {
+        /// Its number.
+        dlq_id: i64,
+    },
 }
 
 /// A copy of a message that will not be delivered, for telling its sender.
@@ -436,6 +441,13 @@ pub trait Store: std::marker::Send {
     /// # Errors
     /// [`StoreError`].
     fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError>;
+
+    /// Dead letters (expired, failed) whose sender has not been told yet, oldest first: those
+    /// made just before a crash. The daemon tells them at start.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<DeadNotice>, StoreError>;
 }
 
 /// The whole story of a stored message: accepted, queued per recipient, the recorded events,

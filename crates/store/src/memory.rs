@@ -334,6 +334,10 @@ impl MemoryStore {
                 WriteResult::Done
             }
             WriteOp::Retry { dlq_id } => self.retry(*dlq_id, now),
+            WriteOp::Notified { dlq_id } => {
+                self.mark_notified(*dlq_id);
+                WriteResult::Done
+            }
             WriteOp::MarkById {
                 recipient,
                 msg_id,
@@ -553,6 +557,10 @@ impl Store for MemoryStore {
 
     fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError> {
         Ok(self.hops(limit))
+    }
+
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
+        Ok(self.not_told(limit))
     }
 }
 

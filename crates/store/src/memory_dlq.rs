@@ -19,6 +19,8 @@ pub(super) struct Journal {
     dlq: Vec<(DeadLetter, Option<NewMessage>)>,
     next_dlq: i64,
     rejected: u64,
+    /// Dead letters whose sender was told (refusals are told by their NACK).
+    notified: std::collections::HashSet<i64>,
 }
 
 impl MemoryStore {
@@ -138,7 +140,7 @@ impl MemoryStore {
 
     pub(super) fn reject(&mut self, m: &NewMessage, code: &str, reason: &str, now: u64) {
         self.journal.rejected += 1;
-        self.push_dlq(
+        let id = self.push_dlq(
             DeadLetter {
                 dlq_id: 0,
                 ts: now,
@@ -154,6 +156,28 @@ impl MemoryStore {
             },
             Some(m.clone()),
         );
+        self.journal.notified.insert(id);
+    }
+
+    pub(super) fn mark_notified(&mut self, dlq_id: i64) {
+        self.journal.notified.insert(dlq_id);
+    }
+
+    pub(super) fn not_told(&self, limit: usize) -> Vec<DeadNotice> {
+        self.journal
+            .dlq
+            .iter()
+            .filter(|(d, _)| !self.journal.notified.contains(&d.dlq_id))
+            .take(limit)
+            .map(|(d, _)| DeadNotice {
+                dlq_id: d.dlq_id,
+                msg_id: d.msg_id.clone(),
+                from: d.from.clone(),
+                recipient: d.recipient.clone(),
+                code: d.code.clone(),
+                reason: d.reason.clone(),
+            })
+            .collect()
     }
 
     pub(super) fn retry(&mut self, dlq_id: i64, now: u64) -> WriteResult {

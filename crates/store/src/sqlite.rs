@@ -217,6 +217,9 @@ DROP TABLE cursors;
     // (verified, failed, expired, an acknowledgement overwritten by a later state) as rows of
     // `events`. `dead_letters` keeps what was not delivered with its reason; for a SEND
     // refused before it was stored, `message` keeps its content (JSON) so it can be retried.
+    // Its ids never come back after a purge (AUTOINCREMENT): a sender's notice is named after
+    // its dead letter, so that telling it again after a crash is a duplicate, not a second
+    // notice; `notified` marks those told (a refusal is told by its NACK).
     // The partial index on budgets lets the daemon reload recent hop counts at start without
     // scanning every message (only replies carry a budget).
     r"
@@ -239,7 +242,7 @@ CREATE TABLE sent (
 );
 CREATE INDEX sent_recipient ON sent (recipient, through);
 CREATE TABLE dead_letters (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     ts INTEGER NOT NULL,
     msg_id TEXT NOT NULL,
     pos INTEGER,
@@ -249,8 +252,10 @@ CREATE TABLE dead_letters (
     code TEXT NOT NULL,
     reason TEXT NOT NULL,
     message TEXT,
-    retried_at INTEGER
+    retried_at INTEGER,
+    notified INTEGER NOT NULL DEFAULT 0
 );
+CREATE INDEX dead_letters_unnotified ON dead_letters (id) WHERE notified = 0;
 CREATE INDEX dead_letters_pos ON dead_letters (pos) WHERE pos IS NOT NULL;
 CREATE INDEX dead_letters_msg_id ON dead_letters (msg_id) WHERE pos IS NULL;
 CREATE TABLE counters (
@@ -983,6 +988,11 @@ impl Batch<'_> {
                 reason,
             } => self.reject(message, code, reason),
             WriteOp::Retry { dlq_id } => self.retry(*dlq_id),
+            WriteOp::Notified { dlq_id } => {
+                tx.prepare_cached("UPDATE dead_letters SET notified = 1 WHERE id = ?1")?
+                    .execute([dlq_id])?;
+                Ok(WriteResult::Done)
+            }
             WriteOp::MarkById {
                 recipient,
                 msg_id,
@@ -1374,6 +1384,10 @@ impl Store for SqliteStore {
 
     fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError> {
         dlq::recent_hops(&self.conn, limit)
+    }
+
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
+        dlq::unnotified(&self.conn, limit)
     }
 }
 

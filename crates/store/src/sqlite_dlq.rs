@@ -190,8 +190,8 @@ impl Batch<'_> {
             .map_err(|e| StoreError::Corrupt(format!("cannot encode a refused message: {e}")))?;
         self.tx
             .prepare_cached(
-                "INSERT INTO dead_letters (ts, msg_id, pos, sender, recipient, topic, code, reason, message)
-                 VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO dead_letters (ts, msg_id, pos, sender, recipient, topic, code, reason, message, notified)
+                 VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, 1)",
             )?
             .execute(params![self.now, m.id, m.from, m.to, m.topic, code, reason, json])?;
         self.tx
@@ -498,4 +498,23 @@ pub(super) fn recent_hops(
         }
     }
     Ok(out)
+}
+
+/// [`crate::Store::unnotified`] for SQLite.
+pub(super) fn unnotified(conn: &Connection, limit: usize) -> Result<Vec<DeadNotice>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, msg_id, sender, recipient, code, reason FROM dead_letters
+         WHERE notified = 0 ORDER BY id LIMIT ?1",
+    )?;
+    let rows = stmt.query_map([to_i64(limit as u64)], |r| {
+        Ok(DeadNotice {
+            dlq_id: r.get(0)?,
+            msg_id: r.get(1)?,
+            from: r.get(2)?,
+            recipient: r.get(3)?,
+            code: r.get(4)?,
+            reason: r.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

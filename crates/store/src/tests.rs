@@ -1033,6 +1033,18 @@ fn trace_and_dead_letters<B: Backend>(mut b: B) {
     assert_eq!(rej, vec![T::Rejected, T::DeadLettered]);
     assert_eq!(s.find_rejected("refused", 10).unwrap().len(), 1);
 
+    // The failure and the expiry wait to be told (the refusal was told by its NACK).
+    let untold: Vec<String> = s
+        .unnotified(10)
+        .unwrap()
+        .into_iter()
+        .map(|n| n.code)
+        .collect();
+    assert_eq!(untold, vec!["failed", "expired"]);
+    let first = s.unnotified(1).unwrap()[0].dlq_id;
+    s.write_batch(&[WriteOp::Notified { dlq_id: first }], 31)
+        .unwrap();
+    assert_eq!(s.unnotified(10).unwrap().len(), 1);
     // Newest first: the expiry, the failure, the refusal.
     let dl = s.dead_letters(false, 10).unwrap();
     let codes: Vec<&str> = dl.iter().map(|d| d.code.as_str()).collect();
