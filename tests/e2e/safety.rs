@@ -721,3 +721,74 @@ fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
         bob.ack(&d);
     }
 }
+
+/// An agent (a shell script under the real wrapper) that answers every relayed message from
+/// `peer`, as agents left alone do, and stops only when the relay refuses it.
+fn answering_agent(peer: &str) -> String {
+    format!(
+        r#"n=0
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"was not sent"*) exit 5;;
+    *"Relay message from {peer}"*|*"Relay message from human"*) n=$((n+1)); echo "@relay:{peer} acknowledged $n";;
+  esac
+done
+"#
+    )
+}
+
+#[test]
+fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
+    use std::process::Stdio;
+    let relay = Relay::start_with(&["--max-hops", "3"]);
+    std::fs::write(relay.dir.path().join("ann.sh"), answering_agent("Ben")).unwrap();
+    std::fs::write(relay.dir.path().join("ben.sh"), answering_agent("Ann")).unwrap();
+    let spawn = |name: &str, script: &str| {
+        relay
+            .command()
+            .args(["wrap", "--no-input", "-n", name, "--", "sh", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let ann = spawn("Ann", "ann.sh");
+    let ben = spawn("Ben", "ben.sh");
+    crate::wrap::wait_online(&relay, "Ann");
+    crate::wrap::wait_online(&relay, "Ben");
+    // A person starts it; the wrappers mark each answer as a reply to what was typed in.
+    ok_stdout(&relay.cli(&["send", "Ann", "please sync with Ben"]));
+    // Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben; Ben's answer would be hop 4: refused, and the
+    // refusal is typed into Ben's terminal, where the script sees it and stops.
+    let (ben_code, ben_out) = crate::wrap::output_of(ben);
+    assert_eq!(ben_code, 5, "{ben_out}");
+    assert!(
+        ben_out.contains("got: relay: your message to Ann was not sent")
+            && ben_out.contains("the limit is 3"),
+        "{ben_out}"
+    );
+    // Ann heard nothing more; stop her.
+    let mut ann = ann;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ann.id() as i32).unwrap(),
+        rustix::process::Signal::Term,
+    )
+    .unwrap();
+    let _ = ann.wait();
+    let h = cli_json(&relay, &["history"]);
+    let h = h.as_array().unwrap();
+    assert_eq!(h.len(), 4, "the person's message and three replies: {h:?}");
+    // Newest first: each reply answers the message before it.
+    for w in h.windows(2) {
+        assert_eq!(w[0]["in_reply_to"], w[1]["id"], "{h:?}");
+    }
+    let dl = cli_json(&relay, &["dlq", "list"]);
+    let dl = dl["dead_letters"].as_array().unwrap();
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        (dl[0]["from"].as_str(), dl[0]["code"].as_str()),
+        (Some("Ben"), Some("budget_exceeded"))
+    );
+    assert_eq!(dl[0]["body"], "acknowledged 2");
+}
