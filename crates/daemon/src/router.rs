@@ -1649,18 +1649,20 @@ impl Router {
                     return;
                 }
             };
-            // The acknowledgement it follows may still wait in the watermark (and range
-            // updates are committed after other writes): record it first, so the trace keeps
-            // both. (It changes nothing if the acknowledgement is already stored.)
-            self.to_store(StoreCmd::Write(
-                WriteOp::MarkById {
-                    recipient: name.clone(),
-                    msg_id: ack_id.to_owned(),
-                    status: DeliveryStatus::Acked,
-                },
-                WriteCtx::None,
-            ))
-            .await;
+            // Verified means it was injected, and that acknowledgement may still wait in the
+            // watermark (range updates are committed after other writes): record it first,
+            // so the trace keeps both. (It changes nothing if it is already stored.)
+            if status == DeliveryStatus::Verified {
+                self.to_store(StoreCmd::Write(
+                    WriteOp::MarkById {
+                        recipient: name.clone(),
+                        msg_id: ack_id.to_owned(),
+                        status: DeliveryStatus::Acked,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+            }
             self.to_store(StoreCmd::Write(
                 WriteOp::MarkById {
                     recipient: name,
