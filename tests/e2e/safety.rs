@@ -329,8 +329,8 @@ fn trace_shows_every_stage_and_dead_letters_are_listed_retried_and_purged() {
         stage_names,
         [
             "stored_to_delivered",
-            "delivered_to_injected",
-            "stored_to_injected"
+            "delivered_to_acknowledged",
+            "stored_to_acknowledged"
         ]
     );
     let text = ok_stdout(&relay.cli(&["status"]));

@@ -440,7 +440,7 @@ pub struct DeadLetter {
 /// Latency of one stage over recent deliveries, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageLatency {
-    /// `stored_to_delivered`, `delivered_to_injected`, `stored_to_injected`.
+    /// `stored_to_delivered`, `delivered_to_acknowledged`, `stored_to_acknowledged`.
     pub stage: String,
     /// Deliveries measured.
     pub samples: u64,
@@ -463,6 +463,6 @@ pub struct DeliveryFigures {
     pub dead_letters: u64,
     /// SENDs refused at send time (rules, rate limits, budgets), all time.
     pub rejected: u64,
-    /// Per-stage latencies over the most recent acknowledged deliveries.
+    /// Per-stage latencies over the most recent acknowledged (injected or verified) deliveries.
     pub latency: Vec<StageLatency>,
 }

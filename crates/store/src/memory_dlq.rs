@@ -339,7 +339,7 @@ impl MemoryStore {
                     .by_state
                     .entry(d.status.as_str().to_owned())
                     .or_insert(0) += 1;
-                if d.status == DeliveryStatus::Acked
+                if matches!(d.status, DeliveryStatus::Acked | DeliveryStatus::Verified)
                     && let Some(at) = d.updated_at
                 {
                     acked.push((*pos, r, d.queued_at, at));
@@ -371,8 +371,8 @@ impl MemoryStore {
         }
         figures.latency = vec![
             stage("stored_to_delivered", to_sent),
-            stage("delivered_to_injected", to_ack),
-            stage("stored_to_injected", total),
+            stage("delivered_to_acknowledged", to_ack),
+            stage("stored_to_acknowledged", total),
         ];
         figures
     }

@@ -453,7 +453,7 @@ pub(super) fn delivery_figures(
         "SELECT d.queued_at, d.updated_at,
                 (SELECT s.at FROM sent s WHERE s.recipient = d.recipient AND s.through >= d.msg
                  AND s.after < d.msg ORDER BY s.id DESC LIMIT 1)
-         FROM deliveries d WHERE d.status = 1 ORDER BY d.msg DESC LIMIT ?1",
+         FROM deliveries d WHERE d.status IN (1, 2) ORDER BY d.msg DESC LIMIT ?1",
     )?;
     let rows = stmt.query_map([to_i64(sample as u64)], |r| {
         Ok((
@@ -473,8 +473,8 @@ pub(super) fn delivery_figures(
     }
     figures.latency = vec![
         stage("stored_to_delivered", to_sent),
-        stage("delivered_to_injected", to_ack),
-        stage("stored_to_injected", total),
+        stage("delivered_to_acknowledged", to_ack),
+        stage("stored_to_acknowledged", total),
     ];
     Ok(figures)
 }
