@@ -95,7 +95,7 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         ))?;
         for st in d.latency.iter().filter(|st| st.samples > 0) {
             line(format!(
-                "  latency {:<22} p50 {} ms, p90 {} ms, p99 {} ms, max {} ms ({} recent)",
+                "  latency {:<25} p50 {} ms, p90 {} ms, p99 {} ms, max {} ms ({} recent)",
                 st.stage, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms, st.samples
             ))?;
         }
