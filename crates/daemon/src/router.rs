@@ -480,7 +480,12 @@ impl Router {
             );
         }
         self.notify(untold).await;
-        let mut sweep = tokio::time::interval(self.cfg.sweep_interval);
+        // Not at once: after a restart, agents that were connected get a sweep interval to
+        // come back before anything of theirs can expire.
+        let mut sweep = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.cfg.sweep_interval,
+            self.cfg.sweep_interval,
+        );
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rules_check = tokio::time::interval(RULES_CHECK);
         rules_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
