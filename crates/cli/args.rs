@@ -12,6 +12,8 @@ Quick start:
   agent-relay send Bob 'hello'        send a message as a person
   agent-relay history                 what was said
   agent-relay status                  is it running? how much is stored?
+  agent-relay trace ID                what became of a message
+  agent-relay dlq                     messages that were not delivered, and why
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
@@ -58,6 +60,13 @@ pub(crate) enum Cmd {
     Read(ReadArgs),
     /// List stored messages, newest first.
     History(HistoryArgs),
+    /// Show the delivery story of one message: accepted, queued, delivered, injected,
+    /// verified, failed, expired, rejected, dead-lettered, retried — with times and reasons.
+    Trace(ReadArgs),
+    /// The dead-letter queue: messages that were not delivered, with the reason.
+    Dlq(DlqArgs),
+    /// Access rules: which agent may send to which (applied without a restart).
+    Rules(RulesArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -124,9 +133,166 @@ pub(crate) struct UpArgs {
     /// Messages waiting for one recipient before senders are told BUSY.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub(crate) busy_high_water: u64,
+    /// Loop budgets and rate limits.
+    #[command(flatten)]
+    pub(crate) safety: SafetyArgs,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `up`'s loop budgets and rate limits.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SafetyArgs {
+    /// Most replies in a chain (each answer to an answer is one hop); one more is refused and
+    /// dead-lettered, and the sender is told.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub(crate) max_hops: u32,
+    /// Messages one sender may send per --rate-window (0: no limit).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub(crate) rate_limit: u32,
+    /// Messages one agent may send to one other agent per --rate-window (0: no limit).
+    #[arg(long, default_value_t = 30, value_name = "N")]
+    pub(crate) pair_rate_limit: u32,
+    /// The sliding window of the rate limits, in seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub(crate) rate_window: u64,
+    /// Failure reports in a row from one agent that pause deliveries to it (its messages wait;
+    /// 0: never pause).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub(crate) breaker_failures: u32,
+    /// How long a paused agent waits before one message is tried again, in milliseconds
+    /// (doubling while that fails).
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub(crate) breaker_cooldown_ms: u64,
+    /// A different --rate-limit for one sender, as NAME=N (repeatable).
+    #[arg(long = "rate-override", value_name = "NAME=N", value_parser = parse_override)]
+    pub(crate) rate_overrides: Vec<(String, u32)>,
+}
+
+impl Default for SafetyArgs {
+    fn default() -> Self {
+        Self {
+            max_hops: 10,
+            rate_limit: 100,
+            pair_rate_limit: 30,
+            rate_window: 60,
+            breaker_failures: 3,
+            breaker_cooldown_ms: 30_000,
+            rate_overrides: Vec::new(),
+        }
+    }
+}
+
+impl SafetyArgs {
+    /// The same settings as `up` arguments, for starting a daemon in the background.
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--max-hops".to_owned(),
+            self.max_hops.to_string(),
+            "--rate-limit".to_owned(),
+            self.rate_limit.to_string(),
+            "--pair-rate-limit".to_owned(),
+            self.pair_rate_limit.to_string(),
+            "--rate-window".to_owned(),
+            self.rate_window.to_string(),
+            "--breaker-failures".to_owned(),
+            self.breaker_failures.to_string(),
+            "--breaker-cooldown-ms".to_owned(),
+            self.breaker_cooldown_ms.to_string(),
+        ];
+        for (name, n) in &self.rate_overrides {
+            v.push("--rate-override".to_owned());
+            v.push(format!("{name}={n}"));
+        }
+        v
+    }
+}
+
+fn parse_override(s: &str) -> Result<(String, u32), String> {
+    let (name, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=N, e.g. ci-bot=1000"))?;
+    relay_protocol::validate_agent_name(name).map_err(|e| format!("{name:?}: {e}"))?;
+    let n = n
+        .parse()
+        .map_err(|_| format!("{s:?}: N must be a whole number (0: no limit)"))?;
+    Ok((name.to_owned(), n))
+}
+
+/// `agent-relay dlq`.
+#[derive(Debug, Args)]
+pub(crate) struct DlqArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub(crate) action: Option<DlqAction>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay rules`.
+#[derive(Debug, Args)]
+pub(crate) struct RulesArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub(crate) action: Option<RulesAction>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay rules` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum RulesAction {
+    /// List the rules, numbered.
+    List,
+    /// Add a rule. Names may use '*' for any run of characters.
+    Add {
+        /// Sender name or pattern.
+        #[arg(long)]
+        from: String,
+        /// Recipient name or pattern.
+        #[arg(long)]
+        to: String,
+        /// allow or deny.
+        #[arg(long, value_parser = ["allow", "deny"])]
+        action: String,
+        /// The matching rule with the highest priority decides.
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        priority: i64,
+    },
+    /// Remove a rule by its number in `rules list`.
+    Remove {
+        /// Its number.
+        number: usize,
+    },
+}
+
+/// `agent-relay dlq` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DlqAction {
+    /// List dead letters, newest first.
+    List {
+        /// Include those already retried.
+        #[arg(long)]
+        all: bool,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one dead letter in full.
+    Show {
+        /// Its number (from `dlq list`).
+        id: i64,
+    },
+    /// Deliver a dead letter again (a refused message is sent again as its sender).
+    Retry {
+        /// Its number (from `dlq list`).
+        id: i64,
+    },
+    /// Remove every dead letter.
+    Purge,
 }
 
 /// `agent-relay down`.
@@ -296,7 +462,8 @@ pub(crate) struct BenchArgs {
     /// Storage for the private daemon the bench starts (ignored with --socket).
     #[arg(long, value_enum, default_value = "sqlite")]
     pub(crate) storage: StorageKind,
-    /// Use the relay on this socket instead of starting a private one.
+    /// Use the relay on this socket instead of starting a private one (its rate limits apply:
+    /// start it with `--rate-limit 0 --pair-rate-limit 0` to measure it).
     #[arg(long, value_name = "PATH")]
     pub(crate) target: Option<PathBuf>,
     /// Acknowledge each DELIVER with its own ACK instead of one cumulative ACK per read (for

@@ -6,7 +6,7 @@ use std::time::Duration;
 use relay_client::{Client, ClientConfig, Event, Outgoing};
 use relay_protocol::AckStatus;
 
-use crate::support::Relay;
+use crate::support::{Relay, UNLIMITED};
 
 const N: usize = 2000;
 const KILL_AT: usize = 900;
@@ -105,7 +105,7 @@ async fn receive(
 
 #[test]
 fn kill9_with_the_recipient_offline_delivers_each_message_once_in_order() {
-    let mut relay = Relay::start();
+    let mut relay = Relay::start_with(UNLIMITED);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -141,7 +141,7 @@ fn kill9_with_the_recipient_offline_delivers_each_message_once_in_order() {
 
 #[test]
 fn kill9_with_the_recipient_online_hands_each_message_over_once() {
-    let mut relay = Relay::start();
+    let mut relay = Relay::start_with(UNLIMITED);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -186,7 +186,7 @@ fn kill9_with_the_recipient_online_hands_each_message_over_once() {
 
 #[test]
 fn a_graceful_stop_and_restart_keeps_queued_messages() {
-    let mut relay = Relay::start();
+    let mut relay = Relay::start_with(UNLIMITED);
     {
         let (mut bob, _) = relay.agent("Bob");
         bob.send_env("BYE", serde_json::json!({}), serde_json::json!({}));

@@ -5,8 +5,11 @@
 mod cli;
 mod client;
 mod crash;
+mod faults;
+mod hardening;
 mod parse;
 mod protocol;
+mod safety;
 mod support;
 mod tmux;
 mod wrap;

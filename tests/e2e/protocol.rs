@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::support::{Relay, wait_for};
+use crate::support::{Relay, UNLIMITED, wait_for};
 
 #[test]
 fn handshake_gives_welcome_with_server_limits() {
@@ -18,7 +18,7 @@ fn handshake_gives_welcome_with_server_limits() {
 
 #[test]
 fn thousand_messages_exactly_once_in_order_with_gapless_seq() {
-    let relay = Relay::start();
+    let relay = Relay::start_with(UNLIMITED);
     let (mut bob, _) = relay.agent("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let ids: Vec<String> = (0..1000)
@@ -430,7 +430,7 @@ fn a_silent_connection_is_closed_by_the_heartbeat() {
 
 #[test]
 fn busy_is_signalled_while_a_slow_recipient_loses_nothing() {
-    let relay = Relay::start_with(&["--busy-high-water", "5"]);
+    let relay = Relay::start_with(&["--busy-high-water", "5", "--pair-rate-limit", "0"]);
     let mut bob = relay.connect();
     bob.hello(
         "Bob",

@@ -11,6 +11,10 @@ use serde_json::{Value, json};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agent-relay");
 
+/// `up` arguments that turn the rate limits off, for tests that move volume through one
+/// sender or one pair (they test something else; the limits have their own tests).
+pub const UNLIMITED: &[&str] = &["--rate-limit", "0", "--pair-rate-limit", "0"];
+
 /// A daemon under test. Killed (SIGKILL) when dropped.
 pub struct Relay {
     pub dir: tempfile::TempDir,
@@ -160,6 +164,11 @@ impl Raw {
         Self { stream, next: 0 }
     }
 
+    /// How long a read waits before giving up (20 s by default).
+    pub fn read_timeout(&mut self, limit: Duration) {
+        self.stream.set_read_timeout(Some(limit)).unwrap();
+    }
+
     pub fn id(&mut self) -> String {
         self.next += 1;
         // Long enough to be read back by a prefix too (`read` wants 8 characters of one).
@@ -221,6 +230,25 @@ impl Raw {
             }
             panic!("expected {ty}, got {f}");
         }
+    }
+
+    /// Frames that arrive until the connection has been quiet for half a second (PINGs
+    /// answered, not returned).
+    pub fn read_until_quiet(&mut self) -> Vec<Value> {
+        let before = self.stream.read_timeout().unwrap();
+        self.stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut out = Vec::new();
+        while let Some(f) = self.read() {
+            if f["type"] == "PING" {
+                self.send_env("PONG", json!({}), json!({}));
+            } else {
+                out.push(f);
+            }
+        }
+        self.stream.set_read_timeout(before).unwrap();
+        out
     }
 
     /// True when the daemon has closed the connection (reading gives EOF), skipping frames.

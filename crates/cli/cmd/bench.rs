@@ -49,6 +49,8 @@ fn start_private(storage: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
     let log = std::fs::File::create(dir.path().join("daemon.log"))?;
     let child = Command::new(exe)
         .args(["up", "--foreground", "--storage", storage])
+        // A load generator is a flood by design: the private daemon has no rate limits.
+        .args(["--rate-limit", "0", "--pair-rate-limit", "0"])
         .env("AGENT_RELAY_DATA_DIR", dir.path())
         .env("AGENT_RELAY_SOCKET", &socket)
         .env_remove("AGENT_RELAY_STORAGE_PATH")

@@ -3,6 +3,7 @@
 mod bench;
 pub(crate) mod parse;
 mod query;
+pub(crate) mod rules;
 mod send;
 pub(crate) mod up;
 mod wrap;
@@ -26,6 +27,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Down(args) => up::down(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Edits a file; the daemon need not run.
+        Cmd::Rules(args) => rules::run(&paths, args),
         Cmd::Wrap(mut args) => {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
@@ -60,11 +63,14 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::Agents(a) => query::agents(&paths, a.json).await,
                     Cmd::Read(a) => query::read(&paths, &a).await,
                     Cmd::History(a) => query::history(&paths, &a).await,
+                    Cmd::Trace(a) => query::trace(&paths, &a).await,
+                    Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)
                     | Cmd::Parse(_)
+                    | Cmd::Rules(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
                     | Cmd::Attach(_)

@@ -2,9 +2,11 @@
 
 use relay_client::ClientError;
 use relay_client::paths::Paths;
-use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
+use relay_protocol::query::{
+    DeadLetter, HistoryFilter, MessageRecord, QueryRequest, QueryResult, TraceEvent,
+};
 
-use crate::args::{HistoryArgs, ReadArgs};
+use crate::args::{DlqAction, DlqArgs, HistoryArgs, ReadArgs};
 use crate::cmd::tool_client;
 use crate::exit::not_running;
 use crate::out::{clean, json, line, one_line};
@@ -65,6 +67,39 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         "  messages: {} stored, {} waiting for delivery",
         s.messages, s.pending
     ))?;
+    if let Some(e) = &s.rules_error {
+        line(format!(
+            "  rules:    {} in force; the rules file is invalid: {}",
+            s.rules,
+            clean(e)
+        ))?;
+    } else if s.rules > 0 {
+        line(format!(
+            "  rules:    {} in force (`agent-relay rules list`)",
+            s.rules
+        ))?;
+    }
+    if let Some(d) = &s.delivery {
+        let states: Vec<String> = d.by_state.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        line(format!(
+            "  deliveries: {}",
+            if states.is_empty() {
+                "none yet".into()
+            } else {
+                states.join(", ")
+            }
+        ))?;
+        line(format!(
+            "  dead letters: {} waiting (`agent-relay dlq`), {} refused at send time in all",
+            d.dead_letters, d.rejected
+        ))?;
+        for st in d.latency.iter().filter(|st| st.samples > 0) {
+            line(format!(
+                "  latency {:<25} p50 {} ms, p90 {} ms, p99 {} ms, max {} ms ({} recent)",
+                st.stage, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms, st.samples
+            ))?;
+        }
+    }
     Ok(())
 }
 
@@ -196,4 +231,133 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         ))?;
     }
     Ok(())
+}
+
+fn print_event(e: &TraceEvent, start: u64) -> anyhow::Result<()> {
+    let who = e.recipient.as_deref().unwrap_or("");
+    line(format!(
+        "  {} UTC  +{:>6} ms  {:<13} {:<16} {}",
+        format_utc(e.ts),
+        e.ts.saturating_sub(start),
+        e.state.as_str(),
+        who,
+        e.detail.as_deref().map(clean).unwrap_or_default()
+    ))?;
+    Ok(())
+}
+
+/// `agent-relay trace`.
+pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
+    let QueryResult::Trace { trace } = ask(
+        paths,
+        QueryRequest::Trace {
+            id: args.id.clone(),
+        },
+    )
+    .await?
+    else {
+        anyhow::bail!("unexpected answer to trace")
+    };
+    if args.json {
+        return json(&trace);
+    }
+    let to = match &trace.topic {
+        Some(t) => format!("{} #{t}", trace.to),
+        None => trace.to.clone(),
+    };
+    line(format!(
+        "Message {} from {} to {}",
+        trace.id, trace.from, to
+    ))?;
+    let start = trace.events.first().map_or(0, |e| e.ts);
+    for e in &trace.events {
+        print_event(e, start)?;
+    }
+    Ok(())
+}
+
+fn print_dead_letter_line(d: &DeadLetter) -> anyhow::Result<()> {
+    let short: String = d.msg_id.chars().take(8).collect();
+    let retried = if d.retried_at.is_some() {
+        " (retried)"
+    } else {
+        ""
+    };
+    line(format!(
+        "{:>5}  {}  {} → {}  [{short}]  {}{}: {}",
+        d.dlq_id,
+        format_utc(d.ts),
+        d.from,
+        d.recipient,
+        d.code,
+        retried,
+        one_line(&d.body, 60)
+    ))?;
+    Ok(())
+}
+
+fn print_dead_letter(d: &DeadLetter) -> anyhow::Result<()> {
+    line(format!("Dead letter {}", d.dlq_id))?;
+    line(format!("Message: {}", d.msg_id))?;
+    line(format!("From:    {}", d.from))?;
+    line(format!("To:      {}", d.recipient))?;
+    if let Some(t) = &d.topic {
+        line(format!("Topic:   {t}"))?;
+    }
+    line(format!("Time:    {} UTC", format_utc(d.ts)))?;
+    line(format!("Reason:  {}: {}", d.code, clean(&d.reason)))?;
+    if let Some(at) = d.retried_at {
+        line(format!("Retried: {} UTC", format_utc(at)))?;
+    }
+    line("")?;
+    line(clean(&d.body))?;
+    Ok(())
+}
+
+/// `agent-relay dlq`.
+pub(crate) async fn dlq(paths: &Paths, args: DlqArgs) -> anyhow::Result<()> {
+    let action = args.action.unwrap_or(DlqAction::List {
+        all: false,
+        limit: 50,
+    });
+    let req = match action {
+        DlqAction::List { all, limit } => {
+            if !(1..=1000).contains(&limit) {
+                anyhow::bail!("--limit must be between 1 and 1000");
+            }
+            QueryRequest::DlqList {
+                all,
+                limit: Some(limit),
+            }
+        }
+        DlqAction::Show { id } => QueryRequest::DlqShow { dlq_id: id },
+        DlqAction::Retry { id } => QueryRequest::DlqRetry { dlq_id: id },
+        DlqAction::Purge => QueryRequest::DlqPurge,
+    };
+    let res = ask(paths, req).await?;
+    if args.json {
+        return json(&res);
+    }
+    match res {
+        QueryResult::DlqList { dead_letters } => {
+            if dead_letters.is_empty() {
+                return Ok(line("the dead-letter queue is empty")?);
+            }
+            for d in &dead_letters {
+                print_dead_letter_line(d)?;
+            }
+            Ok(())
+        }
+        QueryResult::DlqShow { dead_letter } => print_dead_letter(&dead_letter),
+        QueryResult::DlqRetry {
+            dead_letter,
+            outcome,
+        } => Ok(line(format!(
+            "dead letter {}: {}",
+            dead_letter.dlq_id,
+            clean(&outcome)
+        ))?),
+        QueryResult::DlqPurge { removed } => Ok(line(format!("removed {removed} dead letters"))?),
+        _ => anyhow::bail!("unexpected answer to dlq"),
+    }
 }

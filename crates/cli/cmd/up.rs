@@ -134,6 +134,7 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
         .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
         .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
         .args(["--busy-high-water", &args.busy_high_water.to_string()])
+        .args(args.safety.to_args())
         .env("AGENT_RELAY_SOCKET", &paths.socket)
         .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
         .env("AGENT_RELAY_STORAGE_PATH", &paths.db)
@@ -206,6 +207,22 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
     cfg.heartbeat_timeout = cfg.heartbeat * 3;
     cfg.busy_high_water = args.busy_high_water.max(1);
+    cfg.max_hops = args.safety.max_hops;
+    cfg.breaker_failures = args.safety.breaker_failures;
+    cfg.breaker_cooldown = Duration::from_millis(args.safety.breaker_cooldown_ms.max(1));
+    cfg.rules_file = Some(paths.data_dir.join(crate::cmd::rules::FILE));
+    let window_ms = args.safety.rate_window.max(1).saturating_mul(1000);
+    cfg.rates = relay_daemon::limits::RateConfig {
+        sender: relay_daemon::limits::Limit {
+            max: args.safety.rate_limit,
+            window_ms,
+        },
+        pair: relay_daemon::limits::Limit {
+            max: args.safety.pair_rate_limit,
+            window_ms,
+        },
+        overrides: args.safety.rate_overrides.iter().cloned().collect(),
+    };
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
     // to one core, and delivers less (docs/PERFORMANCE.md).
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,7 +12,9 @@
 
 mod clock;
 mod conn;
+pub mod limits;
 mod router;
+pub mod rules;
 mod session;
 mod store_actor;
 
@@ -56,6 +58,17 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Messages waiting for one recipient before its senders are told BUSY.
     pub busy_high_water: u64,
+    /// Most replies in a chain: a SEND answering a message (`in_reply_to`) has one hop more
+    /// than it, and one over this is refused (`budget_exceeded`) and dead-lettered.
+    pub max_hops: u32,
+    /// Rate limits per sender and per pair.
+    pub rates: limits::RateConfig,
+    /// The access rules file, reloaded when it changes; `None`: everything is allowed.
+    pub rules_file: Option<PathBuf>,
+    /// Failure reports in a row from one recipient that open its circuit (0: never).
+    pub breaker_failures: u32,
+    /// How long an open circuit waits before trying one message (doubling while probes fail).
+    pub breaker_cooldown: Duration,
 }
 
 impl Config {
@@ -75,6 +88,11 @@ impl Config {
             inbox_ttl: Duration::from_secs(3600),
             sweep_interval: Duration::from_secs(30),
             busy_high_water: 10_000,
+            max_hops: 10,
+            rates: limits::RateConfig::default(),
+            rules_file: None,
+            breaker_failures: 3,
+            breaker_cooldown: Duration::from_secs(30),
         }
     }
 }
@@ -197,6 +215,8 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(config);
     let known = store.known_agents()?;
+    let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
+    let untold = store.unnotified(100_000)?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -208,10 +228,11 @@ pub async fn run(
         cfg.clone(),
         store_tx,
         known,
+        hops,
         location,
         storage_kind.to_owned(),
     );
-    let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone()));
+    let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     let uid = rustix::process::getuid().as_raw();
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let mut next_id: u64 = 1;

@@ -20,18 +20,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult, StatusInfo};
+use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
-    Ack, AckStatus, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack, NackCode,
-    Payload, Role, Send, ServerInfo, Welcome, topic_matches, validate_agent_name, validate_topic,
-    validate_topic_pattern,
+    Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
+    NackCode, Payload, Role, Send, ServerInfo, Welcome, topic_matches, validate_agent_name,
+    validate_topic, validate_topic_pattern,
 };
-use relay_store::{AppendOutcome, NewMessage, Recipient, StoredMessage, WriteOp, WriteResult};
+use relay_store::{
+    AppendOutcome, DeadNotice, NewMessage, Recipient, RetryOutcome, StoredMessage, WriteOp,
+    WriteResult,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::Config;
 use crate::clock::now_ms;
+use crate::limits::{Hops, RateLimiter};
+use crate::rules::Rules;
 use crate::store_actor::{StoreCmd, StoreEvent};
 
 /// One DELIVER waiting in a connection's queue; the connection's writer encodes it.
@@ -145,11 +150,25 @@ pub(crate) enum RouterMsg {
     },
 }
 
+/// Hop counts of this many recent replies are kept (and reloaded at start).
+pub(crate) const HOPS_REMEMBERED: usize = 100_000;
+
+/// The name the daemon sends notices as; no agent or tool may use it.
+pub(crate) const RELAY: &str = "relay";
+
+/// Connection id of the daemon's own sends (notices, retries): answers to it go nowhere.
+/// Connection ids start at 1.
+const NO_CONN: u64 = 0;
+
 /// Context carried through the store with a write, returned with its result.
 #[derive(Debug)]
 pub(crate) enum WriteCtx {
     /// Nobody waits for this result.
     None,
+    /// The result may name dead letters whose senders must be told.
+    Notify,
+    /// An operator action (`dlq retry`, `dlq purge`) answered with a RESULT.
+    Admin { conn_id: u64, env_id: String },
     /// A SEND: acknowledge to the sender and deliver to the recipients.
     Send {
         conn_id: u64,
@@ -157,6 +176,19 @@ pub(crate) enum WriteCtx {
         recipients: Vec<String>,
         raw: Option<Raw>,
     },
+}
+
+/// Who a SEND is routed for.
+#[derive(Debug)]
+struct Origin {
+    /// Where answers go ([`NO_CONN`] for the daemon's own).
+    conn_id: u64,
+    /// Sender name.
+    from: String,
+    /// Sender's session, if an online agent.
+    session_id: Option<String>,
+    /// Already past budgets and rate limits (a retried dead letter).
+    checked: bool,
 }
 
 /// Context carried through the store with a query.
@@ -209,7 +241,28 @@ struct Online {
     /// Stored for it while catching up and not yet loaded (approximate, for BUSY).
     backlog: u64,
     busy_told: HashMap<String, Instant>,
+    /// Highest position recorded in the trace as handed to this session.
+    traced_through: i64,
+    /// When the first DELIVER after `traced_through` was written (none since: `None`).
+    trace_since: Option<u64>,
+    /// Failure reports in a row.
+    failures: u32,
+    /// The circuit breaker.
+    circuit: Circuit,
 }
+
+/// A recipient's circuit breaker: after repeated failure reports its messages wait in the
+/// store instead of being handed to an agent that cannot take them; after a cool-down one
+/// message is tried (the probe), and its success closes the circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Circuit {
+    Closed,
+    Open { until: Instant, cooldown: Duration },
+    HalfOpen { cooldown: Duration },
+}
+
+/// Longest cool-down of a circuit that keeps failing its probes.
+const MAX_COOLDOWN: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default)]
 struct Agent {
@@ -217,6 +270,9 @@ struct Agent {
     topics: BTreeSet<String>,
     online: Option<Online>,
     connected_at: u64,
+    /// Messages stored for it while offline since it last connected (approximate: counted
+    /// from this daemon's start), for the high-water warning.
+    offline_backlog: u64,
 }
 
 /// Why a DELIVER could not be queued.
@@ -224,16 +280,55 @@ struct SlowConsumer;
 
 impl Online {
     fn can_send_live(&self) -> bool {
-        self.mode == Mode::Live && self.inflight.len() < self.window
+        self.mode == Mode::Live && self.inflight.len() < self.room_limit()
     }
 
+    /// How many DELIVERs may be unacknowledged: the window, or none while the circuit is
+    /// open, or one (the probe) while it is half open.
+    fn room_limit(&self) -> usize {
+        match self.circuit {
+            Circuit::Closed => self.window,
+            Circuit::Open { .. } => 0,
+            Circuit::HalfOpen { .. } => 1,
+        }
+    }
+
+    /// Counts a failure report; opens the circuit after `threshold` in a row (or again after
+    /// a failed probe, for twice as long). True when it opened now.
+    fn failed(&mut self, threshold: u32, cooldown: Duration, now: Instant) -> bool {
+        self.failures += 1;
+        let next = match self.circuit {
+            Circuit::HalfOpen { cooldown } => (cooldown * 2).min(MAX_COOLDOWN),
+            Circuit::Closed if threshold > 0 && self.failures >= threshold => cooldown,
+            _ => return false,
+        };
+        self.circuit = Circuit::Open {
+            until: now + next,
+            cooldown: next,
+        };
+        if self.mode == Mode::Live {
+            self.mode = Mode::CatchUp { loading: false };
+        }
+        true
+    }
+
+    /// A successful hand-over closes the circuit.
+    fn succeeded(&mut self) -> bool {
+        self.failures = 0;
+        let was_probing = matches!(self.circuit, Circuit::HalfOpen { .. });
+        self.circuit = Circuit::Closed;
+        was_probing
+    }
+
+    /// Queues a DELIVER. `Ok(true)` when it is the first since the trace was last written
+    /// (the caller marks the recipient for the next flush).
     fn dispatch(
         &mut self,
         msg: Arc<StoredMessage>,
         seq: u64,
         attempt: u32,
         raw: Option<Raw>,
-    ) -> Result<(), SlowConsumer> {
+    ) -> Result<bool, SlowConsumer> {
         let pos = msg.pos;
         let id = msg.id.clone();
         let item = DeliverItem {
@@ -250,7 +345,28 @@ impl Online {
         if self.ack_required {
             self.inflight.insert(pos, (id, seq));
         }
-        Ok(())
+        let first = self.trace_since.is_none();
+        if first {
+            self.trace_since = Some(now_ms());
+        }
+        Ok(first)
+    }
+
+    /// The trace range for what was handed out since the last one, if anything was.
+    fn take_trace(&mut self, recipient: &str) -> Option<WriteOp> {
+        let at = self.trace_since.take()?;
+        if self.last_sent <= self.traced_through {
+            return None;
+        }
+        let op = WriteOp::Sent {
+            recipient: recipient.to_owned(),
+            session_id: self.session_id.to_string(),
+            after: self.traced_through,
+            through: self.last_sent,
+            at,
+        };
+        self.traced_through = self.last_sent;
+        Some(op)
     }
 
     /// The position through which everything sent has been acknowledged.
@@ -285,7 +401,20 @@ pub(crate) struct Router {
     dirty: std::collections::HashSet<String>,
     /// Events handled since the last flush.
     since_flush: u32,
+    /// Sliding-window rate limits.
+    limiter: RateLimiter,
+    /// Hop counts of recent replies.
+    hops: Hops,
+    /// Access rules in force.
+    rules: Rules,
+    /// The rules file's modification time and length when last read.
+    rules_stamp: Option<(Option<std::time::SystemTime>, u64)>,
+    /// Why the rules file could not be loaded, if it could not.
+    rules_error: Option<String>,
 }
+
+/// How often the rules file is checked for changes.
+const RULES_CHECK: Duration = Duration::from_secs(1);
 
 /// Flush watermarks at least this often under sustained load (they are also flushed whenever
 /// the router runs out of work).
@@ -296,9 +425,16 @@ impl Router {
         cfg: Arc<Config>,
         store: mpsc::Sender<StoreCmd>,
         known: Vec<relay_store::KnownAgent>,
+        recent_hops: Vec<(String, u32)>,
         db_location: String,
         storage: String,
     ) -> Self {
+        let mut hops = Hops::new(HOPS_REMEMBERED);
+        // Newest first from the store; oldest first here so eviction order is kept.
+        for (id, h) in recent_hops.into_iter().rev() {
+            hops.record(&id, h);
+        }
+        let limiter = RateLimiter::new(cfg.rates.clone());
         let agents = known
             .into_iter()
             .map(|k| {
@@ -321,6 +457,11 @@ impl Router {
             storage,
             dirty: std::collections::HashSet::new(),
             since_flush: 0,
+            limiter,
+            hops,
+            rules: Rules::default(),
+            rules_stamp: None,
+            rules_error: None,
         }
     }
 
@@ -330,9 +471,24 @@ impl Router {
         mut rx: mpsc::Receiver<RouterMsg>,
         mut events: mpsc::UnboundedReceiver<StoreEvent>,
         shutdown: CancellationToken,
+        untold: Vec<DeadNotice>,
     ) {
-        let mut sweep = tokio::time::interval(self.cfg.sweep_interval);
+        if !untold.is_empty() {
+            tracing::info!(
+                count = untold.len(),
+                "telling senders about dead letters made before the last stop"
+            );
+        }
+        self.notify(untold).await;
+        // Not at once: after a restart, agents that were connected get a sweep interval to
+        // come back before anything of theirs can expire.
+        let mut sweep = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.cfg.sweep_interval,
+            self.cfg.sweep_interval,
+        );
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rules_check = tokio::time::interval(RULES_CHECK);
+        rules_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.write_agents_file();
         loop {
             tokio::select! {
@@ -343,6 +499,10 @@ impl Router {
                     None => break,
                 },
                 _ = sweep.tick() => self.on_sweep().await,
+                _ = rules_check.tick() => {
+                    self.reload_rules();
+                    self.probe_circuits().await;
+                }
                 () = shutdown.cancelled() => break,
                 // Lowest priority: runs only when nothing else is ready.
                 () = std::future::ready(()), if !self.dirty.is_empty() => self.flush_watermarks().await,
@@ -421,6 +581,19 @@ impl Router {
                 self.on_subscribe(conn_id, id, pattern, on).await;
             }
             RouterMsg::Query { conn_id, id, req } => {
+                let admin = match &req {
+                    QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
+                    QueryRequest::DlqPurge => Some(WriteOp::Purge),
+                    _ => None,
+                };
+                if let Some(op) = admin {
+                    let ctx = WriteCtx::Admin {
+                        conn_id,
+                        env_id: id,
+                    };
+                    self.to_store(StoreCmd::Write(op, ctx)).await;
+                    return;
+                }
                 let kind = match req {
                     QueryRequest::Status => QueryKind::Status,
                     QueryRequest::Agents => QueryKind::Agents,
@@ -447,6 +620,14 @@ impl Router {
         let session_id: Arc<str> = ulid::Ulid::new().to_string().into();
         let resume_token = format!("{:032x}", rand::random::<u128>());
         let mut resumed = false;
+        if hello.agent == RELAY {
+            return Err((
+                ErrorCode::BadName,
+                format!(
+                    "the name {RELAY:?} is reserved for the relay's own notices; choose another"
+                ),
+            ));
+        }
         let live = self
             .agents
             .get(&hello.agent)
@@ -509,6 +690,7 @@ impl Router {
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
         agent.connected_at = now_ms();
+        agent.offline_backlog = 0;
         agent.online = Some(Online {
             conn_id: conn.id,
             tx: conn.tx,
@@ -523,6 +705,10 @@ impl Router {
             acked_through: 0,
             backlog: 0,
             busy_told: HashMap::new(),
+            traced_through: 0,
+            trace_since: None,
+            failures: 0,
+            circuit: Circuit::Closed,
         });
         tracing::info!(agent = %hello.agent, cli = ?hello.cli, resumed, "agent connected");
         self.to_store(StoreCmd::Write(
@@ -705,17 +891,154 @@ impl Router {
             .and_then(|a| a.online.as_ref())
             .filter(|o| o.conn_id == conn_id)
             .map(|o| o.session_id.to_string());
-        let (to_name, names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
+        let origin = Origin {
+            conn_id,
+            from,
+            session_id,
+            checked: false,
+        };
+        self.route(origin, id, to, topic, payload, raw).await;
+    }
+
+    /// Resolves, checks (budget, rate limits) and stores a SEND. Refusals are answered with a
+    /// NACK and kept in the dead-letter queue.
+    async fn route(
+        &mut self,
+        origin: Origin,
+        id: String,
+        to: Option<String>,
+        topic: Option<String>,
+        mut payload: Send,
+        mut raw: Option<Raw>,
+    ) {
+        let Origin {
+            conn_id,
+            from,
+            session_id,
+            checked,
+        } = origin;
+        let (to_name, mut names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
             Ok(r) => r,
+            Err((code, reason)) if conn_id == NO_CONN => {
+                // The daemon's own send (a retried dead letter) has nobody to answer: it goes
+                // back to the dead-letter queue rather than vanish.
+                let message = NewMessage {
+                    id,
+                    from,
+                    to: to.unwrap_or_else(|| "*".into()),
+                    topic,
+                    payload,
+                    session_id,
+                    recipients: Vec::new(),
+                };
+                let code = serde_json::to_value(code)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "invalid".into());
+                self.to_store(StoreCmd::Write(
+                    WriteOp::Reject {
+                        message: Box::new(message),
+                        code,
+                        reason,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+                return;
+            }
             Err((code, reason)) => {
                 self.nack(conn_id, id, code, reason);
                 return;
             }
         };
-        let recipients = names
+        // Access rules: a denied recipient never gets it. A message every recipient is
+        // denied is refused; a broadcast goes to the others, and each denied copy is
+        // dead-lettered.
+        let denied: Vec<String> = names
             .iter()
-            .map(|n| Recipient { name: n.clone() })
+            .filter(|n| !self.rules.allows(&from, n))
+            .cloned()
             .collect();
+        if !denied.is_empty() {
+            names.retain(|n| !denied.contains(n));
+            let all = names.is_empty();
+            for d in &denied {
+                let reason = format!(
+                    "an access rule forbids {from} to send to {d} (`agent-relay rules list`)"
+                );
+                if all && denied.len() == 1 {
+                    self.nack(
+                        conn_id,
+                        id.clone(),
+                        NackCode::Forbidden,
+                        format!("{reason}; kept in the dead-letter queue"),
+                    );
+                }
+                let message = NewMessage {
+                    id: id.clone(),
+                    from: from.clone(),
+                    to: d.clone(),
+                    topic: topic.clone(),
+                    payload: payload.clone(),
+                    session_id: session_id.clone(),
+                    recipients: Vec::new(),
+                };
+                self.to_store(StoreCmd::Write(
+                    WriteOp::Reject {
+                        message: Box::new(message),
+                        code: "forbidden".to_owned(),
+                        reason,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+            }
+            if all {
+                if denied.len() > 1 {
+                    self.nack(
+                        conn_id,
+                        id,
+                        NackCode::Forbidden,
+                        format!("access rules forbid {from} to send to any of {} (`agent-relay rules list`); kept in the dead-letter queue", denied.join(", ")),
+                    );
+                }
+                return;
+            }
+        }
+        // The daemon, not the sender, decides a message's hop count: a reply has one more
+        // than what it answers; anything else starts a fresh chain.
+        let hops = payload
+            .in_reply_to
+            .as_deref()
+            .map_or(0, |parent| self.hops.reply_hops(parent));
+        let budget = (hops > 0).then_some(Budget {
+            hops,
+            max_hops: self.cfg.max_hops,
+            expires_at: None,
+        });
+        if payload.budget != budget {
+            payload.budget = budget;
+            // The DELIVER must carry the daemon's budget, not the sender's text.
+            raw = None;
+        }
+        let refusal = if checked {
+            None
+        } else if hops > self.cfg.max_hops {
+            Some((
+                NackCode::BudgetExceeded,
+                "budget_exceeded",
+                format!(
+                    "this reply would be hop {hops} of a chain of replies; the limit is {} (`up --max-hops`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
+                    self.cfg.max_hops
+                ),
+            ))
+        } else {
+            let direct = (names.len() == 1 && to_name != "*").then_some(to_name.as_str());
+            self.limiter
+                .check(&from, direct, now_ms())
+                .err()
+                .map(|r| (NackCode::RateLimited, "rate_limited", r.reason))
+        };
         let new = NewMessage {
             id: id.clone(),
             from,
@@ -723,8 +1046,30 @@ impl Router {
             topic,
             payload,
             session_id,
-            recipients,
+            recipients: names
+                .iter()
+                .map(|n| Recipient { name: n.clone() })
+                .collect(),
         };
+        if let Some((code, word, reason)) = refusal {
+            tracing::info!(from = %new.from, to = %new.to, id = %id, code = word, "SEND refused; dead-lettered");
+            self.nack(
+                conn_id,
+                id,
+                code,
+                format!("{reason} (kept in the dead-letter queue: `agent-relay dlq list`)"),
+            );
+            self.to_store(StoreCmd::Write(
+                WriteOp::Reject {
+                    message: Box::new(new),
+                    code: word.to_owned(),
+                    reason,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+            return;
+        }
         self.to_store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
@@ -735,6 +1080,242 @@ impl Router {
             },
         ))
         .await;
+    }
+
+    /// Circuits whose cool-down is over go half open: one message is tried.
+    async fn probe_circuits(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (name, a) in &mut self.agents {
+            if let Some(on) = a.online.as_mut()
+                && let Circuit::Open { until, cooldown } = on.circuit
+                && until <= now
+            {
+                on.circuit = Circuit::HalfOpen { cooldown };
+                due.push(name.clone());
+            }
+        }
+        for name in due {
+            tracing::info!(agent = %name, "circuit half open: trying one message");
+            self.advance_watermark(&name).await;
+        }
+    }
+
+    /// Loads the rules file if it changed. A file that does not parse leaves the rules in
+    /// force as they were (and `status` says why).
+    fn reload_rules(&mut self) {
+        let Some(path) = &self.cfg.rules_file else {
+            return;
+        };
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
+        if stamp == self.rules_stamp {
+            return;
+        }
+        self.rules_stamp = stamp;
+        if stamp.is_none() {
+            if !self.rules.rules.is_empty() {
+                tracing::info!(path = %path.display(), "rules file removed: everything is allowed");
+            }
+            self.rules = Rules::default();
+            self.rules_error = None;
+            return;
+        }
+        let parsed = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| Rules::parse(&t));
+        match parsed {
+            Ok(rules) => {
+                tracing::info!(count = rules.rules.len(), path = %path.display(), "access rules loaded");
+                self.rules = rules;
+                self.rules_error = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "rules file is invalid; keeping the previous rules");
+                self.rules_error = Some(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+
+    /// Tells the senders of undelivered messages, with a message from [`RELAY`] stored in
+    /// their inbox like any other (so an offline sender gets it when it comes back). Never for
+    /// a notice, so notices cannot beget notices. Each is then marked told; one made just
+    /// before a crash is told at the next start (`unnotified`), and because a notice's id is
+    /// its dead letter's number, telling it twice stores it once.
+    async fn notify(&mut self, notices: Vec<DeadNotice>) {
+        for n in notices {
+            let told = WriteOp::Notified { dlq_id: n.dlq_id };
+            if n.from == RELAY || !self.agents.contains_key(&n.from) {
+                self.to_store(StoreCmd::Write(told, WriteCtx::None)).await;
+                continue;
+            }
+            let short: String = n.msg_id.chars().take(8).collect();
+            let body = format!(
+                "relay: your message [{short}] to {} was not delivered ({}): {}. It is dead letter {}; `agent-relay dlq retry {}` sends it again.",
+                n.recipient, n.code, n.reason, n.dlq_id, n.dlq_id
+            );
+            let data = serde_json::json!({"relay_notice": {
+                "msg_id": n.msg_id, "recipient": n.recipient, "code": n.code,
+                "reason": n.reason, "dlq_id": n.dlq_id,
+            }});
+            let hops = self.hops.reply_hops(&n.msg_id);
+            let payload = Send {
+                kind: relay_protocol::Kind::Message,
+                body,
+                data: Some(data),
+                thread: None,
+                in_reply_to: Some(n.msg_id.clone()),
+                budget: Some(Budget {
+                    hops,
+                    max_hops: self.cfg.max_hops,
+                    expires_at: None,
+                }),
+                urgent: false,
+            };
+            let id = format!("dead-letter-{}", n.dlq_id);
+            let new = NewMessage {
+                id: id.clone(),
+                from: RELAY.to_owned(),
+                to: n.from.clone(),
+                topic: None,
+                payload,
+                session_id: None,
+                recipients: vec![Recipient {
+                    name: n.from.clone(),
+                }],
+            };
+            self.to_store(StoreCmd::Write(
+                WriteOp::Append(new),
+                WriteCtx::Send {
+                    conn_id: NO_CONN,
+                    env_id: id,
+                    recipients: vec![n.from],
+                    raw: None,
+                },
+            ))
+            .await;
+            // After the notice in command order, so at worst a crash repeats the notice
+            // (stored once), never loses it.
+            self.to_store(StoreCmd::Write(told, WriteCtx::None)).await;
+        }
+    }
+
+    /// Answers `dlq retry` and `dlq purge` once the store has done them.
+    async fn on_admin(&mut self, conn_id: u64, env_id: String, res: Result<WriteResult, String>) {
+        let result = match res {
+            Ok(WriteResult::Purged(removed)) => QueryResult::DlqPurge { removed },
+            Ok(WriteResult::Retried(o)) => self.retried(*o).await,
+            Ok(other) => QueryResult::Error {
+                code: "internal".into(),
+                message: format!("unexpected store answer {other:?}"),
+            },
+            Err(e) => QueryResult::Error {
+                code: "internal".into(),
+                message: e,
+            },
+        };
+        if let Some(conn) = self.conns.get(&conn_id) {
+            let env = Envelope::new(env_id, now_ms(), Payload::Result(result));
+            send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
+        }
+    }
+
+    /// Acts on a dead letter taken out of the queue, and says what was done.
+    async fn retried(&mut self, outcome: RetryOutcome) -> QueryResult {
+        match outcome {
+            RetryOutcome::Requeued {
+                recipient,
+                delivery,
+                entry,
+            } => {
+                let outcome = self.redeliver(&recipient, delivery).await;
+                QueryResult::DlqRetry {
+                    dead_letter: entry,
+                    outcome,
+                }
+            }
+            RetryOutcome::Resend { message, entry } => {
+                let origin = Origin {
+                    conn_id: NO_CONN,
+                    from: message.from.clone(),
+                    session_id: None,
+                    checked: true,
+                };
+                let to = Some(message.to.clone()).filter(|t| t != "*" || message.topic.is_none());
+                self.route(origin, message.id, to, message.topic, message.payload, None)
+                    .await;
+                QueryResult::DlqRetry {
+                    outcome: format!(
+                        "sent again as {} (past rate limits and budgets); `agent-relay trace {}` shows what became of it",
+                        entry.from, entry.msg_id
+                    ),
+                    dead_letter: entry,
+                }
+            }
+            RetryOutcome::AlreadyRetried(entry) => QueryResult::Error {
+                code: "invalid".into(),
+                message: format!(
+                    "dead letter {} was already retried; `agent-relay trace {}` shows what became of it",
+                    entry.dlq_id, entry.msg_id
+                ),
+            },
+            RetryOutcome::NotFound => QueryResult::Error {
+                code: "not_found".into(),
+                message: "no such dead letter; `agent-relay dlq list` shows them".into(),
+            },
+        }
+    }
+
+    /// Hands a re-queued delivery to its recipient at once if it is online (it is below what
+    /// the session has been sent, so paging would not find it); otherwise it waits in the
+    /// inbox for the next connection.
+    async fn redeliver(&mut self, recipient: &str, d: relay_store::PendingDelivery) -> String {
+        let Some(on) = self
+            .agents
+            .get_mut(recipient)
+            .and_then(|a| a.online.as_mut())
+        else {
+            return format!(
+                "queued again for {recipient}, who is offline: it is delivered when {recipient} connects"
+            );
+        };
+        let pos = d.message.pos;
+        let session_id = on.session_id.to_string();
+        match on.dispatch(d.message, d.seq, d.attempt, None) {
+            Err(SlowConsumer) => {
+                self.drop_slow(recipient).await;
+                format!("queued again for {recipient}")
+            }
+            Ok(_) => {
+                let ack_required = on.ack_required;
+                // Below the session's trace range: recorded on its own.
+                self.to_store(StoreCmd::Write(
+                    WriteOp::Sent {
+                        recipient: recipient.to_owned(),
+                        session_id,
+                        after: pos - 1,
+                        through: pos,
+                        at: now_ms(),
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+                if !ack_required {
+                    self.to_store(StoreCmd::Write(
+                        WriteOp::SetStatus {
+                            recipient: recipient.to_owned(),
+                            pos,
+                            status: DeliveryStatus::Acked,
+                        },
+                        WriteCtx::None,
+                    ))
+                    .await;
+                }
+                self.dirty.insert(recipient.to_owned());
+                format!("queued again for {recipient} and delivered (online)")
+            }
+        }
     }
 
     async fn on_store_event(&mut self, ev: StoreEvent) {
@@ -751,10 +1332,25 @@ impl Router {
                 self.on_appended(conn_id, env_id, recipients, raw, res)
                     .await;
             }
-            StoreEvent::Written(WriteCtx::None, Err(e)) => {
+            StoreEvent::Written(WriteCtx::None | WriteCtx::Notify, Err(e)) => {
                 tracing::warn!(error = %e, "store write failed");
             }
             StoreEvent::Written(WriteCtx::None, Ok(_)) => {}
+            StoreEvent::Written(WriteCtx::Notify, Ok(res)) => match res {
+                WriteResult::Expired(notices) | WriteResult::DeadLettered(notices) => {
+                    if !notices.is_empty() {
+                        tracing::info!(
+                            count = notices.len(),
+                            "undelivered messages dead-lettered; telling their senders"
+                        );
+                    }
+                    self.notify(notices).await;
+                }
+                _ => {}
+            },
+            StoreEvent::Written(WriteCtx::Admin { conn_id, env_id }, res) => {
+                self.on_admin(conn_id, env_id, res).await;
+            }
             StoreEvent::Pending {
                 recipient,
                 conn_id,
@@ -763,7 +1359,9 @@ impl Router {
             } => {
                 self.on_pending(recipient, conn_id, deliveries, limit).await;
             }
-            StoreEvent::Query(ctx, result, stats) => self.on_query_result(ctx, result, stats),
+            StoreEvent::Query(ctx, result, stats, figures) => {
+                self.on_query_result(ctx, result.map(|r| *r), stats, figures);
+            }
         }
     }
 
@@ -804,18 +1402,39 @@ impl Router {
             }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
         };
+        if let Some(b) = &message.payload.budget {
+            self.hops.record(&message.id, b.hops);
+        }
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
         let mut slow: Vec<String> = Vec::new();
         let mut refill: Vec<String> = Vec::new();
         for (name, seq) in recipients.iter().zip(seqs) {
-            let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+            let Some(agent) = self.agents.get_mut(name) else {
+                continue;
+            };
+            let Some(on) = agent.online.as_mut() else {
+                // An offline inbox passing the high-water mark: warn once per crossing and
+                // tell the sender, as for an online recipient far behind.
+                agent.offline_backlog += 1;
+                if agent.offline_backlog == self.cfg.busy_high_water {
+                    tracing::warn!(
+                        agent = %name,
+                        pending = agent.offline_backlog,
+                        "an offline agent's inbox passed the high-water mark; its messages wait (and expire after the inbox TTL)"
+                    );
+                    busy.push((name.clone(), agent.offline_backlog));
+                }
                 continue;
             };
             any_online = true;
             if on.can_send_live() {
-                if on.dispatch(message.clone(), seq, 1, raw.clone()).is_err() {
-                    slow.push(name.clone());
+                match on.dispatch(message.clone(), seq, 1, raw.clone()) {
+                    Err(SlowConsumer) => slow.push(name.clone()),
+                    Ok(true) => {
+                        self.dirty.insert(name.clone());
+                    }
+                    Ok(false) => {}
                 }
                 if !on.ack_required {
                     refill.push(name.clone());
@@ -889,6 +1508,21 @@ impl Router {
     /// `last_sent` was handed out (live and catch-up sends both go in position order).
     async fn end_session(&mut self, name: &str, on: &Online) {
         self.dirty.remove(name);
+        if let Some(at) = on.trace_since
+            && on.last_sent > on.traced_through
+        {
+            self.to_store(StoreCmd::Write(
+                WriteOp::Sent {
+                    recipient: name.to_owned(),
+                    session_id: on.session_id.to_string(),
+                    after: on.traced_through,
+                    through: on.last_sent,
+                    at,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+        }
         let through = on.watermark();
         if through > on.acked_through {
             self.to_store(StoreCmd::Write(
@@ -938,17 +1572,29 @@ impl Router {
         };
         let n = deliveries.len();
         let mut slow = false;
+        // The circuit may have opened while the page was loading: what is left waits.
+        let mut held = false;
         for d in deliveries {
             if d.message.pos <= on.last_sent {
                 continue;
             }
-            if on.dispatch(d.message, d.seq, d.attempt, None).is_err() {
-                slow = true;
+            if on.inflight.len() >= on.room_limit() {
+                held = true;
                 break;
+            }
+            match on.dispatch(d.message, d.seq, d.attempt, None) {
+                Err(SlowConsumer) => {
+                    slow = true;
+                    break;
+                }
+                Ok(true) => {
+                    self.dirty.insert(recipient.clone());
+                }
+                Ok(false) => {}
             }
         }
         on.backlog = on.backlog.saturating_sub(n as u64);
-        if n < limit {
+        if n < limit && !held {
             on.mode = Mode::Live;
             on.backlog = 0;
         } else {
@@ -980,10 +1626,62 @@ impl Router {
         else {
             return;
         };
+        let failed = state == Some(DeliveryState::Failed);
+        let opened = if failed {
+            on.failed(
+                self.cfg.breaker_failures,
+                self.cfg.breaker_cooldown,
+                Instant::now(),
+            )
+        } else {
+            on.succeeded();
+            false
+        };
+        if opened {
+            tracing::warn!(
+                agent = %name,
+                failures = on.failures,
+                "circuit open: the agent keeps failing to take messages; they wait in its inbox until a probe succeeds"
+            );
+        }
         let Some(pos) = on.find(ack_id, seq) else {
-            tracing::debug!(agent = %name, ack_id, "ACK for nothing in flight (already acknowledged?)");
+            // A later state (verified, failed) of a message already acknowledged as injected.
+            let status = match state {
+                Some(DeliveryState::Failed) => DeliveryStatus::Failed,
+                Some(DeliveryState::Verified) => DeliveryStatus::Verified,
+                Some(DeliveryState::Injected) | None => {
+                    tracing::debug!(agent = %name, ack_id, "ACK for nothing in flight (already acknowledged?)");
+                    return;
+                }
+            };
+            // Verified means it was injected, and that acknowledgement may still wait in the
+            // watermark (range updates are committed after other writes): record it first,
+            // so the trace keeps both. (It changes nothing if it is already stored.)
+            if status == DeliveryStatus::Verified {
+                self.to_store(StoreCmd::Write(
+                    WriteOp::MarkById {
+                        recipient: name.clone(),
+                        msg_id: ack_id.to_owned(),
+                        status: DeliveryStatus::Acked,
+                    },
+                    WriteCtx::None,
+                ))
+                .await;
+            }
+            self.to_store(StoreCmd::Write(
+                WriteOp::MarkById {
+                    recipient: name,
+                    msg_id: ack_id.to_owned(),
+                    status,
+                },
+                WriteCtx::Notify,
+            ))
+            .await;
             return;
         };
+        // Below the watermark already written (a retried dead letter): the range update will
+        // not come back down for it.
+        let below = pos <= on.acked_through;
         if cumulative {
             // Everything delivered on this connection up to `pos` (deliveries go out in
             // position order).
@@ -995,7 +1693,7 @@ impl Router {
         let status = match state {
             Some(DeliveryState::Failed) => Some(DeliveryStatus::Failed),
             Some(DeliveryState::Verified) => Some(DeliveryStatus::Verified),
-            Some(DeliveryState::Injected) | None => None,
+            Some(DeliveryState::Injected) | None => below.then_some(DeliveryStatus::Acked),
         };
         if let Some(status) = status {
             self.to_store(StoreCmd::Write(
@@ -1004,7 +1702,7 @@ impl Router {
                     pos,
                     status,
                 },
-                WriteCtx::None,
+                WriteCtx::Notify,
             ))
             .await;
         }
@@ -1020,13 +1718,17 @@ impl Router {
         if on.watermark() > on.acked_through && !self.dirty.contains(name) {
             self.dirty.insert(name.to_owned());
         }
-        if on.mode == (Mode::CatchUp { loading: false }) && on.inflight.len() <= on.window / 2 {
+        let room = on.room_limit();
+        if on.mode == (Mode::CatchUp { loading: false })
+            && on.inflight.len() < room
+            && (room < on.window || on.inflight.len() <= on.window / 2)
+        {
             on.mode = Mode::CatchUp { loading: true };
             let cmd = StoreCmd::TakePending {
                 recipient: name.to_owned(),
                 conn_id: on.conn_id,
                 after: on.last_sent,
-                limit: on.window - on.inflight.len(),
+                limit: room - on.inflight.len(),
             };
             self.to_store(cmd).await;
         }
@@ -1041,7 +1743,14 @@ impl Router {
             let Some(on) = self.agents.get_mut(&name).and_then(|a| a.online.as_mut()) else {
                 continue;
             };
+            let trace = on.take_trace(&name);
             let through = on.watermark();
+            if let Some(op) = trace {
+                self.to_store(StoreCmd::Write(op, WriteCtx::None)).await;
+            }
+            let Some(on) = self.agents.get_mut(&name).and_then(|a| a.online.as_mut()) else {
+                continue;
+            };
             if through > on.acked_through {
                 on.acked_through = through;
                 self.to_store(StoreCmd::Write(
@@ -1116,9 +1825,10 @@ impl Router {
         ctx: QueryCtx,
         result: Option<QueryResult>,
         stats: relay_store::Stats,
+        delivery: Option<Box<relay_protocol::query::DeliveryFigures>>,
     ) {
         let result = match (ctx.kind, result) {
-            (QueryKind::Status, None) => QueryResult::Status(StatusInfo {
+            (QueryKind::Status, None) => QueryResult::Status(relay_protocol::query::StatusInfo {
                 running: true,
                 pid: std::process::id(),
                 socket: self.cfg.socket_path.display().to_string(),
@@ -1130,6 +1840,9 @@ impl Router {
                 messages: stats.messages,
                 pending: stats.pending,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
+                rules: self.rules.rules.len() as u64,
+                rules_error: self.rules_error.clone(),
+                delivery: delivery.map(|d| *d),
             }),
             (QueryKind::Agents, Some(QueryResult::Agents { mut agents })) => {
                 for a in &mut agents {
@@ -1169,7 +1882,7 @@ impl Router {
                 queued_before,
                 except,
             },
-            WriteCtx::None,
+            WriteCtx::Notify,
         ))
         .await;
     }

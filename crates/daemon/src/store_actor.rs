@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 use crate::clock::now_ms;
 use crate::router::{QueryCtx, WriteCtx};
 
+/// Acknowledged deliveries the `status` latency percentiles are computed over.
+const LATENCY_SAMPLE: usize = 1000;
+
 /// Most writes committed in one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
@@ -74,7 +77,12 @@ pub(crate) enum StoreEvent {
     },
     /// A query's answer. `None` for `status`, which the router builds from the counters and
     /// what only it knows.
-    Query(QueryCtx, Option<QueryResult>, relay_store::Stats),
+    Query(
+        QueryCtx,
+        Option<Box<QueryResult>>,
+        relay_store::Stats,
+        Option<Box<relay_protocol::query::DeliveryFigures>>,
+    ),
 }
 
 /// Starts the store thread.
@@ -140,7 +148,12 @@ fn run_commands(
             StoreCmd::Query(req, ctx) => {
                 flush(store, &mut ops, &mut ctxs, events);
                 let (result, stats) = answer(store, &req);
-                let _ = events.send(StoreEvent::Query(ctx, result, stats));
+                // The status figures scan the deliveries: only for `status`.
+                let figures = matches!(req, QueryRequest::Status)
+                    .then(|| store.delivery_figures(LATENCY_SAMPLE).ok())
+                    .flatten()
+                    .map(Box::new);
+                let _ = events.send(StoreEvent::Query(ctx, result.map(Box::new), stats, figures));
             }
         }
     }
@@ -182,9 +195,12 @@ fn flush(
         Ok(results) => {
             for res in &results {
                 if let WriteResult::Expired(n) = res
-                    && *n > 0
+                    && !n.is_empty()
                 {
-                    tracing::info!(deliveries = n, "expired undelivered messages (inbox TTL)");
+                    tracing::info!(
+                        deliveries = n.len(),
+                        "expired undelivered messages (inbox TTL); dead-lettered"
+                    );
                 }
             }
             for (ctx, res) in batch_ctx.into_iter().zip(results) {
@@ -258,6 +274,109 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             Ok(messages) => QueryResult::History { messages },
             Err(e) => internal(e),
         },
+        QueryRequest::Trace { id } => trace(store, id).unwrap_or_else(internal),
+        QueryRequest::DlqList { all, limit } => {
+            let limit = limit.map_or(50, |l| l.clamp(1, 1000) as usize);
+            match store.dead_letters(*all, limit) {
+                Ok(dead_letters) => QueryResult::DlqList { dead_letters },
+                Err(e) => internal(e),
+            }
+        }
+        QueryRequest::DlqShow { dlq_id } => match store.dead_letter(*dlq_id) {
+            Ok(Some(dead_letter)) => QueryResult::DlqShow { dead_letter },
+            Ok(None) => QueryResult::Error {
+                code: "not_found".into(),
+                message: format!("no dead letter {dlq_id}; `agent-relay dlq list` shows them"),
+            },
+            Err(e) => internal(e),
+        },
+        // Writes: the router sends these as store writes, never as queries.
+        QueryRequest::DlqRetry { .. } | QueryRequest::DlqPurge => QueryResult::Error {
+            code: "internal".into(),
+            message: "not a read".into(),
+        },
     };
     (Some(result), relay_store::Stats::default())
+}
+
+/// The story of the message `id` (a whole id or a prefix of at least 8 characters), stored or
+/// refused.
+fn trace(store: &mut dyn Store, id: &str) -> Result<QueryResult, relay_store::StoreError> {
+    use relay_protocol::query::TraceRecord;
+    let stored = store.find(id, 10)?;
+    let refused = store.find_rejected(id, 10)?;
+    // One candidate per (id, sender): a refused SEND retried and then stored is one story.
+    let mut keys: Vec<(String, String)> = stored
+        .iter()
+        .map(|m| (m.id.clone(), m.from.clone()))
+        .collect();
+    for r in &refused {
+        let k = (r.msg_id.clone(), r.from.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let exact: Vec<&(String, String)> = keys.iter().filter(|(i, _)| i == id).collect();
+    let chosen = match (exact.as_slice(), keys.as_slice()) {
+        ([one], _) => (*one).clone(),
+        ([], [one]) if id.len() >= 8 => one.clone(),
+        ([], []) | ([], [_]) => {
+            return Ok(QueryResult::Error {
+                code: if id.len() < 8 { "invalid" } else { "not_found" }.into(),
+                message: if id.len() < 8 {
+                    format!(
+                        "no message with id {id:?}; as a prefix it is too short: give at least 8 characters of the id"
+                    )
+                } else {
+                    format!("no message with id {id:?}; `agent-relay history` lists recent ids")
+                },
+            });
+        }
+        _ => {
+            return Ok(QueryResult::Error {
+                code: "ambiguous".into(),
+                message: format!(
+                    "{id:?} matches {} messages ({}); give more of the id",
+                    keys.len(),
+                    keys.iter()
+                        .map(|(i, f)| format!("{i} from {f}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    };
+    let (msg_id, from) = chosen;
+    let record = stored
+        .into_iter()
+        .find(|m| m.id == msg_id && m.from == from);
+    let trace = match record {
+        Some(m) => {
+            let events = store.events(Some(m.pos), &msg_id, &from)?;
+            TraceRecord {
+                id: m.id.clone(),
+                pos: Some(m.pos),
+                from: m.from.clone(),
+                to: m.to.clone(),
+                topic: m.topic.clone(),
+                events: relay_store::trace_of(&m, events),
+            }
+        }
+        None => {
+            let mut events = store.events(None, &msg_id, &from)?;
+            events.sort_by_key(|e| (e.ts, e.state));
+            let r = refused
+                .iter()
+                .find(|r| r.msg_id == msg_id && r.from == from);
+            TraceRecord {
+                id: msg_id.clone(),
+                pos: None,
+                from: from.clone(),
+                to: r.map(|r| r.recipient.clone()).unwrap_or_default(),
+                topic: r.and_then(|r| r.topic.clone()),
+                events,
+            }
+        }
+    };
+    Ok(QueryResult::Trace { trace })
 }

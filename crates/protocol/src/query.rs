@@ -21,6 +21,34 @@ pub enum QueryRequest {
     },
     /// Stored messages matching a filter, newest first.
     History(HistoryFilter),
+    /// The delivery story of one message by id or unique id prefix (at least 8 characters).
+    Trace {
+        /// Full id or prefix.
+        id: String,
+    },
+    /// The dead-letter queue, newest first.
+    DlqList {
+        /// Include entries already retried.
+        #[serde(default)]
+        all: bool,
+        /// At most this many (default 50, at most 1000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+    /// One dead letter.
+    DlqShow {
+        /// Its number.
+        dlq_id: i64,
+    },
+    /// Put a dead letter back: a stored message is queued again for its recipient (and
+    /// delivered at once if it is online); a refused SEND is sent again as its sender, past
+    /// rate limits and budgets but not past access rules. (An operator action, not a read.)
+    DlqRetry {
+        /// Its number.
+        dlq_id: i64,
+    },
+    /// Empty the dead-letter queue. (An operator action, not a read.)
+    DlqPurge,
 }
 
 /// Filter for [`QueryRequest::History`]. Every field narrows the result.
@@ -200,6 +228,15 @@ pub struct StatusInfo {
     pub pending: u64,
     /// Daemon version.
     pub version: String,
+    /// Access rules in force.
+    #[serde(default)]
+    pub rules: u64,
+    /// Why the rules file was not loaded (the previous rules stay in force), if it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_error: Option<String>,
+    /// Delivery counts and latencies (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliveryFigures>,
 }
 
 /// RESULT payload, tagged by `what` like the question.
@@ -223,6 +260,33 @@ pub enum QueryResult {
         /// Matching messages, newest first.
         messages: Vec<MessageRecord>,
     },
+    /// Answer to `trace`.
+    Trace {
+        /// The story.
+        trace: TraceRecord,
+    },
+    /// Answer to `dlq_list`.
+    DlqList {
+        /// Entries, newest first.
+        dead_letters: Vec<DeadLetter>,
+    },
+    /// Answer to `dlq_show`.
+    DlqShow {
+        /// The entry.
+        dead_letter: DeadLetter,
+    },
+    /// Answer to `dlq_retry`.
+    DlqRetry {
+        /// The entry as it is now.
+        dead_letter: DeadLetter,
+        /// What was done.
+        outcome: String,
+    },
+    /// Answer to `dlq_purge`.
+    DlqPurge {
+        /// Entries removed.
+        removed: u64,
+    },
     /// The question could not be answered.
     Error {
         /// `not_found`, `ambiguous`, `invalid` or `internal`.
@@ -230,4 +294,175 @@ pub enum QueryResult {
         /// Says what to do.
         message: String,
     },
+}
+
+/// A stage in the life of one (message, recipient) pair, as `trace` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceState {
+    /// The daemon stored the SEND.
+    Accepted,
+    /// Stored for a recipient, waiting to be handed over.
+    Queued,
+    /// Written to the recipient's connection (a DELIVER).
+    Delivered,
+    /// The recipient acknowledged it: typed into the agent's terminal.
+    Injected,
+    /// The recipient saw it on the agent's screen.
+    Verified,
+    /// The recipient reported it could not be handed over.
+    Failed,
+    /// Its time to live ran out before it was delivered.
+    Expired,
+    /// Refused at send time (rule, rate limit, budget); never stored as a message.
+    Rejected,
+    /// Put in the dead-letter queue.
+    DeadLettered,
+    /// Taken out of the dead-letter queue by `agent-relay dlq retry`.
+    Retried,
+}
+
+impl TraceState {
+    /// Stable small integer used by stores.
+    pub fn code(self) -> i64 {
+        match self {
+            Self::Accepted => 0,
+            Self::Queued => 1,
+            Self::Delivered => 2,
+            Self::Injected => 3,
+            Self::Verified => 4,
+            Self::Failed => 5,
+            Self::Expired => 6,
+            Self::Rejected => 7,
+            Self::DeadLettered => 8,
+            Self::Retried => 9,
+        }
+    }
+
+    /// Inverse of [`TraceState::code`].
+    pub fn from_code(code: i64) -> Option<Self> {
+        Some(match code {
+            0 => Self::Accepted,
+            1 => Self::Queued,
+            2 => Self::Delivered,
+            3 => Self::Injected,
+            4 => Self::Verified,
+            5 => Self::Failed,
+            6 => Self::Expired,
+            7 => Self::Rejected,
+            8 => Self::DeadLettered,
+            9 => Self::Retried,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case name, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Queued => "queued",
+            Self::Delivered => "delivered",
+            Self::Injected => "injected",
+            Self::Verified => "verified",
+            Self::Failed => "failed",
+            Self::Expired => "expired",
+            Self::Rejected => "rejected",
+            Self::DeadLettered => "dead_lettered",
+            Self::Retried => "retried",
+        }
+    }
+}
+
+/// One state change in a message's story.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// When (Unix ms).
+    pub ts: u64,
+    /// The recipient it concerns; `None` for the message as a whole (accepted, rejected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
+    /// The new state.
+    pub state: TraceState,
+    /// Why, or which session, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The story of one message: every state change of every recipient's copy, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    /// Message id.
+    pub id: String,
+    /// Store position; `None` for a SEND refused before it was stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pos: Option<i64>,
+    /// Sender.
+    pub from: String,
+    /// Recipient name or `*`.
+    pub to: String,
+    /// Topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// State changes, in time order.
+    pub events: Vec<TraceEvent>,
+}
+
+/// A message (or one recipient's copy of it) that was not delivered, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Dead-letter number (what `dlq show`/`retry` take).
+    pub dlq_id: i64,
+    /// When it was dead-lettered (Unix ms).
+    pub ts: u64,
+    /// The message id.
+    pub msg_id: String,
+    /// Store position of the message; `None` if it was refused before being stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pos: Option<i64>,
+    /// Sender.
+    pub from: String,
+    /// The recipient that did not get it (`*` for a refused broadcast).
+    pub recipient: String,
+    /// Topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// `expired`, `failed`, `forbidden`, `rate_limited`, `budget_exceeded`.
+    pub code: String,
+    /// Says what happened.
+    pub reason: String,
+    /// The message text.
+    pub body: String,
+    /// When it was retried, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_at: Option<u64>,
+}
+
+/// Latency of one stage over recent deliveries, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageLatency {
+    /// `stored_to_delivered`, `delivered_to_acknowledged`, `stored_to_acknowledged`.
+    pub stage: String,
+    /// Deliveries measured.
+    pub samples: u64,
+    /// Median.
+    pub p50_ms: u64,
+    /// 90th percentile.
+    pub p90_ms: u64,
+    /// 99th percentile.
+    pub p99_ms: u64,
+    /// Largest.
+    pub max_ms: u64,
+}
+
+/// Aggregate delivery figures for `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeliveryFigures {
+    /// Deliveries by current state (`queued`, `acked`, `verified`, `failed`, `expired`).
+    pub by_state: std::collections::BTreeMap<String, u64>,
+    /// Entries in the dead-letter queue not yet retried.
+    pub dead_letters: u64,
+    /// SENDs refused at send time (rules, rate limits, budgets), all time.
+    pub rejected: u64,
+    /// Per-stage latencies over the most recent acknowledged (injected or verified) deliveries.
+    pub latency: Vec<StageLatency>,
 }

@@ -1,6 +1,9 @@
 //! Helpers shared by both stores, so that they agree on every detail that a caller can see.
 
-use relay_protocol::query::{DeliveryRecord, HistoryFilter, MessageRecord};
+use relay_protocol::query::{
+    DeadLetter, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord, TraceEvent,
+    TraceState,
+};
 
 use crate::{Recipient, StoredMessage};
 
@@ -74,6 +77,49 @@ pub(crate) fn record(m: &StoredMessage, deliveries: Vec<DeliveryRecord>) -> Mess
         thread: m.payload.thread.clone(),
         in_reply_to: m.payload.in_reply_to.clone(),
         deliveries,
+    }
+}
+
+/// The trace event a delivery's new status adds, with its explanation.
+pub(crate) fn status_event(status: DeliveryStatus) -> Option<(TraceState, &'static str)> {
+    Some(match status {
+        // Queued: a retry records itself. Acked: the delivery row holds the time, and a later
+        // status that overwrites it records it then.
+        DeliveryStatus::Queued | DeliveryStatus::Acked => return None,
+        DeliveryStatus::Verified => (TraceState::Verified, "seen on the agent's screen"),
+        DeliveryStatus::Failed => (
+            TraceState::Failed,
+            "the recipient reported that it could not hand the message to its agent",
+        ),
+        DeliveryStatus::Expired => (TraceState::Expired, "time to live ran out"),
+    })
+}
+
+/// The trace events a dead letter stands for: refused (if it never was stored), dead-lettered,
+/// and for a refused one, sent again (a stored one records its retry as an event).
+pub(crate) fn dead_letter_events(d: &DeadLetter, out: &mut Vec<TraceEvent>) {
+    let who = (d.recipient != "*").then(|| d.recipient.clone());
+    if d.pos.is_none() {
+        out.push(TraceEvent {
+            ts: d.ts,
+            recipient: None,
+            state: TraceState::Rejected,
+            detail: Some(format!("{}: {}", d.code, d.reason)),
+        });
+    }
+    out.push(TraceEvent {
+        ts: d.ts,
+        recipient: who.clone(),
+        state: TraceState::DeadLettered,
+        detail: Some(format!("dead letter {} ({})", d.dlq_id, d.code)),
+    });
+    if let (Some(at), None) = (d.retried_at, d.pos) {
+        out.push(TraceEvent {
+            ts: at,
+            recipient: who,
+            state: TraceState::Retried,
+            detail: Some(format!("dead letter {} sent again", d.dlq_id)),
+        });
     }
 }
 

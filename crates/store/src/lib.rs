@@ -22,7 +22,10 @@ mod tests;
 use std::sync::Arc;
 
 use relay_protocol::Send;
-use relay_protocol::query::{AgentInfo, DeliveryStatus, HistoryFilter, MessageRecord};
+use relay_protocol::query::{
+    AgentInfo, DeadLetter, DeliveryFigures, DeliveryStatus, HistoryFilter, MessageRecord,
+    TraceEvent,
+};
 
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
@@ -156,6 +159,17 @@ pub enum WriteOp {
         /// New status.
         status: DeliveryStatus,
     },
+    /// Like [`WriteOp::SetStatus`], for the newest message with id `msg_id` that has a
+    /// delivery to `recipient` (a later state reported after the message was acknowledged,
+    /// when the daemon no longer has its position at hand).
+    MarkById {
+        /// Recipient.
+        recipient: String,
+        /// Message id.
+        msg_id: String,
+        /// New status.
+        status: DeliveryStatus,
+    },
     /// An agent connected (creates it on first sight).
     AgentConnected {
         /// Name.
@@ -187,13 +201,95 @@ pub enum WriteOp {
         pattern: String,
     },
     /// Queued deliveries stored before `queued_before` (Unix ms) to any recipient not in
-    /// `except` become expired.
+    /// `except` become expired, and each goes to the dead-letter queue.
     Expire {
         /// Cut-off time.
         queued_before: u64,
         /// Recipients to leave alone (those online now).
         except: Vec<String>,
     },
+    /// A session of `recipient` was handed the deliveries in positions `(after, through]`
+    /// at about `at` (Unix ms): the "delivered" stage of the trace, recorded as one range per
+    /// flush instead of one row per message.
+    Sent {
+        /// Recipient.
+        recipient: String,
+        /// Its session.
+        session_id: String,
+        /// Positions above this...
+        after: i64,
+        /// ...up to and including this.
+        through: i64,
+        /// When the first of them was written to the connection.
+        at: u64,
+    },
+    /// A SEND refused before it was stored (access rule, rate limit, budget): goes to the
+    /// dead-letter queue with its content, so it can be retried.
+    Reject {
+        /// The refused message (its recipients are ignored). Boxed: a rare op should not make
+        /// every write bigger.
+        message: Box<NewMessage>,
+        /// `forbidden`, `rate_limited`, `budget_exceeded`.
+        code: String,
+        /// Says why.
+        reason: String,
+    },
+    /// Takes a dead letter out of the queue (see [`RetryOutcome`]).
+    Retry {
+        /// Its number.
+        dlq_id: i64,
+    },
+    /// Removes every dead letter.
+    Purge,
+    /// The sender of this dead letter has been told (its notice is stored).
+    Notified {
+        /// Its number.
+        dlq_id: i64,
+    },
+}
+
+/// A copy of a message that will not be delivered, for telling its sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadNotice {
+    /// Its dead-letter number.
+    pub dlq_id: i64,
+    /// Message id.
+    pub msg_id: String,
+    /// Sender.
+    pub from: String,
+    /// Recipient that did not get it.
+    pub recipient: String,
+    /// `expired` or `failed`.
+    pub code: String,
+    /// Says why.
+    pub reason: String,
+}
+
+/// What [`WriteOp::Retry`] did.
+// Rare (an operator's command), so the size of the message variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryOutcome {
+    /// A stored copy is queued again for its recipient (with a fresh time to live).
+    Requeued {
+        /// Recipient.
+        recipient: String,
+        /// The delivery, to hand over at once if the recipient is online.
+        delivery: PendingDelivery,
+        /// The entry, now marked retried.
+        entry: DeadLetter,
+    },
+    /// A refused SEND: the caller sends it again.
+    Resend {
+        /// The message as it was sent.
+        message: NewMessage,
+        /// The entry, now marked retried.
+        entry: DeadLetter,
+    },
+    /// The entry was retried before; nothing was done.
+    AlreadyRetried(DeadLetter),
+    /// No such entry.
+    NotFound,
 }
 
 /// Result of one [`WriteOp`], same position in the batch.
@@ -201,8 +297,14 @@ pub enum WriteOp {
 pub enum WriteResult {
     /// For [`WriteOp::Append`].
     Appended(AppendOutcome),
-    /// For [`WriteOp::Expire`]: how many deliveries expired.
-    Expired(u64),
+    /// For [`WriteOp::Expire`]: the deliveries that expired.
+    Expired(Vec<DeadNotice>),
+    /// For [`WriteOp::SetStatus`] to failed: the dead letter made.
+    DeadLettered(Vec<DeadNotice>),
+    /// For [`WriteOp::Retry`].
+    Retried(Box<RetryOutcome>),
+    /// For [`WriteOp::Purge`]: entries removed.
+    Purged(u64),
     /// For every other op.
     Done,
 }
@@ -291,4 +393,123 @@ pub trait Store: std::marker::Send {
 
     /// Where the data lives (`:memory:` for the memory store).
     fn location(&self) -> String;
+
+    /// The recorded state changes of the message at `pos` (delivered, verified, failed,
+    /// expired, dead-lettered, retried) and of refused SENDs with id `msg_id` from `from`.
+    /// States derived from the message and delivery rows (accepted, queued, injected) are
+    /// added by [`trace_of`].
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn events(
+        &mut self,
+        pos: Option<i64>,
+        msg_id: &str,
+        from: &str,
+    ) -> Result<Vec<TraceEvent>, StoreError>;
+
+    /// Refused SENDs whose id equals `id_or_prefix` or starts with it, at most `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn find_rejected(
+        &mut self,
+        id_or_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// Dead letters, newest first; retried ones only with `all`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn dead_letters(&mut self, all: bool, limit: usize) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// One dead letter.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn dead_letter(&mut self, dlq_id: i64) -> Result<Option<DeadLetter>, StoreError>;
+
+    /// Counts by state and latencies over the newest `sample` acknowledged deliveries.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn delivery_figures(&mut self, sample: usize) -> Result<DeliveryFigures, StoreError>;
+
+    /// The hop counts of the newest `limit` messages that carry a budget: `(id, hops)`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError>;
+
+    /// Dead letters (expired, failed) whose sender has not been told yet, oldest first: those
+    /// made just before a crash. The daemon tells them at start.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<DeadNotice>, StoreError>;
+}
+
+/// The whole story of a stored message: accepted, queued per recipient, the recorded events,
+/// and the acknowledgement time of copies the recipient acknowledged (injected), in time order.
+pub fn trace_of(record: &MessageRecord, events: Vec<TraceEvent>) -> Vec<TraceEvent> {
+    use relay_protocol::query::TraceState;
+    let mut out = vec![TraceEvent {
+        ts: record.ts,
+        recipient: None,
+        state: TraceState::Accepted,
+        detail: None,
+    }];
+    for d in &record.deliveries {
+        out.push(TraceEvent {
+            ts: d.queued_at,
+            recipient: Some(d.recipient.clone()),
+            state: TraceState::Queued,
+            detail: Some(format!("seq {}", d.seq)),
+        });
+        if d.status == DeliveryStatus::Acked
+            && let Some(at) = d.updated_at
+        {
+            out.push(TraceEvent {
+                ts: at,
+                recipient: Some(d.recipient.clone()),
+                state: TraceState::Injected,
+                detail: Some("acknowledged by the recipient".into()),
+            });
+        }
+    }
+    out.extend(events);
+    // Stable: equal times keep the order above (accepted before queued before the rest).
+    out.sort_by_key(|e| (e.ts, e.state));
+    out
+}
+
+/// [`WriteResult::Retried`], boxed.
+pub(crate) fn retried(o: RetryOutcome) -> WriteResult {
+    WriteResult::Retried(Box::new(o))
+}
+
+/// Nearest-rank percentiles of `values` (sorted here) as a [`StageLatency`].
+pub(crate) fn stage(name: &str, mut values: Vec<u64>) -> relay_protocol::query::StageLatency {
+    values.sort_unstable();
+    let at = |q: f64| -> u64 {
+        if values.is_empty() {
+            return 0;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let i = ((values.len() as f64) * q).ceil() as usize;
+        values[i.clamp(1, values.len()) - 1]
+    };
+    relay_protocol::query::StageLatency {
+        stage: name.to_owned(),
+        samples: values.len() as u64,
+        p50_ms: at(0.5),
+        p90_ms: at(0.9),
+        p99_ms: at(0.99),
+        max_ms: values.last().copied().unwrap_or(0),
+    }
 }

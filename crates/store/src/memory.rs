@@ -8,6 +8,9 @@ use relay_protocol::query::{
     AgentInfo, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
 };
 
+#[path = "memory_dlq.rs"]
+mod dlq;
+
 use crate::common::{earlier_duplicate, history_limit, prefix_upper_bound, record};
 use crate::{
     AppendOutcome, KnownAgent, NewMessage, PendingDelivery, Stats, Store, StoreError,
@@ -66,6 +69,8 @@ pub struct MemoryStore {
     agents: BTreeMap<String, MemAgent>,
     sessions: HashMap<String, MemSession>,
     subscriptions: BTreeMap<String, BTreeSet<String>>,
+    /// Trace events and dead letters.
+    journal: dlq::Journal,
 }
 
 impl MemoryStore {
@@ -214,18 +219,27 @@ impl MemoryStore {
                 status,
             } => {
                 let cursor = self.cursor(recipient);
+                let mut old = None;
                 if let Some(d) = self
                     .deliveries
                     .get_mut(recipient)
                     .and_then(|ds| ds.get_mut(pos))
                 {
+                    // As in the SQLite store: an acknowledgement never overwrites.
+                    if *status == DeliveryStatus::Acked && d.status != DeliveryStatus::Queued {
+                        return WriteResult::Done;
+                    }
+                    old = Some((d.status, d.updated_at));
                     d.status = *status;
                     d.updated_at = Some(now);
                     if *status == DeliveryStatus::Queued && *pos <= cursor {
                         self.cursors.insert(recipient.clone(), pos - 1);
                     }
                 }
-                WriteResult::Done
+                match old {
+                    Some(old) => self.status_changed(*pos, recipient, old, *status, now),
+                    None => WriteResult::Done,
+                }
             }
             WriteOp::AgentConnected {
                 name,
@@ -280,22 +294,80 @@ impl MemoryStore {
                 queued_before,
                 except,
             } => {
-                let mut n = 0;
+                let mut due: Vec<(i64, String)> = Vec::new();
                 for (r, ds) in &mut self.deliveries {
                     if except.iter().any(|e| e == r) {
                         continue;
                     }
                     let after = self.cursors.get(r).copied().unwrap_or(0);
-                    for d in ds.range_mut(after + 1..).map(|(_, d)| d) {
+                    for (pos, d) in ds.range_mut(after + 1..) {
                         if d.status == DeliveryStatus::Queued && d.queued_at < *queued_before {
                             d.status = DeliveryStatus::Expired;
                             d.updated_at = Some(now);
-                            n += 1;
+                            due.push((*pos, r.clone()));
                         }
                     }
                 }
-                WriteResult::Expired(n)
+                due.sort_unstable();
+                let notices = due
+                    .into_iter()
+                    .filter_map(|(pos, r)| self.expired(pos, &r, now))
+                    .collect();
+                WriteResult::Expired(notices)
             }
+            WriteOp::Sent {
+                recipient,
+                session_id,
+                after,
+                through,
+                at,
+            } => {
+                self.sent(recipient, session_id, *after, *through, *at);
+                WriteResult::Done
+            }
+            WriteOp::Reject {
+                message,
+                code,
+                reason,
+            } => {
+                self.reject(message, code, reason, now);
+                WriteResult::Done
+            }
+            WriteOp::Retry { dlq_id } => self.retry(*dlq_id, now),
+            WriteOp::Notified { dlq_id } => {
+                self.mark_notified(*dlq_id);
+                WriteResult::Done
+            }
+            WriteOp::MarkById {
+                recipient,
+                msg_id,
+                status,
+            } => {
+                let lo = (msg_id.clone(), String::new());
+                let pos = self
+                    .by_id
+                    .range(lo..)
+                    .take_while(|((id, _), _)| id == msg_id)
+                    .map(|(_, &p)| p)
+                    .filter(|p| {
+                        self.deliveries
+                            .get(recipient)
+                            .is_some_and(|ds| ds.contains_key(p))
+                    })
+                    .max();
+                match pos {
+                    Some(pos) => self.apply(
+                        &WriteOp::SetStatus {
+                            recipient: recipient.clone(),
+                            pos,
+                            status: *status,
+                        },
+                        now,
+                    ),
+                    None => WriteResult::Done,
+                }
+            }
+            WriteOp::Purge => self.purge(),
         }
     }
 }
@@ -442,6 +514,53 @@ impl Store for MemoryStore {
 
     fn location(&self) -> String {
         ":memory:".to_owned()
+    }
+
+    fn events(
+        &mut self,
+        pos: Option<i64>,
+        msg_id: &str,
+        from: &str,
+    ) -> Result<Vec<relay_protocol::query::TraceEvent>, StoreError> {
+        Ok(self.trace_events(pos, msg_id, from))
+    }
+
+    fn find_rejected(
+        &mut self,
+        id_or_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<relay_protocol::query::DeadLetter>, StoreError> {
+        Ok(self.rejected_matching(id_or_prefix, limit))
+    }
+
+    fn dead_letters(
+        &mut self,
+        all: bool,
+        limit: usize,
+    ) -> Result<Vec<relay_protocol::query::DeadLetter>, StoreError> {
+        Ok(self.list_dlq(all, limit))
+    }
+
+    fn dead_letter(
+        &mut self,
+        dlq_id: i64,
+    ) -> Result<Option<relay_protocol::query::DeadLetter>, StoreError> {
+        Ok(self.get_dlq(dlq_id))
+    }
+
+    fn delivery_figures(
+        &mut self,
+        sample: usize,
+    ) -> Result<relay_protocol::query::DeliveryFigures, StoreError> {
+        Ok(self.figures(sample))
+    }
+
+    fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError> {
+        Ok(self.hops(limit))
+    }
+
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
+        Ok(self.not_told(limit))
     }
 }
 

@@ -27,6 +27,9 @@ use rusqlite::{
     CachedStatement, Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params,
 };
 
+#[path = "sqlite_dlq.rs"]
+mod dlq;
+
 use crate::common::{earlier_duplicate, history_limit, prefix_upper_bound, record, to_i64, to_u64};
 use crate::names::{FxHashMap, FxHashSet, Names};
 use crate::{
@@ -205,6 +208,63 @@ DROP TABLE cursors;
 ",
     // v3: urgent messages (the recipient's wrapper types them before the others).
     "ALTER TABLE messages ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0;",
+    // v4: delivery traces and the dead-letter queue.
+    //
+    // The common path of a delivery (stored, handed over, acknowledged) is already in
+    // `messages.ts`, `deliveries.queued_at` and the acknowledgement's `updated_at`; what is
+    // added per message is nothing. Handing over is recorded in `sent` as one range of
+    // positions per recipient and router flush (not one row per DELIVER), and the rare changes
+    // (verified, failed, expired, an acknowledgement overwritten by a later state) as rows of
+    // `events`. `dead_letters` keeps what was not delivered with its reason; for a SEND
+    // refused before it was stored, `message` keeps its content (JSON) so it can be retried.
+    // Its ids never come back after a purge (AUTOINCREMENT): a sender's notice is named after
+    // its dead letter, so that telling it again after a crash is a duplicate, not a second
+    // notice; `notified` marks those told (a refusal is told by its NACK).
+    // The partial index on budgets lets the daemon reload recent hop counts at start without
+    // scanning every message (only replies carry a budget).
+    r"
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY,
+    msg INTEGER NOT NULL,
+    recipient INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    detail TEXT
+);
+CREATE INDEX events_msg ON events (msg);
+CREATE TABLE sent (
+    id INTEGER PRIMARY KEY,
+    recipient INTEGER NOT NULL,
+    after INTEGER NOT NULL,
+    through INTEGER NOT NULL,
+    session_id TEXT NOT NULL,
+    at INTEGER NOT NULL
+);
+CREATE INDEX sent_recipient ON sent (recipient, through);
+CREATE TABLE dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts INTEGER NOT NULL,
+    msg_id TEXT NOT NULL,
+    pos INTEGER,
+    sender TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    topic TEXT,
+    code TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT,
+    retried_at INTEGER,
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX dead_letters_unnotified ON dead_letters (id) WHERE notified = 0;
+CREATE INDEX dead_letters_pos ON dead_letters (pos) WHERE pos IS NOT NULL;
+CREATE INDEX dead_letters_msg_id ON dead_letters (msg_id) WHERE pos IS NULL;
+CREATE TABLE counters (
+    key TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO counters (key, value) VALUES ('rejected', 0);
+CREATE INDEX messages_budget ON messages (pos) WHERE budget IS NOT NULL;
+",
 ];
 
 /// Newest schema version this build knows.
@@ -800,6 +860,19 @@ impl Batch<'_> {
                 let Some(rid) = self.names.get(recipient) else {
                     return Ok(WriteResult::Done);
                 };
+                let old: Option<(i64, i64)> = tx
+                    .prepare_cached(
+                        "SELECT status, updated_at FROM deliveries WHERE msg = ?1 AND recipient = ?2",
+                    )?
+                    .query_row(params![pos, rid], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                // An acknowledgement only acknowledges what waits: it never overwrites a
+                // later state (or the time of an earlier acknowledgement).
+                if *status == DeliveryStatus::Acked
+                    && old.is_some_and(|(s, _)| s != DeliveryStatus::Queued.code())
+                {
+                    return Ok(WriteResult::Done);
+                }
                 let queued_at: Option<i64> = tx
                     .prepare_cached(
                         "UPDATE deliveries SET status = ?1, updated_at = ?2
@@ -807,6 +880,10 @@ impl Batch<'_> {
                     )?
                     .query_row(params![status.code(), now, pos, rid], |r| r.get(0))
                     .optional()?;
+                let mut result = WriteResult::Done;
+                if let (Some(old), Some(_)) = (old, queued_at) {
+                    result = self.status_changed(*pos, rid, recipient, old, *status)?;
+                }
                 if let Some(queued_at) = queued_at {
                     let q = self.queued.entry(rid).or_default();
                     let i = q.partition_point(|w| w.pos < *pos);
@@ -825,7 +902,7 @@ impl Batch<'_> {
                         q.remove(i);
                     }
                 }
-                Ok(WriteResult::Done)
+                Ok(result)
             }
             WriteOp::AgentConnected {
                 name,
@@ -876,23 +953,72 @@ impl Batch<'_> {
                     "UPDATE deliveries SET status = 4, updated_at = ?1
                      WHERE msg = ?2 AND recipient = ?3",
                 )?;
-                let mut n = 0u64;
+                let mut due: Vec<(i64, i64)> = Vec::new();
                 for (rid, q) in &mut *self.queued {
                     if except.contains(rid) {
                         continue;
                     }
-                    let mut due = 0;
+                    let before = due.len();
                     for w in q.iter().filter(|w| w.queued_at < cutoff) {
                         stmt.execute(params![now, w.pos, rid])?;
-                        due += 1;
+                        due.push((w.pos, *rid));
                     }
-                    if due > 0 {
+                    if due.len() > before {
                         q.retain(|w| w.queued_at >= cutoff);
-                        n += due;
                     }
                 }
-                Ok(WriteResult::Expired(n))
+                drop(stmt);
+                due.sort_unstable();
+                let mut notices = Vec::with_capacity(due.len());
+                for (pos, rid) in due {
+                    notices.push(self.expired(pos, rid)?);
+                }
+                Ok(WriteResult::Expired(notices))
             }
+            WriteOp::Sent {
+                recipient,
+                session_id,
+                after,
+                through,
+                at,
+            } => self.sent(recipient, session_id, *after, *through, *at),
+            WriteOp::Reject {
+                message,
+                code,
+                reason,
+            } => self.reject(message, code, reason),
+            WriteOp::Retry { dlq_id } => self.retry(*dlq_id),
+            WriteOp::Notified { dlq_id } => {
+                tx.prepare_cached("UPDATE dead_letters SET notified = 1 WHERE id = ?1")?
+                    .execute([dlq_id])?;
+                Ok(WriteResult::Done)
+            }
+            WriteOp::MarkById {
+                recipient,
+                msg_id,
+                status,
+            } => {
+                let Some(rid) = self.names.get(recipient) else {
+                    return Ok(WriteResult::Done);
+                };
+                let pos: Option<i64> = tx
+                    .prepare_cached(
+                        "SELECT m.pos FROM messages m JOIN deliveries d
+                         ON d.msg = m.pos AND d.recipient = ?2
+                         WHERE m.id = ?1 ORDER BY m.pos DESC LIMIT 1",
+                    )?
+                    .query_row(params![msg_id, rid], |r| r.get(0))
+                    .optional()?;
+                match pos {
+                    Some(pos) => self.apply(&WriteOp::SetStatus {
+                        recipient: recipient.clone(),
+                        pos,
+                        status: *status,
+                    }),
+                    None => Ok(WriteResult::Done),
+                }
+            }
+            WriteOp::Purge => self.purge(),
         }
     }
 
@@ -1216,6 +1342,53 @@ impl Store for SqliteStore {
     fn location(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn events(
+        &mut self,
+        pos: Option<i64>,
+        msg_id: &str,
+        from: &str,
+    ) -> Result<Vec<relay_protocol::query::TraceEvent>, StoreError> {
+        dlq::events(&self.conn, pos, msg_id, from)
+    }
+
+    fn find_rejected(
+        &mut self,
+        id_or_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<relay_protocol::query::DeadLetter>, StoreError> {
+        dlq::find_rejected(&self.conn, id_or_prefix, limit)
+    }
+
+    fn dead_letters(
+        &mut self,
+        all: bool,
+        limit: usize,
+    ) -> Result<Vec<relay_protocol::query::DeadLetter>, StoreError> {
+        dlq::dead_letters(&self.conn, all, limit)
+    }
+
+    fn dead_letter(
+        &mut self,
+        dlq_id: i64,
+    ) -> Result<Option<relay_protocol::query::DeadLetter>, StoreError> {
+        dlq::dead_letter(&self.conn, dlq_id)
+    }
+
+    fn delivery_figures(
+        &mut self,
+        sample: usize,
+    ) -> Result<relay_protocol::query::DeliveryFigures, StoreError> {
+        dlq::delivery_figures(&self.conn, sample)
+    }
+
+    fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError> {
+        dlq::recent_hops(&self.conn, limit)
+    }
+
+    fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
+        dlq::unnotified(&self.conn, limit)
+    }
 }
 
 impl SqliteStore {
@@ -1362,10 +1535,10 @@ mod tests {
             queued_before: 5,
             except: Vec::new(),
         };
-        assert_eq!(
-            s.write_batch(&[expire], 12).unwrap(),
-            vec![WriteResult::Expired(1)]
-        );
+        assert!(matches!(
+            s.write_batch(&[expire], 12).unwrap().as_slice(),
+            [WriteResult::Expired(n)] if n.len() == 1
+        ));
         let mut s = b.reopen(s);
         assert!(s.take_pending("bob", 0, 10).unwrap().is_empty());
     }

@@ -430,7 +430,14 @@ fn set_status<B: Backend>(mut b: B) {
             7,
         )
         .unwrap();
-    assert_eq!(res, vec![WriteResult::Done; 3]);
+    match &res[0] {
+        WriteResult::DeadLettered(n) => {
+            assert_eq!(n.len(), 1);
+            assert_eq!((n[0].msg_id.as_str(), n[0].code.as_str()), ("m2", "failed"));
+        }
+        other => panic!("a failure is dead-lettered: {other:?}"),
+    }
+    assert_eq!(res[1..], [WriteResult::Done, WriteResult::Done]);
     assert_eq!(pending_ids(&mut s, "bob"), vec!["m1"]);
     let d = &s.find("m2", 1).unwrap()[0].deliveries[0];
     assert_eq!((d.status, d.updated_at), (DeliveryStatus::Failed, Some(7)));
@@ -491,7 +498,7 @@ fn expire_with_except<B: Backend>(mut b: B) {
         )
         .unwrap();
     // old-bob, old-all→bob, old-all→dave; not carol's, not new-bob, not the acked one.
-    assert_eq!(res, vec![WriteResult::Expired(3)]);
+    assert!(matches!(res.as_slice(), [WriteResult::Expired(n)] if n.len() == 3));
     assert_eq!(pending_ids(&mut s, "bob"), vec!["new-bob"]);
     assert_eq!(pending_ids(&mut s, "carol"), vec!["old-carol", "old-all"]);
     assert!(pending_ids(&mut s, "dave").is_empty());
@@ -522,7 +529,7 @@ fn expire_with_except<B: Backend>(mut b: B) {
             501,
         )
         .unwrap();
-    assert_eq!(res, vec![WriteResult::Expired(2)]);
+    assert!(matches!(res.as_slice(), [WriteResult::Expired(n)] if n.len() == 2));
     assert_eq!(s.stats().unwrap().pending, 1);
 }
 
@@ -864,7 +871,7 @@ fn empty_store<B: Backend>(mut b: B) {
             1
         )
         .unwrap(),
-        vec![WriteResult::Done, WriteResult::Expired(0)]
+        vec![WriteResult::Done, WriteResult::Expired(vec![])]
     );
     // An ack before any message must not hide the first message.
     put(&mut s, msg("m1", "a", "x", &["x"]), 2);
@@ -898,7 +905,274 @@ macro_rules! for_both {
     };
 }
 
+/// Every state change of a delivered, a failed, an expired and a refused message is in its
+/// story; dead letters are listed, retried (once) and purged; across reopen.
+fn trace_and_dead_letters<B: Backend>(mut b: B) {
+    use relay_protocol::query::TraceState as T;
+    let mut s = b.open();
+    s.write_batch(
+        &[WriteOp::AgentConnected {
+            name: "bob".into(),
+            cli: None,
+            session_id: "s1".into(),
+        }],
+        1,
+    )
+    .unwrap();
+    let (p1, _) = put(&mut s, msg("ok-1", "alice", "bob", &["bob"]), 10);
+    let (p2, _) = put(&mut s, msg("fail-2", "alice", "bob", &["bob"]), 10);
+    let (p3, _) = put(&mut s, msg("late-3", "alice", "carol", &["carol"]), 10);
+    let mut refused = msg("refused-4", "alice", "bob", &[]);
+    refused.payload.in_reply_to = Some("ok-1".into());
+    s.write_batch(
+        &[
+            WriteOp::Sent {
+                recipient: "bob".into(),
+                session_id: "s1".into(),
+                after: 0,
+                through: p2,
+                at: 11,
+            },
+            ack("bob", p1),
+            WriteOp::Reject {
+                message: Box::new(refused),
+                code: "budget_exceeded".into(),
+                reason: "too many hops".into(),
+            },
+        ],
+        12,
+    )
+    .unwrap();
+    // A later state after the acknowledgement, found by id.
+    let res = s
+        .write_batch(
+            &[
+                WriteOp::MarkById {
+                    recipient: "bob".into(),
+                    msg_id: "ok-1".into(),
+                    status: DeliveryStatus::Verified,
+                },
+                WriteOp::SetStatus {
+                    recipient: "bob".into(),
+                    pos: p2,
+                    status: DeliveryStatus::Failed,
+                },
+            ],
+            13,
+        )
+        .unwrap();
+    assert_eq!(res[0], WriteResult::Done);
+    assert!(matches!(&res[1], WriteResult::DeadLettered(n) if n.len() == 1));
+    let res = s
+        .write_batch(
+            &[WriteOp::Expire {
+                queued_before: 20,
+                except: vec!["bob".into()],
+            }],
+            30,
+        )
+        .unwrap();
+    match &res[0] {
+        WriteResult::Expired(n) => {
+            assert_eq!(n.len(), 1);
+            assert_eq!(
+                (n[0].msg_id.as_str(), n[0].from.as_str()),
+                ("late-3", "alice")
+            );
+            assert_eq!(
+                (n[0].recipient.as_str(), n[0].code.as_str()),
+                ("carol", "expired")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut s = b.reopen(s);
+    let story = |s: &mut B::S, id: &str| -> Vec<(u64, T)> {
+        let m = s.find(id, 1).unwrap().remove(0);
+        let ev = s.events(Some(m.pos), &m.id, &m.from).unwrap();
+        crate::trace_of(&m, ev)
+            .into_iter()
+            .map(|e| (e.ts, e.state))
+            .collect()
+    };
+    assert_eq!(
+        story(&mut s, "ok-1"),
+        vec![
+            (10, T::Accepted),
+            (10, T::Queued),
+            (11, T::Delivered),
+            (12, T::Injected),
+            (13, T::Verified)
+        ]
+    );
+    assert_eq!(
+        story(&mut s, "fail-2"),
+        vec![
+            (10, T::Accepted),
+            (10, T::Queued),
+            (11, T::Delivered),
+            (13, T::Failed),
+            (13, T::DeadLettered)
+        ]
+    );
+    assert_eq!(
+        story(&mut s, "late-3"),
+        vec![
+            (10, T::Accepted),
+            (10, T::Queued),
+            (30, T::Expired),
+            (30, T::DeadLettered)
+        ]
+    );
+    let rej: Vec<T> = s
+        .events(None, "refused-4", "alice")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.state)
+        .collect();
+    assert_eq!(rej, vec![T::Rejected, T::DeadLettered]);
+    assert_eq!(s.find_rejected("refused", 10).unwrap().len(), 1);
+
+    // The failure and the expiry wait to be told (the refusal was told by its NACK).
+    let untold: Vec<String> = s
+        .unnotified(10)
+        .unwrap()
+        .into_iter()
+        .map(|n| n.code)
+        .collect();
+    assert_eq!(untold, vec!["failed", "expired"]);
+    let first = s.unnotified(1).unwrap()[0].dlq_id;
+    s.write_batch(&[WriteOp::Notified { dlq_id: first }], 31)
+        .unwrap();
+    assert_eq!(s.unnotified(10).unwrap().len(), 1);
+    // Newest first: the expiry, the failure, the refusal.
+    let dl = s.dead_letters(false, 10).unwrap();
+    let codes: Vec<&str> = dl.iter().map(|d| d.code.as_str()).collect();
+    assert_eq!(codes, vec!["expired", "failed", "budget_exceeded"]);
+    assert_eq!(dl[0].body, "body of late-3");
+    assert_eq!(dl[2].body, "body of refused-4");
+    assert_eq!(dl[2].pos, None);
+    let figures = s.delivery_figures(100).unwrap();
+    assert_eq!(figures.dead_letters, 3);
+    assert_eq!(figures.rejected, 1);
+    assert_eq!(figures.by_state.get("expired"), Some(&1));
+    assert_eq!(figures.by_state.get("failed"), Some(&1));
+    assert_eq!(figures.by_state.get("verified"), Some(&1));
+
+    // Retry: the expired copy is queued again with a fresh time to live.
+    let res = s
+        .write_batch(
+            &[WriteOp::Retry {
+                dlq_id: dl[0].dlq_id,
+            }],
+            40,
+        )
+        .unwrap();
+    let outcome = |r: &WriteResult| match r {
+        WriteResult::Retried(o) => o.as_ref().clone(),
+        other => panic!("{other:?}"),
+    };
+    match outcome(&res[0]) {
+        crate::RetryOutcome::Requeued {
+            recipient,
+            delivery,
+            entry,
+        } => {
+            assert_eq!(recipient, "carol");
+            assert_eq!(delivery.message.pos, p3);
+            assert_eq!(entry.retried_at, Some(40));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pending_ids(&mut s, "carol"), vec!["late-3"]);
+    // Not expired again by a sweep that the old queue time would have matched.
+    let res = s
+        .write_batch(
+            &[WriteOp::Expire {
+                queued_before: 35,
+                except: vec![],
+            }],
+            41,
+        )
+        .unwrap();
+    assert_eq!(res[0], WriteResult::Expired(vec![]));
+    // A second retry does nothing.
+    let res = s
+        .write_batch(
+            &[WriteOp::Retry {
+                dlq_id: dl[0].dlq_id,
+            }],
+            42,
+        )
+        .unwrap();
+    assert!(matches!(
+        outcome(&res[0]),
+        crate::RetryOutcome::AlreadyRetried(_)
+    ));
+    // The refused one comes back as a message to send again, unchanged.
+    let res = s
+        .write_batch(
+            &[WriteOp::Retry {
+                dlq_id: dl[2].dlq_id,
+            }],
+            43,
+        )
+        .unwrap();
+    match outcome(&res[0]) {
+        crate::RetryOutcome::Resend { message, .. } => {
+            assert_eq!(
+                (
+                    message.id.as_str(),
+                    message.from.as_str(),
+                    message.to.as_str()
+                ),
+                ("refused-4", "alice", "bob")
+            );
+            assert_eq!(message.payload.in_reply_to.as_deref(), Some("ok-1"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let res = s
+        .write_batch(&[WriteOp::Retry { dlq_id: 999 }], 44)
+        .unwrap();
+    assert_eq!(outcome(&res[0]), crate::RetryOutcome::NotFound);
+    assert_eq!(s.dead_letters(false, 10).unwrap().len(), 1);
+    assert_eq!(s.dead_letters(true, 10).unwrap().len(), 3);
+    let story3 = story(&mut s, "late-3");
+    assert!(story3.contains(&(40, T::Retried)), "{story3:?}");
+    let mut s = b.reopen(s);
+    assert_eq!(pending_ids(&mut s, "carol"), vec!["late-3"]);
+    let res = s.write_batch(&[WriteOp::Purge], 50).unwrap();
+    assert_eq!(res[0], WriteResult::Purged(3));
+    assert!(s.dead_letters(true, 10).unwrap().is_empty());
+    let _ = p1;
+}
+
+/// Hop counts of replies are found again at start, newest first.
+fn recent_hops<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    put(&mut s, msg("fresh", "a", "b", &["b"]), 1);
+    for (i, h) in [(1, 1u32), (2, 2)] {
+        let mut m = msg(&format!("r{i}"), "b", "a", &["a"]);
+        m.payload.in_reply_to = Some("fresh".into());
+        m.payload.budget = Some(relay_protocol::Budget {
+            hops: h,
+            max_hops: 10,
+            expires_at: None,
+        });
+        put(&mut s, m, 2);
+    }
+    let mut s = b.reopen(s);
+    assert_eq!(
+        s.recent_hops(10).unwrap(),
+        vec![("r2".to_owned(), 2), ("r1".to_owned(), 1)]
+    );
+    assert_eq!(s.recent_hops(1).unwrap(), vec![("r2".to_owned(), 2)]);
+}
+
 for_both!(
+    trace_and_dead_letters,
+    recent_hops,
     dedupe,
     seqs_gapless_per_stream_across_reopen,
     broadcast_to_several,
@@ -1022,7 +1296,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 3,
+            supported: 4,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1041,7 +1315,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 3);
+    assert_eq!(v, 4);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 

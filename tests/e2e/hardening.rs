@@ -1,0 +1,196 @@
+//! Bad input that the other test files do not cover: a symlinked or foreign-owned socket
+//! directory, hostile names wherever a name goes, escape sequences in the safety commands'
+//! output, and malformed configuration. (Oversize frames and bodies, hostile HELLO names,
+//! another user's client and escape sequences in `read`/`history` are in `protocol.rs` and
+//! `cli.rs`.)
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::{BIN, Relay, ok_stdout};
+
+/// Runs `up --foreground` with its socket at `socket` and returns its output once it exits;
+/// a daemon that starts instead is killed and the test fails.
+fn up_with_socket(socket: &Path, data: &Path, extra: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(["up", "--foreground"])
+        .args(extra)
+        .env("AGENT_RELAY_SOCKET", socket)
+        .env("AGENT_RELAY_DATA_DIR", data)
+        .env_remove("AGENT_RELAY_STORAGE_PATH")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the daemon started on {socket:?} instead of refusing it");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_symlinked_socket_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Someone plants a symlink where our socket directory would go, pointing at a directory
+    // they can read.
+    let theirs = tmp.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let link = tmp.path().join("relay-dir");
+    std::os::unix::fs::symlink(&theirs, &link).unwrap();
+    let out = up_with_socket(&link.join("r.sock"), &tmp.path().join("data"), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("not a plain directory") && err.contains("remove it"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(&theirs).unwrap().next().is_none(),
+        "nothing was created through the symlink"
+    );
+    // A socket path that is itself a symlink to a plain file is not followed either.
+    let dir = tmp.path().join("mine");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let target = tmp.path().join("victim");
+    std::fs::write(&target, "keep me").unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("r.sock")).unwrap();
+    let out = up_with_socket(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+}
+
+#[test]
+fn a_socket_directory_owned_by_another_user_is_refused() {
+    if !rustix::process::getuid().is_root() {
+        eprintln!(
+            "NOTE: not run: needs root to give a directory to another user (CI runs as root)"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("foreign");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // nobody:nogroup
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let out = up_with_socket(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("owned by another user") && err.contains("AGENT_RELAY_SOCKET"),
+        "{err}"
+    );
+    assert!(!dir.join("r.sock").exists());
+}
+
+#[test]
+fn malformed_configuration_is_refused_with_a_message_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("s").join("r.sock");
+    for (args, names) in [
+        (&["--max-hops", "ten"][..], "--max-hops"),
+        (&["--rate-limit=-5"][..], "--rate-limit"),
+        (&["--rate-override", "bot"][..], "NAME=N"),
+        (&["--rate-override", "b/ot=5"][..], "b/ot"),
+        (&["--inbox-ttl", "1h"][..], "--inbox-ttl"),
+        (&["--storage", "floppy"][..], "--storage"),
+    ] {
+        let out = up_with_socket(&socket, &tmp.path().join("data"), args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(names), "{args:?}: {}", stderr(&out));
+    }
+    assert!(!socket.exists());
+    // rules: a pattern with a path separator, an unknown action.
+    let relay = Relay::start();
+    let out = relay.cli(&[
+        "rules", "add", "--from", "../x", "--to", "b", "--action", "deny",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("'/'"), "{}", stderr(&out));
+    let out = relay.cli(&[
+        "rules", "add", "--from", "a", "--to", "b", "--action", "maybe",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!relay.data_dir().join("rules.json").exists());
+}
+
+#[test]
+fn hostile_names_are_refused_wherever_a_name_goes() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    for bad in ["../../etc/passwd", "a\u{1b}[2Jb", "x y", "", "-leading"] {
+        let out = relay.cli(&["send", bad, "hi"]);
+        assert!(!out.status.success(), "to {bad:?}");
+        let out = relay.cli(&["send", "Bob", "hi", "--from", bad]);
+        assert!(!out.status.success(), "from {bad:?}");
+        assert!(
+            !stderr(&out).contains('\u{1b}'),
+            "the error echoes no escape: {bad:?}"
+        );
+    }
+    // On the wire: a bad recipient is a NACK, not a crash; the reserved notice sender name.
+    let (mut c, _) = relay.agent("Alice");
+    c.send_env("SEND", json!({"to": "Bob/../x"}), json!({"body": "x"}));
+    assert_eq!(c.expect("NACK")["payload"]["code"], "invalid");
+    let mut r = relay.connect();
+    r.send_env("HELLO", json!({}), json!({"agent": "relay"}));
+    let e = r.expect("ERROR");
+    assert_eq!(e["payload"]["code"], "bad_name");
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("reserved")
+    );
+    // Nothing of it was stored.
+    let h: serde_json::Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    assert!(h.as_array().unwrap().is_empty(), "{h}");
+}
+
+#[test]
+fn escape_sequences_never_reach_the_terminal_from_trace_or_the_dead_letter_queue() {
+    let relay = Relay::start_with(&["--rate-limit", "1"]);
+    let (_bob, _) = relay.agent("Bob");
+    let (mut alice, _) = relay.agent("Alice");
+    let hostile = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
+    alice.send("Bob", "first");
+    assert_eq!(alice.expect("ACK")["type"], "ACK");
+    let id = alice.send("Bob", hostile);
+    assert_eq!(alice.expect("NACK")["payload"]["code"], "rate_limited");
+    for args in [
+        vec!["dlq"],
+        vec!["dlq", "show", "1"],
+        vec!["trace", id.as_str()],
+        vec!["status"],
+    ] {
+        let out = ok_stdout(&relay.cli(&args));
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{9b}'),
+            "{args:?} printed a control character: {out:?}"
+        );
+    }
+    let shown = ok_stdout(&relay.cli(&["dlq", "show", "1"]));
+    assert!(shown.contains("\\u{1b}"), "{shown}");
+    // JSON keeps the exact text, escaped by JSON.
+    let v: serde_json::Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["dlq", "show", "1", "--json"]))).unwrap();
+    assert_eq!(v["dead_letter"]["body"], hostile);
+}
