@@ -51,6 +51,9 @@ pub(crate) enum Cmd {
     Read(ReadArgs),
     /// List stored messages, newest first.
     History(HistoryArgs),
+    /// Follow the relay live, one line per event: agents connecting, messages sent, delivered,
+    /// acknowledged, refused, expired. Runs until interrupted.
+    Watch(WatchArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -112,7 +115,31 @@ pub(crate) struct UpArgs {
     /// Messages waiting for one recipient before senders are told BUSY.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub(crate) busy_high_water: u64,
+    /// Port of the web dashboard on 127.0.0.1 [default: 3888]. When it is taken (another
+    /// project's relay, say) a free port is used and printed; 0 always picks a free port.
+    #[arg(long, env = "AGENT_RELAY_DASHBOARD_PORT", value_name = "PORT")]
+    pub(crate) dashboard_port: Option<u16>,
+    /// Do not serve the web dashboard.
+    #[arg(long)]
+    pub(crate) no_dashboard: bool,
     /// Print JSON for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay watch`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// Only messages from this sender (and its connects and disconnects).
+    #[arg(long)]
+    pub(crate) from: Option<String>,
+    /// Only messages to this recipient, broadcasts included (and its connects and disconnects).
+    #[arg(long)]
+    pub(crate) to: Option<String>,
+    /// Only messages on topics matching this pattern (build.*, build.>).
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// One JSON object per line (the events as the relay sends them), for scripts.
     #[arg(long)]
     pub(crate) json: bool,
 }

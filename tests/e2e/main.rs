@@ -5,7 +5,9 @@
 mod cli;
 mod client;
 mod crash;
+mod dashboard;
 mod parse;
 mod protocol;
 mod support;
+mod watch;
 mod wrap;

@@ -5,6 +5,7 @@ pub(crate) mod parse;
 mod query;
 mod send;
 pub(crate) mod up;
+mod watch;
 mod wrap;
 
 use std::path::Path;
@@ -53,6 +54,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
+                    Cmd::Watch(a) => watch::watch(&paths, &a).await,
                     Cmd::Up(_) | Cmd::Down(_) | Cmd::Parse(_) | Cmd::Wrap(_) | Cmd::Agent(_) => {
                         Ok(())
                     }

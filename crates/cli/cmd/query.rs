@@ -46,8 +46,11 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     let QueryResult::Status(s) = res else {
         anyhow::bail!("unexpected answer to status")
     };
+    let dashboard = crate::cmd::up::dashboard_url(paths);
     if as_json {
-        return json(&s);
+        let mut v = serde_json::to_value(&s)?;
+        v["dashboard"] = serde_json::json!(dashboard);
+        return json(&v);
     }
     line(format!(
         "relay running (pid {}, up {}, v{})",
@@ -65,6 +68,10 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         "  messages: {} stored, {} waiting for delivery",
         s.messages, s.pending
     ))?;
+    match dashboard {
+        Some(url) => line(format!("  dashboard: {url}"))?,
+        None => line("  dashboard: off")?,
+    }
     Ok(())
 }
 

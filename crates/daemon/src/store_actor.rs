@@ -73,8 +73,9 @@ pub(crate) enum StoreEvent {
         limit: usize,
     },
     /// A query's answer. `None` for `status`, which the router builds from the counters and
-    /// what only it knows.
-    Query(QueryCtx, Option<QueryResult>, relay_store::Stats),
+    /// what only it knows. The context is boxed: answers are rare and this keeps every
+    /// write result, which shares the enum, small.
+    Query(Box<QueryCtx>, Option<QueryResult>, relay_store::Stats),
 }
 
 /// Starts the store thread.
@@ -140,7 +141,7 @@ fn run_commands(
             StoreCmd::Query(req, ctx) => {
                 flush(store, &mut ops, &mut ctxs, events);
                 let (result, stats) = answer(store, &req);
-                let _ = events.send(StoreEvent::Query(ctx, result, stats));
+                let _ = events.send(StoreEvent::Query(Box::new(ctx), result, stats));
             }
         }
     }
@@ -257,6 +258,11 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         QueryRequest::History(filter) => match store.history(filter) {
             Ok(messages) => QueryResult::History { messages },
             Err(e) => internal(e),
+        },
+        // The router answers `watch` itself; it never reaches the store.
+        QueryRequest::Watch(_) => QueryResult::Error {
+            code: "invalid".into(),
+            message: "watch is not a stored-data query".into(),
         },
     };
     (Some(result), relay_store::Stats::default())

@@ -21,6 +21,9 @@ pub enum QueryRequest {
     },
     /// Stored messages matching a filter, newest first.
     History(HistoryFilter),
+    /// The live event feed: answered by one [`QueryResult::Event`] per event, until the
+    /// connection closes (see [`crate::events`]).
+    Watch(crate::events::WatchFilter),
 }
 
 /// Filter for [`QueryRequest::History`]. Every field narrows the result.
@@ -222,6 +225,11 @@ pub enum QueryResult {
     History {
         /// Matching messages, newest first.
         messages: Vec<MessageRecord>,
+    },
+    /// One event of a `watch` (many answers share the query's id).
+    Event {
+        /// What happened.
+        event: crate::events::RelayEvent,
     },
     /// The question could not be answered.
     Error {
