@@ -189,31 +189,27 @@ fn no_dashboard_serves_nothing() {
 
 #[test]
 fn up_prints_the_dashboard_url() {
+    // `relay` only lends its test environment; `up` starts another daemon in the background
+    // on a directory of its own.
     let relay = Relay::start_with(&["--no-dashboard"]);
-    // A second relay for the same project started in the background by `up`.
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("b.sock");
-    let out = relay
-        .command()
-        .env("AGENT_RELAY_DATA_DIR", dir.path().join("data"))
-        .env("AGENT_RELAY_SOCKET", &socket)
-        .args(["up"])
-        .output()
-        .unwrap();
-    let text = ok_stdout(&out);
+    let run = |cmd: &str| {
+        let out = relay
+            .command()
+            .env("AGENT_RELAY_DATA_DIR", dir.path().join("data"))
+            .env("AGENT_RELAY_SOCKET", dir.path().join("b.sock"))
+            .arg(cmd)
+            .output()
+            .unwrap();
+        ok_stdout(&out)
+    };
+    let text = run("up");
     let url = std::fs::read_to_string(dir.path().join("data/dashboard.url")).unwrap();
     assert!(
         text.contains(&format!("dashboard: {}", url.trim())),
         "{text}"
     );
-    let down = relay
-        .command()
-        .env("AGENT_RELAY_DATA_DIR", dir.path().join("data"))
-        .env("AGENT_RELAY_SOCKET", &socket)
-        .args(["down"])
-        .output()
-        .unwrap();
-    ok_stdout(&down);
+    run("down");
     assert!(
         !dir.path().join("data/dashboard.url").exists(),
         "removed on stop"
