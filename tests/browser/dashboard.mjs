@@ -78,6 +78,20 @@ try {
   await page.locator('#stats-card #figures dd').first().waitFor();
   await page.screenshot({ path: screenshot, fullPage: true });
 
+  step('narrow window, dark scheme');
+  await page.setViewportSize({ width: 380, height: 800 });
+  await page.emulateMedia({ colorScheme: 'dark' });
+  const layout = await page.evaluate(() => ({
+    overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    background: getComputedStyle(document.body).backgroundColor,
+  }));
+  check(layout.overflow <= 0, `no sideways scrolling in a narrow window (${layout.overflow}px too wide)`);
+  const [r, g, b] = layout.background.match(/\d+/g).map(Number);
+  check(r + g + b < 150, `dark background in the dark scheme, got ${layout.background}`);
+  if (process.env.AGENT_RELAY_SCREENSHOT_NARROW) {
+    await page.screenshot({ path: process.env.AGENT_RELAY_SCREENSHOT_NARROW, fullPage: true });
+  }
+
   step('a wrong token is refused');
   const bad = new URL(url);
   bad.searchParams.set('token', '0'.repeat(32));
