@@ -55,6 +55,12 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
     let query = Payload::Query(QueryRequest::Watch(filter));
     write(&mut stream, Envelope::new("watch", now_ms(), query)).await?;
     let style = Style::for_stdout();
+    if style.color {
+        eprintln!(
+            "watching the relay at {} (Ctrl-C to stop)",
+            clean(&paths.socket.display().to_string())
+        );
+    }
     let mut buf = BytesMut::with_capacity(16 * 1024);
     loop {
         let env = match next_frame(&mut stream, &mut buf).await? {
