@@ -245,3 +245,44 @@ fn watch_ends_when_the_relay_stops() {
     let status = watch.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn watch_and_dashboard_report_expired_deliveries() {
+    let relay = Relay::start_with(&["--inbox-ttl", "1"]);
+    let (bob, _) = relay.agent("Bob");
+    drop(bob);
+    crate::support::wait_for(Duration::from_secs(20), "Bob is offline", || {
+        let out = crate::support::ok_stdout(&relay.cli(&["agents", "--json"]));
+        let agents: Value = serde_json::from_str(&out).unwrap();
+        agents[0]["online"] == false
+    });
+    let watch = Watcher::start(&relay, &["--json"]);
+    let mut prober = client(&relay, "prober");
+    watch.wait_subscribed(&mut prober, |p| {
+        p.send_env("SEND", json!({"topic": "probe"}), json!({"body": "probe"}));
+    });
+    let mut alice = client(&relay, "Alice");
+    let id = alice.send("Bob", "are you there?");
+    let receipt = alice.expect("ACK");
+    assert_eq!(receipt["payload"]["status"], "queued", "Bob is offline");
+    let next = || -> Value { serde_json::from_str(&watch.next(is_probe_json)).unwrap() };
+    // Bob's disconnect may come before or after the subscription; skip to the message.
+    let mut ev = next();
+    while ev["type"] == "agent_disconnected" {
+        ev = next();
+    }
+    assert_eq!(
+        (ev["type"].as_str(), ev["id"].as_str()),
+        (Some("accepted"), Some(id.as_str()))
+    );
+    let ev = next();
+    assert_eq!(ev["type"], "expired", "{ev}");
+    assert_eq!(ev["deliveries"], 1);
+
+    let (port, token) = crate::support::dashboard(&relay);
+    let dead = crate::support::api(port, &token, "/api/dead");
+    assert_eq!(dead["dead"][0]["id"], id.as_str(), "{dead}");
+    assert_eq!(dead["dead"][0]["deliveries"][0]["status"], "expired");
+    let stats = crate::support::api(port, &token, "/api/stats");
+    assert_eq!(stats["totals"]["expired"], 1);
+}
