@@ -67,6 +67,9 @@ pub(crate) enum Cmd {
     Dlq(DlqArgs),
     /// Access rules: which agent may send to which (applied without a restart).
     Rules(RulesArgs),
+    /// Follow the relay live, one line per event: agents connecting, messages sent, delivered,
+    /// acknowledged, refused, expired. Runs until interrupted.
+    Watch(WatchArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -136,6 +139,13 @@ pub(crate) struct UpArgs {
     /// Loop budgets and rate limits.
     #[command(flatten)]
     pub(crate) safety: SafetyArgs,
+    /// Port of the web dashboard on 127.0.0.1 [default: 3888]. When it is taken (another
+    /// project's relay, say) a free port is used and printed; 0 always picks a free port.
+    #[arg(long, env = "AGENT_RELAY_DASHBOARD_PORT", value_name = "PORT")]
+    pub(crate) dashboard_port: Option<u16>,
+    /// Do not serve the web dashboard.
+    #[arg(long)]
+    pub(crate) no_dashboard: bool,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
@@ -293,6 +303,23 @@ pub(crate) enum DlqAction {
     },
     /// Remove every dead letter.
     Purge,
+}
+
+/// `agent-relay watch`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// Only messages from this sender (and its connects and disconnects).
+    #[arg(long)]
+    pub(crate) from: Option<String>,
+    /// Only messages to this recipient, broadcasts included (and its connects and disconnects).
+    #[arg(long)]
+    pub(crate) to: Option<String>,
+    /// Only messages on topics matching this pattern (build.*, build.>).
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// One JSON object per line (the events as the relay sends them), for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `agent-relay down`.

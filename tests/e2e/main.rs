@@ -5,6 +5,7 @@
 mod cli;
 mod client;
 mod crash;
+mod dashboard;
 mod faults;
 mod hardening;
 mod parse;
@@ -12,4 +13,5 @@ mod protocol;
 mod safety;
 mod support;
 mod tmux;
+mod watch;
 mod wrap;

@@ -55,6 +55,8 @@ impl Relay {
             .env_remove("AGENT_RELAY_STORAGE_PATH")
             .env_remove("AGENT_RELAY_STORAGE_TYPE")
             .env("AGENT_RELAY_LOG", "debug,relay_daemon=trace")
+            // Tests run many daemons at once: each dashboard on a free port of its own.
+            .env("AGENT_RELAY_DASHBOARD_PORT", "0")
             .current_dir(self.dir.path());
         c
     }
@@ -301,4 +303,50 @@ pub fn ok_stdout(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The dashboard of `relay`: its port and token, from the URL file the daemon writes.
+pub fn dashboard(relay: &Relay) -> (u16, String) {
+    let file = relay.data_dir().join("dashboard.url");
+    wait_for(Duration::from_secs(20), "the dashboard URL file", || {
+        file.exists()
+    });
+    let url = std::fs::read_to_string(&file).unwrap();
+    let url = url.trim();
+    let rest = url
+        .strip_prefix("http://127.0.0.1:")
+        .unwrap_or_else(|| panic!("dashboard URL {url:?} is not on 127.0.0.1"));
+    let (port, query) = rest.split_once("/?token=").unwrap();
+    (port.parse().unwrap(), query.to_owned())
+}
+
+/// A plain HTTP/1.1 GET to the dashboard on 127.0.0.1: (status, body).
+pub fn http_get(port: u16, target: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req =
+        format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_owned())
+}
+
+/// GET that must answer 200 with JSON.
+pub fn api(port: u16, token: &str, path: &str) -> Value {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, body) = http_get(port, &format!("{path}{sep}token={token}"), &[]);
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }

@@ -6,6 +6,7 @@ mod query;
 pub(crate) mod rules;
 mod send;
 pub(crate) mod up;
+mod watch;
 mod wrap;
 
 use std::path::Path;
@@ -67,6 +68,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
+                    Cmd::Watch(a) => watch::watch(&paths, &a).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)
                     | Cmd::Parse(_)

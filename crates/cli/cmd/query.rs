@@ -48,8 +48,11 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     let QueryResult::Status(s) = res else {
         anyhow::bail!("unexpected answer to status")
     };
+    let dashboard = crate::cmd::up::dashboard_url(paths);
     if as_json {
-        return json(&s);
+        let mut v = serde_json::to_value(&s)?;
+        v["dashboard"] = serde_json::json!(dashboard);
+        return json(&v);
     }
     line(format!(
         "relay running (pid {}, up {}, v{})",
@@ -99,6 +102,10 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
                 st.stage, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms, st.samples
             ))?;
         }
+    }
+    match dashboard {
+        Some(url) => line(format!("  dashboard: {url}"))?,
+        None => line("  dashboard: off")?,
     }
     Ok(())
 }

@@ -71,8 +71,22 @@ fn make_data_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data directory {}", dir.display()))
 }
 
-fn print_running(paths: &Paths, pid: u32, already: bool, as_json: bool) -> anyhow::Result<()> {
-    if as_json {
+/// The running daemon's dashboard URL (with its token), if it serves one. The file is
+/// private (0600): the token is what keeps other local users out.
+pub(crate) fn dashboard_url(paths: &Paths) -> Option<String> {
+    std::fs::read_to_string(dashboard_file(paths))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+fn dashboard_file(paths: &Paths) -> std::path::PathBuf {
+    paths.data_dir.join("dashboard.url")
+}
+
+fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyhow::Result<()> {
+    let dashboard = dashboard_url(paths);
+    if args.json {
         return json(&serde_json::json!({
             "running": true,
             "already_running": already,
@@ -81,6 +95,7 @@ fn print_running(paths: &Paths, pid: u32, already: bool, as_json: bool) -> anyho
             "data_dir": paths.data_dir,
             "db": paths.db,
             "log": paths.log_file,
+            "dashboard": dashboard,
         }));
     }
     let what = if already {
@@ -92,6 +107,16 @@ fn print_running(paths: &Paths, pid: u32, already: bool, as_json: bool) -> anyho
     line(format!("  socket: {}", paths.socket.display()))?;
     line(format!("  data:   {}", paths.data_dir.display()))?;
     line(format!("  log:    {}", paths.log_file.display()))?;
+    if let Some(url) = dashboard {
+        let wanted = args.dashboard_port.unwrap_or(relay_dashboard::DEFAULT_PORT);
+        let moved = !url.starts_with(&format!("http://127.0.0.1:{wanted}/")) && wanted != 0;
+        let note = if moved && !already {
+            format!(" (port {wanted} was taken)")
+        } else {
+            String::new()
+        };
+        line(format!("  dashboard: {url}{note}"))?;
+    }
     Ok(())
 }
 
@@ -101,8 +126,8 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
         return foreground(paths, args);
     }
     match start_background(paths, args)? {
-        Started::Already(pid) => print_running(paths, pid, true, args.json),
-        Started::Now(pid) => print_running(paths, pid, false, args.json),
+        Started::Already(pid) => print_running(paths, pid, true, args),
+        Started::Now(pid) => print_running(paths, pid, false, args),
     }
 }
 
@@ -129,12 +154,19 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
         .with_context(|| format!("cannot open log file {}", paths.log_file.display()))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
-    let mut child = Command::new(exe)
-        .args(["up", "--foreground", "--storage", args.storage.as_str()])
+    let mut cmd = Command::new(exe);
+    cmd.args(["up", "--foreground", "--storage", args.storage.as_str()])
         .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
         .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
         .args(["--busy-high-water", &args.busy_high_water.to_string()])
-        .args(args.safety.to_args())
+        .args(args.safety.to_args());
+    if let Some(port) = args.dashboard_port {
+        cmd.args(["--dashboard-port", &port.to_string()]);
+    }
+    if args.no_dashboard {
+        cmd.arg("--no-dashboard");
+    }
+    let mut child = cmd
         .env("AGENT_RELAY_SOCKET", &paths.socket)
         .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
         .env("AGENT_RELAY_STORAGE_PATH", &paths.db)
@@ -191,6 +223,8 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     lock.file.rewind()?;
     writeln!(lock.file, "{}", std::process::id())?;
     lock.file.flush()?;
+    // Bound before the socket, so that whoever waits for the socket finds the URL file.
+    let dashboard = start_dashboard(paths, args);
     let store: Box<dyn Store> = match args.storage {
         StorageKind::Sqlite => Box::new(
             SqliteStore::open(&paths.db)
@@ -237,13 +271,61 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
             db = %store.location(),
             "relay daemon listening"
         );
-        relay_daemon::run(listener, store, cfg, kind, shutdown_signal()).await
+        relay_daemon::run_with(listener, store, cfg, kind, shutdown_signal(), |handle| {
+            if let Some((bound, token)) = dashboard {
+                tokio::spawn(async move {
+                    if let Err(e) = relay_dashboard::serve(bound.listener, token, handle).await {
+                        tracing::error!(error = %e, "the dashboard stopped");
+                    }
+                });
+            }
+        })
+        .await
     });
+    let _ = std::fs::remove_file(dashboard_file(paths));
     let _ = std::fs::remove_file(&paths.pid_file);
     drop(lock);
     result?;
     tracing::info!("relay daemon stopped");
     Ok(())
+}
+
+/// Binds the dashboard's port and writes its URL (0600) for `up` and `status` to show. A
+/// dashboard that cannot start is logged, never a reason for the relay not to run.
+fn start_dashboard(paths: &Paths, args: &UpArgs) -> Option<(relay_dashboard::Bound, String)> {
+    let file = dashboard_file(paths);
+    let _ = std::fs::remove_file(&file);
+    if args.no_dashboard {
+        return None;
+    }
+    let wanted = args.dashboard_port.unwrap_or(relay_dashboard::DEFAULT_PORT);
+    let bound = match relay_dashboard::bind(wanted) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "no dashboard");
+            return None;
+        }
+    };
+    let token = relay_dashboard::auth::new_token();
+    let url = relay_dashboard::url(bound.port, &token);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)
+        .and_then(|mut f| writeln!(f, "{url}"));
+    if let Err(e) = written {
+        tracing::warn!(error = %e, path = %file.display(), "cannot write the dashboard URL file");
+    }
+    if !bound.preferred {
+        tracing::warn!(
+            wanted,
+            port = bound.port,
+            "dashboard port taken; using another"
+        );
+    }
+    tracing::info!(%url, "dashboard");
+    Some((bound, token))
 }
 
 async fn shutdown_signal() {

@@ -73,6 +73,8 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         heartbeat_ms: 5000,
         busy_high_water: 10_000,
         safety: crate::args::SafetyArgs::default(),
+        dashboard_port: None,
+        no_dashboard: false,
         json: false,
     };
     start_background(paths, &up).context("cannot start the relay")?;

@@ -12,6 +12,7 @@
 
 mod clock;
 mod conn;
+mod feed;
 pub mod limits;
 mod router;
 pub mod rules;
@@ -28,6 +29,8 @@ use relay_store::Store;
 use tokio::net::UnixListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+
+pub use feed::{Answer, Counter, Counters, Handle, LiveAgent, Stopped, Subscription};
 
 /// Daemon settings. [`Config::new`] gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -208,10 +211,26 @@ pub fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
 /// [`DaemonError`] if the store cannot be read at start-up or its thread cannot start.
 pub async fn run(
     listener: UnixListener,
+    store: Box<dyn Store>,
+    config: Config,
+    storage_kind: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    run_with(listener, store, config, storage_kind, shutdown, |_| {}).await
+}
+
+/// [`run`], handing `started` a [`Handle`] on the daemon once it is ready (the web dashboard
+/// is started this way).
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    listener: UnixListener,
     mut store: Box<dyn Store>,
     config: Config,
     storage_kind: &str,
     shutdown: impl Future<Output = ()>,
+    started: impl FnOnce(Handle),
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(config);
     let known = store.known_agents()?;
@@ -224,6 +243,7 @@ pub async fn run(
         .map_err(|e| DaemonError::Internal(format!("cannot start store thread: {e}")))?;
     let (router_tx, router_rx) = mpsc::channel(16 * 1024);
     let stop = CancellationToken::new();
+    let feed = feed::Feed::new();
     let router = router::Router::new(
         cfg.clone(),
         store_tx,
@@ -231,8 +251,14 @@ pub async fn run(
         hops,
         location,
         storage_kind.to_owned(),
+        feed.clone(),
     );
     let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
+    started(Handle {
+        feed,
+        router: router_tx.clone(),
+        stop: stop.clone(),
+    });
     let uid = rustix::process::getuid().as_raw();
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let mut next_id: u64 = 1;

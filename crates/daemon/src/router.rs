@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use relay_protocol::events::{RelayEvent, Watch, excerpt};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
@@ -31,10 +32,11 @@ use relay_store::{
     WriteResult,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::Config;
 use crate::clock::now_ms;
+use crate::feed::{Answer, Feed, LiveAgent, Subscription};
 use crate::limits::{Hops, RateLimiter};
 use crate::rules::Rules;
 use crate::store_actor::{StoreCmd, StoreEvent};
@@ -148,6 +150,11 @@ pub(crate) enum RouterMsg {
         id: String,
         req: QueryRequest,
     },
+    /// A question from inside the process (the dashboard), answered on `reply`.
+    Ask {
+        req: QueryRequest,
+        reply: oneshot::Sender<Answer>,
+    },
 }
 
 /// Hop counts of this many recent replies are kept (and reloaded at start).
@@ -197,6 +204,8 @@ pub(crate) struct QueryCtx {
     conn_id: u64,
     env_id: String,
     kind: QueryKind,
+    /// Set for [`RouterMsg::Ask`]: the answer goes here instead of to a connection.
+    reply: Option<oneshot::Sender<Answer>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -212,6 +221,8 @@ struct Conn {
     role: Role,
     tx: mpsc::Sender<Outbound>,
     killer: Killer,
+    /// Stops this connection's `watch` forwarder when the connection goes.
+    watch: Option<DropGuard>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -273,6 +284,9 @@ struct Agent {
     /// Messages stored for it while offline since it last connected (approximate: counted
     /// from this daemon's start), for the high-water warning.
     offline_backlog: u64,
+    /// Messages sent and received since the daemon started (for the dashboard).
+    sent: u64,
+    received: u64,
 }
 
 /// Why a DELIVER could not be queued.
@@ -411,6 +425,8 @@ pub(crate) struct Router {
     rules_stamp: Option<(Option<std::time::SystemTime>, u64)>,
     /// Why the rules file could not be loaded, if it could not.
     rules_error: Option<String>,
+    /// The live event feed and counters.
+    feed: Feed,
 }
 
 /// How often the rules file is checked for changes.
@@ -428,6 +444,7 @@ impl Router {
         recent_hops: Vec<(String, u32)>,
         db_location: String,
         storage: String,
+        feed: Feed,
     ) -> Self {
         let mut hops = Hops::new(HOPS_REMEMBERED);
         // Newest first from the store; oldest first here so eviction order is kept.
@@ -462,6 +479,7 @@ impl Router {
             rules: Rules::default(),
             rules_stamp: None,
             rules_error: None,
+            feed,
         }
     }
 
@@ -580,6 +598,11 @@ impl Router {
             } => {
                 self.on_subscribe(conn_id, id, pattern, on).await;
             }
+            RouterMsg::Query {
+                conn_id,
+                id,
+                req: QueryRequest::Watch(filter),
+            } => self.watch(conn_id, id, Watch::new(filter)),
             RouterMsg::Query { conn_id, id, req } => {
                 let admin = match &req {
                     QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
@@ -594,22 +617,49 @@ impl Router {
                     self.to_store(StoreCmd::Write(op, ctx)).await;
                     return;
                 }
-                let kind = match req {
-                    QueryRequest::Status => QueryKind::Status,
-                    QueryRequest::Agents => QueryKind::Agents,
-                    _ => QueryKind::Other,
-                };
-                self.to_store(StoreCmd::Query(
-                    req,
-                    QueryCtx {
-                        conn_id,
-                        env_id: id,
-                        kind,
-                    },
-                ))
-                .await;
+                self.query(conn_id, id, req, None).await;
             }
+            RouterMsg::Ask { req, reply } => self.query(0, String::new(), req, Some(reply)).await,
         }
+    }
+
+    async fn query(
+        &self,
+        conn_id: u64,
+        env_id: String,
+        req: QueryRequest,
+        reply: Option<oneshot::Sender<Answer>>,
+    ) {
+        let kind = match req {
+            QueryRequest::Status => QueryKind::Status,
+            QueryRequest::Agents => QueryKind::Agents,
+            _ => QueryKind::Other,
+        };
+        let ctx = QueryCtx {
+            conn_id,
+            env_id,
+            kind,
+            reply,
+        };
+        self.to_store(StoreCmd::Query(req, ctx)).await;
+    }
+
+    /// Starts forwarding the feed to a connection that sent `QUERY watch`, as RESULT frames
+    /// carrying the query's id, until the connection goes.
+    fn watch(&mut self, conn_id: u64, env_id: String, filter: Watch) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let stop = CancellationToken::new();
+        // A second watch on the same connection replaces the first.
+        conn.watch = Some(stop.clone().drop_guard());
+        tokio::spawn(forward_feed(
+            self.feed.subscribe(),
+            filter,
+            conn.tx.clone(),
+            env_id,
+            stop,
+        ));
     }
 
     async fn register(
@@ -681,6 +731,7 @@ impl Router {
                 role: hello.role,
                 tx: conn.tx.clone(),
                 killer: conn.killer.clone(),
+                watch: None,
             },
         );
         if hello.role == Role::Client {
@@ -711,6 +762,13 @@ impl Router {
             circuit: Circuit::Closed,
         });
         tracing::info!(agent = %hello.agent, cli = ?hello.cli, resumed, "agent connected");
+        self.feed.counters.connects.add(1);
+        self.feed.emit(|| RelayEvent::AgentConnected {
+            ts: now_ms(),
+            agent: hello.agent.clone(),
+            cli: hello.cli.clone(),
+            resumed,
+        });
         self.to_store(StoreCmd::Write(
             WriteOp::AgentConnected {
                 name: hello.agent.clone(),
@@ -780,6 +838,21 @@ impl Router {
     }
 
     fn nack(&self, conn_id: u64, ack_id: String, code: NackCode, reason: String) {
+        self.feed.counters.refused.add(1);
+        self.feed.emit(|| RelayEvent::Refused {
+            ts: now_ms(),
+            id: ack_id.clone(),
+            from: self
+                .conns
+                .get(&conn_id)
+                .map(|c| c.name.clone())
+                .unwrap_or_default(),
+            code: serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            reason: reason.clone(),
+        });
         self.reply(
             conn_id,
             Payload::Nack(Nack {
@@ -1337,7 +1410,22 @@ impl Router {
             }
             StoreEvent::Written(WriteCtx::None, Ok(_)) => {}
             StoreEvent::Written(WriteCtx::Notify, Ok(res)) => match res {
-                WriteResult::Expired(notices) | WriteResult::DeadLettered(notices) => {
+                WriteResult::Expired(notices) => {
+                    let n = notices.len() as u64;
+                    if n > 0 {
+                        tracing::info!(
+                            count = n,
+                            "undelivered messages expired and dead-lettered; telling their senders"
+                        );
+                        self.feed.counters.expired.add(n);
+                        self.feed.emit(|| RelayEvent::Expired {
+                            ts: now_ms(),
+                            deliveries: n,
+                        });
+                    }
+                    self.notify(notices).await;
+                }
+                WriteResult::DeadLettered(notices) => {
                     if !notices.is_empty() {
                         tracing::info!(
                             count = notices.len(),
@@ -1360,7 +1448,7 @@ impl Router {
                 self.on_pending(recipient, conn_id, deliveries, limit).await;
             }
             StoreEvent::Query(ctx, result, stats, figures) => {
-                self.on_query_result(ctx, result.map(|r| *r), stats, figures);
+                self.on_query_result(*ctx, result.map(|r| *r), stats, figures);
             }
         }
     }
@@ -1397,6 +1485,7 @@ impl Router {
         };
         let (message, seqs) = match outcome {
             AppendOutcome::Duplicate { .. } => {
+                self.feed.counters.duplicates.add(1);
                 self.receipt(conn_id, env_id, AckStatus::Duplicate, None);
                 return;
             }
@@ -1404,6 +1493,26 @@ impl Router {
         };
         if let Some(b) = &message.payload.budget {
             self.hops.record(&message.id, b.hops);
+        }
+        self.feed.counters.accepted.add(1);
+        self.feed.emit(|| {
+            let (body, truncated) = excerpt(&message.payload.body);
+            RelayEvent::Accepted {
+                ts: message.ts,
+                id: message.id.clone(),
+                pos: message.pos,
+                from: message.from.clone(),
+                to: message.to.clone(),
+                topic: message.topic.clone(),
+                kind: message.payload.kind,
+                thread: message.payload.thread.clone(),
+                body,
+                truncated,
+                recipients: recipients.clone(),
+            }
+        });
+        if let Some(sender) = self.agents.get_mut(&message.from) {
+            sender.sent += 1;
         }
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
@@ -1413,6 +1522,7 @@ impl Router {
             let Some(agent) = self.agents.get_mut(name) else {
                 continue;
             };
+            agent.received += 1;
             let Some(on) = agent.online.as_mut() else {
                 // An offline inbox passing the high-water mark: warn once per crossing and
                 // tell the sender, as for an online recipient far behind.
@@ -1431,10 +1541,13 @@ impl Router {
             if on.can_send_live() {
                 match on.dispatch(message.clone(), seq, 1, raw.clone()) {
                     Err(SlowConsumer) => slow.push(name.clone()),
-                    Ok(true) => {
-                        self.dirty.insert(name.clone());
+                    Ok(dirty) => {
+                        if dirty {
+                            self.dirty.insert(name.clone());
+                        }
+                        self.feed.counters.delivered.add(1);
+                        self.feed.emit(|| delivered_event(&message, name, seq, 1));
                     }
-                    Ok(false) => {}
                 }
                 if !on.ack_required {
                     refill.push(name.clone());
@@ -1507,6 +1620,10 @@ impl Router {
     /// watermark, and one more attempt for everything it held above it. Everything at or below
     /// `last_sent` was handed out (live and catch-up sends both go in position order).
     async fn end_session(&mut self, name: &str, on: &Online) {
+        self.feed.emit(|| RelayEvent::AgentDisconnected {
+            ts: now_ms(),
+            agent: name.to_owned(),
+        });
         self.dirty.remove(name);
         if let Some(at) = on.trace_since
             && on.last_sent > on.traced_through
@@ -1582,15 +1699,24 @@ impl Router {
                 held = true;
                 break;
             }
+            let event = self
+                .feed
+                .watched()
+                .then(|| delivered_event(&d.message, &recipient, d.seq, d.attempt));
             match on.dispatch(d.message, d.seq, d.attempt, None) {
                 Err(SlowConsumer) => {
                     slow = true;
                     break;
                 }
-                Ok(true) => {
-                    self.dirty.insert(recipient.clone());
+                Ok(dirty) => {
+                    if dirty {
+                        self.dirty.insert(recipient.clone());
+                    }
+                    self.feed.counters.delivered.add(1);
+                    if let Some(ev) = event {
+                        self.feed.emit(|| ev);
+                    }
                 }
-                Ok(false) => {}
             }
         }
         on.backlog = on.backlog.saturating_sub(n as u64);
@@ -1682,19 +1808,39 @@ impl Router {
         // Below the watermark already written (a retried dead letter): the range update will
         // not come back down for it.
         let below = pos <= on.acked_through;
-        if cumulative {
+        let (range, single) = if cumulative {
             // Everything delivered on this connection up to `pos` (deliveries go out in
             // position order).
             let rest = on.inflight.split_off(&(pos + 1));
-            on.inflight = rest;
+            (Some(std::mem::replace(&mut on.inflight, rest)), None)
         } else {
-            on.inflight.remove(&pos);
-        }
+            (None, on.inflight.remove_entry(&pos))
+        };
+        let n_acked = range.as_ref().map_or(1, BTreeMap::len);
         let status = match state {
             Some(DeliveryState::Failed) => Some(DeliveryStatus::Failed),
             Some(DeliveryState::Verified) => Some(DeliveryStatus::Verified),
             Some(DeliveryState::Injected) | None => below.then_some(DeliveryStatus::Acked),
         };
+        let counters = &self.feed.counters;
+        counters.acked.add(n_acked as u64);
+        if status == Some(DeliveryStatus::Failed) {
+            counters.failed.add(1);
+        }
+        if self.feed.watched() {
+            let ts = now_ms();
+            for (p, (id, _)) in range.into_iter().flatten().chain(single) {
+                // A state other than plain acknowledgement applies to `ack_id` only.
+                let state = status.filter(|_| p == pos).unwrap_or(DeliveryStatus::Acked);
+                self.feed.emit(|| RelayEvent::Acked {
+                    ts,
+                    id,
+                    pos: p,
+                    recipient: name.clone(),
+                    state,
+                });
+            }
+        }
         if let Some(status) = status {
             self.to_store(StoreCmd::Write(
                 WriteOp::SetStatus {
@@ -1822,7 +1968,7 @@ impl Router {
 
     fn on_query_result(
         &self,
-        ctx: QueryCtx,
+        mut ctx: QueryCtx,
         result: Option<QueryResult>,
         stats: relay_store::Stats,
         delivery: Option<Box<relay_protocol::query::DeliveryFigures>>,
@@ -1860,11 +2006,31 @@ impl Router {
                 message: "no answer".into(),
             },
         };
+        if let Some(reply) = ctx.reply.take() {
+            let live = match (&result, ctx.kind) {
+                (QueryResult::Agents { .. }, QueryKind::Agents) => self.live_agents(),
+                _ => Vec::new(),
+            };
+            let _ = reply.send(Answer { result, live });
+            return;
+        }
         if let Some(conn) = self.conns.get(&ctx.conn_id) {
             // RESULT answers carry the question's id in `id` so the client can match them.
             let env = Envelope::new(ctx.env_id, now_ms(), Payload::Result(result));
             send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
         }
+    }
+
+    fn live_agents(&self) -> Vec<LiveAgent> {
+        self.agents
+            .iter()
+            .map(|(name, a)| LiveAgent {
+                name: name.clone(),
+                sent: a.sent,
+                received: a.received,
+                inflight: a.online.as_ref().map_or(0, |o| o.inflight.len() as u64),
+            })
+            .collect()
     }
 
     async fn on_sweep(&mut self) {
@@ -1907,6 +2073,50 @@ impl Router {
         });
         if let Err(e) = write_atomic(path, doc.to_string().as_bytes()) {
             tracing::warn!(error = %e, path = %path.display(), "could not write agents.json");
+        }
+    }
+}
+
+fn delivered_event(msg: &StoredMessage, recipient: &str, seq: u64, attempt: u32) -> RelayEvent {
+    RelayEvent::Delivered {
+        ts: now_ms(),
+        id: msg.id.clone(),
+        pos: msg.pos,
+        recipient: recipient.to_owned(),
+        seq,
+        attempt,
+    }
+}
+
+/// Forwards feed events that pass `filter` to a watching connection until `stop` fires (the
+/// connection went) or the daemon stops. A watcher that does not read only blocks this task;
+/// it then misses events and is told how many.
+async fn forward_feed(
+    mut sub: Subscription,
+    mut filter: Watch,
+    tx: mpsc::Sender<Outbound>,
+    query_id: String,
+    stop: CancellationToken,
+) {
+    loop {
+        let ev = tokio::select! {
+            ev = sub.recv() => ev,
+            () = stop.cancelled() => None,
+        };
+        let Some(ev) = ev else { break };
+        if !filter.admits(&ev) {
+            continue;
+        }
+        let result = QueryResult::Event {
+            event: (*ev).clone(),
+        };
+        let env = Envelope::new(query_id.clone(), now_ms(), Payload::Result(result));
+        let sent = tokio::select! {
+            r = tx.send(Outbound::Frame(Box::new(env))) => r.is_ok(),
+            () = stop.cancelled() => false,
+        };
+        if !sent {
+            break;
         }
     }
 }

@@ -76,9 +76,10 @@ pub(crate) enum StoreEvent {
         limit: usize,
     },
     /// A query's answer. `None` for `status`, which the router builds from the counters and
-    /// what only it knows.
+    /// what only it knows. The context is boxed: answers are rare and this keeps every
+    /// write result, which shares the enum, small.
     Query(
-        QueryCtx,
+        Box<QueryCtx>,
         Option<Box<QueryResult>>,
         relay_store::Stats,
         Option<Box<relay_protocol::query::DeliveryFigures>>,
@@ -153,7 +154,12 @@ fn run_commands(
                     .then(|| store.delivery_figures(LATENCY_SAMPLE).ok())
                     .flatten()
                     .map(Box::new);
-                let _ = events.send(StoreEvent::Query(ctx, result.map(Box::new), stats, figures));
+                let _ = events.send(StoreEvent::Query(
+                    Box::new(ctx),
+                    result.map(Box::new),
+                    stats,
+                    figures,
+                ));
             }
         }
     }
@@ -294,6 +300,11 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         QueryRequest::DlqRetry { .. } | QueryRequest::DlqPurge => QueryResult::Error {
             code: "internal".into(),
             message: "not a read".into(),
+        },
+        // The router answers `watch` itself; it never reaches the store.
+        QueryRequest::Watch(_) => QueryResult::Error {
+            code: "invalid".into(),
+            message: "watch is not a stored-data query".into(),
         },
     };
     (Some(result), relay_store::Stats::default())

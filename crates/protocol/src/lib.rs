@@ -12,6 +12,7 @@
 
 pub mod codec;
 mod envelope;
+pub mod events;
 mod names;
 pub mod query;
 

@@ -49,6 +49,9 @@ pub enum QueryRequest {
     },
     /// Empty the dead-letter queue. (An operator action, not a read.)
     DlqPurge,
+    /// The live event feed: answered by one [`QueryResult::Event`] per event, until the
+    /// connection closes (see [`crate::events`]).
+    Watch(crate::events::WatchFilter),
 }
 
 /// Filter for [`QueryRequest::History`]. Every field narrows the result.
@@ -286,6 +289,11 @@ pub enum QueryResult {
     DlqPurge {
         /// Entries removed.
         removed: u64,
+    },
+    /// One event of a `watch` (many answers share the query's id).
+    Event {
+        /// What happened.
+        event: crate::events::RelayEvent,
     },
     /// The question could not be answered.
     Error {

@@ -1,0 +1,396 @@
+//! The page, the JSON API and the event stream.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use futures_util::Stream;
+use relay_daemon::{LiveAgent, Subscription};
+use relay_protocol::query::{
+    AgentInfo, DeliveryStatus, HistoryFilter, MessageRecord, QueryRequest, QueryResult,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::App;
+use crate::metrics::{Rate, Totals};
+
+const PAGE: &str = include_str!("../assets/index.html");
+const SCRIPT: &str = include_str!("../assets/app.js");
+const STYLE: &str = include_str!("../assets/app.css");
+
+/// Messages scanned for the dead-letter view (the newest ones).
+const DEAD_SCAN: u32 = 1000;
+
+type Failure = (StatusCode, Json<serde_json::Value>);
+
+fn failure(status: StatusCode, code: &str, message: impl Into<String>) -> Failure {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": message.into()}})),
+    )
+}
+
+async fn ask(app: &App, req: QueryRequest) -> Result<relay_daemon::Answer, Failure> {
+    let answer = app.daemon.ask(req).await.map_err(|e| {
+        failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    })?;
+    if let QueryResult::Error { code, message } = &answer.result {
+        let status = match code.as_str() {
+            "not_found" => StatusCode::NOT_FOUND,
+            "ambiguous" => StatusCode::CONFLICT,
+            "invalid" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        return Err(failure(status, code, message.clone()));
+    }
+    Ok(answer)
+}
+
+fn unexpected() -> Failure {
+    failure(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "unexpected answer from the daemon",
+    )
+}
+
+/// `GET /`: the page. Its assets need the token too, so it is written into their URLs.
+pub(crate) async fn page(State(app): State<Arc<App>>) -> Html<String> {
+    Html(PAGE.replace("{{TOKEN}}", &app.token))
+}
+
+pub(crate) async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT,
+    )
+        .into_response()
+}
+
+pub(crate) async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+/// An agent as the dashboard shows it.
+#[derive(Debug, Serialize)]
+struct AgentView {
+    #[serde(flatten)]
+    info: AgentInfo,
+    /// `offline`, `idle` or `busy` (messages handed to it and not yet typed in).
+    state: &'static str,
+    sent: u64,
+    received: u64,
+    inflight: u64,
+}
+
+/// `GET /api/agents`.
+pub(crate) async fn agents(
+    State(app): State<Arc<App>>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let answer = ask(&app, QueryRequest::Agents).await?;
+    let QueryResult::Agents { agents } = answer.result else {
+        return Err(unexpected());
+    };
+    let live: HashMap<String, LiveAgent> = answer
+        .live
+        .into_iter()
+        .map(|l| (l.name.clone(), l))
+        .collect();
+    let views: Vec<AgentView> = agents
+        .into_iter()
+        .map(|info| {
+            let l = live.get(&info.name).cloned().unwrap_or_default();
+            let state = match (info.online, l.inflight) {
+                (false, _) => "offline",
+                (true, 0) => "idle",
+                (true, _) => "busy",
+            };
+            AgentView {
+                info,
+                state,
+                sent: l.sent,
+                received: l.received,
+                inflight: l.inflight,
+            }
+        })
+        .collect();
+    Ok(Json(json!({ "agents": views })))
+}
+
+/// Query parameters of `GET /api/messages`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessagesQuery {
+    from: Option<String>,
+    to: Option<String>,
+    topic: Option<String>,
+    text: Option<String>,
+    since: Option<u64>,
+    until: Option<u64>,
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+fn non_empty(s: Option<String>) -> Option<String> {
+    s.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+/// `GET /api/messages`: history, newest first, a page at a time.
+pub(crate) async fn messages(
+    State(app): State<Arc<App>>,
+    Query(q): Query<MessagesQuery>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "limit must be between 1 and 1000",
+        ));
+    }
+    let filter = HistoryFilter {
+        from: non_empty(q.from),
+        to: non_empty(q.to),
+        topic: non_empty(q.topic),
+        text: non_empty(q.text),
+        since_ms: q.since,
+        until_ms: q.until,
+        before_pos: q.before,
+        limit: Some(limit),
+    };
+    let answer = ask(&app, QueryRequest::History(filter)).await?;
+    let QueryResult::History { messages } = answer.result else {
+        return Err(unexpected());
+    };
+    // A full page may have more behind it.
+    let next_before = (messages.len() == limit as usize)
+        .then(|| messages.last().map(|m| m.pos))
+        .flatten();
+    Ok(Json(
+        json!({ "messages": messages, "next_before": next_before }),
+    ))
+}
+
+/// One step in a message's life.
+#[derive(Debug, Serialize)]
+struct TraceStep {
+    ts: u64,
+    /// `stored`, `queued`, or the delivery's state (`acked`, `verified`, `failed`, `expired`).
+    event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recipient: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seq: Option<u64>,
+}
+
+/// What the store records of a message's life: stored, queued per recipient, and each
+/// delivery's latest state.
+fn trace(m: &MessageRecord) -> Vec<TraceStep> {
+    let mut steps = vec![TraceStep {
+        ts: m.ts,
+        event: "stored",
+        recipient: None,
+        seq: None,
+    }];
+    for d in &m.deliveries {
+        steps.push(TraceStep {
+            ts: d.queued_at,
+            event: "queued",
+            recipient: Some(d.recipient.clone()),
+            seq: Some(d.seq),
+        });
+        if let (Some(ts), false) = (d.updated_at, d.status == DeliveryStatus::Queued) {
+            steps.push(TraceStep {
+                ts,
+                event: d.status.as_str(),
+                recipient: Some(d.recipient.clone()),
+                seq: Some(d.seq),
+            });
+        }
+    }
+    steps.sort_by_key(|s| s.ts);
+    steps
+}
+
+/// `GET /api/messages/{id}`: one message, its deliveries and its trace.
+pub(crate) async fn message(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let answer = ask(&app, QueryRequest::Read { id }).await?;
+    let QueryResult::Read { message } = answer.result else {
+        return Err(unexpected());
+    };
+    let trace = trace(&message);
+    Ok(Json(json!({ "message": message, "trace": trace })))
+}
+
+/// `GET /api/dead`: messages among the newest [`DEAD_SCAN`] with a failed or expired delivery.
+pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {
+    let filter = HistoryFilter {
+        limit: Some(DEAD_SCAN),
+        ..HistoryFilter::default()
+    };
+    let answer = ask(&app, QueryRequest::History(filter)).await?;
+    let QueryResult::History { messages } = answer.result else {
+        return Err(unexpected());
+    };
+    let scanned = messages.len();
+    let dead: Vec<MessageRecord> = messages
+        .into_iter()
+        .filter(|m| {
+            m.deliveries
+                .iter()
+                .any(|d| matches!(d.status, DeliveryStatus::Failed | DeliveryStatus::Expired))
+        })
+        .collect();
+    Ok(Json(json!({ "scanned": scanned, "dead": dead })))
+}
+
+/// `GET /api/stats`: status, counters and the per-second rates of the last minutes.
+pub(crate) async fn stats(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {
+    let answer = ask(&app, QueryRequest::Status).await?;
+    let QueryResult::Status(status) = answer.result else {
+        return Err(unexpected());
+    };
+    let totals = Totals::read(app.daemon.counters(), crate::now_ms());
+    let rates = app.samples.lock().map(|s| s.rates()).unwrap_or_default();
+    Ok(Json(
+        json!({ "status": status, "totals": totals, "rates": rates }),
+    ))
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub(crate) async fn prometheus_text(app: &App) -> Result<String, Failure> {
+    let answer = ask(app, QueryRequest::Status).await?;
+    let QueryResult::Status(status) = answer.result else {
+        return Err(unexpected());
+    };
+    let totals = Totals::read(app.daemon.counters(), crate::now_ms());
+    Ok(crate::metrics::prometheus(&totals, &status))
+}
+
+pub(crate) async fn prometheus(State(app): State<Arc<App>>) -> Result<Response, Failure> {
+    let text = prometheus_text(&app).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// What the event stream is waiting for.
+struct Live {
+    sub: Subscription,
+    totals: watch::Receiver<(Totals, Option<Rate>)>,
+    sent: Totals,
+    app: Arc<App>,
+}
+
+/// `GET /api/events`: Server-Sent Events. Each relay event is one `data:` line of JSON with a
+/// `type` (as `agent-relay watch --json` prints); counters follow as a `stats` event each
+/// second in which they changed. Nothing is re-sent: the page loads what came before from the
+/// API.
+pub(crate) async fn events(
+    State(app): State<Arc<App>>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut totals = app.totals.clone();
+    let sent = totals.borrow_and_update().0;
+    let live = Live {
+        sub: app.daemon.subscribe(),
+        totals,
+        sent,
+        app,
+    };
+    let stream = futures_util::stream::unfold(live, |mut live| async move {
+        loop {
+            tokio::select! {
+                ev = live.sub.recv() => {
+                    let ev = ev?;
+                    let data = serde_json::to_string(&*ev).unwrap_or_default();
+                    return Some((Ok(Event::default().data(data)), live));
+                }
+                changed = live.totals.changed() => {
+                    changed.ok()?;
+                    let (now, rate) = *live.totals.borrow_and_update();
+                    if now.same_counts(&live.sent) {
+                        continue;
+                    }
+                    live.sent = now;
+                    let data = json!({"type": "stats", "totals": now, "rate": rate}).to_string();
+                    return Some((Ok(Event::default().data(data)), live));
+                }
+                () = live.app.daemon.stopped() => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_protocol::Kind;
+    use relay_protocol::query::DeliveryRecord;
+
+    #[test]
+    fn trace_orders_what_the_store_knows() {
+        let m = MessageRecord {
+            pos: 1,
+            id: "m".into(),
+            ts: 10,
+            from: "A".into(),
+            to: "*".into(),
+            topic: None,
+            kind: Kind::Message,
+            body: String::new(),
+            data: None,
+            thread: None,
+            in_reply_to: None,
+            deliveries: vec![
+                DeliveryRecord {
+                    recipient: "B".into(),
+                    seq: 1,
+                    status: DeliveryStatus::Acked,
+                    queued_at: 10,
+                    updated_at: Some(30),
+                },
+                DeliveryRecord {
+                    recipient: "C".into(),
+                    seq: 4,
+                    status: DeliveryStatus::Queued,
+                    queued_at: 10,
+                    updated_at: None,
+                },
+            ],
+        };
+        let trace = trace(&m);
+        let steps: Vec<(u64, &str, Option<&str>)> = trace
+            .iter()
+            .map(|s| (s.ts, s.event, s.recipient.as_deref()))
+            .collect();
+        assert_eq!(
+            steps,
+            vec![
+                (10, "stored", None),
+                (10, "queued", Some("B")),
+                (10, "queued", Some("C")),
+                (30, "acked", Some("B")),
+            ]
+        );
+    }
+}
