@@ -25,7 +25,7 @@ done
 "#;
 
 /// Runs a tmux command on a private server (`-L server`, sockets under `dir`).
-fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new("tmux")
         .env("TMUX_TMPDIR", dir)
         .args(["-L", server])
@@ -36,7 +36,7 @@ fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::
 
 /// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with
 /// this relay's environment: a person's terminal. `{bin}` in `commands` is the binary.
-fn person_terminal(relay: &Relay, server: &str, commands: &str) {
+pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     let dir = relay.dir.path();
     let script = dir.join(format!("{server}.sh"));
     let body = format!(
@@ -430,14 +430,14 @@ fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart
     );
 }
 
-fn is_online(relay: &Relay, name: &str) -> bool {
+pub(crate) fn is_online(relay: &Relay, name: &str) -> bool {
     let v: Value =
         serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
     v.as_array()
         .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
 }
 
-fn wait_online(relay: &Relay, name: &str) {
+pub(crate) fn wait_online(relay: &Relay, name: &str) {
     wait_for(
         Duration::from_secs(20),
         &format!("{name} is connected"),

@@ -86,6 +86,8 @@ pub struct Request {
 }
 
 struct Shared {
+    /// Permits for held replies: [`StandIn::release`] adds one, a held reply takes one.
+    gate: Arc<tokio::sync::Semaphore>,
     script: Script,
     log: Vec<Request>,
     chunk: usize,
@@ -129,6 +131,7 @@ impl StandIn {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let state: State = Arc::new(Mutex::new(Shared {
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
             script,
             log: Vec::new(),
             chunk: 16,
@@ -183,6 +186,12 @@ impl StandIn {
         let mut s = lock(&self.state);
         s.chunk = chars.max(1);
         s.chunk_delay = delay;
+    }
+
+    /// Lets one held reply (a [`Rule::held`] rule's) go on; a later held reply waits for the
+    /// next release.
+    pub fn release(&self) {
+        lock(&self.state).gate.add_permits(1);
     }
 
     /// Every request answered so far, in arrival order.
@@ -259,10 +268,11 @@ async fn handle(
             rule: None,
             reply: lock(&state).script.side.clone(),
             delay: Duration::ZERO,
+            hold: false,
         }),
         Kind::CountTokens | Kind::Other => None,
     };
-    let (index, chunk, chunk_delay) = {
+    let (index, chunk, chunk_delay, gate) = {
         let mut s = lock(&state);
         s.log.push(Request {
             prefix,
@@ -278,7 +288,7 @@ async fn handle(
             received_wall: SystemTime::now(),
             finished: None,
         });
-        (s.log.len() - 1, s.chunk, s.chunk_delay)
+        (s.log.len() - 1, s.chunk, s.chunk_delay, Arc::clone(&s.gate))
     };
     let finish = {
         let state = Arc::clone(&state);
@@ -297,14 +307,23 @@ async fn handle(
         };
         return axum::Json(answer).into_response();
     };
+    let held = choice.hold;
+    let hold = move || async move {
+        if held {
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget();
+            }
+        }
+    };
     if !stream {
+        hold().await;
         tokio::time::sleep(choice.delay).await;
         finish();
         return axum::Json(messages::reply_message(&model, &choice.reply)).into_response();
     }
     let events = messages::reply_events(&model, &choice.reply, chunk);
-    // message_start goes out at once (the agent shows its spinner), then the rule's delay,
-    // then the text paced like a model streaming.
+    // message_start goes out at once (the agent shows its spinner), then the hold and the
+    // rule's delay, then the text paced like a model streaming.
     let frames = events
         .into_iter()
         .enumerate()
@@ -320,9 +339,14 @@ async fn handle(
         .collect::<Vec<_>>();
     let total = frames.len();
     let body = futures_util::stream::unfold(
-        (frames.into_iter().enumerate(), Some(finish)),
-        move |(mut it, mut finish)| async move {
+        (frames.into_iter().enumerate(), Some(finish), Some(hold)),
+        move |(mut it, mut finish, mut hold)| async move {
             let (i, (wait, frame)) = it.next()?;
+            if i == 1 {
+                if let Some(h) = hold.take() {
+                    h().await;
+                }
+            }
             if !wait.is_zero() {
                 tokio::time::sleep(wait).await;
             }
@@ -331,7 +355,7 @@ async fn handle(
                     f();
                 }
             }
-            Some((Ok::<_, std::convert::Infallible>(frame), (it, finish)))
+            Some((Ok::<_, std::convert::Infallible>(frame), (it, finish, hold)))
         },
     );
     Response::builder()

@@ -35,6 +35,9 @@ pub struct Rule {
     pub reply: String,
     /// Held back this long before the reply starts, so the agent looks busy (spinner).
     pub delay: Duration,
+    /// Held back until the test calls [`crate::StandIn::release`]: busy for exactly as long
+    /// as a test needs, with no guessing at durations.
+    pub hold: bool,
 }
 
 impl Rule {
@@ -45,6 +48,7 @@ impl Rule {
             matcher: Matcher::Contains(needle.to_owned()),
             reply: reply.to_owned(),
             delay: Duration::ZERO,
+            hold: false,
         }
     }
 
@@ -59,6 +63,7 @@ impl Rule {
             matcher: Matcher::Regex(re),
             reply: reply.to_owned(),
             delay: Duration::ZERO,
+            hold: false,
         })
     }
 
@@ -66,6 +71,13 @@ impl Rule {
     #[must_use]
     pub fn delayed(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// The same rule, answering only once the test releases it ([`crate::StandIn::release`]).
+    #[must_use]
+    pub fn held(mut self) -> Self {
+        self.hold = true;
         self
     }
 
@@ -108,6 +120,8 @@ pub struct Choice {
     pub reply: String,
     /// Held back this long first.
     pub delay: Duration,
+    /// Held back until released.
+    pub hold: bool,
 }
 
 impl Script {
@@ -129,11 +143,13 @@ impl Script {
                     rule: None,
                     reply: self.default.clone(),
                     delay: Duration::ZERO,
+                    hold: false,
                 },
                 |r| Choice {
                     rule: Some(r.name.clone()),
                     reply: r.reply.clone(),
                     delay: r.delay,
+                    hold: r.hold,
                 },
             )
     }

@@ -114,3 +114,35 @@ fn a_delayed_rule_holds_the_reply_back_after_message_start() {
     // A lower bound only: the delay was honoured (an upper bound would be a clock threshold).
     assert!(r.finished.unwrap() - r.received >= Duration::from_millis(300));
 }
+
+#[test]
+fn a_held_reply_waits_for_its_release() {
+    let standin =
+        StandIn::start(Script::new(vec![Rule::contains("busy", "finally").held()])).unwrap();
+    let addr = standin.addr();
+    let client = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let body = turn("busy now", true).to_string();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while standin.requests().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no request arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(standin.requests()[0].finished, None, "held");
+    standin.release();
+    let out = client.join().unwrap();
+    assert!(out.contains("\"finally\""), "{out}");
+    assert!(standin.requests()[0].finished.is_some());
+}

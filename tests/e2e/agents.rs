@@ -1,0 +1,397 @@
+//! Real agent CLIs end to end: Claude Code TUIs, each wrapped by the real `agent-relay wrap`
+//! in a person's terminal (a private tmux server), each talking to its own local stand-in for
+//! the Anthropic API (`relay-standin`), all through a real daemon. What each instance was
+//! really asked is read back from its stand-in's request log.
+//!
+//! The CLIs come from `scripts/install-agents` (run by `.ci/run`): a missing CLI fails the
+//! test with the command to install it; nothing here skips.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use relay_standin::{Rule, Script, StandIn};
+use serde_json::Value;
+
+use crate::support::{Relay, ok_stdout, wait_for};
+use crate::wrap::{person_terminal, tmux_in, wait_online};
+
+/// The version `scripts/install-agents` pins (the parse fixtures were recorded with it).
+const CLAUDE_VERSION: &str = "2.1.197";
+/// Any key does for the stand-in; Claude Code asks once per key unless it is pre-approved.
+const KEY: &str = "sk-ant-api03-standin-00000000000000000000abcdefghij";
+/// Generous: Claude Code's start-up and a few turns on a loaded 2-core machine. Only bounds a
+/// hang.
+const LONG: Duration = Duration::from_secs(90);
+
+/// Claude Code's executable: `$AGENT_RELAY_CLAUDE`, else where `scripts/install-agents` puts
+/// it. Missing, the test fails saying how to install it.
+fn claude_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGENT_RELAY_CLAUDE") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.exists(),
+            "AGENT_RELAY_CLAUDE={} does not exist; run `eval \"$(scripts/install-agents claude)\"`",
+            p.display()
+        );
+        return p;
+    }
+    let cache = std::env::var_os("AGENT_RELAY_AGENTS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agent-relay/agents"))
+        })
+        .unwrap_or_default();
+    let p = cache.join(format!(
+        "@anthropic-ai/claude-code@{CLAUDE_VERSION}/node_modules/.bin/claude"
+    ));
+    assert!(
+        p.exists(),
+        "Claude Code {CLAUDE_VERSION} is not installed (looked for $AGENT_RELAY_CLAUDE and {}).\n\
+         Install it with `eval \"$(scripts/install-agents claude)\"` (downloads it from the npm \
+         registry once; .ci/run does this).",
+        p.display()
+    );
+    p
+}
+
+/// One Claude Code instance under the relay, in its own tmux terminal, with its own stand-in.
+struct Claude<'r> {
+    relay: &'r Relay,
+    name: String,
+    server: String,
+    standin: StandIn,
+}
+
+impl<'r> Claude<'r> {
+    /// Starts `agent-relay wrap -n NAME --profile claude -- claude` in a fresh terminal, with
+    /// a private HOME set up as a returning user (no onboarding, trusted folder, approved key).
+    fn start(relay: &'r Relay, name: &str, script: Script) -> Self {
+        let claude = claude_path();
+        let standin = StandIn::start(script).unwrap();
+        let dir = relay.dir.path();
+        let home = dir.join(format!("home-{name}"));
+        let work = dir.join(format!("work-{name}"));
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        let approved = &KEY[KEY.len() - 20..];
+        let config = serde_json::json!({
+            "hasCompletedOnboarding": true,
+            "customApiKeyResponses": {"approved": [approved], "rejected": []},
+            "projects": {work.to_str().unwrap(): {
+                "hasTrustDialogAccepted": true,
+                "hasCompletedProjectOnboarding": true,
+            }},
+        });
+        std::fs::write(home.join(".claude.json"), config.to_string()).unwrap();
+        let server = format!("claude-{}", name.to_lowercase());
+        person_terminal(
+            relay,
+            &server,
+            &format!(
+                "cd '{work}' && HOME='{home}' ANTHROPIC_BASE_URL='{url}' ANTHROPIC_API_KEY='{KEY}' \
+                 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+                 AGENT_RELAY_LOG=debug {{bin}} wrap -n {name} --profile claude -- '{claude}'",
+                work = work.display(),
+                home = home.display(),
+                url = standin.base_url(),
+                claude = claude.display(),
+            ),
+        );
+        Self {
+            relay,
+            name: name.to_owned(),
+            server,
+            standin,
+        }
+    }
+
+    fn tmux(&self, args: &[&str]) -> std::process::Output {
+        tmux_in(self.relay.dir.path(), &self.server, args)
+    }
+
+    fn pane(&self) -> String {
+        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p"]).stdout).into_owned()
+    }
+
+    /// Until the agent is connected to the relay and Claude Code shows its empty input box.
+    fn wait_ready(&self) {
+        wait_online(self.relay, &self.name);
+        wait_for(
+            LONG,
+            &format!("{}'s Claude Code is ready", self.name),
+            || self.pane().contains("? for shortcuts"),
+        );
+    }
+
+    /// A person types `text` into this terminal and presses Enter (a separate key, once the
+    /// text shows).
+    fn person_types(&self, text: &str) {
+        self.tmux(&["send-keys", "-l", text]);
+        wait_for(LONG, &format!("{text:?} shows in {}", self.name), || {
+            self.pane().contains(text)
+        });
+        self.tmux(&["send-keys", "Enter"]);
+    }
+
+    /// The conversation turns Claude Code sent so far: what this agent was asked, in order.
+    fn prompts(&self) -> Vec<String> {
+        self.standin.prompts()
+    }
+
+    /// Waits until `n` turns were asked; returns them.
+    fn wait_prompts(&self, n: usize) -> Vec<String> {
+        wait_for(LONG, &format!("{} is asked {n} prompts", self.name), || {
+            self.prompts().len() >= n
+        });
+        self.prompts()
+    }
+
+    /// Waits until every reply this agent was given has been streamed out in full.
+    fn wait_replies_done(&self) {
+        wait_for(LONG, &format!("{}'s replies are out", self.name), || {
+            self.standin.requests().iter().all(|r| r.finished.is_some())
+        });
+    }
+}
+
+impl Drop for Claude<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(
+                self.relay
+                    .data_dir()
+                    .join(format!("wrap-{}.log", self.name)),
+            )
+            .unwrap_or_default();
+            eprintln!(
+                "---- {} screen ----\n{}\n---- {} prompts ----\n{:#?}\n---- wrapper log ----\n{log}",
+                self.name,
+                self.pane(),
+                self.name,
+                self.prompts(),
+            );
+        }
+        // The wrapper gets SIGHUP and takes Claude Code with it.
+        self.tmux(&["kill-server"]);
+    }
+}
+
+/// (from, to, body, id) of every stored message, oldest first.
+fn history(relay: &Relay) -> Vec<(String, String, String, String)> {
+    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    let mut all: Vec<_> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
+            (s("from"), s("to"), s("body"), s("id"))
+        })
+        .collect();
+    // `history` lists newest first.
+    all.reverse();
+    all
+}
+
+/// The text an agent is given for a relayed message: `Relay message from FROM [ID8]: BODY`.
+fn relayed(from: &str, id: &str, body: &str) -> String {
+    let short: String = id.chars().take(8).collect();
+    format!("Relay message from {from} [{short}]: {body}")
+}
+
+/// The delivery status of message `id` to its (one) recipient.
+fn delivery_status(relay: &Relay, id: &str) -> String {
+    let v: Value =
+        serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
+    v["deliveries"][0]["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+const TO_BOB: &str = "Please list what is missing from the 2.0 release notes.";
+const TO_ALICE: &str = "The migration steps and the changelog link are missing.";
+
+/// A person gives Alice a task; Alice's reply asks Bob; Bob, busy with his own person's task,
+/// gets the message as a submitted prompt only once that turn is over; he answers Alice, and
+/// she gets it. Each message once, in order, whole.
+#[test]
+fn claude_code_instances_converse_through_the_relay() {
+    let relay = Relay::start();
+    let alice = Claude::start(
+        &relay,
+        "Alice",
+        Script::new(vec![
+            Rule::contains(
+                "Plan the release",
+                &format!("I will ask Bob.\n\n@relay:Bob {TO_BOB}"),
+            ),
+            Rule::contains("Relay message from Bob", "Thanks, noted."),
+        ]),
+    );
+    let bob = Claude::start(
+        &relay,
+        "Bob",
+        Script::new(vec![
+            Rule::contains(
+                "Relay message from Alice",
+                &format!("Checking.\n\n@relay:Alice {TO_ALICE}"),
+            ),
+            // Bob's own task keeps him busy (spinner) until the test lets the reply go.
+            Rule::contains("Index the repository", "Indexed.").held(),
+        ]),
+    );
+    alice.wait_ready();
+    bob.wait_ready();
+
+    bob.person_types("Index the repository");
+    bob.wait_prompts(1);
+    alice.person_types("Plan the release");
+    wait_for(LONG, "Alice's directive reaches the relay", || {
+        !history(&relay).is_empty()
+    });
+    let to_bob = history(&relay)[0].clone();
+    assert_eq!(
+        (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
+        ("Alice", "Bob", TO_BOB)
+    );
+    // Bob is still working: he is asked nothing else, however long that takes (an observation
+    // window, not a speed requirement: an idle agent is typed into within about a second).
+    // The PTY wrapper may type the message while the spinner pauses; Claude Code then queues
+    // it and submits it when the turn ends, which is what the prompt log shows.
+    alice.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bob.pane().contains("esc to interrupt"), "{}", bob.pane());
+    assert_eq!(bob.prompts(), ["Index the repository"]);
+
+    bob.standin.release();
+    let alice_prompts = alice.wait_prompts(2);
+    let h = history(&relay);
+    assert_eq!(h.len(), 2, "{h:?}");
+    let to_alice = &h[1];
+    assert_eq!(
+        (
+            to_alice.0.as_str(),
+            to_alice.1.as_str(),
+            to_alice.2.as_str()
+        ),
+        ("Bob", "Alice", TO_ALICE)
+    );
+    assert_eq!(
+        alice_prompts,
+        [
+            "Plan the release".to_owned(),
+            relayed("Bob", &to_alice.3, TO_ALICE)
+        ]
+    );
+    assert_eq!(
+        bob.prompts(),
+        [
+            "Index the repository".to_owned(),
+            relayed("Alice", &to_bob.3, TO_BOB)
+        ]
+    );
+    // The relayed prompt went to the model only after Bob's own turn was over.
+    let bob_log: Vec<_> = bob
+        .standin
+        .requests()
+        .into_iter()
+        .filter(|r| r.kind == relay_standin::Kind::Main)
+        .collect();
+    assert!(bob_log[1].received >= bob_log[0].finished.unwrap());
+    wait_for(LONG, "both deliveries are acknowledged", || {
+        delivery_status(&relay, &to_bob.3) == "acked"
+            && delivery_status(&relay, &to_alice.3) == "acked"
+    });
+    // Nothing more trickles in once the last reply is out (a repaint read twice would).
+    alice.wait_replies_done();
+    bob.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(history(&relay).len(), 2);
+    assert_eq!(alice.prompts().len(), 2);
+    assert_eq!(bob.prompts().len(), 2);
+}
+
+const LONG_BODY: &str = "Please review the authentication module, especially the token refresh \
+path and the session expiry handling that changed this week. I need your answer before the \
+release branch is cut tomorrow morning, so a short list of problems is better than a long essay; \
+mark anything that blocks the release.";
+const FYI: &str = "FYI: Bob is reviewing the authentication module.";
+const ALL: &str = "Carol here: the review has started, questions to me.";
+
+/// Three Claude Code instances. Alice's one reply holds a directive that wraps over several
+/// screen lines, a directive inside a code block and one quoted inline (neither is sent), and
+/// a second directive to another agent; Carol answers with a broadcast that reaches the other
+/// two.
+#[test]
+fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
+    let relay = Relay::start();
+    let reply = format!(
+        "I will split the work.\n\n@relay:Bob {LONG_BODY}\n\nFor reference, the syntax:\n\n\
+         ```python\n@relay:Carol this line is code, not a directive\nprint(1)\n```\n\n\
+         Writing `@relay:Carol hi` in backticks sends nothing.\n\n@relay:Carol {FYI}\n\nDone."
+    );
+    let alice = Claude::start(
+        &relay,
+        "Alice",
+        Script::new(vec![Rule::contains("Start the review", &reply)]),
+    );
+    // (A fence with no language is not hidden: Claude Code draws it like prose, see
+    // docs/PARSING.md; a fence with one is drawn coloured.)
+    let bob = Claude::start(&relay, "Bob", Script::default());
+    let carol = Claude::start(
+        &relay,
+        "Carol",
+        Script::new(vec![Rule::contains(
+            "Relay message from Alice",
+            &format!("@relay:* {ALL}"),
+        )]),
+    );
+    alice.wait_ready();
+    bob.wait_ready();
+    carol.wait_ready();
+    alice.person_types("Start the review");
+    let alice_prompts = alice.wait_prompts(2);
+    let bob_prompts = bob.wait_prompts(2);
+    let h = history(&relay);
+    let summary: Vec<(&str, &str, &str)> = h
+        .iter()
+        .map(|(f, t, b, _)| (f.as_str(), t.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("Alice", "Bob", LONG_BODY),
+            ("Alice", "Carol", FYI),
+            ("Carol", "*", ALL)
+        ]
+    );
+    assert_eq!(
+        bob_prompts,
+        [
+            relayed("Alice", &h[0].3, LONG_BODY),
+            relayed("Carol", &h[2].3, ALL)
+        ]
+    );
+    assert_eq!(carol.wait_prompts(1), [relayed("Alice", &h[1].3, FYI)]);
+    assert_eq!(
+        alice_prompts,
+        [
+            "Start the review".to_owned(),
+            relayed("Carol", &h[2].3, ALL)
+        ]
+    );
+    for c in [&alice, &bob, &carol] {
+        c.wait_replies_done();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(history(&relay).len(), 3);
+    assert_eq!(
+        (
+            alice.prompts().len(),
+            bob.prompts().len(),
+            carol.prompts().len()
+        ),
+        (2, 2, 1)
+    );
+}
