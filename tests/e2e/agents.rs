@@ -395,3 +395,90 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
         (2, 2, 1)
     );
 }
+
+/// Milliseconds since the epoch.
+fn wall_ms(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+        * 1000.0
+}
+
+/// Not a check: measures, for an idle recipient, the time from Alice's reply being printed to
+/// Bob's prompt being submitted, in parts. Run by hand (figures in docs/PERFORMANCE.md):
+/// `cargo nextest run --test e2e --run-ignored only --no-capture -E 'test(measure_claude_relay_latency)'`
+#[test]
+#[ignore = "a measurement, run by hand; see docs/PERFORMANCE.md"]
+fn measure_claude_relay_latency() {
+    const ROUNDS: usize = 8;
+    let relay = Relay::start();
+    let rules = (1..=ROUNDS)
+        .map(|i| {
+            Rule::contains(
+                &format!("round {i} "),
+                &format!("@relay:Bob ping number {i}"),
+            )
+        })
+        .collect();
+    let alice = Claude::start(&relay, "Alice", Script::new(rules));
+    let bob = Claude::start(&relay, "Bob", Script::default());
+    alice.wait_ready();
+    bob.wait_ready();
+    let mut rows = Vec::new();
+    for i in 1..=ROUNDS {
+        alice.person_types(&format!("round {i} go"));
+        bob.wait_prompts(i);
+        bob.wait_replies_done();
+        alice.wait_replies_done();
+        // Idle again before the next round.
+        std::thread::sleep(Duration::from_secs(1));
+        let reply = alice
+            .standin
+            .requests()
+            .into_iter()
+            .filter(|r| r.kind == relay_standin::Kind::Main)
+            .nth(i - 1)
+            .unwrap();
+        let asked = bob
+            .standin
+            .requests()
+            .into_iter()
+            .filter(|r| r.kind == relay_standin::Kind::Main)
+            .nth(i - 1)
+            .unwrap();
+        let h: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+        let m = &h[0];
+        assert_eq!(m["body"], format!("ping number {i}"));
+        let printed = wall_ms(reply.finished_wall().unwrap());
+        let sent = m["ts"].as_f64().unwrap();
+        let stored = m["deliveries"][0]["queued_at"].as_f64().unwrap();
+        let acked = m["deliveries"][0]["updated_at"].as_f64().unwrap();
+        let submitted = wall_ms(asked.received_wall);
+        rows.push([
+            sent - printed,
+            stored - sent,
+            acked - stored,
+            submitted - acked,
+            submitted - printed,
+        ]);
+    }
+    let names = [
+        "printed -> directive sent (detection: parser settle)",
+        "sent -> stored for Bob (routing, store commit)",
+        "stored -> Enter written and acked (delivery, readiness wait, typing, submit)",
+        "Enter -> Bob's request at the stand-in (Claude Code)",
+        "total: printed -> Bob's prompt submitted",
+    ];
+    println!("rounds: {ROUNDS} (milliseconds; wall clock, 1 ms resolution)");
+    for (k, name) in names.iter().enumerate() {
+        let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{name}: median {:.0}, min {:.0}, max {:.0}",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        );
+    }
+}

@@ -85,6 +85,14 @@ pub struct Request {
     pub finished: Option<Instant>,
 }
 
+impl Request {
+    /// When the last byte of the reply went out, by the wall clock.
+    pub fn finished_wall(&self) -> Option<SystemTime> {
+        self.finished
+            .map(|f| self.received_wall + f.saturating_duration_since(self.received))
+    }
+}
+
 struct Shared {
     /// Permits for held replies: [`StandIn::release`] adds one, a held reply takes one.
     gate: Arc<tokio::sync::Semaphore>,
