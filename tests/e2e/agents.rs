@@ -6,7 +6,7 @@
 //! The CLIs come from `scripts/install-agents` (run by `.ci/run`): a missing CLI fails the
 //! test with the command to install it; nothing here skips.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use relay_standin::{Rule, Script, StandIn};
@@ -15,86 +15,160 @@ use serde_json::Value;
 use crate::support::{Relay, ok_stdout, wait_for};
 use crate::wrap::{person_terminal, tmux_in, wait_online};
 
-/// The version `scripts/install-agents` pins (the parse fixtures were recorded with it).
-const CLAUDE_VERSION: &str = "2.1.197";
 /// Any key does for the stand-in; Claude Code asks once per key unless it is pre-approved.
 const KEY: &str = "sk-ant-api03-standin-00000000000000000000abcdefghij";
-/// Generous: Claude Code's start-up and a few turns on a loaded 2-core machine. Only bounds a
+/// Generous: an agent CLI's start-up and a few turns on a loaded 2-core machine. Only bounds a
 /// hang.
 const LONG: Duration = Duration::from_secs(90);
 
-/// Claude Code's executable: `$AGENT_RELAY_CLAUDE`, else where `scripts/install-agents` puts
-/// it. Missing, the test fails saying how to install it.
-fn claude_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("AGENT_RELAY_CLAUDE") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.exists(),
-            "AGENT_RELAY_CLAUDE={} does not exist; run `eval \"$(scripts/install-agents claude)\"`",
-            p.display()
-        );
-        return p;
-    }
-    let cache = std::env::var_os("AGENT_RELAY_AGENTS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agent-relay/agents"))
-        })
-        .unwrap_or_default();
-    let p = cache.join(format!(
-        "@anthropic-ai/claude-code@{CLAUDE_VERSION}/node_modules/.bin/claude"
-    ));
-    assert!(
-        p.exists(),
-        "Claude Code {CLAUDE_VERSION} is not installed (looked for $AGENT_RELAY_CLAUDE and {}).\n\
-         Install it with `eval \"$(scripts/install-agents claude)\"` (downloads it from the npm \
-         registry once; .ci/run does this).",
-        p.display()
-    );
-    p
+/// The agent CLIs these tests run, at the versions `scripts/install-agents` pins.
+#[derive(Clone, Copy, Debug)]
+enum Cli {
+    Claude,
+    Codex,
 }
 
-/// One Claude Code instance under the relay, in its own tmux terminal, with its own stand-in.
-struct Claude<'r> {
+impl Cli {
+    /// (npm package, version, executable, variable naming it, install argument).
+    fn install(
+        self,
+    ) -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    ) {
+        match self {
+            Self::Claude => (
+                "@anthropic-ai/claude-code",
+                "2.1.197",
+                "claude",
+                "AGENT_RELAY_CLAUDE",
+                "claude",
+            ),
+            Self::Codex => (
+                "@openai/codex",
+                "0.169.0",
+                "codex",
+                "AGENT_RELAY_CODEX",
+                "codex",
+            ),
+        }
+    }
+
+    /// The executable: `$AGENT_RELAY_<CLI>`, else where `scripts/install-agents` puts it.
+    /// Missing, the test fails saying how to install it.
+    fn path(self) -> PathBuf {
+        let (package, version, exe, var, arg) = self.install();
+        if let Some(p) = std::env::var_os(var) {
+            let p = PathBuf::from(p);
+            assert!(
+                p.exists(),
+                "{var}={} does not exist; run `eval \"$(scripts/install-agents {arg})\"`",
+                p.display()
+            );
+            return p;
+        }
+        let cache = std::env::var_os("AGENT_RELAY_AGENTS_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agent-relay/agents"))
+            })
+            .unwrap_or_default();
+        let p = cache.join(format!("{package}@{version}/node_modules/.bin/{exe}"));
+        assert!(
+            p.exists(),
+            "{package} {version} is not installed (looked for ${var} and {}).\n\
+             Install it with `eval \"$(scripts/install-agents {arg})\"` (downloads it from the \
+             npm registry once; .ci/run does this).",
+            p.display()
+        );
+        p
+    }
+
+    /// Writes the CLI's configuration into `home` for a returning user who trusts `work` and
+    /// talks to `url`; returns the environment to start it with.
+    fn setup(self, home: &Path, work: &Path, url: &str) -> String {
+        match self {
+            Self::Claude => {
+                let approved = &KEY[KEY.len() - 20..];
+                let config = serde_json::json!({
+                    "hasCompletedOnboarding": true,
+                    "customApiKeyResponses": {"approved": [approved], "rejected": []},
+                    "projects": {work.to_str().unwrap(): {
+                        "hasTrustDialogAccepted": true,
+                        "hasCompletedProjectOnboarding": true,
+                    }},
+                });
+                std::fs::write(home.join(".claude.json"), config.to_string()).unwrap();
+                format!(
+                    "ANTHROPIC_BASE_URL='{url}' ANTHROPIC_API_KEY='{KEY}' DISABLE_AUTOUPDATER=1 \
+                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"
+                )
+            }
+            Self::Codex => {
+                // A custom provider on the Responses API (Codex 0.169 has no other wire API
+                // for custom providers).
+                let config = format!(
+                    "model = \"gpt-standin\"\nmodel_provider = \"standin\"\n\
+                     check_for_update_on_startup = false\n\n\
+                     [model_providers.standin]\nname = \"standin\"\nbase_url = \"{url}/v1\"\n\
+                     env_key = \"STANDIN_API_KEY\"\nwire_api = \"responses\"\n\n\
+                     [projects.\"{}\"]\ntrust_level = \"trusted\"\n\n\
+                     [tui]\nscreen_reader_detection_done = true\n",
+                    work.display()
+                );
+                std::fs::write(home.join("config.toml"), config).unwrap();
+                format!("CODEX_HOME='{}' STANDIN_API_KEY=standin", home.display())
+            }
+        }
+    }
+
+    fn profile(self) -> &'static str {
+        match self {
+            Self::Claude => "claude",
+            Self::Codex => "codex",
+        }
+    }
+}
+
+/// One agent CLI under the relay, in its own tmux terminal, with its own stand-in.
+struct Agent<'r> {
     relay: &'r Relay,
     name: String,
     server: String,
     standin: StandIn,
 }
 
-impl<'r> Claude<'r> {
-    /// Starts `agent-relay wrap -n NAME --profile claude -- claude` in a fresh terminal, with
-    /// a private HOME set up as a returning user (no onboarding, trusted folder, approved key).
-    fn start(relay: &'r Relay, name: &str, script: Script) -> Self {
-        let claude = claude_path();
+impl<'r> Agent<'r> {
+    /// Claude Code under the relay.
+    fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
+        Self::start(relay, Cli::Claude, name, script)
+    }
+
+    /// Starts `agent-relay wrap -n NAME --profile P -- CLI` in a fresh terminal, with a private
+    /// HOME set up as a returning user (no onboarding, trusted folder, approved key).
+    fn start(relay: &'r Relay, cli: Cli, name: &str, script: Script) -> Self {
+        let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
         let home = dir.join(format!("home-{name}"));
         let work = dir.join(format!("work-{name}"));
         std::fs::create_dir_all(&home).unwrap();
         std::fs::create_dir_all(&work).unwrap();
-        let approved = &KEY[KEY.len() - 20..];
-        let config = serde_json::json!({
-            "hasCompletedOnboarding": true,
-            "customApiKeyResponses": {"approved": [approved], "rejected": []},
-            "projects": {work.to_str().unwrap(): {
-                "hasTrustDialogAccepted": true,
-                "hasCompletedProjectOnboarding": true,
-            }},
-        });
-        std::fs::write(home.join(".claude.json"), config.to_string()).unwrap();
-        let server = format!("claude-{}", name.to_lowercase());
+        let env = cli.setup(&home, &work, &standin.base_url());
+        let server = format!("agent-{}", name.to_lowercase());
         person_terminal(
             relay,
             &server,
             &format!(
-                "cd '{work}' && HOME='{home}' ANTHROPIC_BASE_URL='{url}' ANTHROPIC_API_KEY='{KEY}' \
-                 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
-                 AGENT_RELAY_LOG=debug {{bin}} wrap -n {name} --profile claude -- '{claude}'",
+                "cd '{work}' && HOME='{home}' {env} AGENT_RELAY_LOG=debug \
+                 {{bin}} wrap -n {name} --profile {profile} -- '{exe}'",
                 work = work.display(),
                 home = home.display(),
-                url = standin.base_url(),
-                claude = claude.display(),
+                profile = cli.profile(),
+                exe = exe.display(),
             ),
         );
         Self {
@@ -154,7 +228,7 @@ impl<'r> Claude<'r> {
     }
 }
 
-impl Drop for Claude<'_> {
+impl Drop for Agent<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(
@@ -163,12 +237,18 @@ impl Drop for Claude<'_> {
                     .join(format!("wrap-{}.log", self.name)),
             )
             .unwrap_or_default();
+            let requests: Vec<String> = self
+                .standin
+                .requests()
+                .iter()
+                .map(|r| format!("{:?} {} {:?}", r.kind, r.path, r.user_text))
+                .collect();
             eprintln!(
-                "---- {} screen ----\n{}\n---- {} prompts ----\n{:#?}\n---- wrapper log ----\n{log}",
+                "---- {} screen ----\n{}\n---- {} requests ----\n{requests:#?}\n\
+                 ---- wrapper log ----\n{log}",
                 self.name,
                 self.pane(),
                 self.name,
-                self.prompts(),
             );
         }
         // The wrapper gets SIGHUP and takes Claude Code with it.
@@ -218,7 +298,7 @@ const TO_ALICE: &str = "The migration steps and the changelog link are missing."
 #[test]
 fn claude_code_instances_converse_through_the_relay() {
     let relay = Relay::start();
-    let alice = Claude::start(
+    let alice = Agent::claude(
         &relay,
         "Alice",
         Script::new(vec![
@@ -229,7 +309,7 @@ fn claude_code_instances_converse_through_the_relay() {
             Rule::contains("Relay message from Bob", "Thanks, noted."),
         ]),
     );
-    let bob = Claude::start(
+    let bob = Agent::claude(
         &relay,
         "Bob",
         Script::new(vec![
@@ -331,15 +411,15 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
          ```python\n@relay:Carol this line is code, not a directive\nprint(1)\n```\n\n\
          Writing `@relay:Carol hi` in backticks sends nothing.\n\n@relay:Carol {FYI}\n\nDone."
     );
-    let alice = Claude::start(
+    let alice = Agent::claude(
         &relay,
         "Alice",
         Script::new(vec![Rule::contains("Start the review", &reply)]),
     );
     // (A fence with no language is not hidden: Claude Code draws it like prose, see
     // docs/PARSING.md; a fence with one is drawn coloured.)
-    let bob = Claude::start(&relay, "Bob", Script::default());
-    let carol = Claude::start(
+    let bob = Agent::claude(&relay, "Bob", Script::default());
+    let carol = Agent::claude(
         &relay,
         "Carol",
         Script::new(vec![Rule::contains(
@@ -396,6 +476,64 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     );
 }
 
+/// Another CLI under the relay, against its own stand-in (Codex: the OpenAI Responses API),
+/// with Claude Code as Alice: it is given Alice's message as a
+/// submitted prompt, and the directive in its reply is read off its screen and relayed back.
+fn converses_with_claude_code(cli: Cli, name: &str) {
+    let to_it = format!("{name}, please check the build scripts.");
+    let from_it = format!("The build scripts are fine ({cli:?}).");
+    let relay = Relay::start();
+    let alice = Agent::claude(
+        &relay,
+        "Alice",
+        Script::new(vec![Rule::contains(
+            "Ask the other agent",
+            &format!("Asking.\n\n@relay:{name} {to_it}"),
+        )]),
+    );
+    let other = Agent::start(
+        &relay,
+        cli,
+        name,
+        Script::new(vec![Rule::contains(
+            "Relay message from Alice",
+            &format!("Checked.\n\n@relay:Alice {from_it}"),
+        )]),
+    );
+    alice.wait_ready();
+    other.wait_ready();
+    alice.person_types("Ask the other agent");
+    let alice_prompts = alice.wait_prompts(2);
+    let h = history(&relay);
+    assert_eq!(h.len(), 2, "{h:?}");
+    assert_eq!(
+        (h[0].0.as_str(), h[0].1.as_str(), h[0].2.as_str()),
+        ("Alice", name, to_it.as_str())
+    );
+    assert_eq!(
+        (h[1].0.as_str(), h[1].1.as_str(), h[1].2.as_str()),
+        (name, "Alice", from_it.as_str())
+    );
+    assert_eq!(other.prompts(), [relayed("Alice", &h[0].3, &to_it)]);
+    assert_eq!(
+        alice_prompts,
+        [
+            "Ask the other agent".to_owned(),
+            relayed(name, &h[1].3, &from_it)
+        ]
+    );
+    alice.wait_replies_done();
+    other.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(history(&relay).len(), 2);
+    assert_eq!((alice.prompts().len(), other.prompts().len()), (2, 1));
+}
+
+#[test]
+fn codex_converses_with_claude_code() {
+    converses_with_claude_code(Cli::Codex, "Cody");
+}
+
 /// Milliseconds since the epoch.
 fn wall_ms(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
@@ -420,8 +558,8 @@ fn measure_claude_relay_latency() {
             )
         })
         .collect();
-    let alice = Claude::start(&relay, "Alice", Script::new(rules));
-    let bob = Claude::start(&relay, "Bob", Script::default());
+    let alice = Agent::claude(&relay, "Alice", Script::new(rules));
+    let bob = Agent::claude(&relay, "Bob", Script::default());
     alice.wait_ready();
     bob.wait_ready();
     let mut rows = Vec::new();

@@ -11,7 +11,9 @@
 //! alike; it listens on `127.0.0.1:0`, so tests stay parallel-safe. The pure parts are
 //! [`script`] (rules) and [`messages`] (the API's shapes).
 
+pub mod gemini;
 pub mod messages;
+pub mod openai;
 pub mod script;
 
 use std::net::SocketAddr;
@@ -49,7 +51,7 @@ pub enum Kind {
     /// after each prompt (a small model, no tools, a JSON `title` wanted). Answered with
     /// [`Script::side`], never by the rules, and never shown as a turn.
     Side,
-    /// `POST /v1/messages/count_tokens`.
+    /// `POST /v1/messages/count_tokens` (or Gemini's `:countTokens`).
     CountTokens,
     /// Any other path (answered `{}`).
     Other,
@@ -230,6 +232,17 @@ impl Drop for StandIn {
     }
 }
 
+/// The API a request speaks.
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    /// Anthropic Messages (`/v1/messages`): Claude Code.
+    Anthropic,
+    /// OpenAI Responses (`/v1/responses`): Codex CLI.
+    OpenAi,
+    /// Gemini (`/v1beta/models/M:generateContent`): Gemini CLI.
+    Gemini { stream: bool },
+}
+
 /// Claude Code sends its tool definitions (27 in 2.1.197) with every conversation turn and
 /// none with the requests it makes on its own (the session title).
 fn classify(body: &Value) -> Kind {
@@ -246,22 +259,48 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
-    let (prefix, api) = match path.find("/v1/") {
+    let (prefix, api) = match path.find("/v1") {
         Some(i) => (path[..i].trim_matches('/').to_owned(), &path[i..]),
         None => (String::new(), path.as_str()),
     };
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let kind = match (&method, api) {
-        (&Method::POST, "/v1/messages") => classify(&json),
-        (&Method::POST, "/v1/messages/count_tokens") => Kind::CountTokens,
-        _ => Kind::Other,
+    let wire = if method != Method::POST {
+        None
+    } else if api == "/v1/messages" {
+        Some(Wire::Anthropic)
+    } else if api.ends_with("/responses") {
+        Some(Wire::OpenAi)
+    } else if api.ends_with(":streamGenerateContent") {
+        Some(Wire::Gemini { stream: true })
+    } else if api.ends_with(":generateContent") {
+        Some(Wire::Gemini { stream: false })
+    } else {
+        None
+    };
+    let kind = match wire {
+        Some(_) => classify(&json),
+        None if api.ends_with("/count_tokens") || api.ends_with(":countTokens") => {
+            Kind::CountTokens
+        }
+        None => Kind::Other,
     };
     let model = json["model"]
         .as_str()
-        .unwrap_or("claude-standin")
+        .or_else(|| {
+            // Gemini names the model in the path: models/NAME:streamGenerateContent.
+            api.rsplit('/').next().and_then(|m| m.split(':').next())
+        })
+        .unwrap_or("standin")
         .to_owned();
-    let stream = json["stream"].as_bool().unwrap_or(false);
-    let user_text = messages::latest_user_text(&json);
+    let stream = match wire {
+        Some(Wire::Gemini { stream }) => stream,
+        _ => json["stream"].as_bool().unwrap_or(false),
+    };
+    let user_text = match wire {
+        Some(Wire::OpenAi) => openai::latest_user_text(&json),
+        Some(Wire::Gemini { .. }) => gemini::latest_user_text(&json),
+        _ => messages::latest_user_text(&json),
+    };
     let choice = match kind {
         Kind::Main | Kind::Side if json.is_null() => {
             return (
@@ -306,10 +345,11 @@ async fn handle(
             }
         }
     };
-    let Some(choice) = choice else {
+    let (Some(choice), Some(wire)) = (choice, wire) else {
         finish();
         let answer = if kind == Kind::CountTokens {
-            json!({"input_tokens": messages::latest_user_text(&json).len().div_ceil(4).max(1)})
+            let n = user_text.len().div_ceil(4).max(1);
+            json!({"input_tokens": n, "totalTokens": n})
         } else {
             json!({})
         };
@@ -327,22 +367,46 @@ async fn handle(
         hold().await;
         tokio::time::sleep(choice.delay).await;
         finish();
-        return axum::Json(messages::reply_message(&model, &choice.reply)).into_response();
+        let answer = match wire {
+            Wire::Gemini { .. } => gemini::reply_message(&choice.reply),
+            // Codex always streams; a plain message is the closest answer otherwise.
+            Wire::Anthropic | Wire::OpenAi => messages::reply_message(&model, &choice.reply),
+        };
+        return axum::Json(answer).into_response();
     }
-    let events = messages::reply_events(&model, &choice.reply, chunk);
-    // message_start goes out at once (the agent shows its spinner), then the hold and the
+    // The first event goes out at once (the agent shows its spinner), then the hold and the
     // rule's delay, then the text paced like a model streaming.
-    let frames = events
+    let frames: Vec<(bool, String)> = match wire {
+        Wire::Anthropic => messages::reply_events(&model, &choice.reply, chunk)
+            .into_iter()
+            .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
+            .collect(),
+        Wire::OpenAi => openai::reply_events(&model, &choice.reply, chunk)
+            .into_iter()
+            .map(|(name, data)| {
+                (
+                    name == "response.output_text.delta",
+                    messages::sse(name, &data),
+                )
+            })
+            .collect(),
+        // Gemini's stream has no event names and no opening event: the first chunk opens it.
+        Wire::Gemini { .. } => gemini::reply_chunks(&choice.reply, chunk)
+            .into_iter()
+            .map(|data| (true, format!("data: {data}\r\n\r\n")))
+            .collect(),
+    };
+    let frames = frames
         .into_iter()
         .enumerate()
-        .map(move |(i, (name, data))| {
-            let wait = match (i, name) {
-                (0, _) => Duration::ZERO,
-                (1, _) => choice.delay,
-                (_, "content_block_delta") => chunk_delay,
+        .map(move |(i, (paced, frame))| {
+            let wait = match i {
+                0 => Duration::ZERO,
+                1 => choice.delay,
+                _ if paced => chunk_delay,
                 _ => Duration::ZERO,
             };
-            (wait, messages::sse(name, &data))
+            (wait, frame)
         })
         .collect::<Vec<_>>();
     let total = frames.len();
