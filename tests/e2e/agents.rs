@@ -476,6 +476,87 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     );
 }
 
+const SLOW_BODY: &str = "Please check the release checklist against the tag.";
+
+/// A terminal resized while Alice's reply streams does not send her directive twice, and a
+/// person half-way through a line in Bob's input box is never interrupted: Alice's message
+/// waits until the person submits, then follows as its own prompt.
+#[test]
+fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
+    let relay = Relay::start();
+    let filler = "This answer streams slowly so that the terminal can be resized while it is \
+                  still being written. ";
+    let reply = format!(
+        "{}\n\n@relay:Bob {SLOW_BODY}\n\n{}\n\nThat is all.",
+        filler.repeat(2),
+        filler.repeat(2)
+    );
+    let alice = Agent::claude(
+        &relay,
+        "Alice",
+        Script::new(vec![Rule::contains("Slow answer", &reply)]),
+    );
+    // About five seconds of streaming.
+    alice.standin.set_pace(6, Duration::from_millis(60));
+    let bob = Agent::claude(&relay, "Bob", Script::default());
+    alice.wait_ready();
+    bob.wait_ready();
+    // The person at Bob's terminal starts a line and does not finish it yet.
+    bob.tmux(&["send-keys", "-l", "half a thought"]);
+    wait_for(LONG, "Bob's person's typing shows", || {
+        bob.pane().contains("half a thought")
+    });
+    alice.person_types("Slow answer");
+    wait_for(LONG, "Alice's reply is streaming", || {
+        alice
+            .standin
+            .requests()
+            .iter()
+            .any(|r| r.kind == relay_standin::Kind::Main && r.finished.is_none())
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    alice.tmux(&["resize-window", "-x", "80", "-y", "30"]);
+    std::thread::sleep(Duration::from_millis(800));
+    alice.tmux(&["resize-window", "-x", "110", "-y", "24"]);
+    assert!(
+        alice
+            .standin
+            .requests()
+            .iter()
+            .any(|r| r.finished.is_none()),
+        "the resizes came after the reply (machine too slow for this test's premise)"
+    );
+    alice.wait_replies_done();
+    wait_for(LONG, "Alice's directive reaches the relay", || {
+        !history(&relay).is_empty()
+    });
+    // Well past the quiet time the wrapper waits before typing (an observation window).
+    std::thread::sleep(Duration::from_secs(3));
+    let h = history(&relay);
+    assert_eq!(h.len(), 1, "sent once despite the resizes: {h:?}");
+    assert_eq!((h[0].1.as_str(), h[0].2.as_str()), ("Bob", SLOW_BODY));
+    assert!(bob.prompts().is_empty(), "{:?}", bob.prompts());
+    let pane = bob.pane();
+    assert!(
+        pane.contains("half a thought") && !pane.contains("Relay message"),
+        "{pane}"
+    );
+    assert_ne!(delivery_status(&relay, &h[0].3), "acked");
+    // The person submits: their line goes as they wrote it, then the message on its own.
+    bob.tmux(&["send-keys", "Enter"]);
+    assert_eq!(
+        bob.wait_prompts(2),
+        [
+            "half a thought".to_owned(),
+            relayed("Alice", &h[0].3, SLOW_BODY)
+        ]
+    );
+    bob.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(history(&relay).len(), 1);
+    assert_eq!(bob.prompts().len(), 2);
+}
+
 /// Another CLI under the relay, against its own stand-in (Codex: the OpenAI Responses API),
 /// with Claude Code as Alice: it is given Alice's message as a
 /// submitted prompt, and the directive in its reply is read off its screen and relayed back.
