@@ -399,8 +399,9 @@ mark anything that blocks the release.";
 const FYI: &str = "FYI: Bob is reviewing the authentication module.";
 const ALL: &str = "Carol here: the review has started, questions to me.";
 
-/// Three Claude Code instances. Alice's one reply holds a directive that wraps over several
-/// screen lines, a directive inside a code block and one quoted inline (neither is sent), and
+/// Three Claude Code instances. Alice's one reply, after a thinking block with a directive in
+/// it (Claude Code shows it collapsed, "Thought for 1s"; not sent), holds a directive that wraps over several screen lines, a directive inside a
+/// code block and one quoted inline (neither is sent), and
 /// a second directive to another agent; Carol answers with a broadcast that reaches the other
 /// two.
 #[test]
@@ -414,7 +415,9 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     let alice = Agent::claude(
         &relay,
         "Alice",
-        Script::new(vec![Rule::contains("Start the review", &reply)]),
+        Script::new(vec![Rule::contains("Start the review", &reply).thinking(
+            "Who should review?\n\n@relay:Carol this thought is not a message\n\nBob, then.",
+        )]),
     );
     // (A fence with no language is not hidden: Claude Code draws it like prose, see
     // docs/PARSING.md; a fence with one is drawn coloured.)

@@ -316,6 +316,7 @@ async fn handle(
             reply: lock(&state).script.side.clone(),
             delay: Duration::ZERO,
             hold: false,
+            thinking: None,
         }),
         Kind::CountTokens | Kind::Other => None,
     };
@@ -377,10 +378,13 @@ async fn handle(
     // The first event goes out at once (the agent shows its spinner), then the hold and the
     // rule's delay, then the text paced like a model streaming.
     let frames: Vec<(bool, String)> = match wire {
-        Wire::Anthropic => messages::reply_events(&model, &choice.reply, chunk)
-            .into_iter()
-            .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
-            .collect(),
+        Wire::Anthropic => {
+            messages::reply_events(&model, choice.thinking.as_deref(), &choice.reply, chunk)
+                .into_iter()
+                .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
+                .collect()
+        }
+        // (Thinking is streamed on the Anthropic API only.)
         Wire::OpenAi => openai::reply_events(&model, &choice.reply, chunk)
             .into_iter()
             .map(|(name, data)| {

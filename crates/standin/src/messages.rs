@@ -73,34 +73,54 @@ pub fn reply_message(model: &str, text: &str) -> Value {
     )
 }
 
-/// The reply as a stream: `message_start`, `content_block_start`, one `content_block_delta`
-/// (`text_delta`) per `chunk` characters, `content_block_stop`, `message_delta` with
-/// `stop_reason: end_turn`, `message_stop`. Each item is (event name, data).
-pub fn reply_events(model: &str, text: &str, chunk: usize) -> Vec<(&'static str, Value)> {
-    let mut events = vec![
-        (
-            "message_start",
-            json!({"type": "message_start", "message": message(model, json!([]), Value::Null, 1)}),
-        ),
-        (
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                   "content_block": {"type": "text", "text": ""}}),
-        ),
-    ];
-    let chars: Vec<char> = text.chars().collect();
-    for piece in chars.chunks(chunk.max(1)) {
-        let piece: String = piece.iter().collect();
+/// The reply as a stream: `message_start`, then (with `thinking`) a thinking block
+/// (`thinking_delta`s and a `signature_delta`), then the text block: `content_block_start`, one
+/// `content_block_delta` (`text_delta`) per `chunk` characters, `content_block_stop`; then
+/// `message_delta` with `stop_reason: end_turn` and `message_stop`. Each item is (event
+/// name, data).
+pub fn reply_events(
+    model: &str,
+    thinking: Option<&str>,
+    text: &str,
+    chunk: usize,
+) -> Vec<(&'static str, Value)> {
+    let mut events = vec![(
+        "message_start",
+        json!({"type": "message_start", "message": message(model, json!([]), Value::Null, 1)}),
+    )];
+    let mut block = |index: usize, kind: &str, field: &str, body: &str, delta: &str| {
         events.push((
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "text_delta", "text": piece}}),
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": kind, field: ""}}),
         ));
+        let chars: Vec<char> = body.chars().collect();
+        for piece in chars.chunks(chunk.max(1)) {
+            let piece: String = piece.iter().collect();
+            events.push((
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                       "delta": {"type": delta, field: piece}}),
+            ));
+        }
+        if kind == "thinking" {
+            events.push((
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "signature_delta", "signature": "standin"}}),
+            ));
+        }
+        events.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    };
+    let mut index = 0;
+    if let Some(t) = thinking {
+        block(index, "thinking", "thinking", t, "thinking_delta");
+        index += 1;
     }
-    events.push((
-        "content_block_stop",
-        json!({"type": "content_block_stop", "index": 0}),
-    ));
+    block(index, "text", "text", text, "text_delta");
     events.push((
         "message_delta",
         json!({"type": "message_delta",
@@ -147,7 +167,7 @@ mod tests {
 
     #[test]
     fn a_streamed_reply_carries_the_whole_text_in_order() {
-        let events = reply_events("m", "héllo wörld", 4);
+        let events = reply_events("m", None, "héllo wörld", 4);
         let names: Vec<&str> = events.iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
@@ -172,6 +192,33 @@ mod tests {
         }
         assert_eq!(events[6].1["delta"]["stop_reason"], "end_turn");
         assert_eq!(events[0].1["message"]["model"], "m");
+    }
+
+    #[test]
+    fn a_thinking_block_comes_first_with_its_signature() {
+        let events = reply_events("m", Some("hmm"), "ok", 8);
+        let blocks: Vec<(String, i64)> = events
+            .iter()
+            .filter(|(n, _)| *n == "content_block_start")
+            .map(|(_, d)| {
+                let kind = d["content_block"]["type"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                (kind, d["index"].as_i64().unwrap_or(-1))
+            })
+            .collect();
+        assert_eq!(blocks, [("thinking".to_owned(), 0), ("text".to_owned(), 1)]);
+        let thought: String = events
+            .iter()
+            .filter_map(|(_, d)| d["delta"]["thinking"].as_str())
+            .collect();
+        assert_eq!(thought, "hmm");
+        assert!(
+            events
+                .iter()
+                .any(|(_, d)| d["delta"]["type"] == "signature_delta")
+        );
     }
 
     #[test]

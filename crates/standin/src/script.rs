@@ -38,6 +38,8 @@ pub struct Rule {
     /// Held back until the test calls [`crate::StandIn::release`]: busy for exactly as long
     /// as a test needs, with no guessing at durations.
     pub hold: bool,
+    /// A thinking block streamed before the reply (Anthropic API only).
+    pub thinking: Option<String>,
 }
 
 impl Rule {
@@ -49,6 +51,7 @@ impl Rule {
             reply: reply.to_owned(),
             delay: Duration::ZERO,
             hold: false,
+            thinking: None,
         }
     }
 
@@ -64,6 +67,7 @@ impl Rule {
             reply: reply.to_owned(),
             delay: Duration::ZERO,
             hold: false,
+            thinking: None,
         })
     }
 
@@ -78,6 +82,13 @@ impl Rule {
     #[must_use]
     pub fn held(mut self) -> Self {
         self.hold = true;
+        self
+    }
+
+    /// The same rule, thinking `thought` before it answers.
+    #[must_use]
+    pub fn thinking(mut self, thought: &str) -> Self {
+        self.thinking = Some(thought.to_owned());
         self
     }
 
@@ -122,6 +133,8 @@ pub struct Choice {
     pub delay: Duration,
     /// Held back until released.
     pub hold: bool,
+    /// A thinking block before the reply.
+    pub thinking: Option<String>,
 }
 
 impl Script {
@@ -144,12 +157,14 @@ impl Script {
                     reply: self.default.clone(),
                     delay: Duration::ZERO,
                     hold: false,
+                    thinking: None,
                 },
                 |r| Choice {
                     rule: Some(r.name.clone()),
                     reply: r.reply.clone(),
                     delay: r.delay,
                     hold: r.hold,
+                    thinking: r.thinking.clone(),
                 },
             )
     }
