@@ -26,6 +26,7 @@ const LONG: Duration = Duration::from_secs(90);
 enum Cli {
     Claude,
     Codex,
+    Gemini,
 }
 
 impl Cli {
@@ -53,6 +54,13 @@ impl Cli {
                 "codex",
                 "AGENT_RELAY_CODEX",
                 "codex",
+            ),
+            Self::Gemini => (
+                "@google/gemini-cli",
+                "0.61.0",
+                "gemini",
+                "AGENT_RELAY_GEMINI",
+                "gemini",
             ),
         }
     }
@@ -122,6 +130,18 @@ impl Cli {
                 std::fs::write(home.join("config.toml"), config).unwrap();
                 format!("CODEX_HOME='{}' STANDIN_API_KEY=standin", home.display())
             }
+            Self::Gemini => {
+                std::fs::create_dir_all(home.join(".gemini")).unwrap();
+                let settings = serde_json::json!({
+                    "security": {"auth": {"selectedType": "gemini-api-key"},
+                                 "folderTrust": {"enabled": false}},
+                    "ui": {"theme": "Default"},
+                    "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+                    "privacy": {"usageStatisticsEnabled": false},
+                });
+                std::fs::write(home.join(".gemini/settings.json"), settings.to_string()).unwrap();
+                format!("GEMINI_API_KEY=standin GOOGLE_GEMINI_BASE_URL='{url}'")
+            }
         }
     }
 
@@ -129,6 +149,7 @@ impl Cli {
         match self {
             Self::Claude => "claude",
             Self::Codex => "codex",
+            Self::Gemini => "gemini",
         }
     }
 }
@@ -616,6 +637,11 @@ fn converses_with_claude_code(cli: Cli, name: &str) {
 #[test]
 fn codex_converses_with_claude_code() {
     converses_with_claude_code(Cli::Codex, "Cody");
+}
+
+#[test]
+fn gemini_converses_with_claude_code() {
+    converses_with_claude_code(Cli::Gemini, "Gemma");
 }
 
 /// Milliseconds since the epoch.
