@@ -158,6 +158,7 @@ impl Cli {
 struct Agent<'r> {
     relay: &'r Relay,
     name: String,
+    home: PathBuf,
     server: String,
     standin: StandIn,
 }
@@ -195,6 +196,7 @@ impl<'r> Agent<'r> {
         Self {
             relay,
             name: name.to_owned(),
+            home,
             server,
             standin,
         }
@@ -272,8 +274,34 @@ impl Drop for Agent<'_> {
                 self.name,
             );
         }
-        // The wrapper gets SIGHUP and takes Claude Code with it.
+        // The wrapper gets SIGHUP and takes the CLI with it.
         self.tmux(&["kill-server"]);
+        kill_leftovers(&self.home);
+    }
+}
+
+/// Kills what an agent CLI left running on its own: Codex 0.169 starts a detached
+/// `codex app-server` daemon from `$CODEX_HOME/packages` that outlives its TUI. Anything whose
+/// command line names this agent's private HOME (a fresh temporary directory) is one of those.
+fn kill_leftovers(home: &Path) {
+    let needle = home.to_string_lossy().into_owned();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::Kill);
+            }
+        }
     }
 }
 
