@@ -56,11 +56,13 @@ impl Profile {
         }
     }
 
-    /// Gemini CLI. Assumed to render code like Claude Code (not yet checked against a capture).
+    /// Gemini CLI: colour says nothing here. 0.61.0 draws its prose in an explicit theme colour
+    /// (256-colour 231) and code blocks with line numbers in front (`   1 code`), which no
+    /// directive starts with (capture: `tests/fixtures/gemini-session.bin`).
     pub fn gemini() -> Self {
         Self {
             name: "gemini",
-            code_by_colour: true,
+            code_by_colour: false,
             busy_markers: AGENT_BUSY,
         }
     }

@@ -116,9 +116,14 @@ impl<T> Injector<T> {
     /// The person typed `bytes` at `now` (they go to the agent). A line in progress holds every
     /// injection back until it is submitted (Enter) or cleared (Ctrl-C, Ctrl-U, backspaced
     /// away): the relay never types into the middle of someone's sentence.
+    ///
+    /// Replies the person's terminal sends on its own to the agent's queries (device
+    /// attributes, version, colours, cursor position, focus) come in on the same input but are
+    /// not typing: they are left out. (Claude Code asks for device attributes again after each
+    /// submitted prompt; counted as typing, the reply held every message back for good.)
     pub fn on_person_input(&mut self, bytes: &[u8], now: Instant) {
         self.on_output(now);
-        for &b in bytes {
+        for b in without_terminal_reports(bytes) {
             match b {
                 b'\r' | b'\n' | 0x03 | 0x15 => self.person_line = 0,
                 0x7f | 0x08 => self.person_line = self.person_line.saturating_sub(1),
@@ -252,6 +257,59 @@ impl<T> Injector<T> {
             }
         }
     }
+}
+
+/// `bytes` without the reports a terminal sends by itself: DCS and OSC strings, and CSI
+/// sequences ending in `c` (device attributes), `R` (cursor position), `n` (status), `y`
+/// (mode report), `I`/`O` (focus), or `?...u` (keyboard flags). Keys a person presses (arrows,
+/// function keys, Alt-letters) are kept. A report cut across two reads is kept too: counted
+/// as typing, it only holds messages back until the next Enter.
+fn without_terminal_reports(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != 0x1b || i + 1 >= bytes.len() {
+            out.push(bytes[i]);
+            i += 1;
+            continue;
+        }
+        match bytes[i + 1] {
+            // DCS / OSC: up to ST (ESC \) or BEL.
+            b'P' | b']' => {
+                let end = (i + 2..bytes.len())
+                    .find(|&j| bytes[j] == 0x07 || (bytes[j] == b'\\' && bytes[j - 1] == 0x1b));
+                match end {
+                    Some(j) => i = j + 1,
+                    None => {
+                        out.extend_from_slice(&bytes[i..]);
+                        i = bytes.len();
+                    }
+                }
+            }
+            b'[' => {
+                let fin = (i + 2..bytes.len()).find(|&j| (0x40..=0x7e).contains(&bytes[j]));
+                let Some(j) = fin else {
+                    out.extend_from_slice(&bytes[i..]);
+                    break;
+                };
+                let private = bytes.get(i + 2) == Some(&b'?');
+                let report = match bytes[j] {
+                    b'c' | b'R' | b'n' | b'y' | b'I' | b'O' => true,
+                    b'u' => private,
+                    _ => false,
+                };
+                if !report {
+                    out.extend_from_slice(&bytes[i..=j]);
+                }
+                i = j + 1;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -431,5 +489,35 @@ mod tests {
         inj.push("urgent".into(), 3, true);
         let at = t0 + Duration::from_secs(1);
         assert_eq!(inj.poll(at, look), Some(Action::Type("urgent".into())));
+    }
+
+    #[test]
+    fn terminal_replies_to_the_agent_are_not_a_half_written_line() {
+        let t0 = Instant::now();
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("msg".into(), 1, false);
+        // What tmux answered Claude Code 2.1.197 right after a prompt was submitted.
+        inj.on_person_input(b"\r", t0);
+        inj.on_person_input(b"\x1bP>|tmux 3.3a\x1b\\\x1b[?1;2c", t0);
+        inj.on_person_input(
+            b"\x1b]11;rgb:0000/0000/0000\x07\x1b[12;40R\x1b[I\x1b[?1u",
+            t0,
+        );
+        assert_eq!(
+            inj.poll(t0 + Duration::from_millis(600), look),
+            Some(Action::Type("msg".into()))
+        );
+        // Keys a person presses still count.
+        for keys in [&b"\x1b[A"[..], b"\x1b[1;5D", b"\x1bb", b"x", b"\x1b[?1;2"] {
+            let mut inj = Injector::new(timing(), t0);
+            inj.push("msg".into(), 1, false);
+            inj.on_person_input(keys, t0);
+            assert_eq!(
+                inj.poll(t0 + Duration::from_secs(60), look),
+                None,
+                "{keys:?}"
+            );
+        }
     }
 }

@@ -294,6 +294,12 @@ impl Profile {
             t.chars().skip(n.saturating_sub(16)).collect()
         };
         let head: String = typed.chars().take(24).collect();
+        // Working on it: the prompt went in. (Some TUIs hide the input box while they work,
+        // and the last row that looks like a prompt is then the submitted one in the
+        // transcript, Codex's `› text`.)
+        if matches!(self.ready(screen), Err(NotReady::Busy(_))) {
+            return true;
+        }
         match self.input(screen) {
             Some(Some(text)) => {
                 // A big paste can show collapsed ("[Pasted text #1 +3 lines]").

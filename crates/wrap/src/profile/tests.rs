@@ -150,3 +150,19 @@ fn every_embedded_profile_loads() {
         assert_eq!(p.parse.name(), name);
     }
 }
+
+#[test]
+fn a_working_agent_has_taken_the_prompt_even_if_a_prompt_row_shows_it() {
+    // Codex while it works: the submitted prompt in the transcript is the last `›` row.
+    let codex = Profile::builtin("codex").unwrap();
+    let typed = "Relay message from Alice [01ABCDEF]: check the build";
+    let s = ScreenText::from_text(
+        &format!("› {typed}\n\n• Working (2s • esc to interrupt)\n"),
+        3,
+        0,
+    );
+    assert!(codex.submitted(&s, typed));
+    // Not working and still in the box: not submitted.
+    let s = ScreenText::from_text(&format!("\n› {typed}\n\n  ? for shortcuts\n"), 1, 10);
+    assert!(!codex.submitted(&s, typed));
+}

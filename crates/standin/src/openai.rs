@@ -1,0 +1,118 @@
+//! The OpenAI Responses API's shapes (what Codex CLI speaks with `wire_api = "responses"`).
+
+use serde_json::{Value, json};
+
+/// The text of the latest user message in `input` (a string, or message items whose content
+/// is a string or `input_text` parts). Codex sends its environment context and instructions as
+/// earlier user items; the prompt is the last one.
+pub fn latest_user_text(body: &Value) -> String {
+    match &body["input"] {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .rev()
+            .find(|i| i["role"] == "user")
+            .map(|i| match &i["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            })
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// The reply as Responses API stream events (name, data): `response.created`,
+/// `response.output_item.added`, `response.content_part.added`, one
+/// `response.output_text.delta` per `chunk` characters, the matching `.done` events and
+/// `response.completed`.
+pub fn reply_events(model: &str, text: &str, chunk: usize) -> Vec<(&'static str, Value)> {
+    let resp = |status: &str, output: Value| {
+        json!({"id": "resp_standin", "object": "response", "created_at": 0, "status": status,
+               "model": model, "output": output})
+    };
+    let ids = json!({"item_id": "msg_standin", "output_index": 0, "content_index": 0});
+    let with = |mut v: Value, extra: Value| {
+        if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
+            m.extend(e);
+        }
+        v
+    };
+    let part = |t: &str| json!({"type": "output_text", "text": t, "annotations": []});
+    let item = |status: &str, content: Value| {
+        json!({"id": "msg_standin", "type": "message", "role": "assistant",
+               "status": status, "content": content})
+    };
+    let mut events = vec![
+        (
+            "response.created",
+            json!({"response": resp("in_progress", json!([]))}),
+        ),
+        (
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item("in_progress", json!([]))}),
+        ),
+        (
+            "response.content_part.added",
+            with(ids.clone(), json!({"part": part("")})),
+        ),
+    ];
+    let chars: Vec<char> = text.chars().collect();
+    for piece in chars.chunks(chunk.max(1)) {
+        let piece: String = piece.iter().collect();
+        events.push((
+            "response.output_text.delta",
+            with(ids.clone(), json!({"delta": piece})),
+        ));
+    }
+    let done_item = item("completed", json!([part(text)]));
+    events.push((
+        "response.output_text.done",
+        with(ids.clone(), json!({"text": text})),
+    ));
+    events.push((
+        "response.content_part.done",
+        with(ids, json!({"part": part(text)})),
+    ));
+    events.push((
+        "response.output_item.done",
+        json!({"output_index": 0, "item": done_item.clone()}),
+    ));
+    let mut completed = resp("completed", json!([done_item]));
+    completed["usage"] = json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 20});
+    events.push(("response.completed", json!({"response": completed})));
+    for (name, data) in &mut events {
+        data["type"] = json!(name);
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_is_the_last_user_item_and_the_reply_streams_whole() {
+        let body = json!({"input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<env>"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ping"}]},
+        ]});
+        assert_eq!(latest_user_text(&body), "ping");
+        let events = reply_events("m", "hello world", 4);
+        assert_eq!(events[0].0, "response.created");
+        assert_eq!(events.last().unwrap().0, "response.completed");
+        let text: String = events
+            .iter()
+            .filter(|(n, _)| *n == "response.output_text.delta")
+            .filter_map(|(_, d)| d["delta"].as_str())
+            .collect();
+        assert_eq!(text, "hello world");
+        assert!(events.iter().all(|(n, d)| d["type"] == *n));
+    }
+}
