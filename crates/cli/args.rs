@@ -450,6 +450,10 @@ pub(crate) struct WrapArgs {
     /// (or under $AGENT_RELAY_INBOX_DIR), so it can be told to read it if typing ever fails.
     #[arg(long)]
     pub(crate) inbox: bool,
+    /// Once the agent is ready, type in a short note telling it how to use the relay (its
+    /// name, the @relay: syntax, how messages arrive). tmux: only when the session is new.
+    #[arg(long)]
+    pub(crate) intro: bool,
     /// Internal: relay for an existing tmux session (started by `wrap --backend tmux`).
     #[arg(long, hide = true, value_name = "SESSION")]
     pub(crate) serve_tmux: Option<String>,

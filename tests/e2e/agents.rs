@@ -169,9 +169,20 @@ impl<'r> Agent<'r> {
         Self::start(relay, Cli::Claude, name, script)
     }
 
+    /// Claude Code under the relay's tmux backend: run from a terminal that is itself a tmux
+    /// pane, the wrapper starts the agent's session on that tmux server and switches the
+    /// person's client to it, as it would for someone working inside tmux.
+    fn claude_in_tmux(relay: &'r Relay, name: &str, script: Script) -> Self {
+        Self::start_on(relay, Cli::Claude, name, script, "tmux")
+    }
+
     /// Starts `agent-relay wrap -n NAME --profile P -- CLI` in a fresh terminal, with a private
     /// HOME set up as a returning user (no onboarding, trusted folder, approved key).
     fn start(relay: &'r Relay, cli: Cli, name: &str, script: Script) -> Self {
+        Self::start_on(relay, cli, name, script, "pty")
+    }
+
+    fn start_on(relay: &'r Relay, cli: Cli, name: &str, script: Script, backend: &str) -> Self {
         let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
@@ -186,7 +197,7 @@ impl<'r> Agent<'r> {
             &server,
             &format!(
                 "cd '{work}' && HOME='{home}' {env} AGENT_RELAY_LOG=debug \
-                 {{bin}} wrap -n {name} --profile {profile} -- '{exe}'",
+                 {{bin}} wrap --backend {backend} -n {name} --profile {profile} -- '{exe}'",
                 work = work.display(),
                 home = home.display(),
                 profile = cli.profile(),
@@ -257,7 +268,7 @@ impl Drop for Agent<'_> {
             let log = std::fs::read_to_string(
                 self.relay
                     .data_dir()
-                    .join(format!("wrap-{}.log", self.name)),
+                    .join(format!("team/{}/wrap.log", self.name)),
             )
             .unwrap_or_default();
             let requests: Vec<String> = self
@@ -447,6 +458,71 @@ fn claude_code_instances_converse_through_the_relay() {
     assert_eq!(history(&relay).len(), 2);
     assert_eq!(alice.prompts().len(), 2);
     assert_eq!(bob.prompts().len(), 2);
+}
+
+/// The same conversation with both agents under the tmux backend: the relaying goes on in
+/// the background processes, and each message reaches the other Claude Code once.
+#[test]
+fn claude_code_instances_converse_under_the_tmux_backend() {
+    let relay = Relay::start();
+    let alice = Agent::claude_in_tmux(
+        &relay,
+        "Alice",
+        Script::new(vec![
+            Rule::contains(
+                "Plan the release",
+                &format!("I will ask Bob.\n\n@relay:Bob {TO_BOB}"),
+            ),
+            Rule::contains("Relay message from Bob", "Thanks, noted."),
+        ]),
+    );
+    let bob = Agent::claude_in_tmux(
+        &relay,
+        "Bob",
+        Script::new(vec![Rule::contains(
+            "Relay message from Alice",
+            &format!("Checking.\n\n@relay:Alice {TO_ALICE}"),
+        )]),
+    );
+    alice.wait_ready();
+    bob.wait_ready();
+    // The tmux backend is the one at work: the pane's output is piped to its log.
+    for name in ["Alice", "Bob"] {
+        let log = relay.data_dir().join(format!("team/{name}/pane.log"));
+        assert!(
+            std::fs::metadata(&log).is_ok_and(|m| m.len() > 0),
+            "{log:?}"
+        );
+    }
+    alice.person_types("Plan the release");
+    let alice_prompts = alice.wait_prompts(2);
+    let h = history(&relay);
+    assert_eq!(h.len(), 2, "{h:?}");
+    let (to_bob, to_alice) = (&h[0], &h[1]);
+    assert_eq!(
+        (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
+        ("Alice", "Bob", TO_BOB)
+    );
+    assert_eq!(
+        alice_prompts,
+        [
+            "Plan the release".to_owned(),
+            relayed("Bob", &to_alice.3, &to_alice.4, TO_ALICE)
+        ]
+    );
+    assert_eq!(
+        bob.prompts(),
+        [relayed("Alice", &to_bob.3, &to_bob.4, TO_BOB)]
+    );
+    wait_for(LONG, "both deliveries are reported verified", || {
+        delivery_status(&relay, &to_bob.3) == "verified"
+            && delivery_status(&relay, &to_alice.3) == "verified"
+    });
+    alice.wait_replies_done();
+    bob.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(history(&relay).len(), 2);
+    assert_eq!(bob.prompts().len(), 1);
 }
 
 const LONG_BODY: &str = "Please review the authentication module, especially the token refresh \

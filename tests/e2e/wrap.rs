@@ -631,3 +631,35 @@ while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; d
         .collect();
     assert_eq!(got, ["third", "first", "second"], "{out}");
 }
+
+/// `--intro` types a note on using the relay into the agent once, and its `@relay:` mentions
+/// are never sent.
+#[test]
+fn intro_tells_the_agent_how_to_use_the_relay_and_sends_nothing() {
+    let relay = Relay::start();
+    let agent = relay
+        .command()
+        .args([
+            "wrap",
+            "--backend",
+            "pty",
+            "--no-input",
+            "--intro",
+            "-n",
+            "Ivy",
+            "--",
+        ])
+        .args(["sh", "-c", r#"IFS= read -r l; echo "got: $l"; sleep 1"#])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out) = output_of(agent);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("got: agent-relay: you are Ivy,") && out.contains("@relay:* for everyone"),
+        "{out}"
+    );
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().map(Vec::len), Some(0), "{h}");
+}

@@ -45,6 +45,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                 no_input: false,
                 max_body: 2000,
                 inbox: false,
+                intro: false,
                 serve_tmux: None,
                 command,
             };

@@ -93,6 +93,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         interactive: !args.no_input,
         team_dir,
         inbox,
+        intro: args.intro,
     };
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
@@ -143,7 +144,8 @@ fn tmux_front(
     }
     let session = tmux::session_name(&paths.project_root, &cfg.name);
     let name = &cfg.name;
-    if tmux::exists(&session) {
+    let created = !tmux::exists(&session);
+    if !created {
         eprintln!("agent-relay: {name} is running in tmux session {session}; picking it up");
     } else {
         let (rows, cols) = relay_wrap::terminal_size();
@@ -159,7 +161,7 @@ fn tmux_front(
         })?;
         eprintln!("agent-relay: started {name} in tmux session {session}");
     }
-    ensure_relaying(paths, args, cfg, &session, profile)?;
+    ensure_relaying(paths, args, cfg, &session, profile, created && args.intro)?;
     if args.detached || !std::io::stdin().is_terminal() {
         eprintln!("agent-relay: {name} runs detached; attach with: agent-relay attach {name}");
         return Ok(0);
@@ -214,6 +216,7 @@ fn ensure_relaying(
     cfg: &WrapConfig,
     session: &str,
     profile: &str,
+    intro: bool,
 ) -> anyhow::Result<()> {
     use rustix::fs::{FlockOperation, flock};
     std::fs::create_dir_all(&cfg.team_dir)?;
@@ -247,6 +250,9 @@ fn ensure_relaying(
     .args(["--max-body", &args.max_body.to_string()]);
     if args.inbox {
         cmd.arg("--inbox");
+    }
+    if intro {
+        cmd.arg("--intro");
     }
     cmd.arg("--")
         .args(&cfg.command)

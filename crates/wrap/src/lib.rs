@@ -71,6 +71,22 @@ pub struct WrapConfig {
     pub team_dir: PathBuf,
     /// Also append every message to `inbox.md` in this directory.
     pub inbox: Option<PathBuf>,
+    /// Type [`intro`] into the agent once it is ready.
+    pub intro: bool,
+}
+
+/// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
+/// submits it), with no directive at a line start (its echo is noted, and is never sent).
+pub fn intro(name: &str) -> String {
+    format!(
+        "agent-relay: you are {name}, one of several AI agents connected by agent-relay. To \
+         message another agent, write a line that starts with @relay: and its name (or \
+         @relay:* for everyone), then the message; it ends at the next blank line. Messages \
+         for you arrive as prompts starting with \"Relay message from NAME [ID]:\"; answer \
+         with @relay:NAME only when an answer is needed (never just to thank), and \
+         `agent-relay read ID` prints a shortened message in full. To show the syntax without \
+         sending, write it in inline code. No answer is needed to this note."
+    )
 }
 
 /// Restores the person's terminal when dropped, on every way out (errors, panics).
@@ -254,8 +270,12 @@ impl Core {
             recheck: Duration::from_secs(2),
         };
         let now = Instant::now();
+        let mut injector = Injector::new(timing, now);
+        if cfg.intro {
+            injector.push(intro(&cfg.name), Item::Notice, false);
+        }
         Ok(Self {
-            injector: Injector::new(timing, now),
+            injector,
             cfg,
             client,
             parser,
