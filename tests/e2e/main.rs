@@ -11,7 +11,7 @@ mod faults;
 mod hardening;
 mod parse;
 mod protocol;
-mod safety;
+pub(crate) mod safety;
 mod support;
 mod tmux;
 mod watch;

@@ -472,3 +472,152 @@ fn the_wrapper_latency_bench_runs_on_both_backends() {
         assert!(v["p99_us"].as_u64().unwrap() >= v["p50_us"].as_u64().unwrap());
     }
 }
+
+/// Passes a token along A → B → C → A: `cK N` becomes `cK N+1` until 5.
+const RING_AGENT: &str = r#"next="$1"
+echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from"*)
+      body="${line##*: }"; chain="${body% *}"; n="${body##* }"
+      if [ "$n" -lt 5 ]; then echo "@relay:$next $chain $((n+1))"; echo; fi;;
+  esac
+done
+"#;
+
+/// Fault injection on the wrapper side: during an exchange among three tmux agents, the
+/// relaying process of a random agent is killed (-9) at random moments and started again,
+/// many times. Afterwards every accepted message was delivered or is a dead letter with a
+/// reason, none was relayed twice, and none was typed into a terminal twice.
+#[test]
+fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothing() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("wrapper fault seed {seed} (AGENT_RELAY_FAULT_SEED={seed} replays the moments)");
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    let names = ["A", "B", "C"];
+    let mut sessions = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let file = relay.dir.path().join("ring.sh");
+        std::fs::write(&file, RING_AGENT).unwrap();
+        let to = names[(i + 1) % 3];
+        let args = [
+            "wrap",
+            "--backend",
+            "tmux",
+            "--detached",
+            "-n",
+            name,
+            "--",
+            "sh",
+        ];
+        let out = wrap_cmd(&relay, &args)
+            .args([file.to_str().unwrap(), to])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        sessions.push(session_of(&relay, name));
+        wait_online(&relay, name);
+    }
+    let chains = 4;
+    for k in 0..chains {
+        ok_stdout(&relay.cli(&["send", names[k % 3], &format!("c{k} 0")]));
+    }
+    let kills = 8;
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(100 + next(600)));
+        let name = names[next(3) as usize];
+        let lock = relay.data_dir().join(format!("team/{name}/relay.lock"));
+        let pid: i32 = std::fs::read_to_string(&lock)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::Kill,
+        );
+        wait_for(
+            Duration::from_secs(20),
+            &format!("{name} is seen offline"),
+            || !is_online(&relay, name),
+        );
+        std::thread::sleep(Duration::from_millis(next(400)));
+        let out = rerun(&relay, name);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_online(&relay, name);
+    }
+    // Every chain runs to its end: `cK 5`.
+    wait_or_dump(&relay, &tmux, "every chain ends", || {
+        let h = history(&relay);
+        (0..chains).all(|k| h.iter().any(|(_, _, b)| b == &format!("c{k} 5")))
+    });
+    // ... and its last message has been typed in (no delivery still waiting).
+    wait_or_dump(&relay, &tmux, "every delivery is settled", || {
+        let h: Value =
+            serde_json::from_slice(&relay.cli(&["history", "--json", "--limit", "1000"]).stdout)
+                .unwrap_or_default();
+        h.as_array().is_some_and(|a| {
+            a.iter().all(|m| {
+                m["deliveries"]
+                    .as_array()
+                    .is_some_and(|d| d.iter().all(|d| d["status"] != "queued"))
+            })
+        })
+    });
+    let (delivered, dead) = crate::safety::assert_nothing_dropped(&relay, &[], &[]);
+    let h = history(&relay);
+    // Relayed once: each token hop is one stored message.
+    let mut bodies: Vec<&str> = h.iter().map(|(_, _, b)| b.as_str()).collect();
+    bodies.sort_unstable();
+    let before = bodies.len();
+    bodies.dedup();
+    assert_eq!(
+        before,
+        bodies.len(),
+        "a directive was relayed twice: {h:#?}"
+    );
+    assert_eq!(before, chains * 6, "{h:#?}");
+    // Typed once: each message shows once as read by its recipient.
+    for (from, to, body) in &h {
+        let pane = tmux.pane(&sessions[names.iter().position(|n| n == to).unwrap()]);
+        let typed = pane
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("got: Relay message from {from} ["))
+                    && l.ends_with(&format!(": {body}"))
+            })
+            .count();
+        assert_eq!(typed, 1, "{body:?} to {to} typed {typed} times:\n{pane}");
+    }
+    eprintln!(
+        "wrapper kills: {kills}; messages {before}: delivered {delivered}, dead letters {dead}, \
+         lost 0, doubled 0"
+    );
+}
