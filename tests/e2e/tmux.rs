@@ -92,8 +92,8 @@ fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> 
     session_of(relay, name)
 }
 
-/// Runs the wrapper again for agent `name`, whose session exists (the command is not run).
-fn rerun(relay: &Relay, name: &str) -> std::process::Output {
+/// `wrap --backend tmux --detached -n NAME -- sh ARGS...`.
+fn tmux_wrap(relay: &Relay, name: &str, script_args: &[&str]) -> std::process::Output {
     let args = [
         "wrap",
         "--backend",
@@ -103,9 +103,13 @@ fn rerun(relay: &Relay, name: &str) -> std::process::Output {
         name,
         "--",
         "sh",
-        "unused.sh",
     ];
-    wrap_cmd(relay, &args).output().unwrap()
+    wrap_cmd(relay, &args).args(script_args).output().unwrap()
+}
+
+/// Runs the wrapper again for agent `name`, whose session exists (the command is not run).
+fn rerun(relay: &Relay, name: &str) -> std::process::Output {
+    tmux_wrap(relay, name, &["unused.sh"])
 }
 
 fn session_of(relay: &Relay, name: &str) -> String {
@@ -519,20 +523,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
         let file = relay.dir.path().join("ring.sh");
         std::fs::write(&file, RING_AGENT).unwrap();
         let to = names[(i + 1) % 3];
-        let args = [
-            "wrap",
-            "--backend",
-            "tmux",
-            "--detached",
-            "-n",
-            name,
-            "--",
-            "sh",
-        ];
-        let out = wrap_cmd(&relay, &args)
-            .args([file.to_str().unwrap(), to])
-            .output()
-            .unwrap();
+        let out = tmux_wrap(&relay, name, &[file.to_str().unwrap(), to]);
         assert!(
             out.status.success(),
             "{}",

@@ -67,16 +67,31 @@ pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     );
 }
 
+/// Waits for a wrapped agent to exit (killing it after 90 s, so a lost message fails the test
+/// instead of hanging it); its exit code and what it printed.
 pub(crate) fn output_of(mut child: Child) -> (i32, String) {
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let status = child.wait().unwrap();
-    (status.code().unwrap_or(-1), out)
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the wrapped agent did not exit within 90 s; it printed:\n{}",
+                reader.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.code().unwrap_or(-1), reader.join().unwrap())
 }
 
 #[test]
