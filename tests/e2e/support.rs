@@ -350,3 +350,17 @@ pub fn api(port: u16, token: &str, path: &str) -> Value {
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
+
+/// Sends `signal` to process `pid`.
+pub fn signal_pid(pid: i32, signal: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), signal).unwrap();
+}
+
+/// The pid written in a pid or lock file.
+pub fn pid_in(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}

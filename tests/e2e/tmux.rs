@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, wait_for};
+use crate::support::{Relay, ok_stdout, pid_in, signal_pid, wait_for};
 use crate::wrap::{is_online, output_of, wait_online};
 
 /// Replies to every relayed message, and to a person's `person:` lines, on a line of its own.
@@ -339,16 +339,7 @@ fn a_restarted_wrapper_picks_up_its_tmux_session_sending_nothing_twice_and_missi
             std::thread::sleep(Duration::from_millis(250 * round as u64));
         }
         // Kill the relaying process; the agent keeps running in its session.
-        let pid: i32 = std::fs::read_to_string(&lock)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid).unwrap(),
-            rustix::process::Signal::Kill,
-        )
-        .unwrap();
+        signal_pid(pid_in(&lock), rustix::process::Signal::Kill);
         wait_for(Duration::from_secs(20), "Bob is seen offline", || {
             !is_online(&relay, "Bob")
         });
@@ -541,15 +532,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
         std::thread::sleep(Duration::from_millis(100 + next(600)));
         let name = names[next(3) as usize];
         let lock = relay.data_dir().join(format!("team/{name}/relay.lock"));
-        let pid: i32 = std::fs::read_to_string(&lock)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid).unwrap(),
-            rustix::process::Signal::Kill,
-        );
+        signal_pid(pid_in(&lock), rustix::process::Signal::Kill);
         wait_for(
             Duration::from_secs(20),
             &format!("{name} is seen offline"),

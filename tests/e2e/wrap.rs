@@ -67,6 +67,19 @@ pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     );
 }
 
+/// Starts `agent-relay ARGS` in the relay's directory (the agent scripts live there), with no
+/// terminal and its output captured: a wrapped agent for [`output_of`].
+pub(crate) fn spawn_wrapped(relay: &Relay, args: &[&str]) -> Child {
+    relay
+        .command()
+        .current_dir(relay.dir.path())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits for a wrapped agent to exit (killing it after 90 s, so a lost message fails the test
 /// instead of hanging it); its exit code and what it printed.
 pub(crate) fn output_of(mut child: Child) -> (i32, String) {
@@ -99,22 +112,13 @@ fn two_wrapped_agents_talk_through_the_relay() {
     let relay = Relay::start();
     std::fs::write(relay.dir.path().join("bob.sh"), BOB).unwrap();
     std::fs::write(relay.dir.path().join("alice.sh"), ALICE).unwrap();
-    let bob = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Bob", "--", "sh", "bob.sh"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let bob = spawn_wrapped(
+        &relay,
+        &["wrap", "--no-input", "-n", "Bob", "--", "sh", "bob.sh"],
+    );
     wait_online(&relay, "Bob");
     // The shorthand form, with no terminal on stdin.
-    let alice = relay
-        .command()
-        .args(["-n", "Alice", "sh", "alice.sh"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let alice = spawn_wrapped(&relay, &["-n", "Alice", "sh", "alice.sh"]);
     let (alice_code, alice_out) = output_of(alice);
     let (bob_code, bob_out) = output_of(bob);
     assert!(
@@ -279,11 +283,7 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
         .trim()
         .parse()
         .unwrap();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid).unwrap(),
-        rustix::process::Signal::Term,
-    )
-    .unwrap();
+    crate::support::signal_pid(pid, rustix::process::Signal::Term);
     wait_for(Duration::from_secs(20), "the wrapper exits", || {
         stty.exists()
     });
@@ -407,9 +407,9 @@ fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
          print('raw:', repr(line)); sys.stdout.flush()\n",
     )
     .unwrap();
-    let agent = relay
-        .command()
-        .args([
+    let agent = spawn_wrapped(
+        &relay,
+        &[
             "wrap",
             "--no-input",
             "-n",
@@ -417,11 +417,8 @@ fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
             "--",
             "python3",
             "paste.py",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_online(&relay, "Paula");
     ok_stdout(&relay.cli(&["send", "Paula", "pasted text"]));
     let (code, out) = output_of(agent);
@@ -608,10 +605,9 @@ while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; d
 "#,
     )
     .unwrap();
-    let agent = relay
-        .command()
-        .current_dir(relay.dir.path())
-        .args([
+    let agent = spawn_wrapped(
+        &relay,
+        &[
             "wrap",
             "--backend",
             "pty",
@@ -623,11 +619,8 @@ while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; d
             "--",
             "sh",
             "busy.sh",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_online(&relay, "Busy");
     ok_stdout(&relay.cli(&["send", "Busy", "first"]));
     ok_stdout(&relay.cli(&["send", "Busy", "second"]));

@@ -183,26 +183,33 @@ fn tmux_front(
     Ok(0)
 }
 
-/// The relaying process's lock, held for its life, with its pid written in: one relaying
-/// process per agent.
-fn relay_lock(cfg: &WrapConfig) -> anyhow::Result<std::fs::File> {
+/// The relaying process's lock (`team/<name>/relay.lock`), if nobody holds it: whoever holds
+/// it relays for the agent, one process at a time.
+fn try_relay_lock(cfg: &WrapConfig) -> anyhow::Result<Option<std::fs::File>> {
     use rustix::fs::{FlockOperation, flock};
-    use std::io::Write;
     std::fs::create_dir_all(&cfg.team_dir)?;
     let path = cfg.team_dir.join("relay.lock");
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
-    if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+    Ok(flock(&file, FlockOperation::NonBlockingLockExclusive)
+        .is_ok()
+        .then_some(file))
+}
+
+/// The relaying process's lock, held for its life, with its pid written in.
+fn relay_lock(cfg: &WrapConfig) -> anyhow::Result<std::fs::File> {
+    use std::io::Write;
+    let Some(mut file) = try_relay_lock(cfg)? else {
         anyhow::bail!(
             "another process already relays for {} (its pid is in {})",
             cfg.name,
-            path.display()
+            cfg.team_dir.join("relay.lock").display()
         );
-    }
+    };
     file.set_len(0)?;
     writeln!(file, "{}", std::process::id())?;
     Ok(file)
@@ -218,19 +225,10 @@ fn ensure_relaying(
     profile: &str,
     intro: bool,
 ) -> anyhow::Result<()> {
-    use rustix::fs::{FlockOperation, flock};
-    std::fs::create_dir_all(&cfg.team_dir)?;
-    let lock_path = cfg.team_dir.join("relay.lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open {}", lock_path.display()))?;
-    if flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
+    // Free: nobody relays; released at once for the process started below to take.
+    if try_relay_lock(cfg)?.is_none() {
         return Ok(());
     }
-    drop(lock);
     let log_path = cfg.team_dir.join("wrap.log");
     let log = std::fs::OpenOptions::new()
         .create(true)

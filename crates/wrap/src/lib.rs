@@ -366,8 +366,10 @@ impl Core {
     async fn on_pane_output(&mut self, bytes: &[u8], end: u64, now: Instant) {
         let mut pos = end - bytes.len() as u64;
         let mut rest = bytes;
-        while let Some(r) = &mut self.resume {
+        if let Some(r) = &mut self.resume {
             r.consumed = end;
+        }
+        while let Some(r) = &mut self.resume {
             let Some((at, _)) = r.notes.front() else {
                 break;
             };
