@@ -69,6 +69,9 @@ fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
     c.current_dir(relay.dir.path())
         .env("TMUX_TMPDIR", relay.dir.path())
         .env("AGENT_RELAY_LOG", "relay_wrap=debug,info")
+        // As on a CI machine: the variable reaches the tmux server's global environment too,
+        // and the agents must not see it (`relay_wrap::NOT_INHERITED`).
+        .env("CI", "true")
         .env_remove("TMUX")
         .args(args)
         .stdin(Stdio::null());
@@ -200,7 +203,7 @@ fn two_agents_converse_in_tmux_sessions_and_the_session_ends_with_the_agent() {
     let bob = start_tmux_agent(
         &relay,
         "Bob",
-        r#"echo "I am $AGENT_RELAY_NAME"
+        r#"echo "I am $AGENT_RELAY_NAME, CI=[${CI-unset}]"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; echo;; esac
@@ -232,7 +235,10 @@ done
         || !is_online(&relay, "Alice"),
     );
     let bob_pane = tmux.pane(&bob);
-    assert!(bob_pane.contains("I am Bob"), "{bob_pane}");
+    assert!(
+        bob_pane.contains("I am Bob, CI=[unset]"),
+        "the agent gets AGENT_RELAY_NAME, not CI:\n{bob_pane}"
+    );
     assert_eq!(
         count(&bob_pane, "got: Relay message from Alice ["),
         1,

@@ -112,18 +112,32 @@ fn two_wrapped_agents_talk_through_the_relay() {
     let relay = Relay::start();
     std::fs::write(relay.dir.path().join("bob.sh"), BOB).unwrap();
     std::fs::write(relay.dir.path().join("alice.sh"), ALICE).unwrap();
-    let bob = spawn_wrapped(
-        &relay,
-        &["wrap", "--no-input", "-n", "Bob", "--", "sh", "bob.sh"],
-    );
+    // Started as on a CI machine, whose variables the agent must not see (they make agent
+    // CLIs act as if no person were at the terminal; `relay_wrap::NOT_INHERITED`).
+    std::fs::write(
+        relay.dir.path().join("ci.sh"),
+        "echo \"CI=[${CI-unset}] CONTINUOUS_INTEGRATION=[${CONTINUOUS_INTEGRATION-unset}]\"\n. ./bob.sh\n",
+    )
+    .unwrap();
+    let bob = relay
+        .command()
+        .current_dir(relay.dir.path())
+        .env("CI", "true")
+        .env("CONTINUOUS_INTEGRATION", "1")
+        .args(["wrap", "--no-input", "-n", "Bob", "--", "sh", "ci.sh"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_online(&relay, "Bob");
     // The shorthand form, with no terminal on stdin.
     let alice = spawn_wrapped(&relay, &["-n", "Alice", "sh", "alice.sh"]);
     let (alice_code, alice_out) = output_of(alice);
     let (bob_code, bob_out) = output_of(bob);
     assert!(
-        bob_out.contains("I am Bob"),
-        "the agent gets AGENT_RELAY_NAME:\n{bob_out}"
+        bob_out.contains("I am Bob")
+            && bob_out.contains("CI=[unset] CONTINUOUS_INTEGRATION=[unset]"),
+        "the agent gets AGENT_RELAY_NAME, not CI:\n{bob_out}"
     );
     // Bob's agent received Alice's directive as typed input, in the relay's format.
     assert!(

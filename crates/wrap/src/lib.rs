@@ -33,6 +33,12 @@ use crate::inject::{Action, Injector, Look, Outcome, Timing};
 use crate::profile::{NotReady, Profile};
 use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
 
+/// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
+/// no person is at the terminal, and the agent under the relay is in a terminal a person can
+/// attach to: with `CI` set, Gemini CLI exits at start and Claude Code draws without colour
+/// (a code block then looks like prose, and a directive shown in one like a real one).
+pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
+
 /// Wrapper failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -48,6 +48,9 @@ pub(crate) fn spawn(
     if std::env::var_os("TERM").is_none() {
         cmd.env("TERM", "xterm-256color");
     }
+    for k in crate::NOT_INHERITED {
+        cmd.env_remove(k);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

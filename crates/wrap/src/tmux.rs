@@ -171,7 +171,11 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     // The caller's environment, whole: a running tmux server would otherwise give the
     // agent the environment the server started with.
     for (k, v) in std::env::vars() {
-        if k == "TMUX" || k == "TMUX_PANE" || k.contains('=') {
+        if k == "TMUX"
+            || k == "TMUX_PANE"
+            || k.contains('=')
+            || crate::NOT_INHERITED.contains(&k.as_str())
+        {
             continue;
         }
         args.push("-e".into());
@@ -185,16 +189,16 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     // and the session, close with it. (tmux's own record of the status, with remain-on-exit
     // and a pane-died hook, was not always there: tmux 3.3a sometimes marked a dead pane with
     // no status and fired no hook.) The path and the command are arguments: nothing to quote.
+    // The shell also unsets what the agent must not inherit, which a tmux server started
+    // elsewhere may have in its global environment (`-e` can add, not remove).
+    let shell = format!(
+        r#"unset {}; x="$1"; shift; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
+        crate::NOT_INHERITED.join(" ")
+    );
     args.extend(
-        [
-            "--",
-            "sh",
-            "-c",
-            r#"x="$1"; shift; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
-            "agent-relay",
-        ]
-        .iter()
-        .map(|a| (*a).to_owned()),
+        ["--", "sh", "-c", &shell, "agent-relay"]
+            .iter()
+            .map(|a| (*a).to_owned()),
     );
     args.push(exit.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
