@@ -56,7 +56,7 @@ pub(crate) enum Cmd {
     Agents(JsonArg),
     /// Send a message as a person or script; prints its id and the relay's receipt.
     Send(SendArgs),
-    /// Print one message in full, by id or a unique prefix of at least 8 characters.
+    /// Print one message in full, by id, short id (as shown in brackets) or a unique prefix of at least 8 characters.
     Read(ReadArgs),
     /// List stored messages, newest first.
     History(HistoryArgs),
@@ -363,7 +363,8 @@ pub(crate) struct SendArgs {
 /// `agent-relay read`.
 #[derive(Debug, Args)]
 pub(crate) struct ReadArgs {
-    /// Message id or a unique prefix (at least 8 characters), as shown in `[01JB2K7Q]`.
+    /// Message id, its short id as shown in `[5DZ82MJ3]` (the id's last 8 characters), or a
+    /// unique prefix of at least 8 characters.
     pub(crate) id: String,
     /// Print JSON for scripts.
     #[arg(long)]

@@ -333,15 +333,20 @@ fn history(relay: &Relay) -> Vec<(String, String, String, String, String)> {
     all
 }
 
-/// The text an agent is given for a relayed message: `Relay message from FROM [ID8]: BODY`,
-/// with ` (thread T8)` before the colon for an answer (its thread is the id of the message it
-/// answers, shown short).
+/// The text an agent is given for a relayed message: `Relay message from FROM [SHORT]: BODY`,
+/// with ` (thread T)` before the colon for an answer (its thread is the id of the message it
+/// answers); ids shown as their last 8 characters (`relay_protocol::short_id`).
 fn relayed(from: &str, id: &str, thread: &str, body: &str) -> String {
-    let short: String = id.chars().take(8).collect();
+    let tail = |id: &str| {
+        id.chars()
+            .skip(id.chars().count().saturating_sub(8))
+            .collect::<String>()
+    };
+    let short = tail(id);
     if thread.is_empty() {
         format!("Relay message from {from} [{short}]: {body}")
     } else {
-        let t: String = thread.chars().take(8).collect();
+        let t = tail(thread);
         format!("Relay message from {from} [{short}] (thread {t}): {body}")
     }
 }

@@ -294,6 +294,32 @@ fn read_takes_a_whole_short_id_but_only_long_prefixes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 8"));
 }
 
+/// Ids of one second (or a tmux wrapper's, derived from its checkpoint) share their start;
+/// the short id people see is the end, and `read` and `trace` find a message by it.
+#[test]
+fn read_and_trace_by_the_short_id_when_ids_share_their_start() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let (a, c) = ("01M80TF6Q3XABCDE12345678XY", "01M80TF6Q3XABCDE87654321ZW");
+    ok_stdout(&relay.cli(&["send", "Bob", "first of the second", "--id", a]));
+    ok_stdout(&relay.cli(&["send", "Bob", "second of the second", "--id", c]));
+    let h = ok_stdout(&relay.cli(&["history"]));
+    assert!(h.contains("[345678XY]") && h.contains("[654321ZW]"), "{h}");
+    let first = ok_stdout(&relay.cli(&["read", "345678XY"]));
+    assert!(
+        first.contains("first of the second") && first.contains(a),
+        "{first}"
+    );
+    let v: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["trace", "654321ZW", "--json"]))).unwrap();
+    assert_eq!(v["id"], c, "{v}");
+    // The shared start is ambiguous, and the error names both.
+    let both = relay.cli(&["read", "01M80TF6"]);
+    assert_ne!(both.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(err.contains(a) && err.contains(c), "{err}");
+}
+
 #[test]
 fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
     // Small scale: this checks the load generator's accounting, not speed.

@@ -224,7 +224,7 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         return Ok(line("no messages match")?);
     }
     for m in &messages {
-        let short: String = m.id.chars().take(8).collect();
+        let short = relay_protocol::short_id(&m.id);
         let to = match &m.topic {
             Some(t) => format!("{} #{t}", m.to),
             None => m.to.clone(),
@@ -284,7 +284,7 @@ pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> 
 }
 
 fn print_dead_letter_line(d: &DeadLetter) -> anyhow::Result<()> {
-    let short: String = d.msg_id.chars().take(8).collect();
+    let short = relay_protocol::short_id(&d.msg_id);
     let retried = if d.retried_at.is_some() {
         " (retried)"
     } else {

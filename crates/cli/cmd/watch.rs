@@ -163,10 +163,7 @@ impl Style {
     /// One line for one event; every text from the relay is cleaned of control characters.
     fn render(&self, ev: &RelayEvent) -> String {
         let time = |ts: u64| self.dim(format_utc(ts).get(11..).unwrap_or_default());
-        let short = |id: &str| {
-            let head: String = id.chars().take(8).collect();
-            self.dim(&format!("[{}]", clean(&head)))
-        };
+        let short = |id: &str| self.dim(&format!("[{}]", clean(relay_protocol::short_id(id))));
         match ev {
             RelayEvent::AgentConnected {
                 ts,
@@ -315,7 +312,7 @@ mod tests {
         let text = style.render(&ev);
         assert_eq!(
             text,
-            "00:00:00  Alice → Bob [01JB2K7Q] #build action  run\\u{1b}[31m it now"
+            "00:00:00  Alice → Bob [4ZABCDEF] #build action  run\\u{1b}[31m it now"
         );
         assert!(!text.contains('\x1b'));
     }

@@ -1223,7 +1223,7 @@ impl Router {
                 self.to_store(StoreCmd::Write(told, WriteCtx::None)).await;
                 continue;
             }
-            let short: String = n.msg_id.chars().take(8).collect();
+            let short = relay_protocol::short_id(&n.msg_id);
             let body = format!(
                 "relay: your message [{short}] to {} was not delivered ({}): {}. It is dead letter {}; `agent-relay dlq retry {}` sends it again.",
                 n.recipient, n.code, n.reason, n.dlq_id, n.dlq_id

@@ -243,7 +243,7 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         },
         QueryRequest::Read { id } => match store.find(id, 10) {
             // A full id of any length is fine (v1 clients choose their own ids); a prefix must
-            // have at least 8 characters so it is unlikely to be ambiguous.
+            // have at least 8 characters so it is unlikely to be ambiguous; a short id has 8.
             Ok(found) if found.len() == 1 && (found[0].id == *id || id.len() >= 8) => {
                 let mut found = found;
                 QueryResult::Read {
@@ -253,7 +253,7 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             Ok(_) if id.len() < 8 => QueryResult::Error {
                 code: "invalid".into(),
                 message: format!(
-                    "no message with id {id:?}; as a prefix it is too short: give at least 8 characters of the id"
+                    "no message with id {id:?}; as a prefix it is too short: give the short id shown in brackets (8 characters) or at least 8 characters of the id"
                 ),
             },
             Ok(found) if found.is_empty() => QueryResult::Error {
@@ -336,7 +336,7 @@ fn trace(store: &mut dyn Store, id: &str) -> Result<QueryResult, relay_store::St
                 code: if id.len() < 8 { "invalid" } else { "not_found" }.into(),
                 message: if id.len() < 8 {
                     format!(
-                        "no message with id {id:?}; as a prefix it is too short: give at least 8 characters of the id"
+                        "no message with id {id:?}; as a prefix it is too short: give the short id shown in brackets (8 characters) or at least 8 characters of the id"
                     )
                 } else {
                     format!("no message with id {id:?}; `agent-relay history` lists recent ids")

@@ -25,3 +25,35 @@ pub use envelope::{
 pub use names::{
     NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
 };
+
+/// Characters in a [`short_id`].
+pub const SHORT_ID_LEN: usize = 8;
+
+/// The short form of a message id that people and agents see (`Relay message from Alice
+/// [6Q3XAB2M]: ...`, notices, `history`, `watch`): its last [`SHORT_ID_LEN`] characters. For a
+/// ULID those are 40 of its 80 random bits; its first characters are the time, the same for
+/// every message sent within about a second (and, for ids a tmux wrapper derives from its
+/// checkpoint, for all of them). `read`, `trace` and `dlq` accept a short id. An id of at most
+/// [`SHORT_ID_LEN`] characters is its own short id.
+#[must_use]
+pub fn short_id(id: &str) -> &str {
+    match id.char_indices().rev().nth(SHORT_ID_LEN - 1) {
+        Some((at, _)) => &id[at..],
+        None => id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_id;
+
+    #[test]
+    fn short_id_is_the_last_eight_characters() {
+        assert_eq!(short_id("01M80TF75ZPNAE1B5DZ82MJ3M2"), "Z82MJ3M2");
+        assert_eq!(short_id("12345678"), "12345678");
+        assert_eq!(short_id("m-1"), "m-1");
+        assert_eq!(short_id(""), "");
+        // Characters, not bytes: the same as SQLite's substr(id, -8) on the stored id.
+        assert_eq!(short_id("éééééééééé"), "éééééééé");
+    }
+}

@@ -372,7 +372,9 @@ pub trait Store: std::marker::Send {
     /// [`StoreError`].
     fn agents(&mut self) -> Result<Vec<AgentInfo>, StoreError>;
 
-    /// Messages whose id equals `id_or_prefix` or starts with it, at most `limit`, with their
+    /// Messages whose id equals `id_or_prefix`, or else starts with it or (for a query of
+    /// [`relay_protocol::SHORT_ID_LEN`] characters) has it as its
+    /// [short id](relay_protocol::short_id), at most `limit`, in id order, with their
     /// deliveries. An exact match, when present, is the only result.
     ///
     /// # Errors
@@ -408,7 +410,8 @@ pub trait Store: std::marker::Send {
         from: &str,
     ) -> Result<Vec<TraceEvent>, StoreError>;
 
-    /// Refused SENDs whose id equals `id_or_prefix` or starts with it, at most `limit`.
+    /// Refused SENDs whose id equals `id_or_prefix`, starts with it, or has it as its short id
+    /// (as for [`Store::find`]), at most `limit`.
     ///
     /// # Errors
     /// [`StoreError`].

@@ -454,13 +454,25 @@ impl Store for MemoryStore {
             .map(|(_, &pos)| pos)
             .collect();
         let positions = if exact.is_empty() {
+            // Prefix matches, and short-id matches for a query of that length, in id order.
             let hi = prefix_upper_bound(id_or_prefix);
-            self.by_id
+            let mut found: BTreeMap<(&str, &str), i64> = self
+                .by_id
                 .range(lo..)
                 .take_while(|((id, _), _)| hi.as_deref().is_none_or(|hi| id.as_str() < hi))
                 .take(limit)
-                .map(|(_, &pos)| pos)
-                .collect()
+                .map(|((id, from), &pos)| ((id.as_str(), from.as_str()), pos))
+                .collect();
+            if id_or_prefix.chars().count() == relay_protocol::SHORT_ID_LEN {
+                // A scan, as in the SQLite store: no index of random keys to keep on append.
+                found.extend(
+                    self.by_id
+                        .iter()
+                        .filter(|((id, _), _)| relay_protocol::short_id(id) == id_or_prefix)
+                        .map(|((id, from), &pos)| ((id.as_str(), from.as_str()), pos)),
+                );
+            }
+            found.into_values().take(limit).collect()
         } else {
             exact
         };

@@ -297,13 +297,15 @@ impl MemoryStore {
 
     pub(super) fn rejected_matching(&self, prefix: &str, limit: usize) -> Vec<DeadLetter> {
         let hi = prefix_upper_bound(prefix);
+        let short = prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
         self.journal
             .dlq
             .iter()
             .filter(|(d, _)| {
                 d.pos.is_none()
-                    && d.msg_id.as_str() >= prefix
-                    && hi.as_deref().is_none_or(|hi| d.msg_id.as_str() < hi)
+                    && ((d.msg_id.as_str() >= prefix
+                        && hi.as_deref().is_none_or(|hi| d.msg_id.as_str() < hi))
+                        || (short && relay_protocol::short_id(&d.msg_id) == prefix))
             })
             .take(limit)
             .map(|(d, _)| d.clone())

@@ -279,6 +279,23 @@ const STREAMS_FLUSH_EVERY: u32 = 64;
 const MSG_COLS: &str = "m.pos, m.id, m.ts, (SELECT n.name FROM names n WHERE n.id = m.sender) \
                         AS sender_name, m.recipient, m.topic, m.kind, m.body, m.data, \
                         m.thread, m.in_reply_to, m.budget, m.fanout, m.urgent";
+/// [`Store::find`] past an exact match: `?1` the query, `?2` the bound of its prefix range,
+/// `?3` whether it is as long as a short id, `?4` the limit.
+///
+/// The prefix is a range of the `(id, sender)` index. The short id (the id's *end*) has no
+/// index of its own: an index on random keys cost a fifth of the store's append throughput
+/// (docs/PERFORMANCE.md), and `read` is a person's command. It scans the `(id, sender)` index,
+/// which holds every id and is a small fraction of the table (`sqlite_find_scans_no_table` in
+/// the tests checks the plan).
+fn find_sql() -> String {
+    format!(
+        "SELECT {MSG_COLS} FROM messages m WHERE m.pos IN (
+             SELECT pos FROM messages WHERE id >= ?1 AND id < ?2
+             UNION SELECT pos FROM messages WHERE ?3 AND substr(id, -8) = ?1)
+         ORDER BY m.id, sender_name LIMIT ?4"
+    )
+}
+
 /// Number of columns in [`MSG_COLS`].
 const MSG_NCOLS: usize = 14;
 
@@ -1260,23 +1277,18 @@ impl Store for SqliteStore {
         if !exact.is_empty() {
             return Ok(exact);
         }
-        let lo = Value::Text(id_or_prefix.to_owned());
-        match prefix_upper_bound(id_or_prefix) {
-            Some(hi) => self.records(
-                &format!(
-                    "SELECT {MSG_COLS} FROM messages m WHERE m.id >= ?1 AND m.id < ?2
-                     ORDER BY m.id, sender_name LIMIT ?3"
-                ),
-                &[lo, Value::Text(hi), limit],
-            ),
-            None => self.records(
-                &format!(
-                    "SELECT {MSG_COLS} FROM messages m WHERE m.id >= ?1
-                     ORDER BY m.id, sender_name LIMIT ?2"
-                ),
-                &[lo, limit],
-            ),
-        }
+        // Prefix matches, and short-id matches for a query of that length, in id order.
+        let hi = prefix_upper_bound(id_or_prefix).unwrap_or_else(|| "\u{10FFFF}".repeat(2));
+        let short = id_or_prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
+        self.records(
+            &find_sql(),
+            &[
+                Value::Text(id_or_prefix.to_owned()),
+                Value::Text(hi),
+                Value::Integer(i64::from(short)),
+                limit,
+            ],
+        )
     }
 
     fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<MessageRecord>, StoreError> {
@@ -1471,6 +1483,31 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A short-id lookup scans the ids' index, never the table with its bodies: with a
+    /// million messages that would hold the store thread (and every commit behind it) for
+    /// seconds.
+    #[test]
+    fn sqlite_find_scans_no_table() {
+        let mut b = SqliteBackend::new();
+        drop(b.open());
+        let conn = Connection::open(b.path()).unwrap();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", find_sql()))
+            .unwrap()
+            .query_map(params!["01M80TF6", "01M80TF7", true, 10], |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let plan = plan.join("\n");
+        let scans: Vec<&str> = plan.lines().filter(|l| l.contains("SCAN")).collect();
+        assert!(
+            !scans.is_empty() && scans.iter().all(|l| l.contains("COVERING INDEX")),
+            "{plan}"
+        );
     }
 
     /// The `streams` table is written only every `STREAMS_FLUSH_EVERY` batches; reopening

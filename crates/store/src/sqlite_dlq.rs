@@ -383,12 +383,18 @@ pub(super) fn find_rejected(
     limit: usize,
 ) -> Result<Vec<DeadLetter>, StoreError> {
     let hi = prefix_upper_bound(prefix).unwrap_or_else(|| "\u{10FFFF}".repeat(2));
+    let short = prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
     let sql = format!(
-        "SELECT {DLQ_COLS} FROM {DLQ_FROM} WHERE d.pos IS NULL AND d.msg_id >= ?1 AND d.msg_id < ?2
-         ORDER BY d.id LIMIT ?3"
+        "SELECT {DLQ_COLS} FROM {DLQ_FROM} WHERE d.id IN (
+             SELECT id FROM dead_letters WHERE pos IS NULL AND msg_id >= ?1 AND msg_id < ?2
+             UNION SELECT id FROM dead_letters WHERE pos IS NULL AND ?3 AND substr(msg_id, -8) = ?1)
+         ORDER BY d.id LIMIT ?4"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params![prefix, hi, to_i64(limit as u64)], dead_letter_row)?;
+    let rows = stmt.query_map(
+        params![prefix, hi, short, to_i64(limit as u64)],
+        dead_letter_row,
+    )?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

@@ -580,6 +580,32 @@ fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
     );
 }
 
+/// Short ids (the last 8 characters) find what the typed line and `history` show, even when
+/// the ids share their first characters (ULIDs of one second, a tmux wrapper's derived ids).
+fn find_by_short_id<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let (a, c) = ("01M80TF6Q3XABCDE12345678XY", "01M80TF6Q3XABCDE87654321ZW");
+    put(&mut s, msg(a, "alice", "bob", &["bob"]), 1);
+    put(&mut s, msg(c, "alice", "bob", &["bob"]), 2);
+    // An id that starts with another's short id.
+    put(&mut s, msg("654321ZW-other", "carol", "bob", &["bob"]), 3);
+    put(&mut s, msg("m-1", "alice", "bob", &["bob"]), 4);
+    let ids = |r: Vec<relay_protocol::query::MessageRecord>| {
+        r.into_iter().map(|m| m.id).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(s.find(relay_protocol::short_id(a), 10).unwrap()), [a]);
+    // The short id of one and the prefix of another: both, in id order.
+    assert_eq!(ids(s.find("654321ZW", 10).unwrap()), [c, "654321ZW-other"]);
+    // Eight characters from the middle of an id match nothing.
+    assert!(s.find("12345678", 10).unwrap().is_empty());
+    // The prefix both ULIDs share is ambiguous, as before.
+    assert_eq!(ids(s.find("01M80TF6", 10).unwrap()), [a, c]);
+    assert_eq!(s.find("01M80TF6", 1).unwrap().len(), 1);
+    // Shorter than a short id: a prefix only, never a tail.
+    assert!(s.find("45678XY", 10).unwrap().is_empty());
+    assert_eq!(ids(s.find("m-1", 10).unwrap()), ["m-1"]);
+}
+
 fn history_filters_and_paging<B: Backend>(mut b: B) {
     let mut s = b.open();
     // pos 1..=20: alternate senders, a broadcast every 5th, topic on every 4th.
@@ -1032,6 +1058,9 @@ fn trace_and_dead_letters<B: Backend>(mut b: B) {
         .collect();
     assert_eq!(rej, vec![T::Rejected, T::DeadLettered]);
     assert_eq!(s.find_rejected("refused", 10).unwrap().len(), 1);
+    // By its short id ("refused-4"'s last 8 characters); a shorter tail finds nothing.
+    assert_eq!(s.find_rejected("efused-4", 10).unwrap().len(), 1);
+    assert!(s.find_rejected("fused-4", 10).unwrap().is_empty());
 
     // The failure and the expiry wait to be told (the refusal was told by its NACK).
     let untold: Vec<String> = s
@@ -1182,6 +1211,7 @@ for_both!(
     set_status,
     expire_with_except,
     find_exact_prefix_ambiguous_none,
+    find_by_short_id,
     history_filters_and_paging,
     history_limits,
     agents_and_subscriptions,

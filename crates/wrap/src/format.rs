@@ -1,10 +1,7 @@
 //! How a delivered message becomes text typed into an agent's terminal.
 
-/// Shortest id prefix shown; `agent-relay read` accepts it (or the whole id when shorter).
-pub const SHORT_ID: usize = 8;
-
 /// The line typed into the recipient's terminal for one message:
-/// `Relay message from Alice [01JB2K7Q]: body` (with ` (thread T)` when there is one).
+/// `Relay message from Alice [5DZ82MJ3]: body` (with ` (thread T)` when there is one).
 ///
 /// The text is one line: control characters from the sender (escape sequences, bells,
 /// carriage returns) are dropped and line breaks become spaces, so nothing a peer sends can
@@ -18,7 +15,7 @@ pub fn injected_text(
     body: &str,
     max_body: usize,
 ) -> String {
-    let short: String = id.chars().take(SHORT_ID).collect();
+    let short = relay_protocol::short_id(id);
     let mut clean = String::with_capacity(body.len().min(max_body + 16));
     let mut count = 0;
     let mut cut = false;
@@ -37,10 +34,10 @@ pub fn injected_text(
     }
     let thread = thread
         .map(|t| {
-            // A thread the relay started is the id of its first message: its short form is
+            // A thread the relay started is the id of its first message: its short id is
             // enough (and `agent-relay read` takes it).
             let t: String = if ulid::Ulid::from_string(t).is_ok() {
-                t.chars().take(SHORT_ID).collect()
+                relay_protocol::short_id(t).to_owned()
             } else {
                 t.chars().filter(|c| !c.is_control()).take(64).collect()
             };
@@ -129,11 +126,22 @@ mod tests {
                 "Can you review auth.ts?",
                 1000
             ),
-            "Relay message from Alice [01JB2K7Q]: Can you review auth.ts?"
+            "Relay message from Alice [K7Q4ZXYZ]: Can you review auth.ts?"
         );
         assert_eq!(
             injected_text("Bob", "m7", Some("t1"), "ok", 1000),
             "Relay message from Bob [m7] (thread t1): ok"
+        );
+        // Two ULIDs of the same second differ only at the end: both ids are shown by it.
+        assert_eq!(
+            injected_text(
+                "Carol",
+                "01M80TF75ZPNAE1B5DZ82MJ3M2",
+                Some("01M80TF6Q3XABCDE12345678XY"),
+                "ok",
+                1000
+            ),
+            "Relay message from Carol [Z82MJ3M2] (thread 345678XY): ok"
         );
     }
 

@@ -423,7 +423,7 @@ impl Core {
                 // wrapper; what it was given is unknown, and typing twice is the worse error.
                 let shown = match pane {
                     Some(p) => {
-                        let short: String = m.id.chars().take(format::SHORT_ID).collect();
+                        let short = relay_protocol::short_id(&m.id);
                         tokio::task::block_in_place(|| p.history())
                             .map(|h| h.contains(&format!("[{short}]")))
                             .unwrap_or(true)
