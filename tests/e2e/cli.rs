@@ -263,6 +263,7 @@ fn another_user_is_refused_even_when_the_socket_is_left_open() {
     // might: the daemon's peer-uid check must still refuse other users.
     std::fs::set_permissions(relay.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&relay.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Our client refuses another user's relay before writing to it...
     let out = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--", BIN, "status", "--socket"])
         .arg(&relay.socket)
@@ -272,7 +273,33 @@ fn another_user_is_refused_even_when_the_socket_is_left_open() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("belongs to another user"), "{err}");
+    assert!(err.contains("run by another user (uid 0)"), "{err}");
+    // ...and the daemon refuses another user's connection itself, at accept: a client that
+    // skipped the check reads an ERROR and the end of the connection.
+    let raw = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+data = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    data += d
+print(data[4:].decode(errors="replace"))
+"#;
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "/usr/bin/python3", "-c", raw])
+        .arg(&relay.socket)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.contains("\"ERROR\"") && answer.contains("belongs to another user"),
+        "{answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         relay
             .log()

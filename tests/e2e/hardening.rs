@@ -16,17 +16,7 @@ use crate::support::{BIN, Relay, ok_stdout};
 /// Runs `up --foreground` with its socket at `socket` and returns its output once it exits;
 /// a daemon that starts instead is killed and the test fails.
 fn up_with_socket(socket: &Path, data: &Path, extra: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(["up", "--foreground"])
-        .args(extra)
-        .env("AGENT_RELAY_SOCKET", socket)
-        .env("AGENT_RELAY_DATA_DIR", data)
-        .env_remove("AGENT_RELAY_STORAGE_PATH")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_up(socket, data, extra);
     let deadline = Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -36,6 +26,21 @@ fn up_with_socket(socket: &Path, data: &Path, extra: &[&str]) -> Output {
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
+}
+
+/// `up --foreground EXTRA` with its socket at `socket` and its data in `data`, output piped.
+fn spawn_up(socket: &Path, data: &Path, extra: &[&str]) -> std::process::Child {
+    Command::new(BIN)
+        .args(["up", "--foreground"])
+        .args(extra)
+        .env("AGENT_RELAY_SOCKET", socket)
+        .env("AGENT_RELAY_DATA_DIR", data)
+        .env_remove("AGENT_RELAY_STORAGE_PATH")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn stderr(out: &Output) -> String {
@@ -98,6 +103,191 @@ fn a_socket_directory_owned_by_another_user_is_refused() {
         "{err}"
     );
     assert!(!dir.join("r.sock").exists());
+}
+
+/// Starts `up --foreground` with its socket at `socket`, waits until it accepts connections,
+/// stops it (SIGTERM) and returns its output; a daemon that refuses to start fails the test.
+fn up_and_stop(socket: &Path, data: &Path) -> Output {
+    let mut child = spawn_up(socket, data, &["--no-dashboard"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the daemon on {socket:?} did not start ({status}): {}",
+                stderr(&out)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon on {socket:?} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    crate::support::signal_pid(child.id() as i32, rustix::process::Signal::Term);
+    child.wait_with_output().unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// The socket may go in a directory that exists (a project, a home, `/tmp`): the daemon uses
+/// it as it is and never changes its mode (it once made a socket's parent 0700 — `/tmp`
+/// included). A directory others can write to without the sticky bit is refused, unchanged.
+#[test]
+fn an_existing_socket_directory_is_used_as_it_is_and_never_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, m) in [
+        ("project", 0o755),
+        ("shared-tmp", 0o1777),
+        ("private", 0o700),
+    ] {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
+        let out = up_and_stop(
+            &dir.join("r.sock"),
+            &tmp.path().join(format!("data-{name}")),
+        );
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_eq!(mode(&dir), m, "{name}: the directory's mode is kept");
+    }
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = up_with_socket(&open.join("r.sock"), &tmp.path().join("data-open"), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("can be written by other users") && err.contains("AGENT_RELAY_SOCKET"),
+        "{err}"
+    );
+    assert_eq!(mode(&open), 0o777, "refused, and left as it was");
+    assert!(!open.join("r.sock").exists());
+    // A missing directory is created private.
+    let fresh = tmp.path().join("new/run");
+    let out = up_and_stop(&fresh.join("r.sock"), &tmp.path().join("data-new"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(mode(&fresh), 0o700);
+}
+
+/// In a shared directory another user can be first at the socket's path. Their process never
+/// gets a byte from a client (which checks who listens before writing), and our daemon
+/// refuses to start there instead of reporting theirs as ours.
+#[test]
+fn another_users_process_on_the_socket_path_gets_nothing() {
+    if !rustix::process::getuid().is_root() {
+        eprintln!("NOTE: not run: needs root to act as another user (CI runs as root)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A /tmp of our own: world-writable, sticky.
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = shared.join("r.sock");
+    let received = shared.join("received");
+    // Their listener, as nobody: it records how many bytes each connection sent.
+    let listener = r#"
+import os, socket, sys
+with open(sys.argv[3], "w") as f:
+    f.write(str(os.getpid()))
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    c.settimeout(1)
+    n = 0
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            n += len(d)
+    except OSError:
+        pass
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{n} bytes" + chr(10))
+    c.close()
+"#;
+    let mut theirs = Command::new("runuser")
+        .args(["-u", "nobody", "--", "/usr/bin/python3", "-c", listener])
+        .arg(&socket)
+        .arg(&received)
+        .arg(shared.join("pid"))
+        .current_dir("/")
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(shared.join("pid"));
+    crate::support::wait_for(Duration::from_secs(20), "their listener is up", || {
+        assert!(
+            theirs.try_wait().unwrap().is_none(),
+            "their listener exited"
+        );
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    crate::support::wait_for(Duration::from_secs(20), "the probe is counted", || {
+        std::fs::read_to_string(&received).is_ok_and(|r| r.lines().count() == 1)
+    });
+    let data = tmp.path().join("data");
+    for args in [
+        &["send", "Bob", "the secret plan"][..],
+        &["status"][..],
+        &["watch"][..],
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("AGENT_RELAY_SOCKET", &socket)
+            .env("AGENT_RELAY_DATA_DIR", &data)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("run by another user (uid 65534)") && err.contains("nothing was sent"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = up_with_socket(&socket, &data, &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("another user's socket (uid 65534)"),
+        "{}",
+        stderr(&out)
+    );
+    // Every connection after the probe: connected, and sent nothing.
+    crate::support::wait_for(
+        Duration::from_secs(20),
+        "every connection is counted",
+        || std::fs::read_to_string(&received).is_ok_and(|r| r.lines().count() >= 4),
+    );
+    let counts = std::fs::read_to_string(&received).unwrap();
+    assert!(
+        counts.lines().all(|n| n == "0 bytes"),
+        "bytes reached their process: {counts}"
+    );
+    drop(guard);
+    let _ = theirs.wait();
+}
+
+/// Kills the process whose pid is in a file (written by the process itself) when dropped,
+/// pass or fail: a process of another user outlives the `runuser` that started it.
+struct KillOnDrop(std::path::PathBuf);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = std::fs::read_to_string(&self.0)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::Kill);
+        }
+    }
 }
 
 #[test]

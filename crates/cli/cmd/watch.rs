@@ -21,7 +21,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::args::WatchArgs;
-use crate::exit::not_running;
 use crate::out::{clean, line, one_line};
 use crate::time::{format_utc, now_ms};
 
@@ -33,12 +32,7 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
     if let Some(t) = &args.topic {
         validate_topic_pattern(t).map_err(|e| anyhow::anyhow!("bad topic pattern {t:?}: {e}"))?;
     }
-    let mut stream = UnixStream::connect(&paths.socket).await.map_err(|_| {
-        not_running(format!(
-            "relay is not running (no daemon at {}) — start it with `agent-relay up`",
-            paths.socket.display()
-        ))
-    })?;
+    let mut stream = relay_client::connect_socket(&paths.socket).await?;
     let hello = Payload::Hello(Hello {
         agent: "watch".into(),
         cli: Some("agent-relay watch".into()),

@@ -12,7 +12,7 @@ mod backoff;
 pub mod paths;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -46,6 +46,18 @@ pub enum ClientError {
         /// The connect error.
         #[source]
         source: std::io::Error,
+    },
+    /// The process listening on the socket is another user's: it would read everything sent
+    /// to it, so nothing is.
+    #[error(
+        "the relay at {socket} is run by another user (uid {uid}), not you; nothing was sent to it. \
+         Set AGENT_RELAY_SOCKET to a path in a directory of yours (or remove that socket if it is yours to remove)"
+    )]
+    ForeignDaemon {
+        /// The socket tried.
+        socket: PathBuf,
+        /// The uid of the process listening on it.
+        uid: u32,
     },
     /// The daemon refused the handshake.
     #[error("the relay refused the connection: {message}")]
@@ -543,17 +555,35 @@ async fn read_env(conn: &mut Conn) -> Result<Option<Envelope>, ClientError> {
     }
 }
 
+/// Connects to the relay's socket and checks, before a byte is written, that the process
+/// listening is this user's: in a shared directory (`/tmp`) another user could have put a
+/// socket of theirs at the path first.
+///
+/// # Errors
+/// [`ClientError::NotRunning`] when nothing listens, [`ClientError::ForeignDaemon`] when
+/// another user does.
+pub async fn connect_socket(socket: &Path) -> Result<UnixStream, ClientError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| ClientError::NotRunning {
+            socket: socket.to_path_buf(),
+            source,
+        })?;
+    let uid = stream.peer_cred()?.uid();
+    if uid != rustix::process::getuid().as_raw() {
+        return Err(ClientError::ForeignDaemon {
+            socket: socket.to_path_buf(),
+            uid,
+        });
+    }
+    Ok(stream)
+}
+
 async fn handshake(
     cfg: &ClientConfig,
     resume_token: Option<String>,
 ) -> Result<(Conn, relay_protocol::Welcome), ClientError> {
-    let stream =
-        UnixStream::connect(&cfg.socket)
-            .await
-            .map_err(|source| ClientError::NotRunning {
-                socket: cfg.socket.clone(),
-                source,
-            })?;
+    let stream = connect_socket(&cfg.socket).await?;
     let mut conn = Conn {
         stream,
         buf: BytesMut::with_capacity(16 * 1024),

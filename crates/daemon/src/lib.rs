@@ -123,12 +123,15 @@ pub enum DaemonError {
     Internal(String),
 }
 
-/// Creates `dir` (and parents) as a private directory: mode 0700, owned by us, not a symlink.
-/// An existing directory that fails these checks is refused rather than used, because someone
-/// else could then replace our socket.
+/// Makes sure the socket's directory `dir` is safe to listen in. A missing one is created
+/// (with its parents) private, mode 0700. An existing one is used as it is, never changed (it
+/// may be `/tmp`, a home or a project directory): it must be a real directory, not a symlink,
+/// owned by us or root, and no other user may replace a file in it — not writable by group or
+/// others, or, like `/tmp`, with the sticky bit set. Anything else is refused, because someone
+/// else could then put their socket in place of ours.
 ///
 /// # Errors
-/// [`DaemonError::Listen`] explaining the problem.
+/// [`DaemonError::Listen`] explaining the problem and what to do.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
     let err = |reason: String| DaemonError::Listen {
         path: dir.to_path_buf(),
@@ -141,14 +144,18 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
                     "exists and is not a plain directory (a symlink?); remove it".into(),
                 ));
             }
-            if meta.uid() != rustix::process::getuid().as_raw() {
+            if meta.uid() != rustix::process::getuid().as_raw() && meta.uid() != 0 {
                 return Err(err(
                     "is owned by another user; set AGENT_RELAY_SOCKET to a path of yours".into(),
                 ));
             }
-            if meta.mode() & 0o077 != 0 {
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                    .map_err(|e| err(format!("cannot make it private: {e}")))?;
+            // Writable by others without the sticky bit: they could rename or remove our
+            // socket and put theirs in its place.
+            if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+                return Err(err(format!(
+                    "can be written by other users (mode {:o}), who could replace the socket;                      make it private (chmod go-w) or set AGENT_RELAY_SOCKET to a path in a                      private directory",
+                    meta.mode() & 0o7777
+                )));
             }
             Ok(())
         }
@@ -161,8 +168,8 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
     }
 }
 
-/// Binds the daemon's socket at `path`: the parent directory is made private (0700) first, a
-/// stale socket left by a crash is removed (a live one is [`DaemonError::AlreadyRunning`]), and
+/// Binds the daemon's socket at `path`: the parent directory is checked first (created private
+/// if missing, see [`ensure_private_dir`]), a stale socket left by a crash is removed (a live one is [`DaemonError::AlreadyRunning`]), and
 /// the socket is set to 0600.
 ///
 /// # Errors
@@ -187,6 +194,13 @@ pub fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
                 return Err(listen_err(
                     "a file that is not a socket is in the way; remove it".into(),
                 ));
+            }
+            if meta.uid() != rustix::process::getuid().as_raw() {
+                return Err(listen_err(format!(
+                    "another user's socket (uid {}) is at this path; set AGENT_RELAY_SOCKET to a \
+                     path in a directory of yours",
+                    meta.uid()
+                )));
             }
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(DaemonError::AlreadyRunning(path.to_path_buf()));

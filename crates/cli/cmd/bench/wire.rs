@@ -89,7 +89,7 @@ async fn connect(
     role: &str,
     max_inflight: u32,
 ) -> anyhow::Result<(UnixStream, BytesMut)> {
-    let mut stream = UnixStream::connect(socket)
+    let mut stream = relay_client::connect_socket(socket)
         .await
         .with_context(|| format!("cannot connect to {}", socket.display()))?;
     let hello = serde_json::json!({
