@@ -162,6 +162,20 @@ fn a_working_agent_has_taken_the_prompt_even_if_a_prompt_row_shows_it() {
         0,
     );
     assert!(codex.submitted(&s, typed));
+    // Submitted before the session was configured (seen in a slow start of 0.169.0): no input
+    // box under it yet, only Codex saying it will run it once started.
+    let s = ScreenText::from_text(
+        &format!(
+            "  >_ OpenAI Codex (v0.169.0)\n\n› {typed}\n\n  Waiting for startup  · esc cancel\n"
+        ),
+        4,
+        0,
+    );
+    assert!(codex.submitted(&s, typed));
+    assert!(
+        codex.ready(&s).is_err(),
+        "and nothing more is typed meanwhile"
+    );
     // Not working and still in the box: not submitted.
     let s = ScreenText::from_text(&format!("\n› {typed}\n\n  ? for shortcuts\n"), 1, 10);
     assert!(!codex.submitted(&s, typed));
