@@ -40,7 +40,8 @@ pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
     let dir = relay.dir.path();
     let script = dir.join(format!("{server}.sh"));
     let body = format!(
-        "#!/bin/sh\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}' AGENT_RELAY_BACKEND=pty\n{}\nsleep 60\n",
+        // A person's usual terminal, whatever the machine running the tests sets: colour on.
+        "#!/bin/sh\nunset NO_COLOR\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}' AGENT_RELAY_BACKEND=pty\n{}\nsleep 60\n",
         relay.data_dir().display(),
         relay.socket.display(),
         commands.replace("{bin}", &format!("'{BIN}'")),
@@ -105,6 +106,37 @@ pub(crate) fn output_of(mut child: Child) -> (i32, String) {
         std::thread::sleep(Duration::from_millis(20));
     };
     (status.code().unwrap_or(-1), reader.join().unwrap())
+}
+
+/// `NO_COLOR` is the person's to set, and passed on; where it hides what the parser relies
+/// on (Claude Code's code blocks), the wrapper says so at start.
+#[test]
+fn no_color_with_the_claude_parser_is_warned_about_and_passed_on() {
+    let relay = Relay::start();
+    let run = |profile: &str| {
+        relay
+            .command()
+            .current_dir(relay.dir.path())
+            .env("NO_COLOR", "1")
+            .args(["wrap", "--no-input", "-n", "Nc", "--profile", profile, "--"])
+            .args(["sh", "-c", "echo \"NO_COLOR=[$NO_COLOR]\""])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run("claude");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("NO_COLOR=[1]"), "{stdout}");
+    assert!(
+        stderr.contains("warning: NO_COLOR is set") && stderr.contains("code block"),
+        "{stderr}"
+    );
+    let out = run("codex");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("NO_COLOR"));
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         &profile_name,
         relay_wrap::profile::override_dir().as_deref(),
     )?;
+    if let Some(w) = relay_wrap::colour_warning(&profile.parse, |k| std::env::var(k).ok()) {
+        eprintln!("agent-relay: warning: {w}");
+    }
     let interactive_terminal = std::io::stdin().is_terminal();
     let backend = args.backend.unwrap_or_else(|| {
         if interactive_terminal && tmux_installed() {

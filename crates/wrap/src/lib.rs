@@ -39,6 +39,23 @@ use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
 /// (a code block then looks like prose, and a directive shown in one like a real one).
 pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
 
+/// A warning for the person when the agent will draw without colour although its parser
+/// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
+/// them from prose. `NO_COLOR` is the person's choice, so it is passed on, not removed.
+/// `var` reads the environment (injectable for tests).
+pub fn colour_warning(
+    parse: &relay_parse::Profile,
+    var: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let no_color = var("NO_COLOR").is_some_and(|v| !v.is_empty());
+    (parse.name() == "claude" && no_color).then(|| {
+        "NO_COLOR is set, so Claude Code draws without colour and the relay cannot tell its \
+         code blocks from prose: a @relay: line shown inside a code block will be sent. Unset \
+         NO_COLOR for this agent to avoid that."
+            .to_owned()
+    })
+}
+
 /// Wrapper failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -774,4 +791,26 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     core.finish().await;
     tmux::kill(&session);
     Ok(code.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod colour_tests {
+    use super::colour_warning;
+    use relay_parse::Profile;
+
+    #[test]
+    fn no_color_warns_only_where_colour_tells_code_from_prose() {
+        let claude = Profile::by_name("claude").expect("the claude parser");
+        let codex = Profile::by_name("codex").expect("the codex parser");
+        let set = |v: &str| {
+            let v = v.to_owned();
+            move |k: &str| (k == "NO_COLOR").then(|| v.clone())
+        };
+        let warning = colour_warning(&claude, set("1")).expect("a warning");
+        assert!(warning.contains("NO_COLOR") && warning.contains("code block"));
+        // An empty NO_COLOR is unset (no-color.org); other parsers do not use colour for this.
+        assert_eq!(colour_warning(&claude, set("")), None);
+        assert_eq!(colour_warning(&claude, |_: &str| None), None);
+        assert_eq!(colour_warning(&codex, set("1")), None);
+    }
 }
