@@ -173,7 +173,10 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .env_remove("TMUX")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            // Kept for the error message when an agent never connects.
+            .stderr(std::fs::File::create(
+                dir.path().join(format!("{name}.stderr")),
+            )?);
         if backend == Backend::Tmux {
             let status = cmd.status()?;
             anyhow::ensure!(status.success(), "cannot start {name} in tmux");
@@ -190,9 +193,18 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     cleanup.children.extend(wrap("BenchB", &recv)?);
     // The sender starts once the recipient is connected (a directive to an unknown name is
     // refused).
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !agent_online(&exe, &socket, "BenchB") {
-        anyhow::ensure!(Instant::now() < deadline, "the recipient did not connect");
+        if Instant::now() > deadline {
+            let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+            anyhow::bail!(
+                "the recipient (BenchB, {} backend) did not connect within 60 s.\n\
+                 its wrapper's stderr:\n{}\nits relaying log:\n{}",
+                backend.as_str(),
+                read(dir.path().join("BenchB.stderr")),
+                read(dir.path().join("data/team/BenchB/wrap.log")),
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let send = vec![
