@@ -180,3 +180,31 @@ fn a_working_agent_has_taken_the_prompt_even_if_a_prompt_row_shows_it() {
     let s = ScreenText::from_text(&format!("\n› {typed}\n\n  ? for shortcuts\n"), 1, 10);
     assert!(!codex.submitted(&s, typed));
 }
+
+/// Gemini CLI 0.61.0 recorded with a reply the stand-in held back 4 s
+/// (`gemini-busy.script.json`, `gemini-busy.standin.json`): idle, a pasted message not yet
+/// submitted, thinking, then a person's half-typed line.
+#[test]
+fn gemini_idle_typed_busy_and_a_persons_line() {
+    let gemini = Profile::builtin("gemini").unwrap();
+    // The input box " >   Type your message or @path/to/file": a placeholder, empty.
+    assert_eq!(gemini.ready(&screen_at("gemini-busy", 3800, 30)), Ok(()));
+    let typed = screen_at("gemini-busy", 5000, 30);
+    assert_eq!(
+        gemini.ready(&typed),
+        Err(NotReady::InputNotEmpty("a slow question".into()))
+    );
+    assert!(!gemini.submitted(&typed, "a slow question"));
+    // " ⠇ Thinking... (esc to cancel, 0s)", the prompt above it in the transcript.
+    let busy = screen_at("gemini-busy", 20000, 30);
+    assert_eq!(
+        gemini.ready(&busy),
+        Err(NotReady::Busy("esc to cancel".into()))
+    );
+    assert!(gemini.submitted(&busy, "a slow question"));
+    // Answered, and a person typing: the last " > " row is the input box, not the transcript.
+    assert_eq!(
+        gemini.ready(&screen_at("gemini-busy", usize::MAX, 30)),
+        Err(NotReady::InputNotEmpty("half typed".into()))
+    );
+}
