@@ -859,3 +859,37 @@ fn claude_relay_latency_in_parts() {
         );
     }
 }
+
+/// Claude Code's detailed transcript (Ctrl+O) redraws the whole conversation, thinking
+/// expanded; toggled on and off by a person, it must not send anything again.
+#[test]
+fn claude_code_transcript_view_sends_nothing_again() {
+    let relay = Relay::start();
+    let alice = Agent::claude(
+        &relay,
+        "Alice",
+        Script::new(vec![Rule::contains(
+            "Split the work",
+            "I will split the work.\n\n@relay:Bob please review auth.ts\n\n@relay:Carol please check the tests\n\nDone.",
+        )
+        .thinking("Who should do what?\n\n@relay:Carol this thought is not a message\n\nBob, then Carol.")]),
+    );
+    let bob = Agent::claude(&relay, "Bob", Script::default());
+    let carol = Agent::claude(&relay, "Carol", Script::default());
+    alice.wait_ready();
+    bob.wait_ready();
+    carol.wait_ready();
+    alice.person_types("Split the work");
+    bob.wait_prompts(1);
+    carol.wait_prompts(1);
+    alice.wait_replies_done();
+    assert_eq!(history(&relay).len(), 2);
+    for _ in 0..2 {
+        alice.tmux(&["send-keys", "C-o"]);
+        std::thread::sleep(Duration::from_secs(3));
+        alice.tmux(&["send-keys", "C-o"]);
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let h = history(&relay);
+    assert_eq!(h.len(), 2, "{h:#?}\n{}", alice.pane());
+}

@@ -32,8 +32,9 @@ pub(crate) const DEFAULT_ROWS: usize = 100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cell {
     pub(crate) ch: char,
-    /// Printed with an explicit foreground colour. Claude Code shows prose in the default
-    /// colour and code (syntax-highlighted blocks, inline code) in colours.
+    /// Printed with an explicit foreground colour, or faint. Claude Code shows prose in the
+    /// default colour and code (syntax-highlighted blocks, inline code) in colours; its
+    /// detailed transcript (Ctrl+O) shows thinking faint.
     pub(crate) code: bool,
 }
 
@@ -114,6 +115,8 @@ pub(crate) struct Screen {
     cur_col: usize,
     saved: (usize, usize),
     code_fg: bool,
+    /// SGR 2 (faint) is on.
+    faint: bool,
     /// The main screen while the alternate screen is shown.
     saved_main: Option<(VecDeque<Row>, u64, usize, usize)>,
     /// What happened, in order: committed rows and repaints.
@@ -135,6 +138,7 @@ impl Screen {
             cur_col: 0,
             saved: (0, 0),
             code_fg: false,
+            faint: false,
             saved_main: None,
             out: Vec::new(),
             ground: true,
@@ -365,10 +369,17 @@ impl Screen {
         let mut it = groups.peekable();
         if it.peek().is_none() {
             self.code_fg = false;
+            self.faint = false;
         }
         while let Some(p) = it.next() {
             match p.first().copied().unwrap_or(0) {
-                0 | 39 => self.code_fg = false,
+                0 => {
+                    self.code_fg = false;
+                    self.faint = false;
+                }
+                39 => self.code_fg = false,
+                2 => self.faint = true,
+                22 => self.faint = false,
                 30..=37 | 90..=97 => self.code_fg = true,
                 38 => {
                     if p.len() > 1 {
@@ -566,7 +577,7 @@ impl Screen {
     /// Prints a run of text exactly as vte would call [`vte::Perform::print`] for each of its
     /// characters, without the per-byte state machine.
     pub(crate) fn print_str(&mut self, text: &str) {
-        let code = self.code_fg;
+        let code = self.code_fg || self.faint;
         let mut col = self.cur_col;
         if col >= MAX_COLS || text.is_empty() {
             return; // as `print` does: nothing is written, not even an empty row
@@ -648,7 +659,7 @@ impl vte::Perform for Screen {
         }
         let cell = Cell {
             ch,
-            code: self.code_fg,
+            code: self.code_fg || self.faint,
         };
         let row = self.row_mut();
         if col < row.cells.len() {
@@ -731,6 +742,7 @@ impl vte::Perform for Screen {
             }
             b'c' => {
                 self.code_fg = false;
+                self.faint = false;
                 self.clear_all();
             }
             _ => {}
@@ -806,6 +818,22 @@ mod tests {
         assert_eq!(
             lines(&s.out)[0].code,
             [false, true, false, true, false, false]
+        );
+    }
+
+    /// Claude Code's detailed transcript (Ctrl+O) draws thinking faint in the default colour
+    /// (`\x1b[2m...\x1b[22m`): not prose either.
+    #[test]
+    fn faint_text_counts_as_not_prose() {
+        let mut s = Screen::new(10);
+        let mut p = vte::Parser::new();
+        for b in b"a\x1b[2mb\x1b[22mc\x1b[2md\x1b[0me\x1b[2;33mf\x1b[39mg\x1b[mh\n" {
+            p.advance(&mut s, *b);
+        }
+        s.commit_all();
+        assert_eq!(
+            lines(&s.out)[0].code,
+            [false, true, false, true, false, true, true, false]
         );
     }
 

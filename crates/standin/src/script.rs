@@ -170,7 +170,8 @@ impl Script {
     }
 
     /// Reads a script from JSON: `{"default": "...", "rules": [{"match": "text",
-    /// "regex": false, "reply": "...", "delay_ms": 0, "name": "..."}]}` (for the binary).
+    /// "regex": false, "reply": "...", "delay_ms": 0, "name": "...", "thinking": "..."}]}`
+    /// (for the binary).
     ///
     /// # Errors
     /// [`StandInError::Script`] for malformed JSON, [`StandInError::Regex`] for a bad pattern.
@@ -185,6 +186,7 @@ impl Script {
             #[serde(default)]
             delay_ms: u64,
             name: Option<String>,
+            thinking: Option<String>,
         }
         #[derive(Deserialize)]
         struct Spec {
@@ -208,6 +210,7 @@ impl Script {
             if let Some(n) = r.name {
                 rule.name = n;
             }
+            rule.thinking = r.thinking;
             script.rules.push(rule);
         }
         Ok(script)
@@ -240,10 +243,12 @@ mod tests {
         let s = Script::from_json(
             r#"{"default": "fine", "rules": [
                 {"match": "a+b", "regex": true, "reply": "R", "delay_ms": 5, "name": "ab"},
-                {"match": "a+b", "reply": "literal"}]}"#,
+                {"match": "a+b", "reply": "literal", "thinking": "hmm"}]}"#,
         )
         .unwrap();
         assert_eq!(s.default, "fine");
+        assert_eq!(s.choose("x a+b").thinking.as_deref(), Some("hmm"));
+        assert_eq!(s.choose("aaab").thinking, None);
         let c = s.choose("aaab");
         assert_eq!(
             (c.rule.as_deref(), c.delay),
