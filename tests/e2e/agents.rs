@@ -337,16 +337,11 @@ fn history(relay: &Relay) -> Vec<(String, String, String, String, String)> {
 /// with ` (thread T)` before the colon for an answer (its thread is the id of the message it
 /// answers); ids shown as their last 8 characters (`relay_protocol::short_id`).
 fn relayed(from: &str, id: &str, thread: &str, body: &str) -> String {
-    let tail = |id: &str| {
-        id.chars()
-            .skip(id.chars().count().saturating_sub(8))
-            .collect::<String>()
-    };
-    let short = tail(id);
+    let short = relay_protocol::short_id(id);
     if thread.is_empty() {
         format!("Relay message from {from} [{short}]: {body}")
     } else {
-        let t = tail(thread);
+        let t = relay_protocol::short_id(thread);
         format!("Relay message from {from} [{short}] (thread {t}): {body}")
     }
 }

@@ -43,6 +43,13 @@ pub fn short_id(id: &str) -> &str {
     }
 }
 
+/// Whether the query `q` has the length of a [`short_id`] (so a lookup by id also tries the
+/// ids' ends).
+#[must_use]
+pub fn is_short_id_len(q: &str) -> bool {
+    q.chars().count() == SHORT_ID_LEN
+}
+
 #[cfg(test)]
 mod tests {
     use super::short_id;

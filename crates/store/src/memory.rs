@@ -463,7 +463,7 @@ impl Store for MemoryStore {
                 .take(limit)
                 .map(|((id, from), &pos)| ((id.as_str(), from.as_str()), pos))
                 .collect();
-            if id_or_prefix.chars().count() == relay_protocol::SHORT_ID_LEN {
+            if relay_protocol::is_short_id_len(id_or_prefix) {
                 // A scan, as in the SQLite store: no index of random keys to keep on append.
                 found.extend(
                     self.by_id

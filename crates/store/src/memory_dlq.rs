@@ -297,7 +297,7 @@ impl MemoryStore {
 
     pub(super) fn rejected_matching(&self, prefix: &str, limit: usize) -> Vec<DeadLetter> {
         let hi = prefix_upper_bound(prefix);
-        let short = prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
+        let short = relay_protocol::is_short_id_len(prefix);
         self.journal
             .dlq
             .iter()

@@ -1279,7 +1279,7 @@ impl Store for SqliteStore {
         }
         // Prefix matches, and short-id matches for a query of that length, in id order.
         let hi = prefix_upper_bound(id_or_prefix).unwrap_or_else(|| "\u{10FFFF}".repeat(2));
-        let short = id_or_prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
+        let short = relay_protocol::is_short_id_len(id_or_prefix);
         self.records(
             &find_sql(),
             &[

@@ -383,7 +383,7 @@ pub(super) fn find_rejected(
     limit: usize,
 ) -> Result<Vec<DeadLetter>, StoreError> {
     let hi = prefix_upper_bound(prefix).unwrap_or_else(|| "\u{10FFFF}".repeat(2));
-    let short = prefix.chars().count() == relay_protocol::SHORT_ID_LEN;
+    let short = relay_protocol::is_short_id_len(prefix);
     let sql = format!(
         "SELECT {DLQ_COLS} FROM {DLQ_FROM} WHERE d.id IN (
              SELECT id FROM dead_letters WHERE pos IS NULL AND msg_id >= ?1 AND msg_id < ?2
