@@ -758,6 +758,34 @@ fn codex_converses_with_claude_code() {
     converses_with_claude_code(Cli::Codex, "Cody");
 }
 
+/// A message for Codex that arrives while it is still starting (its input box is drawn half a
+/// second in, its session configured seconds later) is typed once Codex can run it, and runs
+/// once. Typed too early, it was left waiting under "Waiting for startup", and in CI was never
+/// run at all and came back as a dead letter.
+#[test]
+fn codex_gets_a_message_sent_while_it_starts() {
+    let relay = Relay::start();
+    let body = "Cody, are you there?";
+    let cody = Agent::start(
+        &relay,
+        Cli::Codex,
+        "Cody",
+        Script::new(vec![Rule::contains("are you there", "Yes, here.")]),
+    );
+    wait_online(&relay, "Cody");
+    let out = relay.cli(&["send", "Cody", body, "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    let id = v["id"].as_str().unwrap().to_owned();
+    wait_for(LONG, "the delivery is reported verified", || {
+        delivery_status(&relay, &id) == "verified"
+    });
+    let prompts = cody.wait_prompts(1);
+    assert_eq!(prompts, [relayed("human", &id, "", body)]);
+    cody.wait_replies_done();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(cody.prompts().len(), 1, "asked once");
+}
+
 #[test]
 fn gemini_converses_with_claude_code() {
     converses_with_claude_code(Cli::Gemini, "Gemma");

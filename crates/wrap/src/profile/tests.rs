@@ -208,3 +208,24 @@ fn gemini_idle_typed_busy_and_a_persons_line() {
         Err(NotReady::InputNotEmpty("half typed".into()))
     );
 }
+
+/// Codex 0.169.0 draws its input box and `? for shortcuts` about half a second after it starts,
+/// but takes its session's configuration seconds later (longer on a slow machine): a prompt
+/// submitted before then waits under "Waiting for startup" and, in CI, was never run. Until
+/// then its logo (rows of braille art) is on screen; once configured the logo is gone and the
+/// footer names the model.
+#[test]
+fn codex_still_starting_shows_its_logo_and_is_not_ready() {
+    let codex = Profile::builtin("codex").unwrap();
+    for starting in [3600, 5000] {
+        match codex.ready(&screen_at("codex-session", starting, 30)) {
+            Err(NotReady::Busy(row)) => assert!(
+                row.chars()
+                    .all(|c| c == ' ' || ('\u{2800}'..='\u{28ff}').contains(&c)),
+                "{row:?}"
+            ),
+            other => panic!("at {starting}: {other:?}"),
+        }
+    }
+    assert_eq!(codex.ready(&screen_at("codex-session", 5640, 30)), Ok(()));
+}
