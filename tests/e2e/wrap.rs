@@ -292,60 +292,67 @@ fn keystrokes_pass_through_and_the_terminal_is_restored() {
     tmux(&["kill-server"]);
 }
 
-/// Stopping the wrapper with SIGTERM stops the agent and gives the terminal back as it was.
+/// Stopping the wrapper with a signal (SIGTERM, or SIGINT or SIGQUIT sent from outside: in raw
+/// mode the keyboard's Ctrl-C goes to the agent as a byte) stops the agent and gives the
+/// terminal back as it was.
 #[test]
 fn a_signal_to_the_wrapper_restores_the_terminal() {
+    use rustix::process::Signal;
     let relay = Relay::start();
     let dir = relay.dir.path();
-    let stty = dir.join("stty-term.txt");
-    person_terminal(
-        &relay,
-        "relaysig",
-        &format!(
-            "{{bin}} -n Eve sleep 59\n\
-             echo \"wrapper exit $?\"\n\
-             stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'",
-            stty = stty.display(),
-        ),
-    );
-    let tmux = |args: &[&str]| tmux_in(dir, "relaysig", args);
-    wait_online(&relay, "Eve");
-    let agent_running = || {
-        let out = std::process::Command::new("pgrep")
-            .args(["-f", "^sleep 59$"])
+    for (signal, secs) in [(Signal::Term, 59), (Signal::Int, 58), (Signal::Quit, 57)] {
+        let name = format!("Eve{secs}");
+        let server = format!("relaysig{secs}");
+        let stty = dir.join(format!("stty-{secs}.txt"));
+        person_terminal(
+            &relay,
+            &server,
+            &format!(
+                "{{bin}} -n {name} sleep {secs}\n\
+                 echo \"wrapper exit $?\"\n\
+                 stty -a > '{stty}.tmp' && mv '{stty}.tmp' '{stty}'",
+                stty = stty.display(),
+            ),
+        );
+        wait_online(&relay, &name);
+        let agent = format!("^sleep {secs}$");
+        let agent_running = || {
+            let out = std::process::Command::new("pgrep")
+                .args(["-f", &agent])
+                .output()
+                .unwrap();
+            !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+        };
+        wait_for(Duration::from_secs(20), "the agent runs", agent_running);
+        let pids = std::process::Command::new("pgrep")
+            .args(["-f", "--", &format!("-n {name} sleep {secs}")])
             .output()
             .unwrap();
-        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
-    };
-    wait_for(Duration::from_secs(20), "the agent runs", agent_running);
-    let pids = std::process::Command::new("pgrep")
-        .args(["-f", "--", "-n Eve sleep 59"])
-        .output()
-        .unwrap();
-    let pid: i32 = String::from_utf8_lossy(&pids.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    crate::support::signal_pid(pid, rustix::process::Signal::Term);
-    wait_for(Duration::from_secs(20), "the wrapper exits", || {
-        stty.exists()
-    });
-    let modes = std::fs::read_to_string(&stty).unwrap();
-    let words: Vec<&str> = modes.split_whitespace().collect();
-    for mode in ["icanon", "echo", "isig", "icrnl"] {
-        assert!(
-            words.contains(&mode),
-            "terminal not restored: {mode} is off\n{modes}"
-        );
+        let pid: i32 = String::from_utf8_lossy(&pids.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        crate::support::signal_pid(pid, signal);
+        wait_for(Duration::from_secs(20), "the wrapper exits", || {
+            stty.exists()
+        });
+        let modes = std::fs::read_to_string(&stty).unwrap();
+        let words: Vec<&str> = modes.split_whitespace().collect();
+        for mode in ["icanon", "echo", "isig", "icrnl"] {
+            assert!(
+                words.contains(&mode),
+                "{signal:?}: terminal not restored: {mode} is off\n{modes}"
+            );
+        }
+        // The agent went with it.
+        wait_for(Duration::from_secs(10), "the agent is gone", || {
+            !agent_running()
+        });
+        tmux_in(dir, &server, &["kill-server"]);
     }
-    // The agent went with it.
-    wait_for(Duration::from_secs(10), "the agent is gone", || {
-        !agent_running()
-    });
-    tmux(&["kill-server"]);
 }
 
 #[test]

@@ -644,9 +644,13 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let signal_of = |kind| signal(kind).map_err(|e| WrapError::Terminal(e.to_string()));
     let mut winch = signal_of(SignalKind::window_change())?;
     // Stopping the wrapper stops the agent and, through `RawMode`'s drop, gives the person
-    // their terminal back as it was.
+    // their terminal back as it was. In raw mode the keyboard sends no SIGINT or SIGQUIT (its
+    // Ctrl-C and Ctrl-\ go to the agent as bytes), so those come from outside, like SIGTERM:
+    // left to their default action they would end the wrapper with the terminal still raw.
     let mut term = signal_of(SignalKind::terminate())?;
     let mut hup = signal_of(SignalKind::hangup())?;
+    let mut int = signal_of(SignalKind::interrupt())?;
+    let mut quit = signal_of(SignalKind::quit())?;
     let mut stopped = false;
     let mut paste = format::PasteMode::default();
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
@@ -686,6 +690,8 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             _ = term.recv() => { stopped = true; break; }
             _ = hup.recv() => { stopped = true; break; }
+            _ = int.recv() => { stopped = true; break; }
+            _ = quit.recv() => { stopped = true; break; }
             _ = winch.recv() => {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
