@@ -3,17 +3,20 @@
 // agents and talks to this script over stdin/stdout, one line per step:
 //   script -> test: READY            (page shows both agents)
 //   test -> script: SENT <id>        (a new message was sent and acknowledged)
+//   script -> test: RETRIED <id>     (dead letter <id> was put back with its Retry button)
+//   test -> script: REDELIVERED      (the recipient got it again)
 //   script -> test: OK               (every check passed)
 // Usage: node dashboard.mjs <dashboard url> <old message id> <old message text> <screenshot.png>
+//                           <id of a message whose delivery failed>
 import { chromium } from 'playwright-core';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 
-const [url, oldId, oldText, screenshot] = process.argv.slice(2);
-if (!url || !oldId || !oldText || !screenshot) {
-  console.error('usage: node dashboard.mjs <url> <old id> <old text> <screenshot.png>');
+const [url, oldId, oldText, screenshot, failedId] = process.argv.slice(2);
+if (!url || !oldId || !oldText || !screenshot || !failedId) {
+  console.error('usage: node dashboard.mjs <url> <old id> <old text> <screenshot.png> <failed id>');
   process.exit(2);
 }
 const lines = createInterface({ input: process.stdin });
@@ -62,8 +65,11 @@ try {
   step('open its detail and trace');
   await row.click();
   await page.locator('#detail-card:not([hidden])').waitFor();
-  await page.locator('#trace li[data-event="stored"]').waitFor();
-  await page.locator('#trace li[data-event="acked"]').waitFor();
+  // The stored delivery trace, as `agent-relay trace` tells it, in order.
+  await page.locator('#trace li[data-event="injected"]').waitFor();
+  const stages = await page.locator('#trace li').evaluateAll((lis) => lis.map((li) => li.dataset.event));
+  check(JSON.stringify(stages) === JSON.stringify(['accepted', 'queued', 'delivered', 'injected']),
+    `trace stages in order: ${stages}`);
   const traceText = await page.locator('#trace').textContent();
   check(traceText.includes('Bob'), `trace names the recipient: ${traceText}`);
 
@@ -74,9 +80,24 @@ try {
   const found = await page.locator('#results li').count();
   check(found === 1, `search finds exactly the old message, found ${found}`);
 
-  step('screenshot');
+  step('screenshot (a dead letter listed, the trace open)');
+  await page.locator(`#dead li[data-id="${failedId}"]`).waitFor();
   await page.locator('#stats-card #figures dd').first().waitFor();
   await page.screenshot({ path: screenshot, fullPage: true });
+
+  step('a dead letter, put back with its Retry button');
+  const dead = page.locator(`#dead li[data-id="${failedId}"]`);
+  await dead.waitFor();
+  check(await dead.getAttribute('data-code') === 'failed', 'dead letter code is failed');
+  const reason = await dead.locator('.reason').textContent();
+  check(reason.includes('could not hand'), `dead letter says why: ${reason}`);
+  await dead.locator('button.retry').click();
+  await page.locator(`#dead li[data-id="${failedId}"][data-retried="true"]`).waitFor();
+  console.log(`RETRIED ${failedId}`);
+  const back = await nextLine();
+  check(back === 'REDELIVERED', `the recipient got it again: ${back}`);
+  // Once retried it leaves the queue (the list shows those not yet retried).
+  await dead.waitFor({ state: 'detached' });
 
   step('narrow window, dark scheme');
   await page.setViewportSize({ width: 380, height: 800 });

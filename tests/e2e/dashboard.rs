@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{Raw, Relay, api, dashboard, http_get, ok_stdout, wait_for};
+use crate::support::{Raw, Relay, api, dashboard, http, http_get, ok_stdout, wait_for};
 
 /// Alice sends `body` to Bob, Bob acknowledges it; returns the message id.
 fn converse(alice: &mut Raw, bob: &mut Raw, body: &str) -> String {
@@ -115,17 +115,24 @@ fn dashboard_api_serves_agents_history_detail_and_metrics() {
     let none = api(port, &token, "/api/messages?from=Bob");
     assert_eq!(none["messages"], json!([]));
 
+    // The stored delivery trace, as `agent-relay trace` tells it.
     wait_for(Duration::from_secs(20), "the trace shows the ack", || {
         let detail = api(port, &token, &format!("/api/messages/{}", ids[0]));
         detail["trace"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|s| s["event"] == "acked" && s["recipient"] == "Bob")
+            .any(|s| s["state"] == "injected" && s["recipient"] == "Bob")
     });
     let detail = api(port, &token, &format!("/api/messages/{}", ids[0]));
     assert_eq!(detail["message"]["body"], "note 0 about parsing");
-    assert_eq!(detail["trace"][0]["event"], "stored");
+    let states: Vec<&str> = detail["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["accepted", "queued", "delivered", "injected"]);
     let (status, body) = http_get(
         port,
         &format!("/api/messages/nosuchmessage?token={token}"),
@@ -140,8 +147,25 @@ fn dashboard_api_serves_agents_history_detail_and_metrics() {
     assert_eq!(stats["totals"]["accepted"], 3);
     assert_eq!(stats["totals"]["delivered"], 3);
     let dead = api(port, &token, "/api/dead");
-    assert_eq!(dead["dead"], json!([]));
-    assert_eq!(dead["scanned"], 3);
+    assert_eq!(dead["dead_letters"], json!([]));
+    // Putting a dead letter back is an operator action: the token is needed, and the number
+    // must exist.
+    let (status, _) = http(port, "POST", "/api/dead/1/retry", &[]);
+    assert_eq!(status, 401);
+    let (status, body) = http(
+        port,
+        "POST",
+        &format!("/api/dead/1/retry?token={token}"),
+        &[],
+    );
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = http(
+        port,
+        "GET",
+        &format!("/api/dead/1/retry?token={token}"),
+        &[],
+    );
+    assert_eq!(status, 405, "a GET changes nothing");
 
     let (_, metrics) = http_get(port, &format!("/metrics?token={token}"), &[]);
     assert!(
@@ -265,6 +289,19 @@ fn dashboard_page_in_chromium() {
             old = id;
         }
     }
+    // A delivery Bob reports he could not hand over: a dead letter, and Alice is told.
+    let failed = alice.send("Bob", "the nightly report, which Bob could not show");
+    alice.expect("ACK");
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["id"], failed.as_str());
+    bob.send_env(
+        "ACK",
+        json!({}),
+        json!({"ack_id": failed, "seq": d["delivery"]["seq"], "state": "failed"}),
+    );
+    let notice = alice.expect("DELIVER");
+    assert_eq!(notice["from"], "relay");
+    alice.ack(&notice);
     let shot = std::env::var("AGENT_RELAY_SCREENSHOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| relay.dir.path().join("dashboard.png"));
@@ -272,6 +309,7 @@ fn dashboard_page_in_chromium() {
         .arg(dir.join("dashboard.mjs"))
         .args([url.trim(), &old, "needle-7f3"])
         .arg(&shot)
+        .arg(&failed)
         .current_dir(&dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -297,6 +335,12 @@ fn dashboard_page_in_chromium() {
         "a live one: does the page update by itself?",
     );
     writeln!(node.stdin.as_mut().unwrap(), "SENT {id}").unwrap();
+    // The page's Retry button puts the dead letter back: Bob gets the message again.
+    assert_eq!(next("RETRIED"), format!("RETRIED {failed}"));
+    let again = bob.expect("DELIVER");
+    assert_eq!(again["id"], failed.as_str());
+    bob.ack(&again);
+    writeln!(node.stdin.as_mut().unwrap(), "REDELIVERED").unwrap();
     let last = next("OK");
     let status = node.wait().unwrap();
     assert!(status.success(), "browser checks failed ({status})");

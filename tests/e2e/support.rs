@@ -322,10 +322,17 @@ pub fn dashboard(relay: &Relay) -> (u16, String) {
 
 /// A plain HTTP/1.1 GET to the dashboard on 127.0.0.1: (status, body).
 pub fn http_get(port: u16, target: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    http(port, "GET", target, headers)
+}
+
+/// An HTTP/1.1 request with no body; (status, body).
+pub fn http(port: u16, method: &str, target: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut req =
-        format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    let mut req = format!(
+        "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
+         Content-Length: 0\r\n"
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

@@ -281,8 +281,8 @@ fn watch_and_dashboard_report_expired_deliveries() {
 
     let (port, token) = crate::support::dashboard(&relay);
     let dead = crate::support::api(port, &token, "/api/dead");
-    assert_eq!(dead["dead"][0]["id"], id.as_str(), "{dead}");
-    assert_eq!(dead["dead"][0]["deliveries"][0]["status"], "expired");
+    assert_eq!(dead["dead_letters"][0]["msg_id"], id.as_str(), "{dead}");
+    assert_eq!(dead["dead_letters"][0]["code"], "expired");
     let stats = crate::support::api(port, &token, "/api/stats");
     assert_eq!(stats["totals"]["expired"], 1);
 }

@@ -178,8 +178,9 @@ impl Handle {
         &self.feed.counters
     }
 
-    /// Asks a read-only question (`status`, `agents`, `read`, `history`; `watch` is
-    /// [`Handle::subscribe`]).
+    /// Asks what a `QUERY` asks (`status`, `agents`, `read`, `history`, `trace`, `dlq_list`,
+    /// ...; `watch` is [`Handle::subscribe`]), the operator actions `dlq_retry` and
+    /// `dlq_purge` included: those are done, through the store, before the answer comes.
     ///
     /// # Errors
     /// [`Stopped`] when the daemon is shutting down.

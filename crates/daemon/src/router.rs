@@ -174,8 +174,13 @@ pub(crate) enum WriteCtx {
     None,
     /// The result may name dead letters whose senders must be told.
     Notify,
-    /// An operator action (`dlq retry`, `dlq purge`) answered with a RESULT.
-    Admin { conn_id: u64, env_id: String },
+    /// An operator action (`dlq retry`, `dlq purge`) answered with a RESULT, or through
+    /// `reply` when asked in process (the dashboard's retry button).
+    Admin {
+        conn_id: u64,
+        env_id: String,
+        reply: Option<oneshot::Sender<Answer>>,
+    },
     /// A SEND: acknowledge to the sender and deliver to the recipients.
     Send {
         conn_id: u64,
@@ -183,6 +188,15 @@ pub(crate) enum WriteCtx {
         recipients: Vec<String>,
         raw: Option<Raw>,
     },
+}
+
+/// The store write an operator action (`dlq retry`, `dlq purge`) makes; `None` for a read.
+fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
+    match req {
+        QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
+        QueryRequest::DlqPurge => Some(WriteOp::Purge),
+        _ => None,
+    }
 }
 
 /// Who a SEND is routed for.
@@ -604,22 +618,29 @@ impl Router {
                 req: QueryRequest::Watch(filter),
             } => self.watch(conn_id, id, Watch::new(filter)),
             RouterMsg::Query { conn_id, id, req } => {
-                let admin = match &req {
-                    QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
-                    QueryRequest::DlqPurge => Some(WriteOp::Purge),
-                    _ => None,
-                };
-                if let Some(op) = admin {
+                if let Some(op) = admin_op(&req) {
                     let ctx = WriteCtx::Admin {
                         conn_id,
                         env_id: id,
+                        reply: None,
                     };
                     self.to_store(StoreCmd::Write(op, ctx)).await;
                     return;
                 }
                 self.query(conn_id, id, req, None).await;
             }
-            RouterMsg::Ask { req, reply } => self.query(0, String::new(), req, Some(reply)).await,
+            RouterMsg::Ask { req, reply } => {
+                if let Some(op) = admin_op(&req) {
+                    let ctx = WriteCtx::Admin {
+                        conn_id: NO_CONN,
+                        env_id: String::new(),
+                        reply: Some(reply),
+                    };
+                    self.to_store(StoreCmd::Write(op, ctx)).await;
+                    return;
+                }
+                self.query(NO_CONN, String::new(), req, Some(reply)).await;
+            }
         }
     }
 
@@ -1275,7 +1296,13 @@ impl Router {
     }
 
     /// Answers `dlq retry` and `dlq purge` once the store has done them.
-    async fn on_admin(&mut self, conn_id: u64, env_id: String, res: Result<WriteResult, String>) {
+    async fn on_admin(
+        &mut self,
+        conn_id: u64,
+        env_id: String,
+        reply: Option<oneshot::Sender<Answer>>,
+        res: Result<WriteResult, String>,
+    ) {
         let result = match res {
             Ok(WriteResult::Purged(removed)) => QueryResult::DlqPurge { removed },
             Ok(WriteResult::Retried(o)) => self.retried(*o).await,
@@ -1288,7 +1315,13 @@ impl Router {
                 message: e,
             },
         };
-        if let Some(conn) = self.conns.get(&conn_id) {
+        if let Some(reply) = reply {
+            // The asker may have gone (a closed page): nothing to tell then.
+            let _ = reply.send(Answer {
+                result,
+                live: Vec::new(),
+            });
+        } else if let Some(conn) = self.conns.get(&conn_id) {
             let env = Envelope::new(env_id, now_ms(), Payload::Result(result));
             send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
         }
@@ -1436,8 +1469,15 @@ impl Router {
                 }
                 _ => {}
             },
-            StoreEvent::Written(WriteCtx::Admin { conn_id, env_id }, res) => {
-                self.on_admin(conn_id, env_id, res).await;
+            StoreEvent::Written(
+                WriteCtx::Admin {
+                    conn_id,
+                    env_id,
+                    reply,
+                },
+                res,
+            ) => {
+                self.on_admin(conn_id, env_id, reply, res).await;
             }
             StoreEvent::Pending {
                 recipient,

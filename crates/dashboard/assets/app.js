@@ -157,11 +157,11 @@ async function showDetail(id) {
     el('pre', { class: 'body' }, m.body),
     m.data !== undefined && m.data !== null ? el('pre', { class: 'body', title: 'data' }, JSON.stringify(m.data, null, 2)) : null,
     el('h3', { class: 'hint' }, 'Delivery trace'),
-    el('ol', { class: 'trace', id: 'trace' }, data.trace.map((s) => el('li', { dataset: { event: s.event } },
-      el('span', { class: 'when' }, clock(s.ts)),
-      el('b', {}, s.event),
+    el('ol', { class: 'trace', id: 'trace' }, data.trace.map((s) => el('li', { dataset: { event: s.state } },
+      el('span', { class: 'when', title: new Date(s.ts).toLocaleString() }, clock(s.ts)),
+      el('b', {}, s.state.replace(/_/g, ' ')),
       s.recipient ? ` ${s.recipient}` : '',
-      s.seq ? el('span', { class: 'hint' }, ` seq ${s.seq}`) : ''))),
+      s.detail ? el('span', { class: 'hint' }, ` ${s.detail}`) : ''))),
   ].filter(Boolean));
   card.scrollIntoView({ block: 'nearest', behavior: 'smooth' });
 }
@@ -191,10 +191,41 @@ $('#search').addEventListener('submit', (e) => { e.preventDefault(); runSearch(s
 $('#older').addEventListener('click', () => lastSearch && runSearch(lastSearch, true));
 
 // ---- dead letters ----
+// The relay's dead-letter queue (what `agent-relay dlq` lists), with a button to put one back.
+function deadItem(d) {
+  const out = el('span', { class: 'notice outcome' });
+  const retry = el('button', { type: 'button', class: 'retry', onclick: async (e) => {
+    e.stopPropagation();
+    retry.disabled = true;
+    try {
+      const res = await fetch(url(`/api/dead/${d.dlq_id}/retry`), { method: 'POST', cache: 'no-store' });
+      const body = await res.json().catch(() => ({}));
+      if (!res.ok) throw new Error((body.error && body.error.message) || `${res.status} ${res.statusText}`);
+      li.dataset.retried = 'true';
+      out.textContent = body.outcome;
+      loadDeadSoon(1500);
+    } catch (err) { out.textContent = err.message; retry.disabled = false; }
+  } }, 'Retry');
+  const li = el('li', { dataset: { dlq: d.dlq_id, id: d.msg_id, code: d.code },
+    onclick: () => { if (d.pos !== undefined && d.pos !== null) showDetail(d.msg_id); } },
+    el('span', { class: 'time', title: new Date(d.ts).toLocaleString() }, clock(d.ts)),
+    el('div', { class: 'head' },
+      el('span', { class: 'who' }, d.from), el('span', { class: 'arrow' }, '→'), el('span', { class: 'who' }, d.recipient),
+      d.topic ? el('span', { class: 'tag topic' }, `#${d.topic}`) : null,
+      el('span', { class: 'tag dead' }, d.code), el('span', { class: 'hint' }, `#${d.dlq_id}`), retry),
+    el('span', { class: 'body', title: d.body }, d.body.replace(/\s+/g, ' ')),
+    el('span', { class: 'hint reason' }, d.reason), out);
+  return li;
+}
 async function loadDead() {
-  const { dead } = await api('/api/dead');
-  $('#dead').replaceChildren(...dead.map((m) => messageItem(m, showDetail)));
+  const { dead_letters: dead } = await api('/api/dead');
+  $('#dead').replaceChildren(...dead.map(deadItem));
   $('#dead-empty').hidden = dead.length > 0;
+}
+let deadTimer = null;
+function loadDeadSoon(ms = 300) {
+  if (deadTimer) return;
+  deadTimer = setTimeout(() => { deadTimer = null; loadDead().catch(() => {}); }, ms);
 }
 
 // ---- figures and chart ----
@@ -264,6 +295,7 @@ function onEvent(ev) {
     case 'delivered': setDelivery(ev.id, ev.recipient, 'sent'); break;
     case 'acked': {
       setDelivery(ev.id, ev.recipient, ev.state);
+      if (ev.state === 'failed') loadDeadSoon();
       const t0 = acceptedAt.get(ev.id);
       if (t0 !== undefined) {
         latencies.push(Math.max(0, ev.ts - t0));
@@ -273,9 +305,9 @@ function onEvent(ev) {
       refreshAgentsSoon();
       break;
     }
-    case 'refused': refusedItem(ev); break;
+    case 'refused': refusedItem(ev); loadDeadSoon(); break;
     case 'agent_connected': case 'agent_disconnected': refreshAgentsSoon(); break;
-    case 'expired': loadDead(); refreshAgentsSoon(); break;
+    case 'expired': loadDeadSoon(); refreshAgentsSoon(); break;
     case 'lagged': reloadSoon(); break;
     case 'stats':
       totals = ev.totals;

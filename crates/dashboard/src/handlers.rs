@@ -12,9 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use futures_util::Stream;
 use relay_daemon::{LiveAgent, Subscription};
-use relay_protocol::query::{
-    AgentInfo, DeliveryStatus, HistoryFilter, MessageRecord, QueryRequest, QueryResult,
-};
+use relay_protocol::query::{AgentInfo, HistoryFilter, QueryRequest, QueryResult};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
@@ -26,8 +24,8 @@ const PAGE: &str = include_str!("../assets/index.html");
 const SCRIPT: &str = include_str!("../assets/app.js");
 const STYLE: &str = include_str!("../assets/app.css");
 
-/// Messages scanned for the dead-letter view (the newest ones).
-const DEAD_SCAN: u32 = 1000;
+/// Dead letters listed (the newest; `agent-relay dlq --limit` reaches further back).
+const DEAD_LIMIT: u32 = 200;
 
 type Failure = (StatusCode, Json<serde_json::Value>);
 
@@ -182,48 +180,8 @@ pub(crate) async fn messages(
     ))
 }
 
-/// One step in a message's life.
-#[derive(Debug, Serialize)]
-struct TraceStep {
-    ts: u64,
-    /// `stored`, `queued`, or the delivery's state (`acked`, `verified`, `failed`, `expired`).
-    event: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    recipient: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    seq: Option<u64>,
-}
-
-/// What the store records of a message's life: stored, queued per recipient, and each
-/// delivery's latest state.
-fn trace(m: &MessageRecord) -> Vec<TraceStep> {
-    let mut steps = vec![TraceStep {
-        ts: m.ts,
-        event: "stored",
-        recipient: None,
-        seq: None,
-    }];
-    for d in &m.deliveries {
-        steps.push(TraceStep {
-            ts: d.queued_at,
-            event: "queued",
-            recipient: Some(d.recipient.clone()),
-            seq: Some(d.seq),
-        });
-        if let (Some(ts), false) = (d.updated_at, d.status == DeliveryStatus::Queued) {
-            steps.push(TraceStep {
-                ts,
-                event: d.status.as_str(),
-                recipient: Some(d.recipient.clone()),
-                seq: Some(d.seq),
-            });
-        }
-    }
-    steps.sort_by_key(|s| s.ts);
-    steps
-}
-
-/// `GET /api/messages/{id}`: one message, its deliveries and its trace.
+/// `GET /api/messages/{id}`: one message, its deliveries and its delivery trace (every state
+/// change of every recipient's copy, as `agent-relay trace` prints it).
 pub(crate) async fn message(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -232,30 +190,53 @@ pub(crate) async fn message(
     let QueryResult::Read { message } = answer.result else {
         return Err(unexpected());
     };
-    let trace = trace(&message);
-    Ok(Json(json!({ "message": message, "trace": trace })))
-}
-
-/// `GET /api/dead`: messages among the newest [`DEAD_SCAN`] with a failed or expired delivery.
-pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {
-    let filter = HistoryFilter {
-        limit: Some(DEAD_SCAN),
-        ..HistoryFilter::default()
-    };
-    let answer = ask(&app, QueryRequest::History(filter)).await?;
-    let QueryResult::History { messages } = answer.result else {
+    // By the full id: a prefix that was unique a moment ago still names this message.
+    let answer = ask(
+        &app,
+        QueryRequest::Trace {
+            id: message.id.clone(),
+        },
+    )
+    .await?;
+    let QueryResult::Trace { trace } = answer.result else {
         return Err(unexpected());
     };
-    let scanned = messages.len();
-    let dead: Vec<MessageRecord> = messages
-        .into_iter()
-        .filter(|m| {
-            m.deliveries
-                .iter()
-                .any(|d| matches!(d.status, DeliveryStatus::Failed | DeliveryStatus::Expired))
-        })
-        .collect();
-    Ok(Json(json!({ "scanned": scanned, "dead": dead })))
+    Ok(Json(json!({ "message": message, "trace": trace.events })))
+}
+
+/// `GET /api/dead`: the dead-letter queue (not yet retried), newest first, as `agent-relay
+/// dlq` lists it: expired, failed, and refused (rules, rate limits, budgets) alike.
+pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {
+    let answer = ask(
+        &app,
+        QueryRequest::DlqList {
+            all: false,
+            limit: Some(DEAD_LIMIT),
+        },
+    )
+    .await?;
+    let QueryResult::DlqList { dead_letters } = answer.result else {
+        return Err(unexpected());
+    };
+    Ok(Json(json!({ "dead_letters": dead_letters })))
+}
+
+/// `POST /api/dead/{n}/retry`: puts dead letter `n` back, as `agent-relay dlq retry n` does.
+pub(crate) async fn retry(
+    State(app): State<Arc<App>>,
+    Path(dlq_id): Path<i64>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let answer = ask(&app, QueryRequest::DlqRetry { dlq_id }).await?;
+    let QueryResult::DlqRetry {
+        dead_letter,
+        outcome,
+    } = answer.result
+    else {
+        return Err(unexpected());
+    };
+    Ok(Json(
+        json!({ "dead_letter": dead_letter, "outcome": outcome }),
+    ))
 }
 
 /// `GET /api/stats`: status, counters and the per-second rates of the last minutes.
@@ -339,58 +320,4 @@ pub(crate) async fn events(
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use relay_protocol::Kind;
-    use relay_protocol::query::DeliveryRecord;
-
-    #[test]
-    fn trace_orders_what_the_store_knows() {
-        let m = MessageRecord {
-            pos: 1,
-            id: "m".into(),
-            ts: 10,
-            from: "A".into(),
-            to: "*".into(),
-            topic: None,
-            kind: Kind::Message,
-            body: String::new(),
-            data: None,
-            thread: None,
-            in_reply_to: None,
-            deliveries: vec![
-                DeliveryRecord {
-                    recipient: "B".into(),
-                    seq: 1,
-                    status: DeliveryStatus::Acked,
-                    queued_at: 10,
-                    updated_at: Some(30),
-                },
-                DeliveryRecord {
-                    recipient: "C".into(),
-                    seq: 4,
-                    status: DeliveryStatus::Queued,
-                    queued_at: 10,
-                    updated_at: None,
-                },
-            ],
-        };
-        let trace = trace(&m);
-        let steps: Vec<(u64, &str, Option<&str>)> = trace
-            .iter()
-            .map(|s| (s.ts, s.event, s.recipient.as_deref()))
-            .collect();
-        assert_eq!(
-            steps,
-            vec![
-                (10, "stored", None),
-                (10, "queued", Some("B")),
-                (10, "queued", Some("C")),
-                (30, "acked", Some("B")),
-            ]
-        );
-    }
 }

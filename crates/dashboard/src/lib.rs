@@ -20,7 +20,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use relay_daemon::Handle;
 use tokio::sync::watch;
 
@@ -117,6 +117,7 @@ pub async fn serve(
         .route("/api/messages", get(handlers::messages))
         .route("/api/messages/{id}", get(handlers::message))
         .route("/api/dead", get(handlers::dead))
+        .route("/api/dead/{n}/retry", post(handlers::retry))
         .route("/api/stats", get(handlers::stats))
         .route("/api/events", get(handlers::events))
         .route("/metrics", get(handlers::prometheus))
