@@ -517,6 +517,9 @@ impl Core {
             match action {
                 Action::Type(text) => {
                     if let Some(Item::Message(m)) = self.injector.current() {
+                        // The stages between delivery and verification, for latency figures
+                        // (`claude_relay_latency_in_parts` reads them from the log).
+                        tracing::debug!(id = %m.id, "typing a message");
                         // Recorded before the first byte: a restarted wrapper will not type
                         // it again.
                         let recorded = match &self.resume {
@@ -536,10 +539,15 @@ impl Core {
                         }
                     }
                 }
-                Action::Enter => match &term {
-                    Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,
-                    Term::Tmux(pane) => tokio::task::block_in_place(|| pane.enter())?,
-                },
+                Action::Enter => {
+                    if let Some(Item::Message(m)) = self.injector.current() {
+                        tracing::debug!(id = %m.id, "pressing Enter");
+                    }
+                    match &term {
+                        Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,
+                        Term::Tmux(pane) => tokio::task::block_in_place(|| pane.enter())?,
+                    }
+                }
                 Action::Done(Item::Message(m), outcome) => {
                     let verified = outcome == Outcome::Verified;
                     if let Outcome::Failed(why) = &outcome {
