@@ -402,14 +402,24 @@ fn claude_code_instances_converse_through_the_relay() {
         (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
         ("Alice", "Bob", TO_BOB)
     );
-    // Bob is still working: he is asked nothing else, however long that takes (an observation
-    // window, not a speed requirement: an idle agent is typed into within about a second).
-    // The PTY wrapper may type the message while the spinner pauses; Claude Code then queues
-    // it and submits it when the turn ends, which is what the prompt log shows.
+    // Bob is still working: he is asked nothing else, and his wrapper types nothing, however
+    // long that takes (an observation window, not a speed requirement: an idle agent is typed
+    // into within about a second).
     alice.wait_replies_done();
     std::thread::sleep(Duration::from_secs(2));
     assert!(bob.pane().contains("esc to interrupt"), "{}", bob.pane());
     assert_eq!(bob.prompts(), ["Index the repository"]);
+    let bob_log_text = || {
+        std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log")).unwrap_or_default()
+    };
+    let typed_for_bob = format!("id={}", to_bob.3);
+    assert!(
+        !bob_log_text()
+            .lines()
+            .any(|l| l.contains("typing a message") && l.contains(&typed_for_bob)),
+        "typed into a working Claude Code:\n{}",
+        bob_log_text()
+    );
 
     bob.standin.release();
     let alice_prompts = alice.wait_prompts(2);
@@ -446,6 +456,10 @@ fn claude_code_instances_converse_through_the_relay() {
         .filter(|r| r.kind == relay_standin::Kind::Main)
         .collect();
     assert!(bob_log[1].received >= bob_log[0].finished.unwrap());
+    // And the wrapper typed it only once that turn had ended.
+    let typed = logged_at(&relay, "Bob", "typing a message", &to_bob.3);
+    let turn_over = wall_ms(bob_log[0].finished_wall().unwrap());
+    assert!(typed + 1.0 >= turn_over, "typed at {typed}, turn over at {turn_over}");
     // Each wrapper saw its prompt submitted on the screen and said so.
     wait_for(LONG, "both deliveries are reported verified", || {
         delivery_status(&relay, &to_bob.3) == "verified"
