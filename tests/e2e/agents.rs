@@ -409,9 +409,8 @@ fn claude_code_instances_converse_through_the_relay() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(bob.pane().contains("esc to interrupt"), "{}", bob.pane());
     assert_eq!(bob.prompts(), ["Index the repository"]);
-    let bob_log_text = || {
-        std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log")).unwrap_or_default()
-    };
+    let bob_log_text =
+        || std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log")).unwrap_or_default();
     let typed_for_bob = format!("id={}", to_bob.3);
     assert!(
         !bob_log_text()
@@ -459,7 +458,10 @@ fn claude_code_instances_converse_through_the_relay() {
     // And the wrapper typed it only once that turn had ended.
     let typed = logged_at(&relay, "Bob", "typing a message", &to_bob.3);
     let turn_over = wall_ms(bob_log[0].finished_wall().unwrap());
-    assert!(typed + 1.0 >= turn_over, "typed at {typed}, turn over at {turn_over}");
+    assert!(
+        typed + 1.0 >= turn_over,
+        "typed at {typed}, turn over at {turn_over}"
+    );
     // Each wrapper saw its prompt submitted on the screen and said so.
     wait_for(LONG, "both deliveries are reported verified", || {
         delivery_status(&relay, &to_bob.3) == "verified"

@@ -601,3 +601,125 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
          lost 0, doubled 0"
     );
 }
+
+/// In tmux mode the wrapper sees no keystrokes: it reads the input line off the screen. A
+/// person's half-written line there holds every message back, and is neither erased nor
+/// merged; once they press Enter the message follows as its own line. A pane in copy mode
+/// (a person scrolling back) is taken out of it before typing, or the keys would drive the
+/// copy mode instead of the agent. The profile must know the agent's prompt for this (the
+/// built-in `generic` and `shell` ones do not: a person names it in an override, as here).
+#[test]
+fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let profiles = relay.dir.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(profiles.join("generic.toml"), "prompt = '^> ?(.*)$'\n").unwrap();
+    let script = relay.dir.path().join("Dana.sh");
+    std::fs::write(
+        &script,
+        "while printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
+    )
+    .unwrap();
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "wrap",
+            "--backend",
+            "tmux",
+            "--detached",
+            "-n",
+            "Dana",
+            "--profile",
+            "generic",
+            "--",
+            "sh",
+            script.to_str().unwrap(),
+        ],
+    )
+    .env("AGENT_RELAY_PROFILE_DIR", &profiles)
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let session = session_of(&relay, "Dana");
+    let target = format!("={session}:");
+    wait_online(&relay, "Dana");
+    wait_or_dump(&relay, &tmux, "Dana's prompt", || {
+        tmux.pane(&session).contains("> ")
+    });
+
+    // A person starts a line and stops to think.
+    tmux.run(&["send-keys", "-t", &target, "-l", "half a thought"]);
+    wait_or_dump(&relay, &tmux, "the person's text shows", || {
+        tmux.pane(&session).contains("> half a thought")
+    });
+    let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
+    let first: Value = serde_json::from_str(&first).unwrap();
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    // An observation window, not a speed requirement: an idle pane is typed into within a
+    // second.
+    std::thread::sleep(Duration::from_secs(3));
+    let pane = tmux.pane(&session);
+    assert!(
+        !pane.contains("Relay message"),
+        "typed over a person:\n{pane}"
+    );
+    assert!(
+        pane.lines().any(|l| l.trim_end() == "> half a thought"),
+        "the person's line changed:\n{pane}"
+    );
+
+    // They finish it: their line goes in whole, then the message as a line of its own.
+    tmux.run(&["send-keys", "-t", &target, "-l", " and more"]);
+    tmux.run(&["send-keys", "-t", &target, "Enter"]);
+    wait_or_dump(&relay, &tmux, "the relayed note arrives", || {
+        tmux.pane(&session).contains("first relayed note")
+    });
+    let short = relay_protocol::short_id(&first_id);
+    wait_or_dump(&relay, &tmux, "the note is reported verified", || {
+        let v: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["read", &first_id, "--json"]))).unwrap();
+        v["deliveries"][0]["status"] == "verified"
+    });
+    let pane = tmux.pane(&session);
+    let got: Vec<&str> = pane
+        .lines()
+        .filter_map(|l| l.strip_prefix("got: "))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "half a thought and more".to_owned(),
+            format!("Relay message from human [{short}]: first relayed note"),
+        ],
+        "{pane}"
+    );
+
+    // A person scrolls back (copy mode) and leaves the pane so: the wrapper takes it out of
+    // copy mode and types the next message into the agent, once.
+    tmux.run(&["copy-mode", "-t", &target]);
+    let in_mode = || {
+        let out = tmux.run(&["display-message", "-p", "-t", &target, "#{pane_in_mode}"]);
+        String::from_utf8_lossy(&out.stdout).trim() == "1"
+    };
+    assert!(in_mode(), "the pane is in copy mode");
+    let second = ok_stdout(&relay.cli(&["send", "Dana", "second relayed note", "--json"]));
+    let second: Value = serde_json::from_str(&second).unwrap();
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    let line = format!(
+        "got: Relay message from human [{}]: second relayed note",
+        relay_protocol::short_id(&second_id)
+    );
+    wait_or_dump(&relay, &tmux, "the second note is submitted", || {
+        tmux.pane(&session).lines().any(|l| l == line)
+    });
+    assert!(!in_mode(), "copy mode was left");
+    let pane = tmux.pane(&session);
+    assert_eq!(count(&pane, "got: Relay message from human"), 2, "{pane}");
+}
