@@ -4,7 +4,7 @@ use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::{BIN, Relay, ok_stdout, wait_for};
 
@@ -428,6 +428,17 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
         "typed over the person:\n{}",
         pane()
     );
+    // The dashboard says why (never what the person typed).
+    let (port, token) = crate::support::dashboard(&relay);
+    wait_for(Duration::from_secs(10), "Frank shows blocked", || {
+        agent_view(port, &token, "Frank")["state"] == "blocked"
+    });
+    let frank = agent_view(port, &token, "Frank");
+    assert_eq!(
+        (&frank["backend"], &frank["why"]),
+        (&json!("pty"), &json!("a person is typing")),
+        "{frank}"
+    );
     tmux(&["send-keys", "Enter"]);
     wait_for(
         Duration::from_secs(20),
@@ -445,6 +456,102 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
         Duration::from_secs(10),
         "the delivery is reported verified",
         || status() == "verified",
+    );
+    wait_for(Duration::from_secs(10), "Frank shows idle again", || {
+        agent_view(port, &token, "Frank")["state"] == "idle"
+    });
+    tmux(&["kill-server"]);
+}
+
+/// `agent`'s row in the dashboard's `/api/agents`.
+fn agent_view(port: u16, token: &str, agent: &str) -> Value {
+    crate::support::api(port, token, "/api/agents")["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == agent)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// An agent showing a dialog (a marker of its profile's `dialogs`) gets nothing typed in: a
+/// message waits, and the dashboard shows the agent blocked and why, until a person answers
+/// and the dialog is gone; then the message is typed, once.
+#[test]
+fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let profiles = dir.join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("generic.toml"),
+        "dialogs = [\"allow command?\"]\n",
+    )
+    .unwrap();
+    let script = dir.join("dialog.sh");
+    // Like a TUI, it redraws the screen once the dialog is answered (here: clears it).
+    std::fs::write(
+        &script,
+        "printf 'Allow command? [y/n] '\nread -r answer\nprintf '\\033[2J\\033[H'\n\
+         echo \"answered: $answer\"\nwhile IFS= read -r l; do echo \"got: $l\"; done\n",
+    )
+    .unwrap();
+    person_terminal(
+        &relay,
+        "relaydialog",
+        &format!(
+            "AGENT_RELAY_PROFILE_DIR='{}' {{bin}} wrap -n Dora --profile generic -- sh '{}'",
+            profiles.display(),
+            script.display()
+        ),
+    );
+    let tmux = |args: &[&str]| tmux_in(dir, "relaydialog", args);
+    let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    wait_online(&relay, "Dora");
+    wait_for(Duration::from_secs(10), "the dialog shows", || {
+        pane().contains("Allow command?")
+    });
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        "Dora",
+        "please run the tests",
+        "--json",
+    ])))
+    .unwrap();
+    let id = sent["id"].as_str().unwrap().to_owned();
+    let (port, token) = crate::support::dashboard(&relay);
+    wait_for(Duration::from_secs(10), "Dora shows blocked", || {
+        agent_view(port, &token, "Dora")["state"] == "blocked"
+    });
+    let dora = agent_view(port, &token, "Dora");
+    assert_eq!(
+        (&dora["backend"], &dora["why"]),
+        (&json!("pty"), &json!("dialog open: allow command?")),
+        "{dora}"
+    );
+    assert!(
+        !pane().contains("Relay message"),
+        "typed into a dialog:\n{}",
+        pane()
+    );
+
+    // A person answers; the dialog is gone and the message goes in.
+    tmux(&["send-keys", "-l", "y"]);
+    tmux(&["send-keys", "Enter"]);
+    let short = relay_protocol::short_id(&id);
+    let line = format!("got: Relay message from human [{short}]: please run the tests");
+    wait_for(Duration::from_secs(20), "the message is typed in", || {
+        pane().lines().any(|l| l == line)
+    });
+    assert!(pane().contains("answered: y"), "{}", pane());
+    wait_for(Duration::from_secs(10), "Dora shows idle again", || {
+        agent_view(port, &token, "Dora")["state"] == "idle"
+    });
+    assert_eq!(
+        pane().matches("got: Relay message").count(),
+        1,
+        "{}",
+        pane()
     );
     tmux(&["kill-server"]);
 }

@@ -14,8 +14,8 @@ use relay_client::paths::Paths;
 use relay_protocol::events::{RelayEvent, WatchFilter};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
-    Capabilities, Envelope, Hello, MAX_FRAME_BYTES, Payload, Ping, Role, encode_frame, frame_len,
-    validate_agent_name, validate_topic_pattern,
+    Capabilities, Envelope, Hello, MAX_FRAME_BYTES, Payload, Ping, Role, TerminalState,
+    encode_frame, frame_len, validate_agent_name, validate_topic_pattern,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -74,7 +74,10 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
                 anyhow::bail!("the relay refused to watch: {}", clean(&message))
             }
             Payload::Ping(p) => {
-                let pong = Payload::Pong(Ping { nonce: p.nonce });
+                let pong = Payload::Pong(Ping {
+                    nonce: p.nonce,
+                    terminal: None,
+                });
                 write(&mut stream, Envelope::new("watch-pong", now_ms(), pong)).await?;
             }
             Payload::Error(e) if e.fatal => {
@@ -180,6 +183,30 @@ impl Style {
                 self.paint("33", "-"),
                 self.name(agent)
             ),
+            RelayEvent::AgentState {
+                ts,
+                agent,
+                backend,
+                state,
+                why,
+            } => {
+                let code = match state {
+                    TerminalState::Idle => "32",
+                    TerminalState::Busy => "33",
+                    TerminalState::Blocked => "31",
+                };
+                format!(
+                    "{}  {} {} is {} ({}){}",
+                    time(*ts),
+                    self.paint(code, "~"),
+                    self.name(agent),
+                    self.paint(code, state.as_str()),
+                    clean(backend),
+                    why.as_deref()
+                        .map(|w| format!(": {}", one_line(w, 120)))
+                        .unwrap_or_default()
+                )
+            }
             RelayEvent::Accepted {
                 ts,
                 id,
@@ -319,5 +346,22 @@ mod tests {
             agent: "Bob".into(),
         });
         assert!(text.contains("\x1b[1;36mBob\x1b[0m"), "{text:?}");
+    }
+
+    #[test]
+    fn a_terminal_state_is_one_clean_line_with_its_reason() {
+        let style = Style { color: false };
+        let text = style.render(&RelayEvent::AgentState {
+            ts: 0,
+            agent: "Dora".into(),
+            backend: "pty".into(),
+            state: TerminalState::Blocked,
+            why: Some("dialog open: allow\x1b[2J command?\nyes".into()),
+        });
+        assert!(!text.contains('\x1b'), "{text:?}");
+        assert_eq!(
+            text,
+            "00:00:00  ~ Dora is blocked (pty): dialog open: allow\\u{1b}[2J command? yes"
+        );
     }
 }

@@ -19,8 +19,8 @@ use bytes::{Buf, BytesMut};
 use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Busy, Capabilities, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello,
-    Kind, MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, encode_frame,
-    frame_len,
+    Kind, MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, TerminalReport,
+    encode_frame, frame_len,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -253,6 +253,8 @@ enum Cmd {
         seq: u64,
         state: Option<DeliveryState>,
     },
+    /// How the agent's terminal looks now (a wrapper's report, sent in PONGs).
+    Terminal(TerminalReport),
     Close(oneshot::Sender<()>),
 }
 
@@ -329,6 +331,7 @@ impl Client {
             seen: Dedupe::new(DEDUPE_CAPACITY),
             unacked: VecDeque::new(),
             ack_due: None,
+            terminal: None,
             resume_token: Some(welcome.resume_token.clone()),
             heartbeat: Duration::from_millis(welcome.server.heartbeat_ms.max(100)),
         };
@@ -435,6 +438,19 @@ impl Client {
                 seq: msg.seq,
                 state,
             })
+            .await
+            .map_err(|_| ClientError::Closed)
+    }
+
+    /// Tells the daemon how the agent's terminal looks (a wrapper's view: idle, busy or
+    /// blocked, and why). Sent at once in an unasked PONG, and again in every PONG, so a
+    /// daemon connected later learns it too. Call it only when the report changes.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`].
+    pub async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
+        self.cmds
+            .send(Cmd::Terminal(report))
             .await
             .map_err(|_| ClientError::Closed)
     }
@@ -658,6 +674,8 @@ struct Driver {
     ack_due: Option<(String, u64)>,
     resume_token: Option<String>,
     heartbeat: Duration,
+    /// The application's latest terminal report, carried in every PONG.
+    terminal: Option<TerminalReport>,
 }
 
 /// Why a connection ended.
@@ -762,6 +780,8 @@ impl Driver {
                     self.seen.acked(&from, &id);
                 }
             }
+            // Carried in the first PONG of the next connection.
+            Cmd::Terminal(report) => self.terminal = Some(report),
             Cmd::Close(_) => {}
         }
     }
@@ -913,6 +933,14 @@ impl Driver {
                 seq,
                 state,
             } => self.on_app_ack(&from, id, seq, state, out),
+            Cmd::Terminal(report) => {
+                let pong = Ping {
+                    nonce: None,
+                    terminal: Some(report.clone()),
+                };
+                Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Pong(pong)));
+                self.terminal = Some(report);
+            }
             Cmd::Close(_) => {}
         }
     }
@@ -1083,7 +1111,14 @@ impl Driver {
             Payload::Ping(p) => {
                 Self::encode(
                     out,
-                    &Envelope::new(new_id(), now_ms(), Payload::Pong(Ping { nonce: p.nonce })),
+                    &Envelope::new(
+                        new_id(),
+                        now_ms(),
+                        Payload::Pong(Ping {
+                            nonce: p.nonce,
+                            terminal: self.terminal.clone(),
+                        }),
+                    ),
                 );
             }
             Payload::Result(r) => {
@@ -1151,6 +1186,7 @@ mod tests {
                 })
                 .collect(),
             ack_due: None,
+            terminal: None,
             resume_token: None,
             heartbeat: Duration::from_secs(5),
         }

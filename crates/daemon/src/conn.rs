@@ -293,6 +293,11 @@ impl Reader {
                 self.queue(Outbound::Close(None)).await;
                 return Flow::Stop;
             }
+            // A wrapper's view of its terminal rides on its PONGs (extension).
+            Payload::Pong(Ping {
+                terminal: Some(report),
+                ..
+            }) => RouterMsg::Terminal { conn_id, report },
             Payload::Pong(_) | Payload::Error(_) | Payload::Busy(_) => return Flow::Continue,
             Payload::Welcome(_) | Payload::Deliver(_) | Payload::Result(_) => {
                 // The session core refused these already.

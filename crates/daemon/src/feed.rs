@@ -141,6 +141,8 @@ pub struct LiveAgent {
     /// DELIVERs handed to its connection and not yet acknowledged (for a wrapped agent:
     /// messages waiting for the agent to be idle enough to type them in).
     pub inflight: u64,
+    /// How its wrapper last said the agent's terminal looks (wrapped agents that are online).
+    pub terminal: Option<relay_protocol::TerminalReport>,
 }
 
 /// The answer to [`Handle::ask`].

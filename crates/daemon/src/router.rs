@@ -24,8 +24,8 @@ use relay_protocol::events::{RelayEvent, Watch, excerpt};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
-    NackCode, Payload, Role, Send, ServerInfo, Welcome, topic_matches, validate_agent_name,
-    validate_topic, validate_topic_pattern,
+    NackCode, Payload, Role, Send, ServerInfo, TerminalReport, Welcome, topic_matches,
+    validate_agent_name, validate_topic, validate_topic_pattern,
 };
 use relay_store::{
     AppendOutcome, DeadNotice, NewMessage, Recipient, RetryOutcome, StoredMessage, WriteOp,
@@ -124,6 +124,11 @@ pub(crate) enum RouterMsg {
     },
     /// The connection is gone.
     Unregister { conn_id: u64 },
+    /// A wrapper reported how its agent's terminal looks (in a PONG).
+    Terminal {
+        conn_id: u64,
+        report: TerminalReport,
+    },
     /// A SEND.
     Send {
         conn_id: u64,
@@ -190,6 +195,28 @@ pub(crate) enum WriteCtx {
     },
 }
 
+/// The live record of the agent connection `conn_id` speaks for, with the agent's name;
+/// `None` if it is gone or was taken over by a newer connection. (Over the two maps, not
+/// `&mut self`, so that callers can still reach the router's other fields.)
+fn online_mut<'a>(
+    conns: &HashMap<u64, Conn>,
+    agents: &'a mut HashMap<String, Agent>,
+    conn_id: u64,
+) -> Option<(String, &'a mut Online)> {
+    let name = conns.get(&conn_id)?.name.clone();
+    let on = agents
+        .get_mut(&name)?
+        .online
+        .as_mut()
+        .filter(|o| o.conn_id == conn_id)?;
+    Some((name, on))
+}
+
+/// At most `n` characters of `s`.
+fn excerpt_chars(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
 /// The store write an operator action (`dlq retry`, `dlq purge`) makes; `None` for a read.
 fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
     match req {
@@ -250,6 +277,8 @@ enum Mode {
 #[derive(Debug)]
 struct Online {
     conn_id: u64,
+    /// How its wrapper last said the agent's terminal looks (a wrapped agent only).
+    terminal: Option<TerminalReport>,
     tx: mpsc::Sender<Outbound>,
     killer: Killer,
     session_id: Arc<str>,
@@ -580,6 +609,7 @@ impl Router {
                 let _ = reply.send(res);
             }
             RouterMsg::Unregister { conn_id } => self.unregister(conn_id).await,
+            RouterMsg::Terminal { conn_id, report } => self.on_terminal(conn_id, report),
             RouterMsg::Send {
                 conn_id,
                 id,
@@ -765,6 +795,7 @@ impl Router {
         agent.offline_backlog = 0;
         agent.online = Some(Online {
             conn_id: conn.id,
+            terminal: None,
             tx: conn.tx,
             killer: conn.killer,
             session_id: session_id.clone(),
@@ -1781,15 +1812,7 @@ impl Router {
         state: Option<DeliveryState>,
         cumulative: bool,
     ) {
-        let Some(name) = self.conns.get(&conn_id).map(|c| c.name.clone()) else {
-            return;
-        };
-        let Some(on) = self
-            .agents
-            .get_mut(&name)
-            .and_then(|a| a.online.as_mut())
-            .filter(|o| o.conn_id == conn_id)
-        else {
+        let Some((name, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
             return;
         };
         let failed = state == Some(DeliveryState::Failed);
@@ -2069,8 +2092,31 @@ impl Router {
                 sent: a.sent,
                 received: a.received,
                 inflight: a.online.as_ref().map_or(0, |o| o.inflight.len() as u64),
+                terminal: a.online.as_ref().and_then(|o| o.terminal.clone()),
             })
             .collect()
+    }
+
+    /// A wrapper's report of its agent's terminal: kept while it is connected, and told to
+    /// the live feed when it changes.
+    fn on_terminal(&mut self, conn_id: u64, mut report: TerminalReport) {
+        let Some((name, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
+            return;
+        };
+        // Shown on a dashboard and in `watch`: short, whatever a client sends.
+        report.backend = excerpt_chars(&report.backend, 16);
+        report.why = report.why.map(|w| excerpt_chars(&w, 120));
+        if on.terminal.as_ref() == Some(&report) {
+            return;
+        }
+        on.terminal = Some(report.clone());
+        self.feed.emit(|| RelayEvent::AgentState {
+            ts: now_ms(),
+            agent: name,
+            backend: report.backend,
+            state: report.state,
+            why: report.why,
+        });
     }
 
     async fn on_sweep(&mut self) {

@@ -65,12 +65,18 @@ async function loadAgents() {
   agentsCache = agents;
   renderAgents(agents);
 }
+function stateTitle(a) {
+  const waiting = a.inflight ? `${a.inflight} message(s) handed to it, not yet typed in` : '';
+  return [a.why, waiting].filter(Boolean).join('; ') || null;
+}
 function renderAgents(agents) {
   const tbody = $('#agents tbody');
   tbody.replaceChildren(...agents.map((a) => el('tr', { dataset: { agent: a.name } },
     el('td', {}, el('b', {}, a.name)),
-    el('td', {}, el('span', { class: `state ${a.state}`, title: a.state === 'busy' ? `${a.inflight} message(s) handed to it, not yet typed in` : null }, a.state)),
-    el('td', {}, a.cli || '–'),
+    el('td', {}, el('span', { class: `state ${a.state}`, title: stateTitle(a) }, a.state),
+      a.why && a.state !== 'idle' ? el('span', { class: 'hint why' }, ` ${a.why}`) : null),
+    el('td', {}, a.cli ? a.cli.split('/').pop() : '–'),
+    el('td', {}, a.backend || '–'),
     el('td', { class: 'num', title: 'stored for it, not yet acknowledged' }, fmt(a.pending)),
     el('td', { class: 'num', title: 'received since the relay started' }, fmt(a.received)),
     el('td', { class: 'num', title: 'sent since the relay started' }, fmt(a.sent)),
@@ -306,7 +312,7 @@ function onEvent(ev) {
       break;
     }
     case 'refused': refusedItem(ev); loadDeadSoon(); break;
-    case 'agent_connected': case 'agent_disconnected': refreshAgentsSoon(); break;
+    case 'agent_connected': case 'agent_disconnected': case 'agent_state': refreshAgentsSoon(); break;
     case 'expired': loadDeadSoon(); refreshAgentsSoon(); break;
     case 'lagged': reloadSoon(); break;
     case 'stats':

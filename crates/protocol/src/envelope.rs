@@ -371,6 +371,46 @@ pub struct Ping {
     /// Echoed back in the PONG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// Extension, in a PONG from a wrapper: how its agent's terminal looks. A wrapper also
+    /// sends an unasked PONG when this changes, so the daemon learns at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalReport>,
+}
+
+/// How a wrapped agent's terminal looks to its wrapper (extension, carried in PONG).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalReport {
+    /// `pty` or `tmux`.
+    pub backend: String,
+    /// What the wrapper sees.
+    pub state: TerminalState,
+    /// Why, for `busy` and `blocked` (a busy marker, a dialog, a person's line...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// A wrapped agent's terminal, as its wrapper sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TerminalState {
+    /// Quiet, and nothing waits to be typed (or it could be typed now).
+    Idle,
+    /// Printing, or showing that it works (a spinner, a busy marker).
+    Busy,
+    /// Messages wait and cannot be typed: a dialog or menu is open, a person has a line half
+    /// written, or the agent's input line is not on screen.
+    Blocked,
+}
+
+impl TerminalState {
+    /// Lower-case name, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Busy => "busy",
+            Self::Blocked => "blocked",
+        }
+    }
 }
 
 /// ERROR codes.
@@ -849,7 +889,8 @@ mod tests {
         assert_eq!(
             env.payload,
             Payload::Ping(Ping {
-                nonce: Some("x".into())
+                nonce: Some("x".into()),
+                terminal: None,
             })
         );
         let err = Envelope::from_json(br#"{"v":1,"type":"WHAT","id":"w","ts":1,"payload":{}}"#)

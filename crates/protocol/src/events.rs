@@ -37,6 +37,20 @@ pub enum RelayEvent {
         /// Its name.
         agent: String,
     },
+    /// A wrapped agent's terminal changed, as its wrapper sees it (idle, busy, blocked).
+    AgentState {
+        /// When the daemon heard it.
+        ts: u64,
+        /// Its name.
+        agent: String,
+        /// `pty` or `tmux`.
+        backend: String,
+        /// The new state.
+        state: crate::TerminalState,
+        /// Why, when known (a busy marker, a dialog, a person's line...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
+    },
     /// A message was stored (and is being delivered to those of its recipients online).
     Accepted {
         /// When it was stored.
@@ -188,7 +202,8 @@ impl Watch {
         }
         match ev {
             RelayEvent::AgentConnected { agent, .. }
-            | RelayEvent::AgentDisconnected { agent, .. } => {
+            | RelayEvent::AgentDisconnected { agent, .. }
+            | RelayEvent::AgentState { agent, .. } => {
                 f.topic.is_none()
                     && f.from.as_ref().is_none_or(|n| n == agent)
                     && f.to.as_ref().is_none_or(|n| n == agent)

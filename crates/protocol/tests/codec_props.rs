@@ -7,7 +7,7 @@ use relay_protocol::query::{HistoryFilter, QueryRequest};
 use relay_protocol::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, Delivery, DeliveryState, Envelope, ErrorCode,
     ErrorPayload, Hello, Kind, MAX_FRAME_BYTES, Nack, NackCode, Payload, Ping, Role, Send,
-    ServerInfo, SubscribePayload, Welcome, encode_frame, frame_len,
+    ServerInfo, SubscribePayload, TerminalReport, TerminalState, Welcome, encode_frame, frame_len,
 };
 
 fn text() -> impl Strategy<Value = String> {
@@ -136,8 +136,18 @@ fn payload() -> impl Strategy<Value = Payload> {
             code: NackCode::UnknownTarget,
             reason
         })),
-        opt_text().prop_map(|nonce| Payload::Ping(Ping { nonce })),
-        opt_text().prop_map(|nonce| Payload::Pong(Ping { nonce })),
+        opt_text().prop_map(|nonce| Payload::Ping(Ping {
+            nonce,
+            terminal: None
+        })),
+        (opt_text(), opt_text()).prop_map(|(nonce, why)| Payload::Pong(Ping {
+            nonce,
+            terminal: Some(TerminalReport {
+                backend: "pty".into(),
+                state: TerminalState::Blocked,
+                why,
+            }),
+        })),
         (text(), any::<bool>()).prop_map(|(message, fatal)| Payload::Error(ErrorPayload {
             code: ErrorCode::BadFrame,
             message,

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText, Target};
-use relay_protocol::{DeliveryState, Send};
+use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState};
 use tokio::sync::mpsc;
 
 use crate::inject::{Action, Injector, Look, Outcome, Timing};
@@ -254,6 +254,8 @@ struct Core {
     settled: bool,
     /// tmux: where relaying can resume.
     resume: Option<Resume>,
+    /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
+    reported: Option<(TerminalState, Option<String>)>,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -311,7 +313,62 @@ impl Core {
             last_output: now,
             settled: true,
             resume: None,
+            reported: None,
         })
+    }
+
+    /// How the terminal looks, from what the wrapper already knows (no screen is read for
+    /// this): `blocked` when messages wait behind a dialog, a person's half-written line or a
+    /// missing input line; `busy` when they wait behind a busy marker or the agent printed
+    /// within the settle time; else `idle`. A person's text is never repeated.
+    fn terminal_view(&self, now: Instant) -> (TerminalState, Option<String>) {
+        if self.injector.pending() > 0 {
+            if self.injector.person_typing() {
+                return (TerminalState::Blocked, Some("a person is typing".into()));
+            }
+            match self.injector.blocked_by() {
+                Some(NotReady::Dialog(m)) => {
+                    return (TerminalState::Blocked, Some(format!("dialog open: {m}")));
+                }
+                Some(NotReady::InputNotEmpty(_)) => {
+                    return (
+                        TerminalState::Blocked,
+                        Some("text in its input line".into()),
+                    );
+                }
+                Some(NotReady::NoPrompt) => {
+                    return (
+                        TerminalState::Blocked,
+                        Some("no input line on screen".into()),
+                    );
+                }
+                Some(NotReady::Busy(m)) => return (TerminalState::Busy, Some(m.clone())),
+                None => {}
+            }
+        }
+        if now < self.last_output + self.cfg.profile.settle {
+            (TerminalState::Busy, Some("printing".into()))
+        } else {
+            (TerminalState::Idle, None)
+        }
+    }
+
+    /// Tells the relay how the terminal looks when that changed since it was last told (the
+    /// dashboard's agent state); nothing is sent while it stays the same.
+    async fn report_terminal(&mut self, backend: &str, now: Instant) {
+        let view = self.terminal_view(now);
+        if self.reported.as_ref() == Some(&view) {
+            return;
+        }
+        let (state, why) = view.clone();
+        let report = TerminalReport {
+            backend: backend.to_owned(),
+            state,
+            why,
+        };
+        if self.client.report_terminal(report).await.is_ok() {
+            self.reported = Some(view);
+        }
     }
 
     async fn send_directive(&mut self, d: Directive) {
@@ -711,6 +768,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         }
         core.drive(Instant::now(), Term::Pty(&pty, &mut paste))
             .await?;
+        core.report_terminal("pty", Instant::now()).await;
     }
     let mut pty = pty;
     if stopped {
@@ -794,6 +852,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         if let Err(e) = core.drive(Instant::now(), Term::Tmux(&pane)).await {
             tracing::warn!(error = %e, "typing into the pane failed");
         }
+        core.report_terminal("tmux", Instant::now()).await;
     };
     tracing::info!(?code, "the agent exited; ending its session");
     // The hook may not have written it (see `tmux::watch_exit`); `wrap` reads it.
