@@ -212,7 +212,14 @@ pub fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(listen_err(e.to_string())),
     }
-    let listener = UnixListener::bind(path).map_err(|e| listen_err(e.to_string()))?;
+    // The socket file takes its mode from the umask: 0177 while binding makes it 0600 from the
+    // first instant (the directory may be a shared one such as /tmp). The umask is the
+    // process's; a file another thread creates in that instant is made private too, which is
+    // harmless. The chmod after it is a second guard.
+    let umask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(umask);
+    let listener = bound.map_err(|e| listen_err(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| listen_err(format!("cannot set socket mode 0600: {e}")))?;
     Ok(listener)
