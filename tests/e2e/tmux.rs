@@ -723,3 +723,54 @@ fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
     let pane = tmux.pane(&session);
     assert_eq!(count(&pane, "got: Relay message from human"), 2, "{pane}");
 }
+
+/// `agent-relay attach NAME` from a person's terminal (not inside tmux): the terminal shows
+/// the agent's session; detaching (Ctrl-b d) returns with exit 0, and the agent keeps running
+/// and relaying.
+#[test]
+fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let session = start_tmux_agent(&relay, "Dana", ECHO_AGENT, &[]);
+    wait_online(&relay, "Dana");
+    wait_or_dump(&relay, &tmux, "Dana starts", || {
+        tmux.pane(&session).contains("I am Dana")
+    });
+    let dir = relay.dir.path();
+    crate::wrap::person_terminal(
+        &relay,
+        "relayattach",
+        &format!(
+            "cd '{}' && unset TMUX && {{bin}} attach Dana\necho \"attach exit $?\"",
+            dir.display()
+        ),
+    );
+    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayattach", args);
+    let screen = || String::from_utf8_lossy(&person(&["capture-pane", "-p"]).stdout).into_owned();
+    wait_for(
+        Duration::from_secs(20),
+        "the person sees Dana's session",
+        || screen().contains("I am Dana"),
+    );
+    let clients = tmux.run(&["list-clients", "-t", &format!("={session}")]);
+    assert_eq!(
+        String::from_utf8_lossy(&clients.stdout).lines().count(),
+        1,
+        "one client attached to Dana's session"
+    );
+    // A message arrives while the person watches: typed in, seen on their screen.
+    relay.cli(&["send", "Dana", "hello while you watch"]);
+    wait_for(Duration::from_secs(20), "the message shows", || {
+        screen().contains("got: Relay message from human")
+    });
+    // Detach: the prefix and d go to the attached client.
+    person(&["send-keys", "C-b", "d"]);
+    wait_for(Duration::from_secs(20), "attach returns", || {
+        screen().contains("attach exit 0")
+    });
+    assert!(tmux.has(&session), "the agent's session is still there");
+    assert!(is_online(&relay, "Dana"));
+    person(&["kill-server"]);
+}

@@ -831,3 +831,80 @@ fn intro_tells_the_agent_how_to_use_the_relay_and_sends_nothing() {
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     assert_eq!(h.as_array().map(Vec::len), Some(0), "{h}");
 }
+
+/// Run with no name, an agent gets a generated one (printed); it runs in the caller's working
+/// directory, at the caller's terminal size, with `AGENT_RELAY_NAME`; with
+/// `AGENT_RELAY_INBOX_DIR` set, every message for it is also written to
+/// `<dir>/team/<name>/inbox.md`.
+#[test]
+fn a_nameless_agent_gets_a_generated_name_the_callers_directory_size_and_an_inbox() {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let work = dir.join("work");
+    let inboxes = dir.join("inboxes");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = dir.join("where.sh");
+    std::fs::write(
+        &script,
+        "echo \"cwd: $(pwd)\"\necho \"size: $(stty size)\"\necho \"name: $AGENT_RELAY_NAME\"\n\
+         while IFS= read -r l; do echo \"got: $l\"; done\n",
+    )
+    .unwrap();
+    let err = dir.join("wrap-stderr.txt");
+    person_terminal(
+        &relay,
+        "relaynameless",
+        &format!(
+            "cd '{}' && AGENT_RELAY_INBOX_DIR='{}' {{bin}} sh '{}' 2> '{}'",
+            work.display(),
+            inboxes.display(),
+            script.display(),
+            err.display()
+        ),
+    );
+    let tmux = |args: &[&str]| tmux_in(dir, "relaynameless", args);
+    let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    wait_for(Duration::from_secs(20), "the agent starts", || {
+        pane().contains("name: ")
+    });
+    let said = std::fs::read_to_string(&err).unwrap();
+    let name = said
+        .split("this agent is ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no generated name announced: {said:?}"))
+        .to_owned();
+    assert!(
+        name.len() >= 4
+            && name.chars().all(|c| c.is_ascii_alphabetic())
+            && name.starts_with(|c: char| c.is_ascii_uppercase()),
+        "{name:?}"
+    );
+    wait_online(&relay, &name);
+    let text = pane();
+    for line in [
+        format!("cwd: {}", work.display()),
+        "size: 30 120".to_owned(),
+        format!("name: {name}"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        &name,
+        "check the inbox too",
+        "--json",
+    ])))
+    .unwrap();
+    let short = relay_protocol::short_id(sent["id"].as_str().unwrap()).to_owned();
+    wait_for(Duration::from_secs(20), "the message is typed in", || {
+        pane().contains("got: Relay message from human [")
+    });
+    let inbox = std::fs::read_to_string(inboxes.join("team").join(&name).join("inbox.md"))
+        .unwrap_or_else(|e| panic!("no inbox for {name} under {}: {e}", inboxes.display()));
+    assert!(
+        inbox.contains("check the inbox too") && inbox.contains(&short),
+        "{inbox}"
+    );
+    tmux(&["kill-server"]);
+}
