@@ -136,6 +136,10 @@ pub(crate) struct UpArgs {
     /// Messages waiting for one recipient before senders are told BUSY.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub(crate) busy_high_water: u64,
+    /// Connections open at once (agents, CLI commands, watchers); past it a new one is
+    /// refused with an ERROR that says to try again later.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub(crate) max_connections: usize,
     /// Loop budgets and rate limits.
     #[command(flatten)]
     pub(crate) safety: SafetyArgs,
@@ -389,6 +393,10 @@ pub(crate) struct HistoryArgs {
     /// Only messages since: a duration ago (90s, 10m, 2h, 7d) or Unix milliseconds.
     #[arg(long)]
     pub(crate) since: Option<String>,
+    /// Only messages stored before: a duration ago (90s, 10m, 2h, 7d) or Unix milliseconds.
+    /// With --since, a time range that includes its start and not its end.
+    #[arg(long)]
+    pub(crate) until: Option<String>,
     /// At most this many (1 to 1000).
     #[arg(long, default_value_t = 50)]
     pub(crate) limit: u32,

@@ -398,3 +398,74 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
     let status: Value = serde_json::from_slice(&relay.cli(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["messages"], 200);
 }
+
+/// History searches a time range, from the command line (`--since`, `--until`) and through
+/// the dashboard's API (`since`, `until`): its start included, its end not. A range that
+/// cannot match is refused with what to do.
+#[test]
+fn history_searches_a_time_range() {
+    let relay = Relay::start();
+    let (mut alice, _) = relay.agent("Alice");
+    let (_bob, _) = relay.agent("Bob");
+    for body in ["first", "second", "third"] {
+        alice.send("Bob", body);
+        alice.expect("ACK");
+        // Distinct store times, 1 ms resolution.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let all: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    let ts = |body: &str| -> u64 {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["body"] == body)
+            .unwrap()["ts"]
+            .as_u64()
+            .unwrap()
+    };
+    let (t1, t2, t3) = (ts("first"), ts("second"), ts("third"));
+    assert!(t1 < t2 && t2 < t3, "{all}");
+    let bodies = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let range = |since: u64, until: u64| -> Value {
+        serde_json::from_str(&ok_stdout(&relay.cli(&[
+            "history",
+            "--since",
+            &since.to_string(),
+            "--until",
+            &until.to_string(),
+            "--json",
+        ])))
+        .unwrap()
+    };
+    assert_eq!(bodies(&range(t2, t2 + 1)), ["second"]);
+    assert_eq!(
+        bodies(&range(t1, t3)),
+        ["second", "first"],
+        "newest first, end excluded"
+    );
+    let (port, token) = crate::support::dashboard(&relay);
+    let page = crate::support::api(
+        port,
+        &token,
+        &format!("/api/messages?since={t2}&until={}", t3 + 1),
+    );
+    assert_eq!(bodies(&page["messages"]), ["third", "second"]);
+    let out = relay.cli(&[
+        "history",
+        "--since",
+        &t3.to_string(),
+        "--until",
+        &t1.to_string(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("swap them"),
+        "{out:?}"
+    );
+}

@@ -384,3 +384,39 @@ fn escape_sequences_never_reach_the_terminal_from_trace_or_the_dead_letter_queue
         serde_json::from_str(&ok_stdout(&relay.cli(&["dlq", "show", "1", "--json"]))).unwrap();
     assert_eq!(v["dead_letter"]["body"], hostile);
 }
+
+/// Connections are bounded (`up --max-connections`): past the limit a new one gets an ERROR
+/// saying to try again later and is closed; those already open are served as before, and a
+/// place frees when one of them leaves.
+#[test]
+fn past_the_connection_limit_a_new_connection_is_told_to_try_again_later() {
+    let relay = Relay::start_with(&["--max-connections", "2"]);
+    let (mut ann, _) = relay.agent("Ann");
+    let (ben, _) = relay.agent("Ben");
+    let mut third = relay.connect();
+    let e = third.expect("ERROR");
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("too many connections; try again later"),
+        "{e}"
+    );
+    assert!(third.read().is_none(), "then closed");
+    // Ann is still served.
+    ann.send("Ben", "still here");
+    assert_eq!(ann.expect("ACK")["payload"]["status"], "accepted");
+    // Ben leaves: his place goes to the next one (once the daemon has seen him go).
+    drop(ben);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let welcome = loop {
+        let mut c = relay.connect();
+        c.send_env("HELLO", json!({}), json!({"agent": "Cid", "cli": "test"}));
+        match c.read() {
+            Some(f) if f["type"] == "WELCOME" => break f,
+            other => assert!(Instant::now() < deadline, "no place freed: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(welcome["payload"]["session_id"].is_string(), "{welcome}");
+}

@@ -802,3 +802,77 @@ fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
     );
     assert_eq!(dl[0]["body"], "acknowledged 2");
 }
+
+/// `rules remove N` takes a rule away without a restart: the pair it denied gets through
+/// again. A number that is not a rule gets an error saying how rules are numbered.
+#[test]
+fn a_removed_rule_no_longer_applies() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let (mut mallory, _) = relay.agent("Mallory");
+    ok_stdout(&relay.cli(&[
+        "rules", "add", "--from", "Mallory", "--to", "Bob", "--action", "deny",
+    ]));
+    wait_for(Duration::from_secs(20), "rule loaded", || {
+        cli_json(&relay, &["status"])["rules"] == 1
+    });
+    let refused = mallory.send("Bob", "let me in");
+    assert_eq!(answer(&mut mallory)["payload"]["code"], "forbidden");
+
+    let out = relay.cli(&["rules", "remove", "5"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("there is no rule 5") && err.contains("rules list"),
+        "{err}"
+    );
+    let text = ok_stdout(&relay.cli(&["rules", "remove", "1"]));
+    assert!(text.contains("rule 1 removed"), "{text}");
+    assert_eq!(
+        cli_json(&relay, &["rules", "list"])["rules"],
+        json!([]),
+        "the file has no rule left"
+    );
+    wait_for(Duration::from_secs(20), "rules reloaded", || {
+        cli_json(&relay, &["status"])["rules"] == 0
+    });
+    mallory.send("Bob", "now?");
+    assert_eq!(answer(&mut mallory)["type"], "ACK");
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (d["from"].as_str(), d["payload"]["body"].as_str()),
+        (Some("Mallory"), Some("now?"))
+    );
+    bob.ack(&d);
+    assert_nothing_dropped(&relay, &["Bob"], &[refused]);
+}
+
+/// `--rate-override NAME=N` gives one sender its own limit; everyone else keeps the default.
+#[test]
+fn a_rate_override_lifts_one_senders_limit_only() {
+    let relay = Relay::start_with(&[
+        "--rate-limit",
+        "5",
+        "--pair-rate-limit",
+        "0",
+        "--rate-override",
+        "Boss=50",
+    ]);
+    let (_bob, _) = relay.agent("Bob");
+    let (mut boss, _) = relay.agent("Boss");
+    let (mut worker, _) = relay.agent("Worker");
+    let count = |agent: &mut Raw| {
+        let mut accepted = 0;
+        for i in 0..20 {
+            agent.send("Bob", &format!("update {i}"));
+            let f = answer(agent);
+            match f["type"].as_str() {
+                Some("ACK") => accepted += 1,
+                _ => assert_eq!(f["payload"]["code"], "rate_limited", "{f}"),
+            }
+        }
+        accepted
+    };
+    assert_eq!(count(&mut boss), 20, "Boss's own limit is 50");
+    assert_eq!(count(&mut worker), 5, "the default still holds for Worker");
+}

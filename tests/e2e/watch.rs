@@ -286,3 +286,88 @@ fn watch_and_dashboard_report_expired_deliveries() {
     let stats = crate::support::api(port, &token, "/api/stats");
     assert_eq!(stats["totals"]["expired"], 1);
 }
+
+/// `--to` shows only what is sent to that agent, `--topic` only messages on matching topics
+/// (with their deliveries); neither shows the rest.
+#[test]
+fn watch_filters_by_recipient_and_by_topic() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let (mut carol, _) = relay.agent("Carol");
+    let (mut alice, _) = relay.agent("Alice");
+    let to_bob = Watcher::start(&relay, &["--json", "--to", "Bob"]);
+    to_bob.wait_subscribed(&mut alice, |a| {
+        a.send("Bob", "probe");
+    });
+    let builds = Watcher::start(&relay, &["--json", "--topic", "build.*"]);
+    builds.wait_subscribed(&mut alice, |a| {
+        a.send_env(
+            "SEND",
+            json!({"to": "Carol", "topic": "build.probe"}),
+            json!({"body": "probe"}),
+        );
+    });
+
+    alice.send("Carol", "for carol");
+    alice.expect("ACK");
+    alice.send("Bob", "for bob");
+    alice.expect("ACK");
+    alice.send_env(
+        "SEND",
+        json!({"to": "Carol", "topic": "build.linux"}),
+        json!({"body": "green"}),
+    );
+    alice.expect("ACK");
+    // Everyone acknowledges everything (probes included): three messages besides probes.
+    let mut acked = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while acked < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {acked} of 3 delivered"
+        );
+        for agent in [&mut bob, &mut carol] {
+            agent.read_timeout(Duration::from_millis(200));
+            while let Some(f) = agent.read() {
+                if f["type"] == "DELIVER" {
+                    agent.ack(&f);
+                    if f["payload"]["body"] != "probe" {
+                        acked += 1;
+                    }
+                }
+            }
+        }
+    }
+    // What each printed, probes aside, until it has been quiet for a second.
+    let drain = |w: &Watcher| -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Ok(line) = w.lines.recv_timeout(Duration::from_secs(1)) {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["body"] != "probe" {
+                out.push(v);
+            }
+        }
+        out
+    };
+    let bodies = |evs: &[Value]| -> Vec<String> {
+        evs.iter()
+            .filter(|e| e["type"] == "accepted")
+            .map(|e| e["body"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let seen = drain(&to_bob);
+    assert_eq!(bodies(&seen), ["for bob"], "{seen:?}");
+    assert!(
+        seen.iter()
+            .filter(|e| e["type"] == "delivered" || e["type"] == "acked")
+            .all(|e| e["recipient"] == "Bob"),
+        "{seen:?}"
+    );
+    let seen = drain(&builds);
+    assert_eq!(bodies(&seen), ["green"], "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|e| e["type"] == "acked" && e["recipient"] == "Carol"),
+        "its delivery is followed: {seen:?}"
+    );
+}

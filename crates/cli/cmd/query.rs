@@ -201,6 +201,20 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         .map(parse_since)
         .transpose()
         .map_err(anyhow::Error::msg)?;
+    let until_ms = args
+        .until
+        .as_deref()
+        .map(parse_since)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    if let (Some(since), Some(until)) = (since_ms, until_ms)
+        && since >= until
+    {
+        anyhow::bail!(
+            "--since is not before --until (the range includes its start, not its end): \
+             nothing can match; swap them or widen the range"
+        );
+    }
     if !(1..=1000).contains(&args.limit) {
         anyhow::bail!("--limit must be between 1 and 1000");
     }
@@ -210,7 +224,7 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         topic: args.topic.clone(),
         text: args.text.clone(),
         since_ms,
-        until_ms: None,
+        until_ms,
         before_pos: None,
         limit: Some(args.limit),
     };

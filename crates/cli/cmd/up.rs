@@ -159,6 +159,7 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
         .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
         .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
         .args(["--busy-high-water", &args.busy_high_water.to_string()])
+        .args(["--max-connections", &args.max_connections.to_string()])
         .args(args.safety.to_args());
     if let Some(port) = args.dashboard_port {
         cmd.args(["--dashboard-port", &port.to_string()]);
@@ -241,6 +242,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
     cfg.heartbeat_timeout = cfg.heartbeat * 3;
     cfg.busy_high_water = args.busy_high_water.max(1);
+    cfg.max_connections = args.max_connections.max(1);
     cfg.max_hops = args.safety.max_hops;
     cfg.breaker_failures = args.safety.breaker_failures;
     cfg.breaker_cooldown = Duration::from_millis(args.safety.breaker_cooldown_ms.max(1));

@@ -75,6 +75,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
         inbox_ttl: 3600,
         heartbeat_ms: 5000,
         busy_high_water: 10_000,
+        max_connections: 1024,
         safety: crate::args::SafetyArgs::default(),
         dashboard_port: None,
         no_dashboard: false,
