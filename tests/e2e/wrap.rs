@@ -908,3 +908,45 @@ fn a_nameless_agent_gets_a_generated_name_the_callers_directory_size_and_an_inbo
     );
     tmux(&["kill-server"]);
 }
+
+/// What an agent prints after a relayed message answers that message (`in_reply_to`, its
+/// thread, one more hop); once a person submits a line of their own, what it prints next
+/// starts afresh: no `in_reply_to`, not in that thread, no budget carried over.
+#[test]
+fn a_persons_line_starts_a_fresh_conversation() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    person_terminal(
+        &relay,
+        "relayfresh",
+        "{bin} -n Erin sh -c 'while IFS= read -r l; do case \"$l\" in \
+         *\"Relay message\"*) echo \"@relay:Bob answering you\";; \
+         *) echo \"@relay:Bob about: $l\";; esac; done'",
+    );
+    let tmux = |args: &[&str]| tmux_in(relay.dir.path(), "relayfresh", args);
+    wait_online(&relay, "Erin");
+    // Bob asks; Erin's agent answers: a reply.
+    let asked = bob.send("Erin", "can you check?");
+    bob.expect("ACK");
+    let reply = bob.expect("DELIVER");
+    bob.ack(&reply);
+    assert_eq!(reply["payload"]["body"], "answering you");
+    assert_eq!(reply["payload"]["in_reply_to"], asked.as_str(), "{reply}");
+    let thread = reply["payload"]["thread"].as_str().unwrap().to_owned();
+    assert_eq!(reply["payload"]["budget"]["hops"], 1, "{reply}");
+    // A person gives Erin's agent a task of their own: what it says next is new.
+    tmux(&["send-keys", "-l", "plan the release"]);
+    tmux(&["send-keys", "Enter"]);
+    let fresh = bob.expect("DELIVER");
+    bob.ack(&fresh);
+    assert_eq!(fresh["payload"]["body"], "about: plan the release");
+    // Not a reply, in no thread, so it carries no budget: hop counting starts again.
+    assert!(fresh["payload"]["in_reply_to"].is_null(), "{fresh}");
+    assert_ne!(
+        fresh["payload"]["thread"].as_str(),
+        Some(thread.as_str()),
+        "{fresh}"
+    );
+    assert!(fresh["payload"]["budget"].is_null(), "{fresh}");
+    tmux(&["kill-server"]);
+}
