@@ -13,7 +13,7 @@ use relay_standin::{Rule, Script, StandIn};
 use serde_json::Value;
 
 use crate::support::{Relay, ok_stdout, wait_for};
-use crate::wrap::{person_terminal, tmux_in, wait_online};
+use crate::wrap::{PersonTerminal, person_terminal, tmux_in, wait_online};
 
 /// Any key does for the stand-in; Claude Code asks once per key unless it is pre-approved.
 const KEY: &str = "sk-ant-api03-standin-00000000000000000000abcdefghij";
@@ -161,6 +161,8 @@ struct Agent<'r> {
     home: PathBuf,
     server: String,
     standin: StandIn,
+    /// Kills the terminal's tmux server last (after `Drop` has shown its screen on failure).
+    _terminal: PersonTerminal,
 }
 
 impl<'r> Agent<'r> {
@@ -192,7 +194,7 @@ impl<'r> Agent<'r> {
         std::fs::create_dir_all(&work).unwrap();
         let env = cli.setup(&home, &work, &standin.base_url());
         let server = format!("agent-{}", name.to_lowercase());
-        person_terminal(
+        let terminal = person_terminal(
             relay,
             &server,
             &format!(
@@ -210,6 +212,7 @@ impl<'r> Agent<'r> {
             home,
             server,
             standin,
+            _terminal: terminal,
         }
     }
 

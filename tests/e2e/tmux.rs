@@ -739,7 +739,7 @@ fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
         tmux.pane(&session).contains("I am Dana")
     });
     let dir = relay.dir.path();
-    crate::wrap::person_terminal(
+    let _terminal = crate::wrap::person_terminal(
         &relay,
         "relayattach",
         &format!(

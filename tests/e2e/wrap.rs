@@ -34,9 +34,23 @@ pub(crate) fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std
         .expect("tmux is installed (.ci/run installs it)")
 }
 
+/// A person's terminal: a private tmux server, killed with whatever runs in it when this is
+/// dropped, so a failing test leaves nothing running.
+#[must_use = "the terminal's tmux server is killed when this is dropped"]
+pub(crate) struct PersonTerminal {
+    dir: std::path::PathBuf,
+    server: String,
+}
+
+impl Drop for PersonTerminal {
+    fn drop(&mut self) {
+        let _ = tmux_in(&self.dir, &self.server, &["kill-server"]);
+    }
+}
+
 /// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with
 /// this relay's environment: a person's terminal. `{bin}` in `commands` is the binary.
-pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
+pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) -> PersonTerminal {
     let dir = relay.dir.path();
     let script = dir.join(format!("{server}.sh"));
     let body = format!(
@@ -66,6 +80,10 @@ pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    PersonTerminal {
+        dir: dir.to_path_buf(),
+        server: server.to_owned(),
+    }
 }
 
 /// Starts `agent-relay ARGS` in the relay's directory (the agent scripts live there), with no
@@ -255,7 +273,7 @@ fn keystrokes_pass_through_and_the_terminal_is_restored() {
     let relay = Relay::start();
     let dir = relay.dir.path();
     let stty_file = dir.join("stty.txt");
-    person_terminal(
+    let _terminal = person_terminal(
         &relay,
         "relaytest",
         &format!(
@@ -304,7 +322,7 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
         let name = format!("Eve{secs}");
         let server = format!("relaysig{secs}");
         let stty = dir.join(format!("stty-{secs}.txt"));
-        person_terminal(
+        let _terminal = person_terminal(
             &relay,
             &server,
             &format!(
@@ -392,7 +410,7 @@ done
 fn a_message_waits_for_the_person_to_finish_their_line() {
     let relay = Relay::start();
     let dir = relay.dir.path();
-    person_terminal(
+    let _terminal = person_terminal(
         &relay,
         "relayperson",
         "{bin} -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'",
@@ -496,7 +514,7 @@ fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
          echo \"answered: $answer\"\nwhile IFS= read -r l; do echo \"got: $l\"; done\n",
     )
     .unwrap();
-    person_terminal(
+    let _terminal = person_terminal(
         &relay,
         "relaydialog",
         &format!(
@@ -851,7 +869,7 @@ fn a_nameless_agent_gets_a_generated_name_the_callers_directory_size_and_an_inbo
     )
     .unwrap();
     let err = dir.join("wrap-stderr.txt");
-    person_terminal(
+    let _terminal = person_terminal(
         &relay,
         "relaynameless",
         &format!(
@@ -916,7 +934,7 @@ fn a_nameless_agent_gets_a_generated_name_the_callers_directory_size_and_an_inbo
 fn a_persons_line_starts_a_fresh_conversation() {
     let relay = Relay::start();
     let (mut bob, _) = relay.agent("Bob");
-    person_terminal(
+    let _terminal = person_terminal(
         &relay,
         "relayfresh",
         "{bin} -n Erin sh -c 'while IFS= read -r l; do case \"$l\" in \
