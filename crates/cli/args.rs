@@ -20,7 +20,8 @@ pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY
 AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 
 Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 no such message,
-5 message refused by the relay.";
+5 message refused by the relay. A wrapped agent: its own exit code, or 128 + the signal
+that stopped the wrapper (130 for SIGINT).";
 
 /// Lets AI coding agents in separate terminals message each other through a local relay.
 #[derive(Debug, Parser)]

@@ -312,7 +312,7 @@ fn watch_filters_by_recipient_and_by_topic() {
     alice.expect("ACK");
     alice.send("Bob", "for bob");
     alice.expect("ACK");
-    alice.send_env(
+    let green = alice.send_env(
         "SEND",
         json!({"to": "Carol", "topic": "build.linux"}),
         json!({"body": "green"}),
@@ -366,8 +366,9 @@ fn watch_filters_by_recipient_and_by_topic() {
     let seen = drain(&builds);
     assert_eq!(bodies(&seen), ["green"], "{seen:?}");
     assert!(
-        seen.iter()
-            .any(|e| e["type"] == "acked" && e["recipient"] == "Carol"),
+        seen.iter().any(|e| e["type"] == "acked"
+            && e["id"] == green.as_str()
+            && e["recipient"] == "Carol"),
         "its delivery is followed: {seen:?}"
     );
 }

@@ -318,7 +318,11 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
     use rustix::process::Signal;
     let relay = Relay::start();
     let dir = relay.dir.path();
-    for (signal, secs) in [(Signal::Term, 59), (Signal::Int, 58), (Signal::Quit, 57)] {
+    for (signal, number, secs) in [
+        (Signal::Term, 15, 59),
+        (Signal::Int, 2, 58),
+        (Signal::Quit, 3, 57),
+    ] {
         let name = format!("Eve{secs}");
         let server = format!("relaysig{secs}");
         let stty = dir.join(format!("stty-{secs}.txt"));
@@ -365,6 +369,14 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
                 "{signal:?}: terminal not restored: {mode} is off\n{modes}"
             );
         }
+        // Its exit status says which signal, as a shell reports one that a signal ended.
+        let screen =
+            String::from_utf8_lossy(&tmux_in(dir, &server, &["capture-pane", "-p"]).stdout)
+                .into_owned();
+        assert!(
+            screen.contains(&format!("wrapper exit {}", 128 + number)),
+            "{signal:?}:\n{screen}"
+        );
         // The agent went with it.
         wait_for(Duration::from_secs(10), "the agent is gone", || {
             !agent_running()

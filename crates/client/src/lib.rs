@@ -805,6 +805,18 @@ impl Driver {
         for u in &self.outbox {
             out.extend_from_slice(&u.frame);
         }
+        // The new daemon (or session) learns how the terminal looks at once, not at its
+        // first PING.
+        if let Some(report) = &self.terminal {
+            let pong = Ping {
+                nonce: None,
+                terminal: Some(report.clone()),
+            };
+            Self::encode(
+                &mut out,
+                &Envelope::new(new_id(), now_ms(), Payload::Pong(pong)),
+            );
+        }
         conn.stream.write_all(&out).await?;
         Ok(())
     }

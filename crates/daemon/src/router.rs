@@ -279,6 +279,10 @@ struct Online {
     conn_id: u64,
     /// How its wrapper last said the agent's terminal looks (a wrapped agent only).
     terminal: Option<TerminalReport>,
+    /// When the live feed was last told of it, and whether a newer report waits to be told
+    /// (at most one `agent_state` per [`STATE_EVERY`]; the rest on the next second's tick).
+    terminal_told: Option<Instant>,
+    terminal_pending: bool,
     tx: mpsc::Sender<Outbound>,
     killer: Killer,
     session_id: Arc<str>,
@@ -475,6 +479,10 @@ pub(crate) struct Router {
 /// How often the rules file is checked for changes.
 const RULES_CHECK: Duration = Duration::from_secs(1);
 
+/// At most one `agent_state` event per agent this often; a newer report waits for the next
+/// [`RULES_CHECK`] tick.
+const STATE_EVERY: Duration = Duration::from_millis(250);
+
 /// Flush watermarks at least this often under sustained load (they are also flushed whenever
 /// the router runs out of work).
 const FLUSH_EVERY: u32 = 1024;
@@ -563,6 +571,7 @@ impl Router {
                 _ = rules_check.tick() => {
                     self.reload_rules();
                     self.probe_circuits().await;
+                    self.flush_terminal_states();
                 }
                 () = shutdown.cancelled() => break,
                 // Lowest priority: runs only when nothing else is ready.
@@ -796,6 +805,8 @@ impl Router {
         agent.online = Some(Online {
             conn_id: conn.id,
             terminal: None,
+            terminal_told: None,
+            terminal_pending: false,
             tx: conn.tx,
             killer: conn.killer,
             session_id: session_id.clone(),
@@ -2109,10 +2120,44 @@ impl Router {
         if on.terminal.as_ref() == Some(&report) {
             return;
         }
-        on.terminal = Some(report.clone());
+        on.terminal = Some(report);
+        let now = Instant::now();
+        if on
+            .terminal_told
+            .is_some_and(|t| now.duration_since(t) < STATE_EVERY)
+        {
+            // Told a moment ago: the next tick tells the latest (a client flipping its state
+            // cannot flood watchers and dashboards).
+            on.terminal_pending = true;
+            return;
+        }
+        on.terminal_told = Some(now);
+        on.terminal_pending = false;
+        let report = on.terminal.clone();
+        self.emit_terminal(name, report);
+    }
+
+    /// Tells the live feed the reports held back by [`STATE_EVERY`] (from the 1 s tick).
+    fn flush_terminal_states(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (name, a) in &mut self.agents {
+            if let Some(on) = a.online.as_mut().filter(|o| o.terminal_pending) {
+                on.terminal_pending = false;
+                on.terminal_told = Some(now);
+                due.push((name.clone(), on.terminal.clone()));
+            }
+        }
+        for (name, report) in due {
+            self.emit_terminal(name, report);
+        }
+    }
+
+    fn emit_terminal(&self, agent: String, report: Option<TerminalReport>) {
+        let Some(report) = report else { return };
         self.feed.emit(|| RelayEvent::AgentState {
             ts: now_ms(),
-            agent: name,
+            agent,
             backend: report.backend,
             state: report.state,
             why: report.why,

@@ -219,7 +219,7 @@ function deadItem(d) {
       el('span', { class: 'who' }, d.from), el('span', { class: 'arrow' }, '→'), el('span', { class: 'who' }, d.recipient),
       d.topic ? el('span', { class: 'tag topic' }, `#${d.topic}`) : null,
       el('span', { class: 'tag dead' }, d.code), el('span', { class: 'hint' }, `#${d.dlq_id}`), retry),
-    el('span', { class: 'body', title: d.body }, d.body.replace(/\s+/g, ' ')),
+    el('span', { class: 'body', title: d.body }, d.body.replace(/\s+/g, ' ') + (d.truncated ? '…' : '')),
     el('span', { class: 'hint reason' }, d.reason), out);
   return li;
 }

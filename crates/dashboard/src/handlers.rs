@@ -28,6 +28,9 @@ const STYLE: &str = include_str!("../assets/app.css");
 /// Dead letters listed (the newest; `agent-relay dlq --limit` reaches further back).
 const DEAD_LIMIT: u32 = 200;
 
+/// Characters of each dead letter's body in the list.
+const DEAD_EXCERPT: usize = 300;
+
 type Failure = (StatusCode, Json<serde_json::Value>);
 
 fn failure(status: StatusCode, code: &str, message: impl Into<String>) -> Failure {
@@ -240,7 +243,21 @@ pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json:
     let QueryResult::DlqList { dead_letters } = answer.result else {
         return Err(unexpected());
     };
-    Ok(Json(json!({ "dead_letters": dead_letters })))
+    // A list, reloaded whenever something is refused: bodies as excerpts (a body may be 512
+    // KiB); the message's detail has the whole text.
+    let listed: Vec<serde_json::Value> = dead_letters
+        .into_iter()
+        .map(|mut d| {
+            let cut = d.body.char_indices().nth(DEAD_EXCERPT).map(|(at, _)| at);
+            if let Some(at) = cut {
+                d.body.truncate(at);
+            }
+            let mut v = json!(d);
+            v["truncated"] = json!(cut.is_some());
+            v
+        })
+        .collect();
+    Ok(Json(json!({ "dead_letters": listed })))
 }
 
 /// `POST /api/dead/{n}/retry`: puts dead letter `n` back, as `agent-relay dlq retry n` does.

@@ -39,6 +39,10 @@ use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
 /// (a code block then looks like prose, and a directive shown in one like a real one).
 pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
 
+/// Output running this long (no quiet spell of the profile's settle time) reports the agent
+/// busy to the relay.
+const BUSY_AFTER: Duration = Duration::from_secs(1);
+
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
 /// them from prose. `NO_COLOR` is the person's choice, so it is passed on, not removed.
@@ -187,6 +191,9 @@ struct ProfileLook<'a> {
     source: LookSource<'a>,
     /// tmux: the pane was in copy mode when last captured.
     in_mode: bool,
+    /// The agent has been seen started (its profile's start-up screen gone) at least once:
+    /// from then on that screen's rule no longer applies (see [`Profile::starting`]).
+    started: &'a mut bool,
 }
 
 enum LookSource<'a> {
@@ -219,7 +226,13 @@ impl ProfileLook<'_> {
 impl Look for ProfileLook<'_> {
     fn ready(&mut self) -> Result<(), NotReady> {
         let verdict = match self.screen() {
-            Some(s) => self.profile.ready(&s),
+            Some(s) if !*self.started && self.profile.starting(&s) => {
+                Err(NotReady::Busy("starting up".into()))
+            }
+            Some(s) => {
+                *self.started = true;
+                self.profile.ready(&s)
+            }
             None => Err(NotReady::NoPrompt),
         };
         if let Err(why) = &verdict {
@@ -256,6 +269,10 @@ struct Core {
     resume: Option<Resume>,
     /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
     reported: Option<(TerminalState, Option<String>)>,
+    /// When the current run of output (no quiet spell of the settle time in it) began.
+    burst_start: Instant,
+    /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
+    started: bool,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -314,13 +331,16 @@ impl Core {
             settled: true,
             resume: None,
             reported: None,
+            burst_start: now,
+            started: false,
         })
     }
 
     /// How the terminal looks, from what the wrapper already knows (no screen is read for
     /// this): `blocked` when messages wait behind a dialog, a person's half-written line or a
     /// missing input line; `busy` when they wait behind a busy marker or the agent printed
-    /// within the settle time; else `idle`. A person's text is never repeated.
+    /// for a second or more without a quiet spell; else `idle`. A person's text is never
+    /// repeated.
     fn terminal_view(&self, now: Instant) -> (TerminalState, Option<String>) {
         if self.injector.pending() > 0 {
             if self.injector.person_typing() {
@@ -346,7 +366,11 @@ impl Core {
                 None => {}
             }
         }
-        if now < self.last_output + self.cfg.profile.settle {
+        // Printing for a while, not a moment: a person's typing echoed back or a one-line
+        // answer is not worth telling anyone about.
+        let printing = now < self.last_output + self.cfg.profile.settle
+            && now.duration_since(self.burst_start) >= BUSY_AFTER;
+        if printing {
             (TerminalState::Busy, Some("printing".into()))
         } else {
             (TerminalState::Idle, None)
@@ -434,6 +458,10 @@ impl Core {
 
     async fn on_output(&mut self, bytes: &[u8], now: Instant) {
         self.injector.on_output(now);
+        if self.settled {
+            // Output after a quiet spell: a new burst.
+            self.burst_start = now;
+        }
         self.last_output = now;
         self.settled = false;
         for d in self.parser.feed(bytes) {
@@ -565,6 +593,7 @@ impl Core {
                     Term::Tmux(pane) => LookSource::Tmux(pane),
                 },
                 in_mode: false,
+                started: &mut self.started,
             };
             let Some(action) = self.injector.poll(now, &mut look) else {
                 break;
@@ -716,7 +745,10 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let mut hup = signal_of(SignalKind::hangup())?;
     let mut int = signal_of(SignalKind::interrupt())?;
     let mut quit = signal_of(SignalKind::quit())?;
-    let mut stopped = false;
+    // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
+    // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
+    // sent to it, like any other command).
+    let mut stopped: Option<i32> = None;
     let mut paste = format::PasteMode::default();
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
@@ -753,10 +785,10 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
             }
             Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
-            _ = term.recv() => { stopped = true; break; }
-            _ = hup.recv() => { stopped = true; break; }
-            _ = int.recv() => { stopped = true; break; }
-            _ = quit.recv() => { stopped = true; break; }
+            _ = term.recv() => { stopped = Some(15); break; }
+            _ = hup.recv() => { stopped = Some(1); break; }
+            _ = int.recv() => { stopped = Some(2); break; }
+            _ = quit.recv() => { stopped = Some(3); break; }
             _ = winch.recv() => {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
@@ -771,15 +803,15 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         core.report_terminal("pty", Instant::now()).await;
     }
     let mut pty = pty;
-    if stopped {
-        tracing::info!("stopped by a signal: ending the agent");
+    if let Some(signal) = stopped {
+        tracing::info!(signal, "stopped by a signal: ending the agent");
         pty.kill();
     }
     let code = tokio::task::spawn_blocking(move || pty.wait())
         .await
         .map_err(|e| WrapError::Pty(e.to_string()))??;
     core.finish().await;
-    Ok(code)
+    Ok(stopped.map_or(code, |signal| 128 + signal))
 }
 
 /// Relays for an agent running in tmux session `session` (created by [`tmux::create`])

@@ -14,6 +14,9 @@ use regex_lite::Regex;
 use relay_parse::ScreenText;
 use serde::Deserialize;
 
+/// Rows of a profile's `starting` patterns, one after another, that make a start-up screen.
+pub const STARTING_ROWS: usize = 3;
+
 /// The embedded defaults, by profile name.
 const DEFAULTS: [(&str, &str); 5] = [
     ("claude", include_str!("../profiles/claude.toml")),
@@ -58,6 +61,7 @@ struct File {
     dialogs: Option<Vec<String>>,
     prompt: Option<String>,
     placeholders: Option<Vec<String>>,
+    starting: Option<Vec<String>>,
 }
 
 impl File {
@@ -76,7 +80,8 @@ impl File {
             busy_patterns,
             dialogs,
             prompt,
-            placeholders
+            placeholders,
+            starting
         );
     }
 }
@@ -115,6 +120,7 @@ pub struct Profile {
     dialogs: Vec<String>,
     prompt: Option<Regex>,
     placeholders: Vec<Regex>,
+    starting: Vec<Regex>,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -230,6 +236,7 @@ impl Profile {
             dialogs: lowercase(f.dialogs.unwrap_or_default()),
             prompt: f.prompt.as_deref().map(|p| regex(p, source)).transpose()?,
             placeholders: regexes(f.placeholders)?,
+            starting: regexes(f.starting)?,
         })
     }
 
@@ -256,6 +263,31 @@ impl Profile {
                 text
             }
         }))
+    }
+
+    /// Whether `screen` is the CLI's start-up screen: [`STARTING_ROWS`] or more rows in a row
+    /// matching the profile's `starting` patterns (Codex's logo, drawn until its session is
+    /// configured). The wrapper asks this only until it has once seen the agent started, and
+    /// it never counts as "submitted": a message whose text happens to draw such rows later
+    /// cannot hold the agent back or pass for a submitted one.
+    pub fn starting(&self, screen: &ScreenText) -> bool {
+        if self.starting.is_empty() {
+            return false;
+        }
+        let mut run = 0;
+        for row in &screen.lines {
+            let row = normalize(row);
+            let row = row.trim();
+            if !row.is_empty() && self.starting.iter().any(|p| p.is_match(row)) {
+                run += 1;
+                if run >= STARTING_ROWS {
+                    return true;
+                }
+            } else {
+                run = 0;
+            }
+        }
+        false
     }
 
     /// Whether the agent on `screen` may be given a message now.
