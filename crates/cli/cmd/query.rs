@@ -195,18 +195,10 @@ pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
 
 /// `agent-relay history`.
 pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result<()> {
-    let since_ms = args
-        .since
-        .as_deref()
-        .map(parse_since)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let until_ms = args
-        .until
-        .as_deref()
-        .map(parse_since)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    // Both take a duration ago or Unix milliseconds.
+    let time = |v: Option<&str>| v.map(parse_since).transpose().map_err(anyhow::Error::msg);
+    let since_ms = time(args.since.as_deref())?;
+    let until_ms = time(args.until.as_deref())?;
     if let (Some(since), Some(until)) = (since_ms, until_ms)
         && since >= until
     {
