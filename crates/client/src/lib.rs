@@ -807,15 +807,8 @@ impl Driver {
         }
         // The new daemon (or session) learns how the terminal looks at once, not at its
         // first PING.
-        if let Some(report) = &self.terminal {
-            let pong = Ping {
-                nonce: None,
-                terminal: Some(report.clone()),
-            };
-            Self::encode(
-                &mut out,
-                &Envelope::new(new_id(), now_ms(), Payload::Pong(pong)),
-            );
+        if self.terminal.is_some() {
+            self.pong(&mut out, None);
         }
         conn.stream.write_all(&out).await?;
         Ok(())
@@ -914,6 +907,16 @@ impl Driver {
         }
     }
 
+    /// A PONG (`nonce` echoed when it answers a PING), carrying the application's terminal
+    /// report when it gave one.
+    fn pong(&self, out: &mut Vec<u8>, nonce: Option<String>) {
+        let pong = Ping {
+            nonce,
+            terminal: self.terminal.clone(),
+        };
+        Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Pong(pong)));
+    }
+
     fn encode(out: &mut Vec<u8>, env: &Envelope) {
         if let Err(e) = encode_frame(env, out, MAX_FRAME_BYTES) {
             tracing::error!(error = %e, "cannot encode frame");
@@ -946,12 +949,8 @@ impl Driver {
                 state,
             } => self.on_app_ack(&from, id, seq, state, out),
             Cmd::Terminal(report) => {
-                let pong = Ping {
-                    nonce: None,
-                    terminal: Some(report.clone()),
-                };
-                Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Pong(pong)));
                 self.terminal = Some(report);
+                self.pong(out, None);
             }
             Cmd::Close(_) => {}
         }
@@ -1120,19 +1119,7 @@ impl Driver {
                     return Err("client dropped".into());
                 }
             }
-            Payload::Ping(p) => {
-                Self::encode(
-                    out,
-                    &Envelope::new(
-                        new_id(),
-                        now_ms(),
-                        Payload::Pong(Ping {
-                            nonce: p.nonce,
-                            terminal: self.terminal.clone(),
-                        }),
-                    ),
-                );
-            }
+            Payload::Ping(p) => self.pong(out, p.nonce),
             Payload::Result(r) => {
                 if let Some(q) = self.queries.remove(&env.id) {
                     let _ = q.send(Ok(r));
