@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use relay_protocol::events::{RelayEvent, Watch, excerpt};
+use relay_protocol::events::{RelayEvent, Watch, excerpt, excerpt_of};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
@@ -212,11 +212,6 @@ fn online_mut<'a>(
     Some((name, on))
 }
 
-/// At most `n` characters of `s`.
-fn excerpt_chars(s: &str, n: usize) -> String {
-    s.chars().take(n).collect()
-}
-
 /// The store write an operator action (`dlq retry`, `dlq purge`) makes; `None` for a read.
 fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
     match req {
@@ -340,6 +335,21 @@ struct Agent {
 struct SlowConsumer;
 
 impl Online {
+    /// The terminal report to tell the live feed at `now`: the newest one not yet told, unless
+    /// one was told within [`STATE_EVERY`] (then a later call tells it: a client flipping its
+    /// state cannot flood watchers and dashboards).
+    fn terminal_due(&mut self, now: Instant) -> Option<TerminalReport> {
+        let recently = self
+            .terminal_told
+            .is_some_and(|t| now.duration_since(t) < STATE_EVERY);
+        if !self.terminal_pending || recently {
+            return None;
+        }
+        self.terminal_pending = false;
+        self.terminal_told = Some(now);
+        self.terminal.clone()
+    }
+
     fn can_send_live(&self) -> bool {
         self.mode == Mode::Live && self.inflight.len() < self.room_limit()
     }
@@ -656,30 +666,32 @@ impl Router {
                 id,
                 req: QueryRequest::Watch(filter),
             } => self.watch(conn_id, id, Watch::new(filter)),
-            RouterMsg::Query { conn_id, id, req } => {
-                if let Some(op) = admin_op(&req) {
-                    let ctx = WriteCtx::Admin {
-                        conn_id,
-                        env_id: id,
-                        reply: None,
-                    };
-                    self.to_store(StoreCmd::Write(op, ctx)).await;
-                    return;
-                }
-                self.query(conn_id, id, req, None).await;
-            }
+            RouterMsg::Query { conn_id, id, req } => self.answer(conn_id, id, req, None).await,
             RouterMsg::Ask { req, reply } => {
-                if let Some(op) = admin_op(&req) {
-                    let ctx = WriteCtx::Admin {
-                        conn_id: NO_CONN,
-                        env_id: String::new(),
-                        reply: Some(reply),
-                    };
-                    self.to_store(StoreCmd::Write(op, ctx)).await;
-                    return;
-                }
-                self.query(NO_CONN, String::new(), req, Some(reply)).await;
+                self.answer(NO_CONN, String::new(), req, Some(reply)).await;
             }
+        }
+    }
+
+    /// A QUERY from a connection, or an in-process ask (`reply`): an operator action
+    /// (`dlq retry`, `dlq purge`) goes to the store as a write and is answered once done;
+    /// anything else is a read.
+    async fn answer(
+        &mut self,
+        conn_id: u64,
+        env_id: String,
+        req: QueryRequest,
+        reply: Option<oneshot::Sender<Answer>>,
+    ) {
+        if let Some(op) = admin_op(&req) {
+            let ctx = WriteCtx::Admin {
+                conn_id,
+                env_id,
+                reply,
+            };
+            self.to_store(StoreCmd::Write(op, ctx)).await;
+        } else {
+            self.query(conn_id, env_id, req, reply).await;
         }
     }
 
@@ -2115,46 +2127,32 @@ impl Router {
             return;
         };
         // Shown on a dashboard and in `watch`: short, whatever a client sends.
-        report.backend = excerpt_chars(&report.backend, 16);
-        report.why = report.why.map(|w| excerpt_chars(&w, 120));
+        report.backend = excerpt_of(&report.backend, 16).0;
+        report.why = report.why.map(|w| excerpt_of(&w, 120).0);
         if on.terminal.as_ref() == Some(&report) {
             return;
         }
         on.terminal = Some(report);
-        let now = Instant::now();
-        if on
-            .terminal_told
-            .is_some_and(|t| now.duration_since(t) < STATE_EVERY)
-        {
-            // Told a moment ago: the next tick tells the latest (a client flipping its state
-            // cannot flood watchers and dashboards).
-            on.terminal_pending = true;
-            return;
+        on.terminal_pending = true;
+        if let Some(report) = on.terminal_due(Instant::now()) {
+            self.emit_terminal(name, report);
         }
-        on.terminal_told = Some(now);
-        on.terminal_pending = false;
-        let report = on.terminal.clone();
-        self.emit_terminal(name, report);
     }
 
     /// Tells the live feed the reports held back by [`STATE_EVERY`] (from the 1 s tick).
     fn flush_terminal_states(&mut self) {
         let now = Instant::now();
-        let mut due = Vec::new();
-        for (name, a) in &mut self.agents {
-            if let Some(on) = a.online.as_mut().filter(|o| o.terminal_pending) {
-                on.terminal_pending = false;
-                on.terminal_told = Some(now);
-                due.push((name.clone(), on.terminal.clone()));
-            }
-        }
+        let due: Vec<(String, TerminalReport)> = self
+            .agents
+            .iter_mut()
+            .filter_map(|(name, a)| Some((name.clone(), a.online.as_mut()?.terminal_due(now)?)))
+            .collect();
         for (name, report) in due {
             self.emit_terminal(name, report);
         }
     }
 
-    fn emit_terminal(&self, agent: String, report: Option<TerminalReport>) {
-        let Some(report) = report else { return };
+    fn emit_terminal(&self, agent: String, report: TerminalReport) {
         self.feed.emit(|| RelayEvent::AgentState {
             ts: now_ms(),
             agent,

@@ -12,6 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use futures_util::Stream;
 use relay_daemon::{LiveAgent, Subscription};
+use relay_protocol::events::excerpt_of;
 use relay_protocol::query::{AgentInfo, HistoryFilter, QueryRequest, QueryResult};
 use relay_protocol::{TerminalReport, TerminalState};
 use serde::{Deserialize, Serialize};
@@ -248,12 +249,10 @@ pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json:
     let listed: Vec<serde_json::Value> = dead_letters
         .into_iter()
         .map(|mut d| {
-            let cut = d.body.char_indices().nth(DEAD_EXCERPT).map(|(at, _)| at);
-            if let Some(at) = cut {
-                d.body.truncate(at);
-            }
+            let truncated;
+            (d.body, truncated) = excerpt_of(&d.body, DEAD_EXCERPT);
             let mut v = json!(d);
-            v["truncated"] = json!(cut.is_some());
+            v["truncated"] = json!(truncated);
             v
         })
         .collect();

@@ -149,9 +149,14 @@ impl RelayEvent {
 /// The body excerpt for [`RelayEvent::Accepted`]: at most [`EXCERPT_CHARS`] characters, and
 /// whether it was cut.
 pub fn excerpt(body: &str) -> (String, bool) {
-    match body.char_indices().nth(EXCERPT_CHARS) {
-        Some((at, _)) => (body[..at].to_owned(), true),
-        None => (body.to_owned(), false),
+    excerpt_of(body, EXCERPT_CHARS)
+}
+
+/// At most `chars` characters of `text` (cut on a character boundary), and whether it was cut.
+pub fn excerpt_of(text: &str, chars: usize) -> (String, bool) {
+    match text.char_indices().nth(chars) {
+        Some((at, _)) => (text[..at].to_owned(), true),
+        None => (text.to_owned(), false),
     }
 }
 
@@ -351,6 +356,9 @@ mod tests {
         assert!(cut);
         assert_eq!(s.chars().count(), EXCERPT_CHARS);
         assert_eq!(excerpt("short"), ("short".into(), false));
+        // Cut on a character boundary, at any length.
+        assert_eq!(excerpt_of("héllo", 2), ("hé".into(), true));
+        assert_eq!(excerpt_of("hé", 2), ("hé".into(), false));
     }
 
     #[test]
