@@ -343,27 +343,22 @@ impl Core {
     /// repeated.
     fn terminal_view(&self, now: Instant) -> (TerminalState, Option<String>) {
         if self.injector.pending() > 0 {
-            if self.injector.person_typing() {
-                return (TerminalState::Blocked, Some("a person is typing".into()));
-            }
-            match self.injector.blocked_by() {
-                Some(NotReady::Dialog(m)) => {
-                    return (TerminalState::Blocked, Some(format!("dialog open: {m}")));
-                }
-                Some(NotReady::InputNotEmpty(_)) => {
-                    return (
-                        TerminalState::Blocked,
-                        Some("text in its input line".into()),
-                    );
-                }
-                Some(NotReady::NoPrompt) => {
-                    return (
-                        TerminalState::Blocked,
-                        Some("no input line on screen".into()),
-                    );
-                }
-                Some(NotReady::Busy(m)) => return (TerminalState::Busy, Some(m.clone())),
-                None => {}
+            let held = if self.injector.person_typing() {
+                Some((TerminalState::Blocked, "a person is typing".to_owned()))
+            } else {
+                self.injector.blocked_by().map(|why| match why {
+                    NotReady::Dialog(m) => (TerminalState::Blocked, format!("dialog open: {m}")),
+                    NotReady::InputNotEmpty(_) => {
+                        (TerminalState::Blocked, "text in its input line".to_owned())
+                    }
+                    NotReady::NoPrompt => {
+                        (TerminalState::Blocked, "no input line on screen".to_owned())
+                    }
+                    NotReady::Busy(m) => (TerminalState::Busy, m.clone()),
+                })
+            };
+            if let Some((state, why)) = held {
+                return (state, Some(why));
             }
         }
         // Printing for a while, not a moment: a person's typing echoed back or a one-line
