@@ -20,6 +20,16 @@ async function api(path, params) {
   return body;
 }
 
+// A function that runs `fn` once, `ms` (or the delay given to its first call) after the first
+// of the calls made meanwhile: a burst of events reloads a view once.
+function coalesced(fn, ms) {
+  let timer = null;
+  return (delay = ms) => {
+    if (timer) return;
+    timer = setTimeout(() => { timer = null; fn(); }, delay);
+  };
+}
+
 // el('li', {class: 'x', dataset: {id}}, 'text', child...)
 function el(tag, attrs = {}, ...kids) {
   const n = document.createElement(tag);
@@ -54,11 +64,7 @@ let rates = [];
 let totals = null;
 
 // ---- agents ----
-let agentsTimer = null;
-function refreshAgentsSoon() {
-  if (agentsTimer) return;
-  agentsTimer = setTimeout(() => { agentsTimer = null; loadAgents(); }, 400);
-}
+const refreshAgentsSoon = coalesced(() => loadAgents(), 400);
 let agentsCache = [];
 async function loadAgents() {
   const { agents } = await api('/api/agents');
@@ -228,11 +234,7 @@ async function loadDead() {
   $('#dead').replaceChildren(...dead.map(deadItem));
   $('#dead-empty').hidden = dead.length > 0;
 }
-let deadTimer = null;
-function loadDeadSoon(ms = 300) {
-  if (deadTimer) return;
-  deadTimer = setTimeout(() => { deadTimer = null; loadDead().catch(() => {}); }, ms);
-}
+const loadDeadSoon = coalesced(() => loadDead().catch(() => {}), 300);
 
 // ---- figures and chart ----
 function percentile(sorted, p) { return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] : null; }
@@ -288,7 +290,7 @@ async function loadStats() {
 }
 
 // ---- live feed ----
-let statsTimer = null;
+const loadStatsSoon = coalesced(() => loadStats(), 5000);
 function onEvent(ev) {
   switch (ev.type) {
     case 'accepted':
@@ -319,7 +321,7 @@ function onEvent(ev) {
       totals = ev.totals;
       if (ev.rate) { rates.push(ev.rate); if (rates.length > 300) rates.shift(); }
       drawFigures();
-      if (!statsTimer) statsTimer = setTimeout(() => { statsTimer = null; loadStats(); }, 5000);
+      loadStatsSoon();
       break;
     default: break;
   }
