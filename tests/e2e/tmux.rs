@@ -80,12 +80,26 @@ fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
 
 /// Starts `script` as agent `name` in tmux, detached; returns its session name.
 fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> String {
+    start_tmux_agent_with(relay, name, script, extra, &[])
+}
+
+/// [`start_tmux_agent`] with more environment for the wrapper (and the agent).
+fn start_tmux_agent_with(
+    relay: &Relay,
+    name: &str,
+    script: &str,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> String {
     let file = relay.dir.path().join(format!("{name}.sh"));
     std::fs::write(&file, script).unwrap();
     let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", file.to_str().unwrap()]);
-    let out = wrap_cmd(relay, &args).output().unwrap();
+    let out = wrap_cmd(relay, &args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -617,37 +631,13 @@ fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
     let profiles = relay.dir.path().join("profiles");
     std::fs::create_dir_all(&profiles).unwrap();
     std::fs::write(profiles.join("generic.toml"), "prompt = '^> ?(.*)$'\n").unwrap();
-    let script = relay.dir.path().join("Dana.sh");
-    std::fs::write(
-        &script,
-        "while printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
-    )
-    .unwrap();
-    let out = wrap_cmd(
+    let session = start_tmux_agent_with(
         &relay,
-        &[
-            "wrap",
-            "--backend",
-            "tmux",
-            "--detached",
-            "-n",
-            "Dana",
-            "--profile",
-            "generic",
-            "--",
-            "sh",
-            script.to_str().unwrap(),
-        ],
-    )
-    .env("AGENT_RELAY_PROFILE_DIR", &profiles)
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "Dana",
+        "while printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
+        &["--profile", "generic"],
+        &[("AGENT_RELAY_PROFILE_DIR", &profiles)],
     );
-    let session = session_of(&relay, "Dana");
     let target = format!("={session}:");
     wait_online(&relay, "Dana");
     wait_or_dump(&relay, &tmux, "Dana's prompt", || {

@@ -460,10 +460,7 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
     );
     // The dashboard says why (never what the person typed).
     let (port, token) = crate::support::dashboard(&relay);
-    wait_for(Duration::from_secs(10), "Frank shows blocked", || {
-        agent_view(port, &token, "Frank")["state"] == "blocked"
-    });
-    let frank = agent_view(port, &token, "Frank");
+    let frank = wait_shown(port, &token, "Frank", "blocked");
     assert_eq!(
         (&frank["backend"], &frank["why"]),
         (&json!("pty"), &json!("a person is typing")),
@@ -487,10 +484,18 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
         "the delivery is reported verified",
         || status() == "verified",
     );
-    wait_for(Duration::from_secs(10), "Frank shows idle again", || {
-        agent_view(port, &token, "Frank")["state"] == "idle"
-    });
+    wait_shown(port, &token, "Frank", "idle");
     tmux(&["kill-server"]);
+}
+
+/// Waits until the dashboard shows `agent` as `state`; returns its row then.
+fn wait_shown(port: u16, token: &str, agent: &str, state: &str) -> Value {
+    wait_for(
+        Duration::from_secs(10),
+        &format!("{agent} shows {state}"),
+        || agent_view(port, token, agent)["state"] == state,
+    );
+    agent_view(port, token, agent)
 }
 
 /// `agent`'s row in the dashboard's `/api/agents`.
@@ -550,10 +555,7 @@ fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
     .unwrap();
     let id = sent["id"].as_str().unwrap().to_owned();
     let (port, token) = crate::support::dashboard(&relay);
-    wait_for(Duration::from_secs(10), "Dora shows blocked", || {
-        agent_view(port, &token, "Dora")["state"] == "blocked"
-    });
-    let dora = agent_view(port, &token, "Dora");
+    let dora = wait_shown(port, &token, "Dora", "blocked");
     assert_eq!(
         (&dora["backend"], &dora["why"]),
         (&json!("pty"), &json!("dialog open: allow command?")),
@@ -574,9 +576,7 @@ fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
         pane().lines().any(|l| l == line)
     });
     assert!(pane().contains("answered: y"), "{}", pane());
-    wait_for(Duration::from_secs(10), "Dora shows idle again", || {
-        agent_view(port, &token, "Dora")["state"] == "idle"
-    });
+    wait_shown(port, &token, "Dora", "idle");
     assert_eq!(
         pane().matches("got: Relay message").count(),
         1,
