@@ -426,3 +426,25 @@ fn past_the_connection_limit_a_new_connection_is_told_to_try_again_later() {
     };
     assert!(welcome["payload"]["session_id"].is_string(), "{welcome}");
 }
+
+/// SIGTERM the moment the socket accepts (what `down` right after `up` does) stops the daemon
+/// gracefully, every time: its handlers are installed before the socket is bound. (They used
+/// to be installed a moment after, and a TERM in between ended the daemon by the signal's
+/// default action: once in a full run of the suite.)
+#[test]
+fn a_stop_right_after_the_socket_accepts_is_graceful() {
+    let tmp = tempfile::tempdir().unwrap();
+    for round in 0..25 {
+        let out = up_and_stop(
+            &tmp.path().join(format!("r{round}.sock")),
+            &tmp.path().join(format!("data-{round}")),
+        );
+        assert!(
+            out.status.success(),
+            "round {round}: {} {}",
+            out.status,
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains("SIGTERM received"), "round {round}");
+    }
+}

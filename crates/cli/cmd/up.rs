@@ -266,6 +266,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
         .build()?;
     let kind = args.storage.as_str();
     let result = rt.block_on(async {
+        let shutdown = shutdown_signal();
         let listener = relay_daemon::bind(&paths.socket)?;
         tracing::info!(
             pid = std::process::id(),
@@ -273,7 +274,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
             db = %store.location(),
             "relay daemon listening"
         );
-        relay_daemon::run_with(listener, store, cfg, kind, shutdown_signal(), |handle| {
+        relay_daemon::run_with(listener, store, cfg, kind, shutdown, |handle| {
             if let Some((bound, token)) = dashboard {
                 tokio::spawn(async move {
                     if let Err(e) = relay_dashboard::serve(bound.listener, token, handle).await {
@@ -330,19 +331,26 @@ fn start_dashboard(paths: &Paths, args: &UpArgs) -> Option<(relay_dashboard::Bou
     Some((bound, token))
 }
 
-async fn shutdown_signal() {
+/// Completes at SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// the future is first polled: called before the socket is bound, a `down` sent the moment
+/// the socket accepts finds them there (until then, SIGTERM's default action ended the
+/// daemon without its graceful stop). Needs the runtime.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the daemon can still be stopped with SIGKILL; losing
-        // nothing committed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            // Without signal handlers the daemon can still be stopped with SIGKILL; losing
+            // nothing committed.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
     }
 }
 
