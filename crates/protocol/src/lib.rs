@@ -15,6 +15,7 @@ mod envelope;
 pub mod events;
 mod names;
 pub mod query;
+pub mod text;
 
 pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
@@ -26,6 +27,7 @@ pub use envelope::{
 pub use names::{
     NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
 };
+pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 
 /// Characters in a [`short_id`].
 pub const SHORT_ID_LEN: usize = 8;
