@@ -720,6 +720,41 @@ struct WireOut<'a, P: Serialize + ?Sized> {
     payload: &'a P,
 }
 
+/// Deepest nesting of arrays and objects a frame may have, in any field (known or not).
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// True if `bytes` nest arrays/objects deeper than `max`. A byte scan that skips strings: it
+/// runs before parsing, so it only has to be right for valid JSON (invalid JSON fails later).
+fn too_deep(bytes: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 fn parse_payload<'a, T: Deserialize<'a> + Default>(
     raw: Option<&'a RawValue>,
 ) -> Result<T, serde_json::Error> {
@@ -773,6 +808,13 @@ impl Envelope {
     /// # Errors
     /// As [`Envelope::from_json`].
     pub fn from_json_with_payload(bytes: &[u8]) -> Result<(Self, Option<&RawValue>), DecodeError> {
+        // serde_json limits nesting for what it parses into types, but skips unknown fields
+        // and captures the raw payload without a limit: check the whole frame first.
+        if too_deep(bytes, MAX_JSON_DEPTH) {
+            return Err(DecodeError::BadFrame(format!(
+                "JSON nested deeper than {MAX_JSON_DEPTH} levels"
+            )));
+        }
         let wire: WireIn<'_> =
             serde_json::from_slice(bytes).map_err(|e| DecodeError::BadFrame(e.to_string()))?;
         if wire.v != u64::from(PROTOCOL_VERSION) {
@@ -867,6 +909,23 @@ impl Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_is_limited_in_unknown_fields_and_not_fooled_by_strings() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let frame = |extra: &str| {
+            format!(r#"{{"v":1,"type":"PING","id":"p","ts":1,"x":{extra},"payload":{{}}}}"#)
+        };
+        let bad = frame(&deep(500));
+        let err = Envelope::from_json_with_payload(bad.as_bytes());
+        assert!(matches!(err, Err(DecodeError::BadFrame(_))), "{err:?}");
+        // Depth at the limit is fine (the envelope object itself is one level).
+        let ok = frame(&deep(MAX_JSON_DEPTH - 1));
+        assert!(Envelope::from_json_with_payload(ok.as_bytes()).is_ok());
+        // Brackets inside strings (with escaped quotes) do not count.
+        let s = format!(r#""\"{}""#, "[".repeat(500));
+        assert!(Envelope::from_json_with_payload(frame(&s).as_bytes()).is_ok());
+    }
 
     #[test]
     fn v1_hello_from_seed_parses() {

@@ -20,9 +20,9 @@ pub mod text;
 pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, DecodeError, Delivery, DeliveryState,
-    Envelope, ErrorCode, ErrorPayload, Header, Hello, Kind, MessageType, Nack, NackCode,
-    PROTOCOL_VERSION, Payload, Ping, Role, Send, ServerInfo, SubscribePayload, TerminalReport,
-    TerminalState, Welcome,
+    Envelope, ErrorCode, ErrorPayload, Header, Hello, Kind, MAX_JSON_DEPTH, MessageType, Nack,
+    NackCode, PROTOCOL_VERSION, Payload, Ping, Role, Send, ServerInfo, SubscribePayload,
+    TerminalReport, TerminalState, Welcome,
 };
 pub use names::{
     NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
