@@ -38,6 +38,7 @@ pub(crate) async fn serve(
         killer.clone(),
         cfg.max_frame_bytes,
         conn_id,
+        router.clone(),
     ));
     let mut reader = Reader {
         conn_id,
@@ -58,12 +59,37 @@ pub(crate) async fn serve(
     let exit = reader.run(rd, shutdown).await;
     // On shutdown the router says BYE to every registered connection and closes it; an
     // Unregister now could race ahead of that and leave the peer without its BYE.
-    if reader.registered && exit != Exit::Shutdown {
-        let _ = router.send(RouterMsg::Unregister { conn_id }).await;
+    if reader.registered
+        && exit != Exit::Shutdown
+        && router
+            .send(RouterMsg::Unregister { conn_id })
+            .await
+            .is_err()
+    {
+        // Only when the router has stopped: the daemon is going down, and the store keeps
+        // what this connection held (its in-flight messages are replayed on reconnect).
+        tracing::debug!(
+            conn = conn_id,
+            "router gone before the connection was unregistered"
+        );
     }
     // Dropping the reader drops its queue sender; the writer flushes what is queued and ends.
     drop(reader);
-    let _ = writer.await;
+    if let Err(e) = writer.await {
+        tracing::error!(conn = conn_id, error = %e, "connection writer task failed");
+    }
+}
+
+/// Largest frame a connection may declare before its HELLO is accepted. A HELLO is a few
+/// hundred bytes; without this cap, a 4-byte header claiming the frame limit would make an
+/// unauthenticated peer's buffer grow to it.
+pub(crate) const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
+
+/// How much to reserve for a partly received frame of `want` bytes of which `have` are
+/// here: at most as much again as has arrived (never the declared length at once), so memory
+/// follows the bytes a peer actually sends.
+fn room_for(want: usize, have: usize) -> usize {
+    want.saturating_sub(have).min(have.max(8 * 1024))
 }
 
 struct Reader {
@@ -99,7 +125,12 @@ impl Reader {
         loop {
             // Handle every complete frame already buffered before reading more.
             loop {
-                match frame_len(&buf, self.cfg.max_frame_bytes) {
+                let limit = if self.registered {
+                    self.cfg.max_frame_bytes
+                } else {
+                    self.cfg.max_frame_bytes.min(MAX_HANDSHAKE_FRAME)
+                };
+                match frame_len(&buf, limit) {
                     Ok(Some(n)) => {
                         let flow = self.on_frame(&buf[4..n]).await;
                         buf.advance(n);
@@ -109,12 +140,13 @@ impl Reader {
                     }
                     Ok(None) => {
                         // A frame is partly here and its length already passed the limit
-                        // check: make room for exactly the rest, so a large frame does not
-                        // grow the buffer step by step.
+                        // check: grow geometrically towards it as bytes arrive, so a large
+                        // frame takes few reads, and a header that only claims a large frame
+                        // costs nothing.
                         if buf.len() >= 4 {
                             let want =
                                 u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 4;
-                            buf.reserve(want.saturating_sub(buf.len()));
+                            buf.reserve(room_for(want, buf.len()));
                         }
                         break;
                     }
@@ -166,7 +198,14 @@ impl Reader {
     }
 
     async fn queue(&self, out: Outbound) {
-        let _ = self.tx.send(out).await;
+        if self.tx.send(out).await.is_err() {
+            // The writer has ended (the socket failed or the connection was cut short), so
+            // the peer cannot be told anything more; the reader stops on its next read.
+            tracing::debug!(
+                conn = self.conn_id,
+                "writer gone; frame for the peer dropped"
+            );
+        }
     }
 
     async fn error(&self, code: ErrorCode, message: String, fatal: bool) {
@@ -200,6 +239,18 @@ impl Reader {
                 self.fatal(code, e.to_string()).await;
                 return Flow::Stop;
             }
+            Err(DecodeError::UnknownType { ty, .. }) if !self.registered => {
+                // PROTOCOL.md: the first frame must be HELLO; an unknown type is not one.
+                self.fatal(
+                    ErrorCode::BadState,
+                    format!(
+                        "unknown message type {:?} before HELLO: the first frame on a connection must be HELLO",
+                        relay_protocol::text::one_line(&ty, 64)
+                    ),
+                )
+                .await;
+                return Flow::Stop;
+            }
             Err(DecodeError::UnknownType { id, ty }) => {
                 self.error(
                     ErrorCode::UnknownType,
@@ -210,6 +261,14 @@ impl Reader {
                 return Flow::Continue;
             }
             Err(DecodeError::BadPayload { id, ty, reason }) => {
+                // The type is known even if its payload is not: a frame the session refuses
+                // (a server-only type, anything after BYE) is refused as such.
+                if let Some(t) = MessageType::parse(ty)
+                    && let Verdict::Fatal(code, message) = self.session.on_frame(t, Instant::now())
+                {
+                    self.fatal(code, message).await;
+                    return Flow::Stop;
+                }
                 if self.registered && ty == "SEND" {
                     let nack = Nack {
                         ack_id: id,
@@ -298,8 +357,8 @@ impl Reader {
                 terminal: Some(report),
                 ..
             }) => RouterMsg::Terminal { conn_id, report },
-            Payload::Pong(_) | Payload::Error(_) | Payload::Busy(_) => return Flow::Continue,
-            Payload::Welcome(_) | Payload::Deliver(_) | Payload::Result(_) => {
+            Payload::Pong(_) | Payload::Error(_) => return Flow::Continue,
+            Payload::Welcome(_) | Payload::Deliver(_) | Payload::Result(_) | Payload::Busy(_) => {
                 // The session core refused these already.
                 return Flow::Stop;
             }
@@ -378,7 +437,8 @@ impl FrameIds {
         self.next += 1;
         self.buf.clear();
         self.buf.push_str(&self.prefix);
-        let _ = write!(self.buf, "{}", self.next);
+        // Writing to a String cannot fail.
+        write!(self.buf, "{}", self.next).ok();
         &self.buf
     }
 }
@@ -389,6 +449,7 @@ fn encode(
     buf: &mut Vec<u8>,
     max: usize,
     ids: &mut FrameIds,
+    written: &mut Vec<i64>,
 ) -> Option<Option<ErrorPayload>> {
     let res = match out {
         Outbound::Frame(env) => encode_frame(&env, buf, max),
@@ -406,7 +467,11 @@ fn encode(
             attempt,
             session_id,
             raw,
+            confirm,
         }) => {
+            if confirm {
+                written.push(msg.pos);
+            }
             let header = Header {
                 id: &msg.id,
                 ts: msg.ts,
@@ -455,8 +520,11 @@ async fn write_loop(
     killer: Killer,
     max: usize,
     conn_id: u64,
+    router: mpsc::Sender<RouterMsg>,
 ) {
     let mut ids = FrameIds::new(conn_id);
+    // Positions of `confirm` DELIVERs in the batch being written.
+    let mut written: Vec<i64> = Vec::new();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut close: Option<Option<ErrorPayload>> = None;
     loop {
@@ -475,14 +543,14 @@ async fn write_loop(
             }
             break;
         };
-        close = encode(first, &mut buf, max, &mut ids);
+        close = encode(first, &mut buf, max, &mut ids, &mut written);
         // Batch whatever else is ready into the same write. When little is ready, let the
         // other tasks run once first: under load the router queues more in the meantime, so
         // one write syscall carries many frames; when idle the yield returns at once.
         let mut yielded = false;
         while close.is_none() && buf.len() < 64 * 1024 {
             match rx.try_recv() {
-                Ok(item) => close = encode(item, &mut buf, max, &mut ids),
+                Ok(item) => close = encode(item, &mut buf, max, &mut ids, &mut written),
                 Err(_) if !yielded && buf.len() < 4096 => {
                     yielded = true;
                     tokio::task::yield_now().await;
@@ -490,10 +558,28 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        if wr.write_all(&buf).await.is_err() {
+        if let Err(e) = wr.write_all(&buf).await {
+            // The peer is gone: what was in this batch was not written, stays in flight and
+            // is replayed when the agent reconnects.
+            tracing::debug!(conn = conn_id, error = %e, "write failed; connection closing");
             return;
         }
         buf.clear();
+        if !written.is_empty() {
+            let positions = std::mem::take(&mut written);
+            if router
+                .send(RouterMsg::Written { conn_id, positions })
+                .await
+                .is_err()
+            {
+                // The daemon is stopping: the deliveries stay unacknowledged in the store
+                // and are sent again after restart (at least once beats lost).
+                tracing::debug!(
+                    conn = conn_id,
+                    "router gone; written deliveries not confirmed"
+                );
+            }
+        }
         if close.is_some() {
             break;
         }
@@ -504,9 +590,13 @@ async fn write_loop(
             &mut buf,
             max,
             &mut ids,
+            &mut written,
         );
-        let _ = wr.write_all(&buf).await;
+        if let Err(e) = wr.write_all(&buf).await {
+            tracing::debug!(conn = conn_id, error = %e, "could not write the closing error");
+        }
     }
-
-    let _ = wr.shutdown().await;
+    if let Err(e) = wr.shutdown().await {
+        tracing::debug!(conn = conn_id, error = %e, "socket shutdown failed (peer already gone)");
+    }
 }

@@ -88,7 +88,11 @@ impl Feed {
     #[inline]
     pub(crate) fn emit(&self, make: impl FnOnce() -> RelayEvent) {
         if self.watched() {
-            let _ = self.tx.send(Arc::new(make()));
+            // A broadcast send fails only when the last watcher left since `watched()` was
+            // read: then nobody wanted the event.
+            if self.tx.send(Arc::new(make())).is_err() {
+                tracing::trace!("live event with no watcher left");
+            }
         }
     }
 

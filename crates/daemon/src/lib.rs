@@ -343,14 +343,27 @@ pub async fn run_with(
     stop.cancel();
     drop(router_tx);
     tracker.close();
-    let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
-    let _ = router_task.await;
+    if tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+        .await
+        .is_err()
+    {
+        // Connections still open are cut off with the process; what they held stays in the
+        // store (unacknowledged deliveries are replayed on reconnect).
+        tracing::warn!("connections did not close within 5 s of shutdown; stopping anyway");
+    }
+    if let Err(e) = router_task.await {
+        tracing::error!(error = %e, "router task failed during shutdown");
+    }
     // The router owned the last store sender; the store thread drains and exits.
     tokio::task::spawn_blocking(move || store_thread.join())
         .await
         .map_err(|e| DaemonError::Internal(e.to_string()))?
         .map_err(|_| DaemonError::Internal("store thread panicked".into()))?;
-    let _ = std::fs::remove_file(&cfg.socket_path);
+    if let Err(e) = std::fs::remove_file(&cfg.socket_path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(socket = %cfg.socket_path.display(), error = %e, "could not remove the socket file; the next start replaces it");
+    }
     Ok(())
 }
 
@@ -374,7 +387,9 @@ async fn refuse(
     let mut buf = Vec::new();
     if relay_protocol::encode_frame(&env, &mut buf, max).is_ok() {
         let mut stream = stream;
-        let _ = stream.write_all(&buf).await;
+        if let Err(e) = stream.write_all(&buf).await {
+            tracing::debug!(error = %e, "could not tell a refused connection why");
+        }
     }
 }
 

@@ -52,6 +52,10 @@ pub(crate) struct DeliverItem {
     /// is instead of serializing `msg.payload` again (which was the costliest step per
     /// DELIVER). Replays from the store have none.
     pub(crate) raw: Option<Raw>,
+    /// Tell the router once this DELIVER is written to the socket: for a connection that said
+    /// `ack: false`, writing it is its acknowledgement (queued is not: a recipient that stops
+    /// reading and leaves would lose what sat in its queue).
+    pub(crate) confirm: bool,
 }
 
 /// A payload's JSON text as received.
@@ -142,6 +146,9 @@ pub(crate) enum RouterMsg {
     Ack { conn_id: u64, ack: Ack },
     /// A recipient refused a DELIVER.
     Nack { conn_id: u64, nack: Nack },
+    /// DELIVERs at these positions (asked with `confirm`) were written to the socket of a
+    /// connection that does not acknowledge: they count as acknowledged now.
+    Written { conn_id: u64, positions: Vec<i64> },
     /// SUBSCRIBE (`on`) or UNSUBSCRIBE.
     Subscribe {
         conn_id: u64,
@@ -165,7 +172,11 @@ pub(crate) enum RouterMsg {
 /// Hop counts of this many recent replies are kept (and reloaded at start).
 pub(crate) const HOPS_REMEMBERED: usize = 100_000;
 
-/// The name the daemon sends notices as; no agent or tool may use it.
+/// Room a DELIVER's header needs beyond its payload (ids, names, topic, session, seq): a
+/// payload larger than the frame limit less this is refused at SEND.
+const DELIVER_HEADROOM: usize = 2048;
+
+/// The name the daemon sends notices as; no agent or tool may use it (in any case).
 pub(crate) const RELAY: &str = "relay";
 
 /// Connection id of the daemon's own sends (notices, retries): answers to it go nowhere.
@@ -408,14 +419,14 @@ impl Online {
             attempt,
             session_id: self.session_id.clone(),
             raw,
+            confirm: !self.ack_required,
         };
         if self.tx.try_send(Outbound::Deliver(item)).is_err() {
             return Err(SlowConsumer);
         }
         self.last_sent = self.last_sent.max(pos);
-        if self.ack_required {
-            self.inflight.insert(pos, (id, seq));
-        }
+        // In flight until acknowledged, or for an `ack: false` connection until written.
+        self.inflight.insert(pos, (id, seq));
         let first = self.trace_since.is_none();
         if first {
             self.trace_since = Some(now_ms());
@@ -625,7 +636,10 @@ impl Router {
         match msg {
             RouterMsg::Register { conn, hello, reply } => {
                 let res = self.register(conn, hello).await;
-                let _ = reply.send(res);
+                if reply.send(res).is_err() {
+                    // The connection went while registering: its Unregister follows.
+                    tracing::debug!("connection gone before its HELLO was answered");
+                }
             }
             RouterMsg::Unregister { conn_id } => self.unregister(conn_id).await,
             RouterMsg::Terminal { conn_id, report } => self.on_terminal(conn_id, report),
@@ -652,6 +666,9 @@ impl Router {
                     false,
                 )
                 .await;
+            }
+            RouterMsg::Written { conn_id, positions } => {
+                self.on_written(conn_id, &positions).await;
             }
             RouterMsg::Subscribe {
                 conn_id,
@@ -742,7 +759,8 @@ impl Router {
         let session_id: Arc<str> = ulid::Ulid::new().to_string().into();
         let resume_token = format!("{:032x}", rand::random::<u128>());
         let mut resumed = false;
-        if hello.agent == RELAY {
+        // Reserved in any case: `Relay` would read as the relay's notices on every screen.
+        if hello.agent.eq_ignore_ascii_case(RELAY) {
             return Err((
                 ErrorCode::BadName,
                 format!(
@@ -1014,13 +1032,11 @@ impl Router {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        if id.is_empty() || id.len() > 128 {
-            self.nack(
-                conn_id,
-                id,
-                NackCode::Invalid,
-                "message id must be 1 to 128 bytes".into(),
-            );
+        // Ids are typed into terminals and printed by every command: only a safe alphabet.
+        if let Err(e) = relay_protocol::text::validate_message_id(&id) {
+            // The echo is cleaned: the id is what was hostile.
+            let echo = relay_protocol::text::one_line(&id, 160);
+            self.nack(conn_id, echo, NackCode::Invalid, e.to_string());
             return;
         }
         if payload.body.len() > self.cfg.max_body_bytes {
@@ -1028,6 +1044,18 @@ impl Router {
                 "body is {} bytes; the limit is {} bytes. Put long content in a file and send its path",
                 payload.body.len(),
                 self.cfg.max_body_bytes
+            );
+            self.nack(conn_id, id, NackCode::TooLarge, reason);
+            return;
+        }
+        // The whole payload (unknown fields too) goes out again inside a DELIVER, whose
+        // header is larger than the SEND's: refuse here what could not be delivered.
+        let payload_len = raw.as_ref().map_or(payload.body.len(), |r| r.get().len());
+        let deliverable = self.cfg.max_frame_bytes.saturating_sub(DELIVER_HEADROOM);
+        if payload_len > deliverable {
+            let reason = format!(
+                "payload is {payload_len} bytes; a DELIVER must carry it within {} bytes. Put long content in a file and send its path",
+                deliverable
             );
             self.nack(conn_id, id, NackCode::TooLarge, reason);
             return;
@@ -1371,10 +1399,15 @@ impl Router {
         };
         if let Some(reply) = reply {
             // The asker may have gone (a closed page): nothing to tell then.
-            let _ = reply.send(Answer {
-                result,
-                live: Vec::new(),
-            });
+            if reply
+                .send(Answer {
+                    result,
+                    live: Vec::new(),
+                })
+                .is_err()
+            {
+                tracing::debug!("the dashboard request that asked for this is gone");
+            }
         } else if let Some(conn) = self.conns.get(&conn_id) {
             let env = Envelope::new(env_id, now_ms(), Payload::Result(result));
             send_or_kill(&conn.tx, &conn.killer, Outbound::Frame(Box::new(env)));
@@ -1448,7 +1481,6 @@ impl Router {
                 format!("queued again for {recipient}")
             }
             Ok(_) => {
-                let ack_required = on.ack_required;
                 // Below the session's trace range: recorded on its own.
                 self.to_store(StoreCmd::Write(
                     WriteOp::Sent {
@@ -1461,17 +1493,6 @@ impl Router {
                     WriteCtx::None,
                 ))
                 .await;
-                if !ack_required {
-                    self.to_store(StoreCmd::Write(
-                        WriteOp::SetStatus {
-                            recipient: recipient.to_owned(),
-                            pos,
-                            status: DeliveryStatus::Acked,
-                        },
-                        WriteCtx::None,
-                    ))
-                    .await;
-                }
                 self.dirty.insert(recipient.to_owned());
                 format!("queued again for {recipient} and delivered (online)")
             }
@@ -1611,7 +1632,6 @@ impl Router {
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
         let mut slow: Vec<String> = Vec::new();
-        let mut refill: Vec<String> = Vec::new();
         for (name, seq) in recipients.iter().zip(seqs) {
             let Some(agent) = self.agents.get_mut(name) else {
                 continue;
@@ -1642,9 +1662,6 @@ impl Router {
                         self.feed.counters.delivered.add(1);
                         self.feed.emit(|| delivered_event(&message, name, seq, 1));
                     }
-                }
-                if !on.ack_required {
-                    refill.push(name.clone());
                 }
             } else {
                 if on.mode == Mode::Live {
@@ -1692,9 +1709,6 @@ impl Router {
         }
         for name in slow {
             self.drop_slow(&name).await;
-        }
-        for name in refill {
-            self.advance_watermark(&name).await;
         }
     }
 
@@ -1941,6 +1955,55 @@ impl Router {
         self.advance_watermark(&name).await;
     }
 
+    /// DELIVERs written to the socket of a connection that does not acknowledge: that is
+    /// their acknowledgement. (What was queued but never written stays in flight, and
+    /// `end_session` leaves it pending for the next connection.)
+    async fn on_written(&mut self, conn_id: u64, positions: &[i64]) {
+        let Some((name, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
+            return;
+        };
+        if on.ack_required {
+            return;
+        }
+        let watched = self.feed.watched();
+        let ts = now_ms();
+        let mut below = Vec::new();
+        let mut n = 0u64;
+        for &pos in positions {
+            let Some((id, _)) = on.inflight.remove(&pos) else {
+                continue;
+            };
+            n += 1;
+            // Below the watermark already written (a retried dead letter): the range update
+            // will not come back down for it.
+            if pos <= on.acked_through {
+                below.push(pos);
+            }
+            if watched {
+                self.feed.emit(|| RelayEvent::Acked {
+                    ts,
+                    id,
+                    pos,
+                    recipient: name.clone(),
+                    state: DeliveryStatus::Acked,
+                });
+            }
+        }
+        self.feed.counters.acked.add(n);
+        for pos in below {
+            self.to_store(StoreCmd::Write(
+                WriteOp::SetStatus {
+                    recipient: name.clone(),
+                    pos,
+                    status: DeliveryStatus::Acked,
+                },
+                WriteCtx::None,
+            ))
+            .await;
+        }
+        self.advance_watermark(&name).await;
+    }
+
     /// Notes a moved acknowledgement watermark (written to the store in the next flush) and
     /// loads the next page when catching up.
     async fn advance_watermark(&mut self, name: &str) {
@@ -2097,7 +2160,9 @@ impl Router {
                 (QueryResult::Agents { .. }, QueryKind::Agents) => self.live_agents(),
                 _ => Vec::new(),
             };
-            let _ = reply.send(Answer { result, live });
+            if reply.send(Answer { result, live }).is_err() {
+                tracing::debug!("the dashboard request that asked for this is gone");
+            }
             return;
         }
         if let Some(conn) = self.conns.get(&ctx.conn_id) {

@@ -97,12 +97,16 @@ impl Session {
             (State::Active, MessageType::Hello) => {
                 Verdict::Fatal(ErrorCode::BadState, "HELLO on an active connection".into())
             }
-            (State::Active, MessageType::Welcome | MessageType::Deliver | MessageType::Result) => {
-                Verdict::Fatal(
-                    ErrorCode::BadState,
-                    format!("{} is sent by the daemon, not to it", ty.as_str()),
-                )
-            }
+            (
+                State::Active,
+                MessageType::Welcome
+                | MessageType::Deliver
+                | MessageType::Result
+                | MessageType::Busy,
+            ) => Verdict::Fatal(
+                ErrorCode::BadState,
+                format!("{} is sent by the daemon, not to it", ty.as_str()),
+            ),
             (State::Active, MessageType::Bye) => {
                 self.state = State::Closing;
                 Verdict::Accept
@@ -199,6 +203,7 @@ mod tests {
             MessageType::Deliver,
             MessageType::Welcome,
             MessageType::Result,
+            MessageType::Busy,
         ] {
             assert!(matches!(s.on_frame(ty, t0), Verdict::Fatal(..)), "{ty:?}");
         }

@@ -139,12 +139,15 @@ fn run_commands(
                 let deliveries = store
                     .take_pending(&recipient, after, limit)
                     .map_err(|e| e.to_string());
-                let _ = events.send(StoreEvent::Pending {
-                    recipient,
-                    conn_id,
-                    deliveries,
-                    limit,
-                });
+                send_event(
+                    events,
+                    StoreEvent::Pending {
+                        recipient,
+                        conn_id,
+                        deliveries,
+                        limit,
+                    },
+                );
             }
             StoreCmd::Query(req, ctx) => {
                 flush(store, &mut ops, &mut ctxs, events);
@@ -154,12 +157,10 @@ fn run_commands(
                     .then(|| store.delivery_figures(LATENCY_SAMPLE).ok())
                     .flatten()
                     .map(Box::new);
-                let _ = events.send(StoreEvent::Query(
-                    Box::new(ctx),
-                    result.map(Box::new),
-                    stats,
-                    figures,
-                ));
+                send_event(
+                    events,
+                    StoreEvent::Query(Box::new(ctx), result.map(Box::new), stats, figures),
+                );
             }
         }
     }
@@ -211,7 +212,7 @@ fn flush(
             }
             for (ctx, res) in batch_ctx.into_iter().zip(results) {
                 if !matches!(ctx, WriteCtx::None) {
-                    let _ = events.send(StoreEvent::Written(ctx, Ok(res)));
+                    send_event(events, StoreEvent::Written(ctx, Ok(res)));
                 }
             }
         }
@@ -219,9 +220,17 @@ fn flush(
             tracing::error!(error = %e, ops = batch.len(), "store batch failed");
             let msg = e.to_string();
             for ctx in batch_ctx {
-                let _ = events.send(StoreEvent::Written(ctx, Err(msg.clone())));
+                send_event(events, StoreEvent::Written(ctx, Err(msg.clone())));
             }
         }
+    }
+}
+
+/// Hands a result to the router. The router outlives the store thread except while the
+/// daemon stops, when nobody is left to act on it (the write itself is committed).
+fn send_event(events: &mpsc::UnboundedSender<StoreEvent>, ev: StoreEvent) {
+    if events.send(ev).is_err() {
+        tracing::debug!("router gone; store result not delivered (daemon stopping)");
     }
 }
 
