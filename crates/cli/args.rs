@@ -507,10 +507,17 @@ pub(crate) struct BenchArgs {
     /// start it with `--rate-limit 0 --pair-rate-limit 0` to measure it).
     #[arg(long, value_name = "PATH")]
     pub(crate) target: Option<PathBuf>,
-    /// Acknowledge each DELIVER with its own ACK instead of one cumulative ACK per read (for
-    /// relays that speak only plain protocol v1).
-    #[arg(long)]
-    pub(crate) per_message_acks: bool,
+    /// How receivers acknowledge. `wrapper` (default) does what a real wrapper does: one
+    /// `verified` ACK per message, which the relay records in its store. `lean` sends one
+    /// cumulative ACK per read (the least work a client can ask for); `plain` one ACK per
+    /// message without a state (for relays that speak only plain protocol v1).
+    #[arg(long, value_enum, default_value = "wrapper")]
+    pub(crate) acks: AckMode,
+    /// Commit durability of the private daemon (ignored with --target): `full` (the relay's
+    /// default: every acknowledged commit is on disk) or `normal` (faster; a power cut may
+    /// lose the last acknowledged messages).
+    #[arg(long, value_enum, default_value = "full")]
+    pub(crate) durability: BenchDurability,
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
@@ -526,6 +533,45 @@ pub(crate) struct BenchArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// How `bench` receivers acknowledge DELIVERs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AckMode {
+    /// One `verified` ACK per message, as a wrapper sends after typing it (a store write each).
+    Wrapper,
+    /// One cumulative ACK per read.
+    Lean,
+    /// One plain ACK per message (protocol v1).
+    Plain,
+}
+
+impl AckMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Wrapper => "wrapper",
+            Self::Lean => "lean",
+            Self::Plain => "plain",
+        }
+    }
+}
+
+/// The private bench daemon's commit durability (`up --durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BenchDurability {
+    /// fsync before every acknowledgement.
+    Full,
+    /// WAL with synchronous=NORMAL.
+    Normal,
+}
+
+impl BenchDurability {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
 }
 
 /// `agent-relay bench-agent` (hidden): the two scripted agents of `bench --wrap`.

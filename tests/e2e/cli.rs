@@ -360,7 +360,7 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
         assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{v}");
         v
     };
-    // A private daemon (SQLite), cumulative acknowledgements.
+    // A private daemon (SQLite, durable commits), wrapper-like acknowledgements: the defaults.
     let private = std::process::Command::new(BIN)
         .args([
             "bench", "-s", "4", "-r", "3", "-n", "3000", "-b", "64", "--json",
@@ -369,6 +369,8 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
         .unwrap();
     let v = check(private, 3000);
     assert_eq!(v["storage"], "sqlite");
+    assert_eq!(v["durability"], "full");
+    assert_eq!(v["acks"], "wrapper");
     assert!(v["daemon_peak_rss_kib"].as_u64().unwrap() > 0);
     // A daemon we started, one ACK per message, rate-limited (by the bench; the daemon's
     // own limits are off, a load generator being a flood by design).
@@ -376,18 +378,8 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
     let given = relay
         .command()
         .args([
-            "bench",
-            "-s",
-            "2",
-            "-r",
-            "2",
-            "-n",
-            "200",
-            "--rate",
-            "2000",
-            "--per-message-acks",
-            "--json",
-            "--target",
+            "bench", "-s", "2", "-r", "2", "-n", "200", "--rate", "2000", "--acks", "plain",
+            "--json", "--target",
         ])
         .arg(&relay.socket)
         .output()
@@ -397,6 +389,37 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
     // The messages really went through that daemon's store.
     let status: Value = serde_json::from_slice(&relay.cli(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["messages"], 200);
+    // By default the receivers acknowledge as wrappers do: the relay records every message
+    // as verified, a store write per message (lean acks leave them merely acknowledged, shown
+    // as injected).
+    for (acks, want, not) in [
+        ("wrapper", "verified", "\"failed\""),
+        ("lean", "injected", "\"verified\""),
+    ] {
+        let relay = Relay::start_with(UNLIMITED);
+        let out = relay
+            .command()
+            .args(["bench", "-s", "2", "-r", "2", "-n", "50", "--json"])
+            .args(["--acks", acks, "--target"])
+            .arg(&relay.socket)
+            .output()
+            .unwrap();
+        check(out, 50);
+        let history: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+        let ids: Vec<&str> = history
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids.len(), 50);
+        for id in ids.iter().take(5) {
+            let trace = ok_stdout(&relay.cli(&["trace", id, "--json"]));
+            assert!(trace.contains(&format!("\"{want}\"")), "{acks}: {trace}");
+            assert!(!trace.contains(not), "{acks}: {trace}");
+        }
+    }
 }
 
 /// History searches a time range, from the command line (`--since`, `--until`) and through

@@ -1,8 +1,9 @@
 //! `agent-relay bench`: a load generator that measures what a user would feel.
 //!
 //! S sender connections send N messages of B bytes to R receiving agents, keeping up to
-//! `--window` SENDs unacknowledged each; receivers acknowledge what they receive (one
-//! cumulative ACK per read, or one per message with `--per-message-acks`). Each body starts
+//! `--window` SENDs unacknowledged each; receivers acknowledge what they receive as a wrapper
+//! does (one `verified` ACK per message, each a store write), or with `--acks lean` one
+//! cumulative ACK per read, or with `--acks plain` one v1 ACK per message. Each body starts
 //! with the send time (nanoseconds since the bench started, same process clock), so latency is
 //! SEND written → DELIVER read. Receivers do not de-duplicate, so a duplicate on the wire is
 //! counted, and lost = accepted by the relay − distinct messages received.
@@ -12,7 +13,8 @@
 //! cannot use.
 //!
 //! Without `--target` it starts a private daemon (the real binary, `up --foreground`) on a
-//! temporary directory and stops it afterwards.
+//! temporary directory and stops it afterwards; it commits durably (`up --durability full`,
+//! the relay's default) unless `--durability normal` is asked for.
 
 mod wire;
 pub(crate) mod wrap;
@@ -42,7 +44,7 @@ impl Drop for PrivateDaemon {
     }
 }
 
-fn start_private(storage: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
+fn start_private(storage: &str, durability: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
     let dir = tempfile::Builder::new().prefix("relay-bench").tempdir()?;
     let socket = dir.path().join("r.sock");
     let exe = std::env::current_exe()?;
@@ -55,6 +57,7 @@ fn start_private(storage: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
         .env("AGENT_RELAY_SOCKET", &socket)
         .env_remove("AGENT_RELAY_STORAGE_PATH")
         .env("AGENT_RELAY_LOG", "warn")
+        .env("AGENT_RELAY_DURABILITY", durability)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -107,7 +110,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let (socket, daemon) = match &args.target {
         Some(s) => (s.clone(), None),
         None => {
-            let (s, d) = start_private(args.storage.as_str())?;
+            let (s, d) = start_private(args.storage.as_str(), args.durability.as_str())?;
             (s, Some(d))
         }
     };
@@ -127,17 +130,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
 
     let mut receivers = Vec::with_capacity(r_count);
     for (r, &want) in expected.iter().enumerate() {
-        receivers.push(
-            wire::receiver(
-                socket.clone(),
-                r,
-                want,
-                base,
-                deadline,
-                args.per_message_acks,
-            )
-            .await?,
-        );
+        receivers.push(wire::receiver(socket.clone(), r, want, base, deadline, args.acks).await?);
     }
     let start = Instant::now();
     let plan = std::sync::Arc::new(wire::SendPlan {
@@ -185,10 +178,17 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     } else {
         args.storage.as_str().to_owned()
     };
+    // Durability is the private daemon's; a given daemon's is whatever it was started with.
+    let durability = match (&args.target, args.storage) {
+        (Some(_), _) => "external",
+        (None, crate::args::StorageKind::Memory) => "none",
+        (None, crate::args::StorageKind::Sqlite) => args.durability.as_str(),
+    };
     if args.json {
         json(&serde_json::json!({
             "senders": s_count, "receivers": r_count, "messages": n, "bytes": args.bytes,
             "rate_target": args.rate, "window": args.window, "storage": storage,
+            "durability": durability, "acks": args.acks.as_str(),
             "accepted": sent.accepted, "refused": sent.refused, "delivered": unique,
             "lost": lost, "duplicated": duplicates,
             "elapsed_s": elapsed, "msgs_per_s": rate,
@@ -203,8 +203,9 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         }))?;
     } else {
         line(format!(
-            "agent-relay bench: {s_count} senders → {r_count} receivers, {n} messages × {} B, storage {storage}{}",
+            "agent-relay bench: {s_count} senders → {r_count} receivers, {n} messages × {} B, storage {storage} (durability {durability}), acks {}{}",
             args.bytes,
+            args.acks.as_str(),
             if args.rate > 0 {
                 format!(", target {} msgs/s", args.rate)
             } else {

@@ -19,6 +19,8 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{Mutex, Semaphore};
 
+use crate::args::AckMode;
+
 /// What one sender saw.
 #[derive(Default)]
 pub(super) struct SenderResult {
@@ -259,17 +261,19 @@ async fn send_loop(
     Ok(())
 }
 
-/// Receiver `bench-r{r}`: takes `want` distinct messages, acknowledging what each read brings
-/// with one cumulative ACK (or one ACK per message with `per_message_acks`, for daemons that
-/// only speak plain v1), and measures latency from the send time in each body.
+/// Receiver `bench-r{r}`: takes `want` distinct messages, acknowledging them as `acks` says
+/// (a wrapper's `verified` ACK per message, one cumulative ACK per read, or a plain v1 ACK per
+/// message), and measures latency from the send time in each body.
 pub(super) async fn receiver(
     socket: std::path::PathBuf,
     r: usize,
     want: usize,
     base: Instant,
     deadline: tokio::time::Instant,
-    per_message_acks: bool,
+    acks: AckMode,
 ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<ReceiverResult>>> {
+    let per_message = acks != AckMode::Lean;
+    let state = (acks == AckMode::Wrapper).then_some("verified");
     let name = format!("bench-r{r}");
     let (mut stream, mut buf) = connect(&socket, &name, "agent", 1024).await?;
     let task = tokio::spawn(async move {
@@ -307,8 +311,8 @@ pub(super) async fn receiver(
                             res.duplicates += 1;
                         }
                         let seq = f.delivery.map(|d| d.seq).unwrap_or(0);
-                        if per_message_acks {
-                            ack(&mut out, &f.id, seq, false);
+                        if per_message {
+                            ack(&mut out, &f.id, seq, false, state);
                         } else {
                             last = Some((f.id.into_owned(), seq));
                         }
@@ -322,9 +326,9 @@ pub(super) async fn receiver(
                 buf.advance(n);
             }
             if let Some((id, seq)) = last {
-                ack(&mut out, &id, seq, true);
+                ack(&mut out, &id, seq, true, None);
                 res.last = Some(Instant::now());
-            } else if per_message_acks && !out.is_empty() {
+            } else if per_message && !out.is_empty() {
                 res.last = Some(Instant::now());
             }
             if !out.is_empty() {
@@ -346,10 +350,13 @@ pub(super) async fn receiver(
     Ok(task)
 }
 
-fn ack(out: &mut Vec<u8>, id: &str, seq: u64, cumulative: bool) {
+fn ack(out: &mut Vec<u8>, id: &str, seq: u64, cumulative: bool, state: Option<&str>) {
+    let mut payload = serde_json::json!({"ack_id": id, "seq": seq, "cumulative": cumulative});
+    if let Some(state) = state {
+        payload["state"] = state.into();
+    }
     let json = serde_json::json!({
-        "v": 1, "type": "ACK", "id": "a", "ts": now_ms(),
-        "payload": {"ack_id": id, "seq": seq, "cumulative": cumulative},
+        "v": 1, "type": "ACK", "id": "a", "ts": now_ms(), "payload": payload,
     });
     push_frame(out, &json.to_string());
 }
