@@ -424,6 +424,12 @@ impl Online {
         if self.tx.try_send(Outbound::Deliver(item)).is_err() {
             return Err(SlowConsumer);
         }
+        if pos > self.last_sent && self.traced_through == self.last_sent {
+            // The next trace range starts at what is really handed over now: a session's
+            // first range would otherwise start at 0 and claim every earlier message as
+            // delivered again (and its time as theirs).
+            self.traced_through = pos - 1;
+        }
         self.last_sent = self.last_sent.max(pos);
         // In flight until acknowledged, or for an `ack: false` connection until written.
         self.inflight.insert(pos, (id, seq));
