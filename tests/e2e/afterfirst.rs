@@ -59,3 +59,41 @@ fn trace_shows_each_hand_over_once_across_reconnects() {
         assert_eq!(delivered_events(&relay, id), 1, "{id}");
     }
 }
+
+/// `send --from Alice` while Alice is connected would put words in her mouth: refused, and
+/// nothing reaches Bob. Once Alice has left, a person may sign as Alice again (the name is
+/// free). Before the fix the spoof was accepted and shown to Bob as from Alice.
+#[test]
+fn a_tool_cannot_speak_as_a_connected_agent() {
+    let relay = Relay::start();
+    let (alice, _) = relay.agent("Alice");
+    let (mut bob, _) = relay.agent("Bob");
+    let spoof = relay.cli(&["send", "--from", "Alice", "Bob", "spoof"]);
+    assert!(!spoof.status.success(), "{spoof:?}");
+    let err = String::from_utf8_lossy(&spoof.stderr);
+    assert!(err.contains("Alice is a connected agent"), "{err}");
+    // The next thing Bob receives is Carol's message, not the spoof.
+    ok_stdout(&relay.cli(&["send", "--from", "Carol", "Bob", "real"]));
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (d["from"].as_str(), d["payload"]["body"].as_str()),
+        (Some("Carol"), Some("real"))
+    );
+    bob.ack(&d);
+    drop(alice);
+    wait_for(
+        std::time::Duration::from_secs(20),
+        "Alice to be offline",
+        || {
+            let v: Value =
+                serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+            v.as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a["name"] == "Alice" && a["online"] == false)
+        },
+    );
+    ok_stdout(&relay.cli(&["send", "--from", "Alice", "Bob", "signed"]));
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["payload"]["body"], "signed");
+}

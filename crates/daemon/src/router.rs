@@ -1066,6 +1066,21 @@ impl Router {
             self.nack(conn_id, id, NackCode::TooLarge, reason);
             return;
         }
+        // A tool (`send --from NAME`) may not speak as an agent that is connected: only that
+        // agent's own connection does, so a message shown as from Alice is from Alice.
+        if conn.role == Role::Client
+            && self
+                .agents
+                .get(&conn.name)
+                .is_some_and(|a| a.online.is_some())
+        {
+            let reason = format!(
+                "{name} is a connected agent, and only its own connection speaks as it; send as yourself (agent-relay send --from YOUR_NAME ...) or print the directive in {name}'s terminal",
+                name = conn.name
+            );
+            self.nack(conn_id, id, NackCode::Forbidden, reason);
+            return;
+        }
         let from = conn.name.clone();
         let session_id = self
             .agents
