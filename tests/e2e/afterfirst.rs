@@ -1,6 +1,8 @@
 //! What a user meets after the first message (issue 19): each test reproduces a defect an
 //! ordinary afternoon ran into, against the real binary.
 
+use std::process::Stdio;
+
 use serde_json::Value;
 
 use crate::support::{Relay, ok_stdout, wait_for};
@@ -96,4 +98,71 @@ fn a_tool_cannot_speak_as_a_connected_agent() {
     ok_stdout(&relay.cli(&["send", "--from", "Alice", "Bob", "signed"]));
     let d = bob.expect("DELIVER");
     assert_eq!(d["payload"]["body"], "signed");
+}
+
+/// A directive longer than a screen row used to keep (2,048 cells) lost its end without a
+/// word (issue 19.1): taken whole now up to the body limit, and one past it is marked cut.
+#[test]
+fn a_long_directive_is_taken_whole_or_reported_as_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let parse = |body_len: usize| -> Value {
+        let path = dir.path().join(format!("l{body_len}.bin"));
+        let raw = format!("@relay:Bob {} END\r\n\r\n$ ", "x".repeat(body_len));
+        std::fs::write(&path, raw).unwrap();
+        let out = std::process::Command::new(crate::support::BIN)
+            .args(["parse", "--json"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        serde_json::from_str(ok_stdout(&out).trim()).unwrap()
+    };
+    let whole = parse(3000);
+    let body = whole["body"].as_str().unwrap();
+    assert!(body.ends_with(" END"), "{} chars", body.len());
+    assert_eq!(body.len(), 3004);
+    assert!(whole.get("truncated").is_none(), "{whole}");
+    let cut = parse(40_000);
+    assert_eq!(cut["truncated"], true);
+}
+
+/// A wrapped agent that prints a directive past the limit is told, and nothing is sent:
+/// never the start of it as if whole.
+#[test]
+fn a_directive_past_the_limit_is_not_sent_and_the_agent_is_told() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    std::fs::write(
+        relay.dir.path().join("long.sh"),
+        // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
+        r#"(sleep 60; kill $$) &
+printf '@relay:Bob %s END\n' "$(head -c 40000 /dev/zero | tr '\0' x)"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"was not sent"*) exit 5;; esac
+done
+"#,
+    )
+    .unwrap();
+    let out = relay
+        .command()
+        .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "long.sh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
+    assert!(
+        text.contains(
+            "got: relay: your message to Bob was not sent: it is longer than 16384 bytes"
+        ),
+        "{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 /// Arguments of `agent-relay parse`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ParseArgs {
-    /// Print one JSON object per directive and line: {"to", "kind", "body", "thread"?, "data"?}.
+    /// Print one JSON object per directive and line: {"to", "kind", "body", "thread"?, "data"?, "truncated"?}.
     #[arg(long)]
     pub(crate) json: bool,
     /// How to read the output: generic, shell, claude, codex or gemini (default: generic).
@@ -78,6 +78,13 @@ fn print_directive(
             directive.kind.as_str(),
             crate::out::clean(&directive.body)
         )?;
+        if directive.truncated {
+            writeln!(
+                out,
+                "  (cut: longer than {} bytes; a wrapper does not send it, it tells the agent)",
+                relay_parse::MAX_DIRECTIVE_BODY
+            )?;
+        }
     }
     Ok(())
 }

@@ -156,6 +156,7 @@ mod tests {
             body: body.into(),
             thread: None,
             data: None,
+            truncated: false,
         };
         Found {
             directive,

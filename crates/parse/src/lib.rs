@@ -89,7 +89,15 @@ pub struct Directive {
     /// Structured data, from a `[[RELAY]]` block.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
+    /// The agent printed more than one directive may carry (16 KiB of body): `body` is only
+    /// its start. Never send such a directive as if whole; tell the agent instead.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
+
+/// Longest body a printed directive may have, in bytes; a longer one is reported as
+/// [`Directive::truncated`].
+pub const MAX_DIRECTIVE_BODY: usize = scanner::MAX_BODY;
 
 /// The text a terminal shows: its rows (trailing spaces removed) and where the cursor is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

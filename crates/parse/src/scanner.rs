@@ -270,7 +270,20 @@ fn parse_block(json: &str) -> Option<Directive> {
         body: body.trim().to_string(),
         thread,
         data,
+        truncated: false,
     })
+}
+
+/// The longest start of `text` of at most `max` bytes, cut at a character boundary.
+fn cut_to(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &text[..cut]
 }
 
 fn normalize(text: &str) -> String {
@@ -434,12 +447,16 @@ impl Scanner {
                 self.pending = Pending::Echo { indent: s.rest_idx };
                 return;
             }
+            // A row longer than the screen keeps, or a body past the limit: only its start is
+            // here, and it is reported as such rather than sent shortened.
+            let truncated = line.overflow || body.len() > MAX_BODY;
             let directive = Directive {
                 to,
                 kind,
-                body: body.to_string(),
+                body: cut_to(body, MAX_BODY).to_string(),
                 thread: None,
                 data: None,
+                truncated,
             };
             let found = Found {
                 directive,
@@ -505,9 +522,15 @@ impl Scanner {
                 }
             }
         }
+        if line.overflow {
+            found.directive.truncated = true;
+        }
         let body = &mut found.directive.body;
         if body.len() + text.len() + 1 > MAX_BODY {
-            return false;
+            // Past the limit: the rest still belongs to this directive (it is not a new
+            // paragraph), but is not kept; the directive is reported as cut.
+            found.directive.truncated = true;
+            return true;
         }
         body.push(if list { '\n' } else { ' ' });
         body.push_str(text);
@@ -563,6 +586,7 @@ mod tests {
                 text: (*text).to_string(),
                 code: Vec::new(),
                 seen: false,
+                overflow: false,
             };
             s.line(&line, i as u64, &mut out);
         }
@@ -585,6 +609,7 @@ mod tests {
             body: body.into(),
             thread: None,
             data: None,
+            truncated: false,
         }
     }
 
@@ -756,6 +781,7 @@ mod tests {
                 text: text.into(),
                 code: Vec::new(),
                 seen: false,
+                overflow: false,
             };
             s.line(&line, 0, &mut out);
         }
@@ -776,6 +802,7 @@ mod tests {
             text: "@relay:Carol tell me the result".into(),
             code: Vec::new(),
             seen: false,
+            overflow: false,
         };
         s.line(&line, 0, &mut out);
         s.flush(&mut out);
@@ -797,6 +824,7 @@ mod tests {
                 text: text.into(),
                 code: code.clone(),
                 seen: false,
+                overflow: false,
             };
             s.line(&line, 0, &mut out);
             s.flush(&mut out);

@@ -19,8 +19,10 @@
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 
-/// Longest row kept, in cells; printing past it drops characters.
-pub(crate) const MAX_COLS: usize = 2048;
+/// Longest row kept, in cells: a directive up to the body limit fits on one logical row
+/// (raw output has no autowrap: a long line is one row). Printing past it drops characters
+/// and marks the row as overflowed, so that nothing read from it is taken as whole.
+pub(crate) const MAX_COLS: usize = crate::scanner::MAX_BODY + 1024;
 /// Upper bound for the live region's height, whatever the caller asks for.
 pub(crate) const MAX_ROWS: usize = 200;
 /// How far above the cursor [`Screen::shows_near_cursor`] looks.
@@ -46,6 +48,8 @@ const BLANK: Cell = Cell {
 #[derive(Debug, Default, Clone)]
 struct Row {
     cells: Vec<Cell>,
+    /// Characters were printed past [`MAX_COLS`] and dropped.
+    overflow: bool,
     /// Hash of the text when this row was last committed.
     committed: Option<u64>,
 }
@@ -91,6 +95,8 @@ pub(crate) struct CommittedLine {
     /// Read before, unchanged: passed on only as context between changed rows (a blank line
     /// that ends a paragraph), never to be read for directives again.
     pub(crate) seen: bool,
+    /// The row was longer than [`MAX_COLS`]: `text` is only its start.
+    pub(crate) overflow: bool,
 }
 
 /// What the screen reports to the scanner, in stream order.
@@ -187,6 +193,7 @@ impl Screen {
             text,
             code,
             seen: false,
+            overflow: row.overflow,
         }
     }
 
@@ -228,6 +235,7 @@ impl Screen {
                 text: String::new(),
                 code: Vec::new(),
                 seen: false,
+                overflow: false,
             },
             |row| Self::line_of(row, abs),
         )
@@ -344,6 +352,10 @@ impl Screen {
 
     fn erase_in_row(&mut self, from: usize, to: usize) {
         let row = self.row_mut();
+        if from == 0 && to >= row.cells.len() {
+            // The whole row is rewritten: what was dropped from it is gone too.
+            row.overflow = false;
+        }
         if to >= row.cells.len() {
             row.cells.truncate(from);
         } else if from < to {
@@ -579,8 +591,13 @@ impl Screen {
     pub(crate) fn print_str(&mut self, text: &str) {
         let code = self.code_fg || self.faint;
         let mut col = self.cur_col;
-        if col >= MAX_COLS || text.is_empty() {
-            return; // as `print` does: nothing is written, not even an empty row
+        if text.is_empty() {
+            return;
+        }
+        if col >= MAX_COLS {
+            // As `print` does: nothing is written, and the row is marked as overflowed.
+            self.row_mut().overflow = true;
+            return;
         }
         let row = self.row_mut();
         let mut chars = text.chars();
@@ -601,9 +618,14 @@ impl Screen {
                 pad_to(&mut row.cells, col);
                 let room = MAX_COLS - col;
                 row.cells
-                    .extend(rest.take(room).map(|ch| Cell { ch, code }));
+                    .extend(rest.by_ref().take(room).map(|ch| Cell { ch, code }));
                 col = row.cells.len();
+                if rest.peek().is_some() {
+                    row.overflow = true;
+                }
             }
+        } else if chars.next().is_some() {
+            row.overflow = true;
         }
         self.cur_col = col;
     }
@@ -655,6 +677,7 @@ impl vte::Perform for Screen {
         self.ground = true;
         let col = self.cur_col;
         if col >= MAX_COLS {
+            self.row_mut().overflow = true;
             return;
         }
         let cell = Cell {

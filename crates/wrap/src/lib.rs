@@ -395,6 +395,21 @@ impl Core {
             Target::Agent(name) => name,
             Target::Broadcast => "*".to_owned(),
         };
+        if d.truncated {
+            // Sending the start of it as if whole would be a silent cut: tell the agent.
+            let limit = relay_parse::MAX_DIRECTIVE_BODY;
+            tracing::warn!(%to, limit, "a directive longer than the limit was printed; not sent, the agent is told");
+            let notice = refusal_notice(
+                &to,
+                &format!(
+                    "it is longer than {limit} bytes, the most one printed message may carry; nothing was sent. Put long content in a file and send its path"
+                ),
+            );
+            if self.notices.send(notice).is_err() {
+                tracing::warn!(%to, "the notice about a message too long could not be queued (wrapper stopping)");
+            }
+            return;
+        }
         // Printed after a relayed message arrived: an answer to it, in its thread.
         let (in_reply_to, thread) = match &self.replying_to {
             Some((id, thread)) => (
