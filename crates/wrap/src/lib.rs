@@ -529,10 +529,13 @@ impl Core {
                 let _ = self.client.ack(&m, Some(DeliveryState::Failed)).await;
                 return;
             }
-            Some(Remembered::Started) => {
+            Some(state @ (Remembered::Started | Remembered::Entered)) => {
                 // The wrapper stopped between typing and checking. A tmux pane outlives it:
                 // the history says whether the text got there. A PTY agent ended with the
-                // wrapper; what it was given is unknown, and typing twice is the worse error.
+                // wrapper: before its Enter the text was only in the input line of an agent
+                // now gone, so the new agent is given it (typing it "again" types it once);
+                // after its Enter, what the agent took is unknown, and typing twice is the
+                // worse error.
                 let shown = match pane {
                     Some(p) => {
                         let short = relay_protocol::short_id(&m.id);
@@ -540,8 +543,11 @@ impl Core {
                             .map(|h| h.contains(&format!("[{short}]")))
                             .unwrap_or(true)
                     }
-                    None => true,
+                    None => state == Remembered::Entered,
                 };
+                if !shown {
+                    tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
+                }
                 if shown {
                     // Typed; if the wrapper stopped before its Enter, the text still waits
                     // in the input line: submit it now.
@@ -638,6 +644,15 @@ impl Core {
                 Action::Enter => {
                     if let Some(Item::Message(m)) = self.injector.current() {
                         tracing::debug!(id = %m.id, "pressing Enter");
+                        // Recorded before the Enter is written: until then the text is only in
+                        // the agent's input line, and a PTY agent killed with its wrapper never
+                        // took it (a restarted wrapper types it again); from here on it may
+                        // have (a restarted wrapper does not).
+                        if self.log.get(&m.id) == Some(Remembered::Started)
+                            && let Err(e) = self.log.entered(&m.id)
+                        {
+                            tracing::warn!(error = %e, "cannot record an injected message's Enter");
+                        }
                     }
                     match &term {
                         Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,

@@ -1,8 +1,9 @@
 //! What a wrapper remembers on disk, in `<data>/team/<name>/`, so that a restarted wrapper
 //! neither types a message twice nor forgets where it was:
 //!
-//! - `injected.log`: one line per message typed (`T <id>`) and per outcome (`D <id> <state>`),
-//!   appended and flushed before the text is typed.
+//! - `injected.log`: one line per message typed (`T <id>`, before the text is typed), per
+//!   Enter pressed for it (`E <id>`, before the Enter is written) and per outcome
+//!   (`D <id> <state>`), each appended and flushed in one write.
 //! - `inbox.md` (with `--inbox`): every message for the agent, for it to read if typing ever
 //!   fails; rewritten atomically (temporary file, then rename).
 //! - `checkpoint` (tmux backend): how far the pane log has been read with every directive
@@ -18,8 +19,12 @@ const REMEMBER: usize = 10_000;
 /// How far a remembered message got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Typed {
-    /// Typing started; no outcome recorded (the wrapper stopped in between).
+    /// Typing started, Enter not pressed yet (the wrapper stopped in between): the text
+    /// went no further than the agent's input line.
     Started,
+    /// Enter was pressed (or about to be) and no outcome recorded: the agent may have
+    /// taken the message.
+    Entered,
     /// Submitted and seen on the screen.
     Verified,
     /// Typed but not seen submitted.
@@ -75,6 +80,7 @@ impl InjectedLog {
                                 log.typed_at.push((at, text.to_owned()));
                             }
                         }
+                        (Some("E"), Some(id), _) => log.remember(id, Typed::Entered),
                         (Some("D"), Some(id), Some("verified")) => {
                             log.remember(id, Typed::Verified);
                         }
@@ -147,6 +153,19 @@ impl InjectedLog {
         Ok(())
     }
 
+    /// Records that Enter is about to be pressed for `id` (typed before, see
+    /// [`InjectedLog::started`]). Call before the Enter is written: from then on a restarted
+    /// wrapper counts the message as possibly taken, and does not type it again.
+    ///
+    /// # Errors
+    /// The log cannot be written (the caller should not press Enter, or risk typing twice
+    /// later).
+    pub fn entered(&mut self, id: &str) -> std::io::Result<()> {
+        self.append(&format!("E {id}"))?;
+        self.remember(id, Typed::Entered);
+        Ok(())
+    }
+
     /// The texts typed at or after pane log offset `from`, oldest first, as recorded by
     /// earlier wrappers.
     pub fn typed_since(&self, from: u64) -> Vec<(u64, String)> {
@@ -186,6 +205,7 @@ impl InjectedLog {
         for id in &self.order {
             match self.ids.get(id) {
                 Some(Typed::Started) => text.push_str(&format!("T {id}\n")),
+                Some(Typed::Entered) => text.push_str(&format!("E {id}\n")),
                 Some(Typed::Verified) => text.push_str(&format!("D {id} verified\n")),
                 Some(Typed::Failed) => text.push_str(&format!("D {id} failed\n")),
                 None => {}
@@ -360,6 +380,8 @@ mod tests {
         log.started("B").unwrap();
         log.started("C").unwrap();
         log.finished("C", false).unwrap();
+        log.started("G").unwrap();
+        log.entered("G").unwrap();
         // A crash in the middle of a line.
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -374,6 +396,11 @@ mod tests {
             "a cut outcome is no outcome"
         );
         assert_eq!(log.get("C"), Some(Typed::Failed));
+        assert_eq!(
+            log.get("G"),
+            Some(Typed::Entered),
+            "Enter pressed, no outcome"
+        );
         assert_eq!(log.get("D"), None);
         // Texts typed with their pane offsets come back for a re-read from an offset.
         log.started_at("E", 500, "Relay message from X [E]: one")
