@@ -166,3 +166,65 @@ done
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }
+
+/// Runs the binary in `cwd` with no path overrides, as a user does: the project root decides
+/// where the relay lives (its runtime and data directories are kept under `home`).
+fn in_folder(home: &std::path::Path, cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::support::BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("AGENT_RELAY_SOCKET")
+        .env_remove("AGENT_RELAY_DATA_DIR")
+        .env_remove("AGENT_RELAY_STORAGE_PATH")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_RUNTIME_DIR", home.join("run"))
+        .env("AGENT_RELAY_DASHBOARD_PORT", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Stops the relay started from a folder when the test ends, whatever happens.
+struct Down<'a>(&'a std::path::Path, &'a std::path::Path);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        in_folder(self.0, self.1, &["down"]);
+    }
+}
+
+/// A sub-folder with its own `package.json` inside a git repository belongs to the
+/// repository's relay (issue 19.10: it used to get a relay of its own and said "not
+/// running"); a "not running" answer names the root it chose.
+#[test]
+fn a_sub_folder_of_a_repository_finds_the_repositorys_relay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let repo = tmp.path().join("repo");
+    let web = repo.join("web/src");
+    std::fs::create_dir_all(home.join("run")).unwrap();
+    std::fs::create_dir_all(repo.join(".git")).unwrap();
+    std::fs::create_dir_all(&web).unwrap();
+    std::fs::write(repo.join("web/package.json"), "{}").unwrap();
+    let up = in_folder(&home, &repo, &["up", "--json"]);
+    let _down = Down(&home, &repo);
+    let started: Value = serde_json::from_str(&ok_stdout(&up)).unwrap();
+    assert_eq!(started["project_root"], repo.to_str().unwrap(), "{started}");
+    // From the sub-project: the same relay.
+    let agents = in_folder(&home, &web, &["agents", "--json"]);
+    assert!(agents.status.success(), "{agents:?}");
+    let status: Value =
+        serde_json::from_str(&ok_stdout(&in_folder(&home, &web, &["status", "--json"]))).unwrap();
+    assert_eq!(status["project_root"], repo.to_str().unwrap(), "{status}");
+    // Elsewhere: not running, and the answer says which root it looked for.
+    let other = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&other).unwrap();
+    let out = in_folder(&home, &other, &["agents"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("project root: {}", other.display())),
+        "{err}"
+    );
+}

@@ -17,11 +17,28 @@ use relay_client::{Client, ClientConfig};
 use crate::args::{Cli, Cmd};
 
 /// Runs the parsed command line.
-pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+pub(crate) fn run(mut cli: Cli) -> anyhow::Result<()> {
     let mut paths = Paths::from_env()?;
-    if let Some(s) = cli.socket {
+    let chosen_socket = cli.socket.take();
+    let explicit = chosen_socket.is_some() || std::env::var_os("AGENT_RELAY_SOCKET").is_some();
+    if let Some(s) = chosen_socket {
         paths.socket = s;
     }
+    dispatch(cli, &paths).map_err(|e| {
+        // "Not running" from another folder of the same project is the usual surprise: say
+        // which project this folder belongs to and how the root is chosen.
+        if crate::exit::code_of(&e) != 3 || explicit {
+            return e;
+        }
+        crate::exit::not_running(format!(
+            "{e:#}\n  project root: {} (the nearest folder holding .agent-relay, else the git top-level, else the nearest Cargo.toml/package.json/go.mod/pyproject.toml)",
+            paths.project_root.display()
+        ))
+    })
+}
+
+fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
+    let paths = paths.clone();
     match cli.cmd {
         // The daemon builds its own runtime (it must daemonize before any threads exist).
         Cmd::Up(args) => up::up(&paths, &args),

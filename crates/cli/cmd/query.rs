@@ -33,6 +33,7 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
                 json(&serde_json::json!({
                     "running": false,
                     "pid": null,
+                    "project_root": paths.project_root,
                     "socket": paths.socket,
                     "db": paths.db,
                     "data_dir": paths.data_dir,
@@ -52,6 +53,7 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     if as_json {
         let mut v = serde_json::to_value(&s)?;
         v["dashboard"] = serde_json::json!(dashboard);
+        v["project_root"] = serde_json::json!(paths.project_root);
         return json(&v);
     }
     line(format!(
@@ -60,6 +62,7 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         human_secs(s.uptime_s),
         s.version
     ))?;
+    line(format!("  project:  {}", paths.project_root.display()))?;
     line(format!("  socket:   {}", s.socket))?;
     line(format!("  database: {} ({})", s.db, s.storage))?;
     line(format!(

@@ -91,6 +91,7 @@ fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyho
             "running": true,
             "already_running": already,
             "pid": pid,
+            "project_root": paths.project_root,
             "socket": paths.socket,
             "data_dir": paths.data_dir,
             "db": paths.db,
@@ -104,6 +105,7 @@ fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyho
         "relay started"
     };
     line(format!("{what} (pid {pid})"))?;
+    line(format!("  project: {}", paths.project_root.display()))?;
     line(format!("  socket: {}", paths.socket.display()))?;
     line(format!("  data:   {}", paths.data_dir.display()))?;
     line(format!("  log:    {}", paths.log_file.display()))?;

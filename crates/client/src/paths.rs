@@ -1,8 +1,11 @@
 //! Where a project's relay lives: project root and id, data directory, socket, database, pid
 //! and log files. The daemon, the CLI and the wrapper all resolve paths here, so they agree.
 //!
-//! - Project root: the nearest ancestor of the working directory holding `.git`, `Cargo.toml`,
-//!   `package.json`, `go.mod`, `pyproject.toml` or `.agent-relay`; the working directory if none.
+//! - Project root, the first that applies: the nearest ancestor of the working directory
+//!   holding `.agent-relay` (a project that says where its root is); else the git top-level (the
+//!   nearest ancestor holding `.git`), so a sub-folder with its own `package.json` inside a
+//!   repository shares the repository's relay; else the nearest ancestor holding `Cargo.toml`,
+//!   `package.json`, `go.mod` or `pyproject.toml`; else the working directory.
 //! - Project id: the first 12 hex digits of SHA-256 of the root path.
 //! - Data: `$AGENT_RELAY_DATA_DIR`, else `$XDG_DATA_HOME/agent-relay/<id>`, else
 //!   `~/.local/share/agent-relay/<id>`.
@@ -48,11 +51,17 @@ pub struct Paths {
     pub agents_file: PathBuf,
 }
 
-/// The nearest ancestor of `start` (inclusive) holding a root marker, else `start`.
+/// The project root for `start` (see the module docs): the nearest `.agent-relay`, else the
+/// git top-level, else the nearest other root marker, else `start`.
 pub fn project_root(start: &Path) -> PathBuf {
-    start
-        .ancestors()
-        .find(|dir| ROOT_MARKERS.iter().any(|m| dir.join(m).exists()))
+    let nearest = |markers: &[&str]| {
+        start
+            .ancestors()
+            .find(|dir| markers.iter().any(|m| dir.join(m).exists()))
+    };
+    nearest(&[".agent-relay"])
+        .or_else(|| nearest(&[".git"]))
+        .or_else(|| nearest(&ROOT_MARKERS))
         .unwrap_or(start)
         .to_path_buf()
 }
@@ -150,6 +159,25 @@ mod tests {
             ))
         );
         assert_eq!(p.db, p.data_dir.join("messages.sqlite"));
+    }
+
+    #[test]
+    fn a_sub_project_inside_a_repository_shares_the_repositorys_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let web = repo.join("web");
+        std::fs::create_dir_all(repo.join(".git")).unwrap();
+        std::fs::create_dir_all(web.join("src")).unwrap();
+        std::fs::write(web.join("package.json"), "{}").unwrap();
+        assert_eq!(project_root(&web.join("src")), repo);
+        // A project that says where its root is wins over the repository.
+        std::fs::create_dir_all(web.join(".agent-relay")).unwrap();
+        assert_eq!(project_root(&web.join("src")), web);
+        // Outside any repository, the nearest marker.
+        let plain = dir.path().join("plain");
+        std::fs::create_dir_all(plain.join("a/b")).unwrap();
+        std::fs::write(plain.join("a/go.mod"), "").unwrap();
+        assert_eq!(project_root(&plain.join("a/b")), plain.join("a"));
     }
 
     #[test]
