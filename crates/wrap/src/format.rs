@@ -1,13 +1,18 @@
 //! How a delivered message becomes text typed into an agent's terminal.
 
+use relay_protocol::text::typed;
+
 /// The line typed into the recipient's terminal for one message:
 /// `Relay message from Alice [5DZ82MJ3]: body` (with ` (thread T)` when there is one).
 ///
 /// The text is one line: control characters from the sender (escape sequences, bells,
-/// carriage returns) are dropped and line breaks become spaces, so nothing a peer sends can
-/// drive the recipient's terminal or submit early. A body longer than `max_body` characters is
-/// cut, with a hint to read the rest. The line starts with `Relay message from`, which the
-/// parser never reads as a directive, so its echo cannot be relayed again.
+/// carriage returns) are dropped and line breaks become spaces (see
+/// [`relay_protocol::text::typed`]), in the body and in every other relay-supplied part (the
+/// sender, the id, the thread), so nothing a peer sends can drive the recipient's terminal or
+/// submit early. The daemon accepts only ids of a safe alphabet, but the wrapper does not rely
+/// on that. A body longer than `max_body` characters is cut, with a hint to read the rest. The
+/// line starts with `Relay message from`, which the parser never reads as a directive, so its
+/// echo cannot be relayed again.
 pub fn injected_text(
     from: &str,
     id: &str,
@@ -15,23 +20,13 @@ pub fn injected_text(
     body: &str,
     max_body: usize,
 ) -> String {
-    let short = relay_protocol::short_id(id);
-    let mut clean = String::with_capacity(body.len().min(max_body + 16));
-    let mut count = 0;
-    let mut cut = false;
-    for c in body.chars() {
-        let c = match c {
-            '\n' | '\r' | '\t' => ' ',
-            c if c.is_control() => continue,
-            c => c,
-        };
-        if count == max_body {
-            cut = true;
-            break;
-        }
-        clean.push(c);
-        count += 1;
-    }
+    let id = typed(id);
+    let from = typed(from);
+    let short = relay_protocol::short_id(&id);
+    let body = typed(body);
+    let clean: String = body.chars().take(max_body).collect();
+    // `clean` is a prefix of `body`: shorter means cut.
+    let cut = clean.len() < body.len();
     let thread = thread
         .map(|t| {
             // A thread the relay started is the id of its first message: its short id is
@@ -39,7 +34,7 @@ pub fn injected_text(
             let t: String = if ulid::Ulid::from_string(t).is_ok() {
                 relay_protocol::short_id(t).to_owned()
             } else {
-                t.chars().filter(|c| !c.is_control()).take(64).collect()
+                typed(t).chars().take(64).collect()
             };
             format!(" (thread {t})")
         })
@@ -150,6 +145,40 @@ mod tests {
         let t = injected_text("A", "x", None, "a\u{1b}[2J\u{7}b\r\nc\u{1b}]0;t\u{7}", 1000);
         assert!(!t.chars().any(char::is_control), "{t:?}");
         assert!(t.ends_with("a[2Jb  c]0;t"), "{t:?}");
+    }
+
+    /// The daemon refuses such ids; the wrapper cleans them anyway (defence in depth): an id
+    /// with a carriage return once submitted `touch FILE` to a wrapped shell, and one with an
+    /// OSC sequence (ESC or the C1 introducer U+009D) retitled the person's terminal.
+    #[test]
+    fn hostile_ids_threads_and_names_are_typed_without_controls() {
+        for id in [
+            "q\rtouch FILE\r#",
+            "x\u{1b}]0;pwned\u{7}",
+            "x\u{9d}0;pwned\u{9c}",
+            "a\nb\u{202e}c",
+        ] {
+            // Long enough to be cut: the hint repeats the whole id.
+            let t = injected_text(
+                "Al\u{1b}[2Jice",
+                id,
+                Some("th\rread\u{9b}"),
+                &"x".repeat(50),
+                10,
+            );
+            assert!(t.contains("agent-relay read"), "{t:?}");
+            assert!(
+                !t.chars().any(|c| c.is_control()
+                    || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+                "{id:?} gave {t:?}"
+            );
+        }
+        let t = injected_text("A", "q\rtouch FILE\r#", None, &"x".repeat(50), 10);
+        assert!(
+            t.starts_with("Relay message from A [h FILE #]: ")
+                && t.ends_with("agent-relay read q touch FILE #)"),
+            "{t:?}"
+        );
     }
 
     #[test]

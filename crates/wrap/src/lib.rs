@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText, Target};
-use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState};
+use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, text};
 use tokio::sync::mpsc;
 
 use crate::inject::{Action, Injector, Look, Outcome, Timing};
@@ -162,12 +162,11 @@ enum Item {
 
 /// The notice typed into the agent when the relay refuses one of its messages.
 fn refusal_notice(to: &str, reason: &str) -> String {
-    let reason: String = reason
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(300)
-        .collect();
-    format!("relay: your message to {to} was not sent: {reason}")
+    let reason: String = text::typed(reason).chars().take(300).collect();
+    format!(
+        "relay: your message to {} was not sent: {reason}",
+        text::typed(to)
+    )
 }
 
 fn now_ms() -> u64 {
@@ -439,7 +438,8 @@ impl Core {
                     match pending.wait().await {
                         Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
                         Err(ClientError::Rejected { reason, .. }) => {
-                            tracing::warn!(%id, %to, %reason, "relay refused a message");
+                            let shown = text::one_line(&reason, 300);
+                            tracing::warn!(%id, %to, reason = %shown, "relay refused a message");
                             let _ = notices.send(refusal_notice(&to, &reason));
                         }
                         Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
@@ -494,6 +494,19 @@ impl Core {
     /// A message arrived for this agent.
     async fn on_message(&mut self, m: Delivered, pane: Option<&tmux::Pane>) {
         if self.queued.contains(&m.id) {
+            return;
+        }
+        // The daemon refuses such ids, but the wrapper does not rely on it: an id with a space,
+        // a line break or a control character would corrupt `injected.log` (one id per line)
+        // and could end a typed line early. Such a message is not typed; it is reported failed,
+        // so it becomes a dead letter and its sender is told.
+        if let Err(e) = relay_protocol::validate_message_id(&m.id) {
+            tracing::warn!(
+                id = %text::one_line(&m.id, 160),
+                error = %e,
+                "a message with an id the relay should have refused: not typed, reported failed"
+            );
+            self.ack(&m, DeliveryState::Failed).await;
             return;
         }
         let text = format::injected_text(
@@ -560,6 +573,21 @@ impl Core {
         let urgent = m.payload.urgent;
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Message(Box::new(m)), urgent);
+    }
+
+    /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
+    /// (its driver is gone): the relay will deliver the message again to the next connection
+    /// under this name, and `injected.log` keeps it from being typed twice then.
+    async fn ack(&self, m: &Delivered, state: DeliveryState) {
+        if let Err(e) = self.client.ack(m, Some(state)).await {
+            tracing::warn!(
+                id = %m.id,
+                ?state,
+                error = %e,
+                "cannot acknowledge a message (the relay client stopped); it will be delivered \
+                 again after a reconnect and acknowledged from injected.log"
+            );
+        }
     }
 
     /// When the loop must wake up next, if nothing happens before.
