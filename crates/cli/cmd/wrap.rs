@@ -44,11 +44,13 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
             n
         }
     };
-    let program = args.command.first().context("no agent command given")?;
+    if args.command.is_empty() {
+        anyhow::bail!("no agent command given");
+    }
     let profile_name = args
         .profile
         .clone()
-        .unwrap_or_else(|| Profile::name_for_command(program).to_owned());
+        .unwrap_or_else(|| Profile::name_for_command(&args.command).to_owned());
     let profile = Profile::load(
         &profile_name,
         relay_wrap::profile::override_dir().as_deref(),

@@ -272,6 +272,8 @@ struct Core {
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
+    /// How text is typed into this agent: as a shell no-op when it is a shell.
+    form: format::Form,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -312,8 +314,14 @@ impl Core {
         };
         let now = Instant::now();
         let mut injector = Injector::new(timing, now);
+        let form = format::Form::for_agent(cfg.profile.name(), &cfg.command);
+        if form == format::Form::ShellNoOp {
+            tracing::info!(
+                "the agent is a shell: messages are typed as `: '...'`, which runs nothing"
+            );
+        }
         if cfg.intro {
-            injector.push(intro(&cfg.name), Item::Notice, false);
+            injector.push(form.apply(&intro(&cfg.name)), Item::Notice, false);
         }
         Ok(Self {
             injector,
@@ -332,6 +340,7 @@ impl Core {
             reported: None,
             burst_start: now,
             started: false,
+            form,
         })
     }
 
@@ -509,13 +518,13 @@ impl Core {
             self.ack(&m, DeliveryState::Failed).await;
             return;
         }
-        let text = format::injected_text(
+        let text = self.form.apply(&format::injected_text(
             &m.from,
             &m.id,
             m.payload.thread.as_deref(),
             &m.payload.body,
             self.cfg.max_body,
-        );
+        ));
         // Never typed twice: a message this terminal was given before (a replay after a
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
@@ -573,6 +582,12 @@ impl Core {
         let urgent = m.payload.urgent;
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Message(Box::new(m)), urgent);
+    }
+
+    /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
+    fn push_notice(&mut self, notice: &str) {
+        self.injector
+            .push(self.form.apply(notice), Item::Notice, false);
     }
 
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
@@ -806,7 +821,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 }
                 pty.write(k).await?;
             }
-            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(notice) = notices.recv() => core.push_notice(&notice),
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             _ = term.recv() => { stopped = Some(15); break; }
             _ = hup.recv() => { stopped = Some(1); break; }
@@ -894,7 +909,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
                     relay_open = false;
                 }
             },
-            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(notice) = notices.recv() => core.push_notice(&notice),
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             // Stopped: the agent keeps running in its session; a new wrapper resumes.
             _ = term.recv() => {
