@@ -76,6 +76,16 @@ pub enum WrapError {
     /// The wrapper's files in the data directory could not be used.
     #[error("{0}")]
     State(String),
+    /// The agent's tmux session ended without its exit status: the session was killed (or
+    /// the status file is unreadable), so whether the agent succeeded is unknown.
+    #[error(
+        "the agent's tmux session {session} ended without an exit status (was the session or \
+         the tmux server killed?); whether the agent succeeded is unknown: check its work"
+    )]
+    ExitUnknown {
+        /// The tmux session.
+        session: String,
+    },
 }
 
 /// How to run one agent.
@@ -933,7 +943,8 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     core.maybe_checkpoint();
     core.finish().await;
     tmux::kill(&session);
-    Ok(code.unwrap_or(0))
+    // Unknown is not success: a killed session must not pass for an agent that exited 0.
+    code.ok_or(WrapError::ExitUnknown { session })
 }
 
 #[cfg(test)]
