@@ -459,11 +459,15 @@ impl Core {
                         Err(ClientError::Rejected { reason, .. }) => {
                             let shown = text::one_line(&reason, 300);
                             tracing::warn!(%id, %to, reason = %shown, "relay refused a message");
-                            let _ = notices.send(refusal_notice(&to, &reason));
+                            if notices.send(refusal_notice(&to, &reason)).is_err() {
+                                tracing::debug!(%id, "the wrapper has ended; the refusal is only logged");
+                            }
                         }
                         Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
                     }
-                    let _ = receipts.send(ReceiptDone);
+                    if receipts.send(ReceiptDone).is_err() {
+                        tracing::debug!(%id, "the wrapper has ended before the receipt came");
+                    }
                 });
             }
             Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
@@ -539,11 +543,11 @@ impl Core {
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
             Some(Remembered::Verified) => {
-                let _ = self.client.ack(&m, Some(DeliveryState::Verified)).await;
+                self.ack(&m, DeliveryState::Verified).await;
                 return;
             }
             Some(Remembered::Failed) => {
-                let _ = self.client.ack(&m, Some(DeliveryState::Failed)).await;
+                self.ack(&m, DeliveryState::Failed).await;
                 return;
             }
             Some(Remembered::Started) => {
@@ -567,11 +571,20 @@ impl Core {
                             .is_ok_and(|(s, _)| !self.cfg.profile.submitted(&s, &text));
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            let _ = tokio::task::block_in_place(|| p.enter());
+                            if let Err(e) = tokio::task::block_in_place(|| p.enter()) {
+                                // Acknowledged as injected all the same: the text is in the
+                                // agent's input line, where a person can submit it; typing it
+                                // again would double it.
+                                tracing::warn!(id = %m.id, error = %e, "cannot press that Enter; the text waits in the agent's input line");
+                            }
                         }
                     }
-                    let _ = self.log.finished(&m.id, false);
-                    let _ = self.client.ack(&m, Some(DeliveryState::Injected)).await;
+                    if let Err(e) = self.log.finished(&m.id, false) {
+                        // The ACK below still goes; a later replay finds the id started and,
+                        // the text being in the pane's history, acknowledges it again untyped.
+                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+                    }
+                    self.ack(&m, DeliveryState::Injected).await;
                     return;
                 }
             }
@@ -688,7 +701,9 @@ impl Core {
                         tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
                     }
                     if let Err(e) = self.log.finished(&m.id, verified) {
-                        tracing::warn!(error = %e, "cannot record an injected message");
+                        // Its `T` line is there: a replay after a restart is not typed again
+                        // (it is checked against the pane, or taken as typed).
+                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
                     }
                     self.queued.remove(&m.id);
                     let state = if verified {
@@ -696,7 +711,7 @@ impl Core {
                     } else {
                         DeliveryState::Failed
                     };
-                    let _ = self.client.ack(&m, Some(state)).await;
+                    self.ack(&m, state).await;
                 }
                 Action::Done(Item::Notice, _) => {}
             }
@@ -937,8 +952,11 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     tracing::info!(?code, "the agent exited; ending its session");
     // The hook may not have written it (see `tmux::watch_exit`); `wrap` reads it.
     let exit_file = core.cfg.team_dir.join("exit");
-    if let (Some(c), false) = (code, exit_file.exists()) {
-        let _ = state::write_atomically(&exit_file, format!("{c}\n").as_bytes());
+    if let (Some(c), false) = (code, exit_file.exists())
+        && let Err(e) = state::write_atomically(&exit_file, format!("{c}\n").as_bytes())
+    {
+        // The attached front then reports the status unknown (a failure), not a success.
+        tracing::warn!(error = %e, path = %exit_file.display(), "cannot write the agent's exit status");
     }
     core.maybe_checkpoint();
     core.finish().await;
