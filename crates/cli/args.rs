@@ -446,7 +446,8 @@ pub(crate) struct WrapArgs {
     #[arg(long)]
     pub(crate) detached: bool,
     /// How to read the agent's screen: claude, codex, gemini, shell or generic (default: from
-    /// the command's name).
+    /// the command's name; a shell running a script or `-c` is generic). With `shell`, and for
+    /// any shell reading commands, messages are typed as `: '...'`, which runs nothing.
     #[arg(long, value_name = "NAME")]
     pub(crate) profile: Option<String>,
     /// Do not pass this terminal's keystrokes to the agent (pty; it gets relayed messages only).

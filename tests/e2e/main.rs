@@ -13,6 +13,7 @@ mod hardening;
 mod parse;
 mod protocol;
 pub(crate) mod safety;
+mod shells;
 mod support;
 mod tmux;
 mod trust;

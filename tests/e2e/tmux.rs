@@ -777,3 +777,54 @@ fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
     assert!(is_online(&relay, "Dana"));
     person(&["kill-server"]);
 }
+
+/// A killed session leaves the agent's exit status unknown, and unknown is a failure: the
+/// person attached through `agent-relay` gets a non-zero status and a message saying why, and
+/// the relaying process says so in its log (it used to report 0, as if the agent succeeded).
+#[test]
+fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let dir = relay.dir.path();
+    std::fs::write(dir.join("Erin.sh"), ECHO_AGENT).unwrap();
+    let _terminal = crate::wrap::person_terminal(
+        &relay,
+        "relaykilled",
+        &format!(
+            "cd '{}' && unset TMUX && {{bin}} wrap --backend tmux -n Erin -- sh Erin.sh\necho \"wrap exit $?\"",
+            dir.display()
+        ),
+    );
+    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relaykilled", args);
+    let screen =
+        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    wait_for(Duration::from_secs(20), "the person sees Erin", || {
+        screen().contains("I am Erin")
+    });
+    wait_online(&relay, "Erin");
+    let session = session_of(&relay, "Erin");
+    let killed = tmux.run(&["kill-session", "-t", &format!("={session}")]);
+    assert!(killed.status.success(), "{killed:?}");
+    wait_for(Duration::from_secs(20), "agent-relay returns", || {
+        screen().contains("wrap exit ")
+    });
+    let text = screen();
+    assert!(
+        !text.contains("wrap exit 0"),
+        "a killed session passed for success:\n{text}"
+    );
+    assert!(text.contains("wrap exit 1"), "{text}");
+    assert!(
+        text.contains("exit status is unknown") && text.contains("was never written"),
+        "{text}"
+    );
+    // The relaying process ends too, and says the same in its log.
+    let log = relay.data_dir().join("team/Erin/wrap.log");
+    wait_for(
+        Duration::from_secs(20),
+        "the relaying process reports it",
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ended without an exit status")),
+    );
+}

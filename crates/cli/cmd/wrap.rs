@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::Context;
@@ -44,11 +44,13 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
             n
         }
     };
-    let program = args.command.first().context("no agent command given")?;
+    if args.command.is_empty() {
+        anyhow::bail!("no agent command given");
+    }
     let profile_name = args
         .profile
         .clone()
-        .unwrap_or_else(|| Profile::name_for_command(program).to_owned());
+        .unwrap_or_else(|| Profile::name_for_command(&args.command).to_owned());
     let profile = Profile::load(
         &profile_name,
         relay_wrap::profile::override_dir().as_deref(),
@@ -173,10 +175,9 @@ fn tmux_front(
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
-    if let Ok(text) = std::fs::read_to_string(cfg.team_dir.join("exit")) {
-        if !tmux::exists(&session) {
-            return Ok(text.trim().parse().unwrap_or(0));
-        }
+    if !tmux::exists(&session) {
+        // The session ended while attached: the agent's status is what it ended with.
+        return agent_exit_status(&cfg.team_dir.join("exit"), name, &session);
     }
     if !status.success() {
         anyhow::bail!("tmux attach failed ({status})");
@@ -185,6 +186,32 @@ fn tmux_front(
         "agent-relay: detached; {name} keeps running and relaying. Back to it: agent-relay attach {name}"
     );
     Ok(0)
+}
+
+/// The exit status of agent `name`, whose tmux session has ended: the number its session's
+/// shell wrote to `exit_file` as the agent exited. Missing or not a number (the session was
+/// killed, the file damaged), it is unknown, which is a failure, never a success.
+fn agent_exit_status(exit_file: &Path, name: &str, session: &str) -> anyhow::Result<i32> {
+    let why = match std::fs::read_to_string(exit_file) {
+        Ok(text) => match text.trim().parse::<i32>() {
+            Ok(code) => return Ok(code),
+            Err(_) => format!(
+                "{} holds {:?}, not a number",
+                exit_file.display(),
+                relay_protocol::text::one_line(&text, 40)
+            ),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!("{} was never written", exit_file.display())
+        }
+        Err(e) => format!("cannot read {}: {e}", exit_file.display()),
+    };
+    anyhow::bail!(
+        "{name}'s tmux session {session} ended, but the agent's exit status is unknown ({why}): \
+         the session or the tmux server was probably killed rather than the agent exiting. \
+         Check what the agent did (its relay log: {}), then start it again with the same command.",
+        exit_file.with_file_name("wrap.log").display()
+    )
 }
 
 /// The relaying process's lock (`team/<name>/relay.lock`), if nobody holds it: whoever holds
@@ -316,4 +343,32 @@ fn init_wrap_logging(cfg: &WrapConfig, to_file: bool) {
         .with_writer(std::sync::Mutex::new(file))
         .with_ansi(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent_exit_status;
+
+    #[test]
+    fn an_unknown_exit_status_is_a_failure_that_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("exit");
+        let err = agent_exit_status(&file, "Dana", "p-Dana")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exit status is unknown") && err.contains("never written"),
+            "{err}"
+        );
+        std::fs::write(&file, "garbage\u{1b}]0;t\u{7}\n").unwrap();
+        let err = agent_exit_status(&file, "Dana", "p-Dana")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not a number") && !err.contains('\u{1b}'),
+            "{err}"
+        );
+        std::fs::write(&file, "7\n").unwrap();
+        assert_eq!(agent_exit_status(&file, "Dana", "p-Dana").unwrap(), 7);
+    }
 }

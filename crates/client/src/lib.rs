@@ -334,6 +334,7 @@ impl Client {
             terminal: None,
             resume_token: Some(welcome.resume_token.clone()),
             heartbeat: Duration::from_millis(welcome.server.heartbeat_ms.max(100)),
+            missed: 0,
         };
         tokio::spawn(driver.run(conn, welcome));
         Ok(Self {
@@ -676,6 +677,9 @@ struct Driver {
     heartbeat: Duration,
     /// The application's latest terminal report, carried in every PONG.
     terminal: Option<TerminalReport>,
+    /// BUSY and ERROR events not handed to the application because its queue was full (each
+    /// is logged instead; see [`Driver::notify`]).
+    missed: u64,
 }
 
 /// Why a connection ended.
@@ -687,6 +691,29 @@ enum End {
 }
 
 impl Driver {
+    /// Hands a BUSY or ERROR to the application without waiting: the driver must keep reading
+    /// (a tool that never reads its events, like `agent-relay send`, would otherwise stall its
+    /// own receipts once the queue filled). When the queue is full the event is not passed on,
+    /// but never silently: it is counted in `missed` and logged with what it said.
+    fn notify(&mut self, ev: Event) {
+        match self.events.try_send(ev) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(ev)) => {
+                self.missed += 1;
+                tracing::warn!(
+                    missed = self.missed,
+                    event = %relay_protocol::text::one_line(&format!("{ev:?}"), 300),
+                    "the application is not reading relay events (its queue is full): this \
+                     BUSY/ERROR is logged here instead of being handed to it"
+                );
+            }
+            Err(mpsc::error::TrySendError::Closed(ev)) => {
+                // The application dropped its client; the driver is about to end.
+                tracing::debug!(?ev, "relay event after the client was dropped");
+            }
+        }
+    }
+
     async fn run(mut self, first: Conn, welcome: relay_protocol::Welcome) {
         let mut conn = first;
         let _ = self
@@ -1125,13 +1152,11 @@ impl Driver {
                     let _ = q.send(Ok(r));
                 }
             }
-            Payload::Busy(b) => {
-                let _ = self.events.try_send(Event::Busy(b));
-            }
+            Payload::Busy(b) => self.notify(Event::Busy(b)),
             Payload::Error(e) => {
                 let fatal = e.fatal;
                 let message = e.message.clone();
-                let _ = self.events.try_send(Event::Error(e));
+                self.notify(Event::Error(e));
                 if fatal {
                     return Err(message);
                 }
@@ -1188,6 +1213,7 @@ mod tests {
             terminal: None,
             resume_token: None,
             heartbeat: Duration::from_secs(5),
+            missed: 0,
         }
     }
 
@@ -1251,6 +1277,47 @@ mod tests {
         // The replay after the reconnect is acknowledged, not left waiting for an ACK that
         // already happened (which would stall every later cumulative ACK).
         assert_eq!(d.seen.arrive("A", "m1"), Seen::Acked);
+    }
+
+    /// A BUSY or ERROR that finds the application's queue full is counted and logged, never
+    /// dropped unseen, and a fatal ERROR still ends the connection.
+    #[tokio::test]
+    async fn busy_and_errors_that_find_the_queue_full_are_counted_not_lost_silently() {
+        let mut d = driver();
+        let (events, mut rx) = mpsc::channel(1);
+        d.events = events;
+        let busy = |n| {
+            Envelope::new(
+                format!("b{n}"),
+                1,
+                Payload::Busy(Busy {
+                    retry_after_ms: 100,
+                    target: Some("Bob".into()),
+                    pending: n,
+                }),
+            )
+        };
+        let error = |fatal| {
+            Envelope::new(
+                "e",
+                1,
+                Payload::Error(ErrorPayload {
+                    code: ErrorCode::BadPayload,
+                    message: "nope".into(),
+                    fatal,
+                }),
+            )
+        };
+        let mut out = Vec::new();
+        d.on_frame(busy(1), &mut out).await.unwrap();
+        d.on_frame(busy(2), &mut out).await.unwrap();
+        d.on_frame(error(false), &mut out).await.unwrap();
+        assert_eq!(d.missed, 2, "the two that found the queue full");
+        assert!(matches!(rx.recv().await, Some(Event::Busy(b)) if b.pending == 1));
+        d.on_frame(busy(3), &mut out).await.unwrap();
+        assert!(matches!(rx.recv().await, Some(Event::Busy(b)) if b.pending == 3));
+        assert_eq!(d.missed, 2);
+        assert!(d.on_frame(error(true), &mut out).await.is_err());
     }
 
     #[test]

@@ -1,13 +1,125 @@
 //! How a delivered message becomes text typed into an agent's terminal.
 
+use relay_protocol::text::typed;
+
+/// Programs that read commands from their terminal: whatever is typed into one is run, so it is
+/// given text only as a [`Form::ShellNoOp`].
+pub const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "pdksh", "ash", "yash", "posh", "fish",
+];
+
+/// How text is put into an agent's input line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// As written: an agent CLI reads it as a prompt.
+    Plain,
+    /// As a shell command that does nothing: `: '…'`, see [`shell_no_op`]. A shell runs every
+    /// line it is given, so a body like `x; rm -rf ~` or `$(…)` typed plainly would run.
+    ShellNoOp,
+}
+
+impl Form {
+    /// The form for an agent run with `profile` as `command`: a shell no-op when the profile is
+    /// `shell` (a person can name it for any program) or the program is a shell that reads its
+    /// commands from the terminal (see [`reads_commands`]), whatever profile was chosen for it;
+    /// plain otherwise. A shell started later by the agent (`sh -c 'exec bash'`, a program
+    /// that spawns one) cannot be seen from here: `--profile shell` covers it.
+    pub fn for_agent(profile: &str, command: &[String]) -> Self {
+        if profile == "shell" || reads_commands(command) {
+            Self::ShellNoOp
+        } else {
+            Self::Plain
+        }
+    }
+
+    /// `text` in this form, on one line with no control characters.
+    pub fn apply(self, text: &str) -> String {
+        match self {
+            Self::Plain => typed(text),
+            Self::ShellNoOp => shell_no_op(text),
+        }
+    }
+}
+
+/// Whether `command` is a shell (by its program's file name, see [`SHELLS`]) that reads its
+/// commands from the terminal: no `-c` and no script operand, or `-s`. Options that take a
+/// value (`-o`, `-O`, `--rcfile`, fish's `-C`...) are skipped with it. When in doubt the answer
+/// is yes: a quoted message to a script costs nothing, a plain one to a shell runs.
+pub fn reads_commands(command: &[String]) -> bool {
+    let Some(program) = command.first() else {
+        return false;
+    };
+    let program = program.rsplit('/').next().unwrap_or(program);
+    if !SHELLS.contains(&program) {
+        return false;
+    }
+    let fish = program == "fish";
+    let mut stdin = false;
+    let mut args = command[1..].iter();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--" => return stdin || args.next().is_none(),
+            "--rcfile" | "--init-file" | "--init-command" | "--emulate" => {
+                args.next();
+            }
+            "--command" => return false,
+            long if long.starts_with("--") => {}
+            short if short.len() > 1 && (short.starts_with('-') || short.starts_with('+')) => {
+                let flags = &short[1..];
+                if flags.contains('c') {
+                    // `-c STRING`: it runs that string, not what it reads.
+                    return false;
+                }
+                stdin |= flags.contains('s');
+                // Each of these takes the next argument as its value.
+                let takes = flags.chars().filter(|f| matches!(f, 'o' | 'O')).count()
+                    + usize::from(fish && flags.contains('C'));
+                for _ in 0..takes {
+                    args.next();
+                }
+            }
+            // A script (its arguments follow): it reads commands from that file, unless `-s`
+            // made these positional parameters.
+            _ => return stdin,
+        }
+    }
+    true
+}
+
+/// `text` as a command no shell executes: the no-op `:` with the text as its one argument, in
+/// single quotes. Inside single quotes nothing is special to a POSIX shell (no `$(…)`, no
+/// backticks, no `;`, no `!` history expansion in bash or zsh); a `'` in the text ends the quote,
+/// is typed as `\'` outside it and the quote starts again (`'\''`). A backslash is written the
+/// same way (`'\\'`), because fish, unlike POSIX shells, reads `\'` and `\\` inside single
+/// quotes as escapes. Control characters are dropped and line breaks become spaces first (see
+/// [`typed`]), so the text is one line and cannot submit early: the shell sees one complete
+/// command, and the person or agent reading the screen sees the text.
+pub fn shell_no_op(text: &str) -> String {
+    let text = typed(text);
+    let mut s = String::with_capacity(text.len() + 8);
+    s.push_str(": '");
+    for c in text.chars() {
+        match c {
+            '\'' => s.push_str("'\\''"),
+            '\\' => s.push_str("'\\\\'"),
+            c => s.push(c),
+        }
+    }
+    s.push('\'');
+    s
+}
+
 /// The line typed into the recipient's terminal for one message:
 /// `Relay message from Alice [5DZ82MJ3]: body` (with ` (thread T)` when there is one).
 ///
 /// The text is one line: control characters from the sender (escape sequences, bells,
-/// carriage returns) are dropped and line breaks become spaces, so nothing a peer sends can
-/// drive the recipient's terminal or submit early. A body longer than `max_body` characters is
-/// cut, with a hint to read the rest. The line starts with `Relay message from`, which the
-/// parser never reads as a directive, so its echo cannot be relayed again.
+/// carriage returns) are dropped and line breaks become spaces (see
+/// [`relay_protocol::text::typed`]), in the body and in every other relay-supplied part (the
+/// sender, the id, the thread), so nothing a peer sends can drive the recipient's terminal or
+/// submit early. The daemon accepts only ids of a safe alphabet, but the wrapper does not rely
+/// on that. A body longer than `max_body` characters is cut, with a hint to read the rest. The
+/// line starts with `Relay message from`, which the parser never reads as a directive, so its
+/// echo cannot be relayed again. (For a shell, it is then put in a [`Form::ShellNoOp`].)
 pub fn injected_text(
     from: &str,
     id: &str,
@@ -15,23 +127,13 @@ pub fn injected_text(
     body: &str,
     max_body: usize,
 ) -> String {
-    let short = relay_protocol::short_id(id);
-    let mut clean = String::with_capacity(body.len().min(max_body + 16));
-    let mut count = 0;
-    let mut cut = false;
-    for c in body.chars() {
-        let c = match c {
-            '\n' | '\r' | '\t' => ' ',
-            c if c.is_control() => continue,
-            c => c,
-        };
-        if count == max_body {
-            cut = true;
-            break;
-        }
-        clean.push(c);
-        count += 1;
-    }
+    let id = typed(id);
+    let from = typed(from);
+    let short = relay_protocol::short_id(&id);
+    let body = typed(body);
+    let clean: String = body.chars().take(max_body).collect();
+    // `clean` is a prefix of `body`: shorter means cut.
+    let cut = clean.len() < body.len();
     let thread = thread
         .map(|t| {
             // A thread the relay started is the id of its first message: its short id is
@@ -39,7 +141,7 @@ pub fn injected_text(
             let t: String = if ulid::Ulid::from_string(t).is_ok() {
                 relay_protocol::short_id(t).to_owned()
             } else {
-                t.chars().filter(|c| !c.is_control()).take(64).collect()
+                typed(t).chars().take(64).collect()
             };
             format!(" (thread {t})")
         })
@@ -150,6 +252,95 @@ mod tests {
         let t = injected_text("A", "x", None, "a\u{1b}[2J\u{7}b\r\nc\u{1b}]0;t\u{7}", 1000);
         assert!(!t.chars().any(char::is_control), "{t:?}");
         assert!(t.ends_with("a[2Jb  c]0;t"), "{t:?}");
+    }
+
+    /// The daemon refuses such ids; the wrapper cleans them anyway (defence in depth): an id
+    /// with a carriage return once submitted `touch FILE` to a wrapped shell, and one with an
+    /// OSC sequence (ESC or the C1 introducer U+009D) retitled the person's terminal.
+    #[test]
+    fn hostile_ids_threads_and_names_are_typed_without_controls() {
+        for id in [
+            "q\rtouch FILE\r#",
+            "x\u{1b}]0;pwned\u{7}",
+            "x\u{9d}0;pwned\u{9c}",
+            "a\nb\u{202e}c",
+        ] {
+            // Long enough to be cut: the hint repeats the whole id.
+            let t = injected_text(
+                "Al\u{1b}[2Jice",
+                id,
+                Some("th\rread\u{9b}"),
+                &"x".repeat(50),
+                10,
+            );
+            assert!(t.contains("agent-relay read"), "{t:?}");
+            assert!(
+                !t.chars().any(|c| c.is_control()
+                    || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+                "{id:?} gave {t:?}"
+            );
+        }
+        let t = injected_text("A", "q\rtouch FILE\r#", None, &"x".repeat(50), 10);
+        assert!(
+            t.starts_with("Relay message from A [h FILE #]: ")
+                && t.ends_with("agent-relay read q touch FILE #)"),
+            "{t:?}"
+        );
+    }
+
+    #[test]
+    fn shells_get_a_no_op_by_profile_or_by_program() {
+        let cmd = |c: &str| c.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        for (profile, command) in [
+            ("shell", "my-repl"),
+            ("shell", "sh -c exec-bash"),
+            ("generic", "bash --norc --noprofile -i"),
+            ("claude", "/usr/bin/zsh"),
+            ("generic", "fish"),
+            ("generic", "bash --rcfile x.rc"),
+            ("generic", "bash -o vi -O extglob"),
+            ("generic", "sh -s a b"),
+            ("generic", "dash -i"),
+            ("generic", "fish -C init"),
+            ("generic", "bash -l --"),
+        ] {
+            assert_eq!(
+                Form::for_agent(profile, &cmd(command)),
+                Form::ShellNoOp,
+                "{profile} {command:?}"
+            );
+        }
+        // A program run by a shell reads its input as it likes: it is not a shell.
+        for (profile, command) in [
+            ("claude", "claude"),
+            ("generic", "python3"),
+            ("generic", "sh script.sh"),
+            ("generic", "bash -lc agent"),
+            ("generic", "sh -- script.sh"),
+            ("generic", "fish --command x"),
+        ] {
+            assert_eq!(
+                Form::for_agent(profile, &cmd(command)),
+                Form::Plain,
+                "{profile} {command:?}"
+            );
+        }
+        assert_eq!(Form::for_agent("generic", &[]), Form::Plain);
+    }
+
+    #[test]
+    fn the_shell_form_is_one_quoted_argument_of_a_no_op() {
+        assert_eq!(shell_no_op("a $(b) `c`; d"), ": 'a $(b) `c`; d'");
+        assert_eq!(shell_no_op("it's"), r": 'it'\''s'");
+        assert_eq!(shell_no_op(r"a\'b"), r": 'a'\\''\''b'");
+        assert_eq!(shell_no_op("a\nb\rc\u{1b}[201~"), ": 'a b c[201~'");
+        // Inside the quotes there is never a quote or a backslash (fish reads both there).
+        let t = shell_no_op(r"x'\'\\y'");
+        let inner = &t[3..t.len() - 1];
+        for piece in inner.split(r"'\''").flat_map(|p| p.split(r"'\\'")) {
+            assert!(!piece.contains(['\'', '\\']), "{t}");
+        }
+        assert_eq!(Form::Plain.apply("a\nb"), "a b");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText, Target};
-use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState};
+use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, text};
 use tokio::sync::mpsc;
 
 use crate::inject::{Action, Injector, Look, Outcome, Timing};
@@ -76,6 +76,16 @@ pub enum WrapError {
     /// The wrapper's files in the data directory could not be used.
     #[error("{0}")]
     State(String),
+    /// The agent's tmux session ended without its exit status: the session was killed (or
+    /// the status file is unreadable), so whether the agent succeeded is unknown.
+    #[error(
+        "the agent's tmux session {session} ended without an exit status (was the session or \
+         the tmux server killed?); whether the agent succeeded is unknown: check its work"
+    )]
+    ExitUnknown {
+        /// The tmux session.
+        session: String,
+    },
 }
 
 /// How to run one agent.
@@ -162,12 +172,11 @@ enum Item {
 
 /// The notice typed into the agent when the relay refuses one of its messages.
 fn refusal_notice(to: &str, reason: &str) -> String {
-    let reason: String = reason
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(300)
-        .collect();
-    format!("relay: your message to {to} was not sent: {reason}")
+    let reason: String = text::typed(reason).chars().take(300).collect();
+    format!(
+        "relay: your message to {} was not sent: {reason}",
+        text::typed(to)
+    )
 }
 
 fn now_ms() -> u64 {
@@ -273,6 +282,8 @@ struct Core {
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
+    /// How text is typed into this agent: as a shell no-op when it is a shell.
+    form: format::Form,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -313,8 +324,14 @@ impl Core {
         };
         let now = Instant::now();
         let mut injector = Injector::new(timing, now);
+        let form = format::Form::for_agent(cfg.profile.name(), &cfg.command);
+        if form == format::Form::ShellNoOp {
+            tracing::info!(
+                "the agent is a shell: messages are typed as `: '...'`, which runs nothing"
+            );
+        }
         if cfg.intro {
-            injector.push(intro(&cfg.name), Item::Notice, false);
+            injector.push(form.apply(&intro(&cfg.name)), Item::Notice, false);
         }
         Ok(Self {
             injector,
@@ -333,6 +350,7 @@ impl Core {
             reported: None,
             burst_start: now,
             started: false,
+            form,
         })
     }
 
@@ -454,12 +472,17 @@ impl Core {
                     match pending.wait().await {
                         Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
                         Err(ClientError::Rejected { reason, .. }) => {
-                            tracing::warn!(%id, %to, %reason, "relay refused a message");
-                            let _ = notices.send(refusal_notice(&to, &reason));
+                            let shown = text::one_line(&reason, 300);
+                            tracing::warn!(%id, %to, reason = %shown, "relay refused a message");
+                            if notices.send(refusal_notice(&to, &reason)).is_err() {
+                                tracing::debug!(%id, "the wrapper has ended; the refusal is only logged");
+                            }
                         }
                         Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
                     }
-                    let _ = receipts.send(ReceiptDone);
+                    if receipts.send(ReceiptDone).is_err() {
+                        tracing::debug!(%id, "the wrapper has ended before the receipt came");
+                    }
                 });
             }
             Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
@@ -511,22 +534,35 @@ impl Core {
         if self.queued.contains(&m.id) {
             return;
         }
-        let text = format::injected_text(
+        // The daemon refuses such ids, but the wrapper does not rely on it: an id with a space,
+        // a line break or a control character would corrupt `injected.log` (one id per line)
+        // and could end a typed line early. Such a message is not typed; it is reported failed,
+        // so it becomes a dead letter and its sender is told.
+        if let Err(e) = relay_protocol::validate_message_id(&m.id) {
+            tracing::warn!(
+                id = %text::one_line(&m.id, 160),
+                error = %e,
+                "a message with an id the relay should have refused: not typed, reported failed"
+            );
+            self.ack(&m, DeliveryState::Failed).await;
+            return;
+        }
+        let text = self.form.apply(&format::injected_text(
             &m.from,
             &m.id,
             m.payload.thread.as_deref(),
             &m.payload.body,
             self.cfg.max_body,
-        );
+        ));
         // Never typed twice: a message this terminal was given before (a replay after a
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
             Some(Remembered::Verified) => {
-                let _ = self.client.ack(&m, Some(DeliveryState::Verified)).await;
+                self.ack(&m, DeliveryState::Verified).await;
                 return;
             }
             Some(Remembered::Failed) => {
-                let _ = self.client.ack(&m, Some(DeliveryState::Failed)).await;
+                self.ack(&m, DeliveryState::Failed).await;
                 return;
             }
             Some(state @ (Remembered::Started | Remembered::Entered)) => {
@@ -556,11 +592,20 @@ impl Core {
                             .is_ok_and(|(s, _)| !self.cfg.profile.submitted(&s, &text));
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            let _ = tokio::task::block_in_place(|| p.enter());
+                            if let Err(e) = tokio::task::block_in_place(|| p.enter()) {
+                                // Acknowledged as injected all the same: the text is in the
+                                // agent's input line, where a person can submit it; typing it
+                                // again would double it.
+                                tracing::warn!(id = %m.id, error = %e, "cannot press that Enter; the text waits in the agent's input line");
+                            }
                         }
                     }
-                    let _ = self.log.finished(&m.id, false);
-                    let _ = self.client.ack(&m, Some(DeliveryState::Injected)).await;
+                    if let Err(e) = self.log.finished(&m.id, false) {
+                        // The ACK below still goes; a later replay finds the id started and,
+                        // the text being in the pane's history, acknowledges it again untyped.
+                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+                    }
+                    self.ack(&m, DeliveryState::Injected).await;
                     return;
                 }
             }
@@ -581,6 +626,27 @@ impl Core {
         let urgent = m.payload.urgent;
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Message(Box::new(m)), urgent);
+    }
+
+    /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
+    fn push_notice(&mut self, notice: &str) {
+        self.injector
+            .push(self.form.apply(notice), Item::Notice, false);
+    }
+
+    /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
+    /// (its driver is gone): the relay will deliver the message again to the next connection
+    /// under this name, and `injected.log` keeps it from being typed twice then.
+    async fn ack(&self, m: &Delivered, state: DeliveryState) {
+        if let Err(e) = self.client.ack(m, Some(state)).await {
+            tracing::warn!(
+                id = %m.id,
+                ?state,
+                error = %e,
+                "cannot acknowledge a message (the relay client stopped); it will be delivered \
+                 again after a reconnect and acknowledged from injected.log"
+            );
+        }
     }
 
     /// When the loop must wake up next, if nothing happens before.
@@ -665,7 +731,9 @@ impl Core {
                         tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
                     }
                     if let Err(e) = self.log.finished(&m.id, verified) {
-                        tracing::warn!(error = %e, "cannot record an injected message");
+                        // Its `T` line is there: a replay after a restart is not typed again
+                        // (it is checked against the pane, or taken as typed).
+                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
                     }
                     self.queued.remove(&m.id);
                     let state = if verified {
@@ -673,7 +741,7 @@ impl Core {
                     } else {
                         DeliveryState::Failed
                     };
-                    let _ = self.client.ack(&m, Some(state)).await;
+                    self.ack(&m, state).await;
                 }
                 Action::Done(Item::Notice, _) => {}
             }
@@ -808,7 +876,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 }
                 pty.write(k).await?;
             }
-            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(notice) = notices.recv() => core.push_notice(&notice),
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             _ = term.recv() => { stopped = Some(15); break; }
             _ = hup.recv() => { stopped = Some(1); break; }
@@ -896,7 +964,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
                     relay_open = false;
                 }
             },
-            Some(notice) = notices.recv() => core.injector.push(notice, Item::Notice, false),
+            Some(notice) = notices.recv() => core.push_notice(&notice),
             Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
             // Stopped: the agent keeps running in its session; a new wrapper resumes.
             _ = term.recv() => {
@@ -914,13 +982,17 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     tracing::info!(?code, "the agent exited; ending its session");
     // The hook may not have written it (see `tmux::watch_exit`); `wrap` reads it.
     let exit_file = core.cfg.team_dir.join("exit");
-    if let (Some(c), false) = (code, exit_file.exists()) {
-        let _ = state::write_atomically(&exit_file, format!("{c}\n").as_bytes());
+    if let (Some(c), false) = (code, exit_file.exists())
+        && let Err(e) = state::write_atomically(&exit_file, format!("{c}\n").as_bytes())
+    {
+        // The attached front then reports the status unknown (a failure), not a success.
+        tracing::warn!(error = %e, path = %exit_file.display(), "cannot write the agent's exit status");
     }
     core.maybe_checkpoint();
     core.finish().await;
     tmux::kill(&session);
-    Ok(code.unwrap_or(0))
+    // Unknown is not success: a killed session must not pass for an agent that exited 0.
+    code.ok_or(WrapError::ExitUnknown { session })
 }
 
 #[cfg(test)]

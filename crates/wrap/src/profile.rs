@@ -201,10 +201,16 @@ impl Profile {
         Self::load(name, None)
     }
 
-    /// The profile for a command line, by its program's file name (see
-    /// [`relay_parse::Profile::for_command`]).
-    pub fn name_for_command(command: &str) -> &'static str {
-        relay_parse::Profile::for_command(command).name()
+    /// The profile for a command line (the program and its arguments), by its program's file
+    /// name (see [`relay_parse::Profile::for_command`]); a shell is `shell` only when it reads
+    /// its commands from the terminal ([`crate::format::reads_commands`]): one that runs a
+    /// script or a `-c` string runs a program, which gets `generic` like any other.
+    pub fn name_for_command(command: &[String]) -> &'static str {
+        let program = command.first().map_or("", String::as_str);
+        match relay_parse::Profile::for_command(program).name() {
+            "shell" if !crate::format::reads_commands(command) => "generic",
+            name => name,
+        }
     }
 
     fn from_file(name: &str, f: File, source: &str) -> Result<Self, ProfileError> {

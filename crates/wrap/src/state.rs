@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use relay_protocol::text;
+
 /// Ids remembered; older ones are dropped when the log is compacted.
 const REMEMBER: usize = 10_000;
 
@@ -131,6 +133,7 @@ impl InjectedLog {
     /// # Errors
     /// The log cannot be written (the caller should not type, or risk typing twice later).
     pub fn started(&mut self, id: &str) -> std::io::Result<()> {
+        line_safe(id)?;
         self.append(&format!("T {id}"))?;
         self.remember(id, Typed::Started);
         Ok(())
@@ -143,6 +146,7 @@ impl InjectedLog {
     /// # Errors
     /// The log cannot be written.
     pub fn started_at(&mut self, id: &str, at: u64, text: &str) -> std::io::Result<()> {
+        line_safe(id)?;
         // The text is one line (see `format::injected_text`); keep it so.
         let text: String = text
             .chars()
@@ -184,6 +188,7 @@ impl InjectedLog {
     /// # Errors
     /// The log cannot be written.
     pub fn finished(&mut self, id: &str, verified: bool) -> std::io::Result<()> {
+        line_safe(id)?;
         let state = if verified { "verified" } else { "failed" };
         self.append(&format!("D {id} {state}"))?;
         let t = if verified {
@@ -217,6 +222,13 @@ impl InjectedLog {
     }
 }
 
+/// An id goes into `injected.log` only when it is one word of the relay's id alphabet: a space
+/// or a line break in it would make a line that says something else (`x\nD other verified`).
+fn line_safe(id: &str) -> std::io::Result<()> {
+    relay_protocol::validate_message_id(id)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
 /// Writes `bytes` to `path` so that readers, and a wrapper restarted after a crash, see the
 /// old file or the new one, never a part.
 ///
@@ -244,7 +256,8 @@ pub struct InboxEntry<'a> {
     pub ts: u64,
     /// Thread, if any.
     pub thread: Option<&'a str>,
-    /// The text (control characters are removed here).
+    /// The text (control characters are shown escaped here, see
+    /// [`relay_protocol::text::for_terminal`]).
     pub body: &'a str,
 }
 
@@ -263,22 +276,19 @@ pub fn append_inbox(dir: &Path, entry: &InboxEntry<'_>) -> std::io::Result<()> {
         }
         Err(e) => return Err(e),
     };
-    let clean = |s: &str| -> String {
-        s.chars()
-            .filter(|c| *c == '\n' || *c == '\t' || !c.is_control())
-            .collect()
-    };
+    // The file is read by the agent and by people (`cat inbox.md`): relay-supplied text has its
+    // control characters shown, never raw; the heading stays one line.
     let thread = entry
         .thread
-        .map(|t| format!(" (thread {})", clean(t)))
+        .map(|t| format!(" (thread {})", text::one_line(t, 200)))
         .unwrap_or_default();
     text.push_str(&format!(
         "\n## From {} [{}]{} at {}\n\n{}\n",
-        clean(entry.from),
-        clean(entry.id),
+        text::one_line(entry.from, 200),
+        text::one_line(entry.id, 200),
         thread,
         rfc3339(entry.ts),
-        clean(entry.body).trim_end()
+        text::for_terminal(entry.body).trim_end()
     ));
     write_atomically(&path, text.as_bytes())
 }
@@ -415,6 +425,25 @@ mod tests {
         assert_eq!(log.typed_since(0).len(), 2);
     }
 
+    /// An id that could write a line of its own (`x\nD B verified`) never reaches the log.
+    #[test]
+    fn an_id_outside_the_relay_alphabet_is_not_written_to_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = InjectedLog::open(dir.path()).unwrap();
+        log.started("B").unwrap();
+        for bad in ["x\nD B verified", "x D", "x\rD B verified"] {
+            assert!(log.started(bad).is_err(), "{bad:?}");
+            assert!(log.started_at(bad, 1, "t").is_err(), "{bad:?}");
+            assert!(log.finished(bad, true).is_err(), "{bad:?}");
+        }
+        let log = InjectedLog::open(dir.path()).unwrap();
+        assert_eq!(log.get("B"), Some(Typed::Started));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("injected.log")).unwrap(),
+            "T B\n"
+        );
+    }
+
     #[test]
     fn the_inbox_keeps_every_message_in_order_without_control_characters() {
         let dir = tempfile::tempdir().unwrap();
@@ -438,7 +467,7 @@ mod tests {
         let b = text.find("[01B]").unwrap();
         assert!(a < b, "{text}");
         assert!(!text.contains('\x1b'));
-        assert!(text.contains("second[2J line\nnext"));
+        assert!(text.contains("second\\u{1b}[2J line\nnext"), "{text}");
     }
 
     #[test]
