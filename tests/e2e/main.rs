@@ -14,5 +14,6 @@ mod protocol;
 pub(crate) mod safety;
 mod support;
 mod tmux;
+mod trust;
 mod watch;
 mod wrap;

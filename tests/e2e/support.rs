@@ -21,6 +21,8 @@ pub struct Relay {
     pub socket: PathBuf,
     pub child: Option<Child>,
     extra: Vec<String>,
+    /// Extra environment for the daemon process.
+    env: Vec<(String, String)>,
 }
 
 impl Relay {
@@ -31,6 +33,11 @@ impl Relay {
 
     /// Starts a daemon with extra `up --foreground` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// Starts a daemon with extra `up --foreground` arguments and environment.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
         let socket = dir.path().join("r.sock");
         let mut relay = Self {
@@ -38,6 +45,10 @@ impl Relay {
             socket,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         relay.spawn();
         relay
@@ -72,6 +83,7 @@ impl Relay {
             .command()
             .args(["up", "--foreground"])
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -164,6 +176,14 @@ impl Raw {
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
         Self { stream, next: 0 }
+    }
+
+    /// A second handle on the same connection (for reading on another thread).
+    pub fn reader(&self) -> Raw {
+        Raw {
+            stream: self.stream.try_clone().unwrap(),
+            next: 0,
+        }
     }
 
     /// How long a read waits before giving up (20 s by default).

@@ -156,6 +156,7 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(["up", "--foreground", "--storage", args.storage.as_str()])
+        .args(["--durability", args.durability.as_str()])
         .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
         .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
         .args(["--busy-high-water", &args.busy_high_water.to_string()])
@@ -228,7 +229,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     let dashboard = start_dashboard(paths, args);
     let store: Box<dyn Store> = match args.storage {
         StorageKind::Sqlite => Box::new(
-            SqliteStore::open(&paths.db)
+            SqliteStore::open_with(&paths.db, args.durability.store())
                 .with_context(|| format!("cannot open database {}", paths.db.display()))?,
         ),
         StorageKind::Memory => Box::new(MemoryStore::new()),
@@ -272,6 +273,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
             pid = std::process::id(),
             socket = %paths.socket.display(),
             db = %store.location(),
+            durability = args.durability.as_str(),
             "relay daemon listening"
         );
         relay_daemon::run_with(listener, store, cfg, kind, shutdown, |handle| {

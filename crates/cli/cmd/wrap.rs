@@ -72,6 +72,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
     let up = UpArgs {
         foreground: false,
         storage,
+        durability: crate::args::DurabilityKind::from_env()?,
         inbox_ttl: 3600,
         heartbeat_ms: 5000,
         busy_high_water: 10_000,
