@@ -275,18 +275,40 @@ fn the_relays_files_are_private_in_a_data_directory_others_can_read() {
     bob.hello("Bob", json!({}));
     ok_stdout(&run(&["send", "--from", "Carol", "Bob", "secret body"]));
     bob.expect("DELIVER");
-    let mut seen = Vec::new();
-    for entry in walk(&data) {
-        let meta = std::fs::symlink_metadata(&entry).unwrap();
-        if meta.is_file() {
-            let mode = meta.permissions().mode() & 0o777;
-            assert_eq!(mode, 0o600, "{} is {mode:o}", entry.display());
-            seen.push(entry.file_name().unwrap().to_string_lossy().into_owned());
+    let private = || {
+        let mut seen = Vec::new();
+        for entry in walk(&data) {
+            let meta = std::fs::symlink_metadata(&entry).unwrap();
+            if meta.is_file() {
+                let mode = meta.permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "{} is {mode:o}", entry.display());
+                seen.push(entry.file_name().unwrap().to_string_lossy().into_owned());
+            }
         }
-    }
+        seen
+    };
+    let seen = private();
     for must in ["messages.sqlite", "messages.sqlite-wal", "agents.json"] {
         assert!(seen.iter().any(|s| s == must), "{must} not among {seen:?}");
     }
+    ok_stdout(&run(&["down"]));
+    // Files an older relay left readable are made private when the relay starts again (the
+    // database before it is opened: SQLite gives a new WAL the database file's mode).
+    for file in ["messages.sqlite", "agents.json", "daemon.log"] {
+        std::fs::set_permissions(data.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let up = run(&["up"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    ok_stdout(&run(&["send", "--from", "Carol", "Bob", "second secret"]));
+    let seen = private();
+    assert!(
+        seen.iter().any(|s| s == "messages.sqlite-wal"),
+        "no WAL among {seen:?}"
+    );
     ok_stdout(&run(&["down"]));
 }
 

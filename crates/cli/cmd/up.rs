@@ -71,6 +71,72 @@ fn make_data_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data directory {}", dir.display()))
 }
 
+/// A warning when others can read (or enter, or write) the data directory, with the command
+/// that fixes it. The relay's own files are private whatever the directory's mode (the daemon's
+/// umask and [`make_files_private`]), but a directory others can list still shows who uses
+/// the relay, and one made before the relay made its files private may hold copies.
+fn open_data_dir_warning(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "the data directory {} can be read by other users (mode {mode:o}); the relay's files in it are private (0600), but run `chmod 700 {}` to make the directory private too",
+            dir.display(),
+            dir.display()
+        )
+    })
+}
+
+/// Makes the relay's existing files private (0600): files from a version of the relay that
+/// created them 0644, or copied in with a looser mode. SQLite gives a new `-wal`/`-shm` the
+/// mode of the database file, so the database must be private before it is opened.
+fn make_files_private(paths: &Paths) {
+    use std::os::unix::fs::PermissionsExt;
+    let db = paths.db.as_os_str();
+    let with = |suffix: &str| {
+        let mut p = db.to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    let files = [
+        paths.db.clone(),
+        with("-wal"),
+        with("-shm"),
+        with("-journal"),
+        paths.agents_file.clone(),
+        paths.log_file.clone(),
+        paths.pid_file.clone(),
+        dashboard_file(paths),
+        paths.data_dir.join(crate::cmd::rules::FILE),
+    ];
+    for file in &files {
+        let Ok(meta) = std::fs::symlink_metadata(file) else {
+            continue; // not there (yet): it will be created private
+        };
+        if !meta.is_file() || meta.permissions().mode() & 0o077 == 0 {
+            continue;
+        }
+        match std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)) {
+            Ok(()) => tracing::info!(path = %file.display(), "made private (0600)"),
+            Err(e) => tracing::warn!(
+                path = %file.display(),
+                error = %e,
+                "cannot make this file private; other users may read it"
+            ),
+        }
+    }
+    // The wrappers' state (inboxes with message bodies, logs) lives under `team/`.
+    let team = paths.data_dir.join("team");
+    if let Ok(meta) = std::fs::symlink_metadata(&team) {
+        if meta.is_dir() && meta.permissions().mode() & 0o077 != 0 {
+            if let Err(e) = std::fs::set_permissions(&team, std::fs::Permissions::from_mode(0o700))
+            {
+                tracing::warn!(path = %team.display(), error = %e, "cannot make this directory private");
+            }
+        }
+    }
+}
+
 /// The running daemon's dashboard URL (with its token), if it serves one. The file is
 /// private (0600): the token is what keeps other local users out.
 pub(crate) fn dashboard_url(paths: &Paths) -> Option<String> {
@@ -146,6 +212,9 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
         return Ok(Started::Already(pid));
     }
     make_data_dir(&paths.data_dir)?;
+    if let Some(w) = open_data_dir_warning(&paths.data_dir) {
+        eprintln!("agent-relay: warning: {w}");
+    }
     let log = OpenOptions::new()
         .create(true)
         .append(true)
@@ -211,8 +280,17 @@ fn log_tail(path: &Path, from: u64) -> String {
 
 /// Runs the daemon in this process until SIGTERM or SIGINT.
 fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+    // Everything the daemon creates (database, WAL, shared memory, agents.json, ...) is for
+    // this user only, whatever the mode of the directory it is in: message bodies are private.
+    // Set before any file is created; the daemon starts no other programs, so no one else
+    // inherits it.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     init_logging("info");
     make_data_dir(&paths.data_dir)?;
+    if let Some(w) = open_data_dir_warning(&paths.data_dir) {
+        tracing::warn!("{w}");
+    }
+    make_files_private(paths);
     let Some(mut lock) = try_lock(&paths.pid_file)? else {
         let pid = running_pid(paths)?
             .map(|p| p.to_string())
