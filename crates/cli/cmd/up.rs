@@ -407,7 +407,12 @@ fn start_dashboard(paths: &Paths, args: &UpArgs) -> Option<(relay_dashboard::Bou
             "dashboard port taken; using another"
         );
     }
-    tracing::info!(%url, "dashboard");
+    // Not the URL: it carries the access token, and the log is no place for a secret. `up`
+    // prints it to whoever started the relay, `status` to whoever asks.
+    tracing::info!(
+        port = bound.port,
+        "dashboard on 127.0.0.1 (`agent-relay status` shows its URL with the access token)"
+    );
     Some((bound, token))
 }
 
