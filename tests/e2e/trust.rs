@@ -561,3 +561,240 @@ fn raw_get(port: u16, target: &str, host: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Text a peer controls, with everything a terminal acts on: ESC sequences (OSC title, clear
+/// screen), the C1 CSI and OSC that need no ESC, BEL, CR, NEL, DEL and a bidi override.
+const HOSTILE: &str =
+    "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\u{9d}0;title\u{9c}\r\u{85}\u{7f}\u{202e}y";
+
+/// Panics when `bytes` hold a character a terminal would act on (anything but `\n` and `\t`
+/// among C0, DEL, C1, bidi overrides, line separators).
+fn assert_inert(what: &str, bytes: &[u8]) {
+    let text = std::str::from_utf8(bytes).unwrap_or_else(|e| panic!("{what}: not UTF-8: {e}"));
+    let acts = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            )
+    };
+    if let Some(c) = text.chars().find(|&c| acts(c)) {
+        panic!("{what} wrote {c:?} raw:\n{text:?}");
+    }
+}
+
+/// `agent-relay watch` with its stdout and stderr kept byte for byte.
+struct RawWatch {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<(Vec<u8>, Vec<u8>)>>,
+}
+
+impl RawWatch {
+    fn start(relay: &Relay, args: &[&str]) -> Self {
+        let mut child = relay
+            .command()
+            .arg("watch")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+        let mut stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let (o, e) = (out.clone(), out.clone());
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut chunk) {
+                o.lock().unwrap().0.extend_from_slice(&chunk[..n]);
+            }
+        });
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut chunk) {
+                e.lock().unwrap().1.extend_from_slice(&chunk[..n]);
+            }
+        });
+        Self { child, out }
+    }
+
+    fn shows(&self, marker: &str) -> bool {
+        let out = self.out.lock().unwrap();
+        String::from_utf8_lossy(&out.0).contains(marker)
+    }
+
+    /// Stops the watch; (stdout, stderr).
+    fn stop(mut self) -> (Vec<u8>, Vec<u8>) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::take(&mut *self.out.lock().unwrap())
+    }
+}
+
+/// Every command that prints relay-supplied text (ids, names, bodies, threads, reasons, the
+/// agent's `cli`, attached data), in text and `--json`, writes no byte a terminal would act
+/// on: text shows controls as `\u{..}`, JSON escapes them (and still parses to the exact
+/// text). Before the fix `history --json` and `watch --json` wrote U+009B/U+009D raw, and
+/// `read`, `agents` and ambiguity errors printed names, ids, data and `cli` raw.
+#[test]
+fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
+    let relay = Relay::start_with(&["--rate-override", "Flood=1"]);
+    let (mut probe, _) = relay.agent("Probe");
+    let (_sink, _) = relay.agent("Sink");
+    let watches = [
+        RawWatch::start(&relay, &[]),
+        RawWatch::start(&relay, &["--json"]),
+    ];
+    // Both watches are subscribed once each has shown a probe.
+    wait_for(Duration::from_secs(20), "the watches show a probe", || {
+        probe.send("Sink", "probe");
+        assert_eq!(probe.expect("ACK")["type"], "ACK");
+        watches.iter().all(|w| w.shows("probe"))
+    });
+
+    // An agent whose `cli` is hostile; a message whose every free-text field is.
+    let mut bob = relay.connect();
+    bob.hello("Bob", json!({"cli": HOSTILE}));
+    let (mut alice, _) = relay.agent("Alice");
+    let body = format!("{HOSTILE}\nline two");
+    alice.send_env(
+        "SEND",
+        json!({"id": "hostile-1", "to": "Bob"}),
+        json!({"body": body, "thread": HOSTILE, "in_reply_to": HOSTILE, "data": {"k": HOSTILE}}),
+    );
+    assert_eq!(alice.expect("ACK")["payload"]["status"], "accepted");
+    // Bob reports it failed: a dead letter with that body.
+    let d = bob.expect("DELIVER");
+    bob.send_env(
+        "ACK",
+        json!({}),
+        json!({"ack_id": "hostile-1", "seq": d["delivery"]["seq"], "state": "failed"}),
+    );
+    // A refused message (over Flood's rate limit): a dead letter and a `refused` event.
+    let (mut flood, _) = relay.agent("Flood");
+    flood.send_env(
+        "SEND",
+        json!({"id": "flood-1", "to": "Bob"}),
+        json!({"body": "ok"}),
+    );
+    flood.expect("ACK");
+    flood.send_env(
+        "SEND",
+        json!({"id": "flood-2", "to": "Bob"}),
+        json!({"body": HOSTILE}),
+    );
+    assert_eq!(flood.expect("NACK")["payload"]["code"], "rate_limited");
+    // Ids a terminal would act on: the daemon refuses them (issue 11) or, if it stores them,
+    // an ambiguous prefix must not print them raw.
+    // (Carol, not Alice: Alice's inbox gets the relay's notice about her failed message.)
+    let (mut carol, _) = relay.agent("Carol");
+    let mut stored_hostile_ids = 0;
+    for id in ["ambiguous-1\u{9b}31m", "ambiguous-1\u{9d}0;t\u{9c}"] {
+        carol.send_env(
+            "SEND",
+            json!({"id": id, "to": "Sink"}),
+            json!({"body": "b"}),
+        );
+        let f = carol.read().unwrap();
+        match f["type"].as_str() {
+            Some("ACK") => stored_hostile_ids += 1,
+            _ => assert_eq!(f["payload"]["code"], "invalid", "{f}"),
+        }
+    }
+    carol.send("Bob", "endmark");
+    carol.expect("ACK");
+    wait_for(Duration::from_secs(20), "the watches show the end", || {
+        watches.iter().all(|w| w.shows("endmark"))
+    });
+
+    let [text_watch, json_watch] = watches;
+    let (out, err) = text_watch.stop();
+    assert_inert("watch", &out);
+    assert_inert("watch (stderr)", &err);
+    let (out, err) = json_watch.stop();
+    assert_inert("watch --json", &out);
+    assert_inert("watch --json (stderr)", &err);
+    // The JSON still carries the exact text.
+    let events: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["body"] == body.as_str()),
+        "{events:?}"
+    );
+
+    let dlq: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["dlq", "--json"]))).unwrap();
+    let dead: Vec<String> = dlq["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["dlq_id"].to_string())
+        .collect();
+    assert_eq!(dead.len(), 2, "{dlq}");
+    let mut commands: Vec<Vec<&str>> = vec![
+        vec!["history"],
+        vec!["history", "--text", "line"],
+        vec!["read", "hostile-1"],
+        vec!["trace", "hostile-1"],
+        vec!["trace", "flood-2"],
+        vec!["dlq"],
+        vec!["dlq", "list", "--all"],
+        vec!["agents"],
+        vec!["status"],
+    ];
+    for n in &dead {
+        commands.push(vec!["dlq", "show", n]);
+    }
+    for args in commands {
+        for json in [false, true] {
+            let mut args = args.clone();
+            if json {
+                args.push("--json");
+            }
+            let out = relay.cli(&args);
+            let what = args.join(" ");
+            assert!(out.status.success(), "{what}: {out:?}");
+            assert_inert(&what, &out.stdout);
+            assert_inert(&format!("{what} (stderr)"), &out.stderr);
+            if json {
+                serde_json::from_slice::<Value>(&out.stdout)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+        }
+    }
+    // Text shows the controls; JSON keeps the text exactly.
+    let read = ok_stdout(&relay.cli(&["read", "hostile-1"]));
+    assert!(
+        read.contains("\\u{9b}31m") && read.contains("line two"),
+        "{read}"
+    );
+    let read: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["read", "hostile-1", "--json"]))).unwrap();
+    assert_eq!(read["body"], body.as_str());
+    assert_eq!(read["thread"], HOSTILE);
+    assert_eq!(read["data"]["k"], HOSTILE);
+    let agents: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+    assert!(
+        agents
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["cli"] == HOSTILE),
+        "{agents}"
+    );
+    // An error that quotes stored ids.
+    println!("hostile ids stored by this daemon: {stored_hostile_ids} of 2");
+    if stored_hostile_ids == 2 {
+        let out = relay.cli(&["read", "ambiguous-1"]);
+        assert_eq!(out.status.code(), Some(4), "{out:?}");
+        assert_inert("read (ambiguous)", &out.stderr);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("\\u{9b}"),
+            "{out:?}"
+        );
+    }
+}
