@@ -547,6 +547,15 @@ pub(crate) struct BenchArgs {
     /// Storage for the private daemon the bench starts (ignored with --socket).
     #[arg(long, value_enum, default_value = "sqlite")]
     pub(crate) storage: StorageKind,
+    /// Durability of the private daemon's SQLite store (ignored with --socket): `full`
+    /// fsyncs every commit before its ACK, as `up` does by default; `normal` does not.
+    #[arg(
+        long,
+        env = "AGENT_RELAY_DURABILITY",
+        value_enum,
+        default_value = "full"
+    )]
+    pub(crate) durability: DurabilityKind,
     /// Use the relay on this socket instead of starting a private one (its rate limits apply:
     /// start it with `--rate-limit 0 --pair-rate-limit 0` to measure it).
     #[arg(long, value_name = "PATH")]

@@ -42,13 +42,17 @@ impl Drop for PrivateDaemon {
     }
 }
 
-fn start_private(storage: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
+fn start_private(
+    storage: &str,
+    durability: crate::args::DurabilityKind,
+) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
     let dir = tempfile::Builder::new().prefix("relay-bench").tempdir()?;
     let socket = dir.path().join("r.sock");
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.path().join("daemon.log"))?;
     let child = Command::new(exe)
         .args(["up", "--foreground", "--storage", storage])
+        .args(["--durability", durability.as_str()])
         // A load generator is a flood by design: the private daemon has no rate limits.
         .args(["--rate-limit", "0", "--pair-rate-limit", "0"])
         .env("AGENT_RELAY_DATA_DIR", dir.path())
@@ -107,7 +111,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let (socket, daemon) = match &args.target {
         Some(s) => (s.clone(), None),
         None => {
-            let (s, d) = start_private(args.storage.as_str())?;
+            let (s, d) = start_private(args.storage.as_str(), args.durability)?;
             (s, Some(d))
         }
     };
@@ -185,10 +189,14 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     } else {
         args.storage.as_str().to_owned()
     };
+    // What an ACK cost: only the private SQLite daemon's durability is known.
+    let durability = (args.target.is_none() && args.storage == crate::args::StorageKind::Sqlite)
+        .then(|| args.durability.as_str());
     if args.json {
         json(&serde_json::json!({
             "senders": s_count, "receivers": r_count, "messages": n, "bytes": args.bytes,
             "rate_target": args.rate, "window": args.window, "storage": storage,
+            "durability": durability,
             "accepted": sent.accepted, "refused": sent.refused, "delivered": unique,
             "lost": lost, "duplicated": duplicates,
             "elapsed_s": elapsed, "msgs_per_s": rate,
@@ -203,8 +211,11 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         }))?;
     } else {
         line(format!(
-            "agent-relay bench: {s_count} senders → {r_count} receivers, {n} messages × {} B, storage {storage}{}",
+            "agent-relay bench: {s_count} senders → {r_count} receivers, {n} messages × {} B, storage {storage}{}{}",
             args.bytes,
+            durability
+                .map(|d| format!(" (durability {d})"))
+                .unwrap_or_default(),
             if args.rate > 0 {
                 format!(", target {} msgs/s", args.rate)
             } else {
