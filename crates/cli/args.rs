@@ -105,6 +105,40 @@ pub(crate) enum StorageKind {
     Memory,
 }
 
+/// Durability levels of the SQLite store (see `relay_store::Durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum DurabilityKind {
+    /// fsync every commit before its ACK (default).
+    #[default]
+    Full,
+    /// No fsync per commit: an ACK survives a crash of the relay, not of the machine.
+    Normal,
+}
+
+impl DurabilityKind {
+    /// `AGENT_RELAY_DURABILITY` if it names a level, else the default (for callers that build
+    /// `UpArgs` without clap).
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
+        match std::env::var("AGENT_RELAY_DURABILITY") {
+            Ok(v) => Self::from_str(&v, true).map_err(|_| {
+                anyhow::anyhow!("AGENT_RELAY_DURABILITY={v:?}: expected `full` or `normal`")
+            }),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    pub(crate) fn store(self) -> relay_store::Durability {
+        match self {
+            Self::Full => relay_store::Durability::Full,
+            Self::Normal => relay_store::Durability::Normal,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        self.store().as_str()
+    }
+}
+
 impl StorageKind {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -128,6 +162,16 @@ pub(crate) struct UpArgs {
         default_value = "sqlite"
     )]
     pub(crate) storage: StorageKind,
+    /// What an ACK promises: `full` fsyncs every commit before acknowledging it (survives a
+    /// power cut); `normal` skips the fsync (faster; survives the relay being killed, but the
+    /// last acknowledged messages may be lost if the machine loses power).
+    #[arg(
+        long,
+        env = "AGENT_RELAY_DURABILITY",
+        value_enum,
+        default_value = "full"
+    )]
+    pub(crate) durability: DurabilityKind,
     /// How long a message waits for an offline agent before it expires, in seconds.
     #[arg(long, default_value_t = 3600, value_name = "SECS")]
     pub(crate) inbox_ttl: u64,
@@ -504,6 +548,15 @@ pub(crate) struct BenchArgs {
     /// Storage for the private daemon the bench starts (ignored with --socket).
     #[arg(long, value_enum, default_value = "sqlite")]
     pub(crate) storage: StorageKind,
+    /// Durability of the private daemon's SQLite store (ignored with --socket): `full`
+    /// fsyncs every commit before its ACK, as `up` does by default; `normal` does not.
+    #[arg(
+        long,
+        env = "AGENT_RELAY_DURABILITY",
+        value_enum,
+        default_value = "full"
+    )]
+    pub(crate) durability: DurabilityKind,
     /// Use the relay on this socket instead of starting a private one (its rate limits apply:
     /// start it with `--rate-limit 0 --pair-rate-limit 0` to measure it).
     #[arg(long, value_name = "PATH")]
@@ -514,11 +567,6 @@ pub(crate) struct BenchArgs {
     /// message without a state (for relays that speak only plain protocol v1).
     #[arg(long, value_enum, default_value = "wrapper")]
     pub(crate) acks: AckMode,
-    /// Commit durability of the private daemon (ignored with --target): `full` (the relay's
-    /// default: every acknowledged commit is on disk) or `normal` (faster; a power cut may
-    /// lose the last acknowledged messages).
-    #[arg(long, value_enum, default_value = "full")]
-    pub(crate) durability: BenchDurability,
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
@@ -553,24 +601,6 @@ impl AckMode {
             Self::Wrapper => "wrapper",
             Self::Lean => "lean",
             Self::Plain => "plain",
-        }
-    }
-}
-
-/// The private bench daemon's commit durability (`up --durability`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum BenchDurability {
-    /// fsync before every acknowledgement.
-    Full,
-    /// WAL with synchronous=NORMAL.
-    Normal,
-}
-
-impl BenchDurability {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Normal => "normal",
         }
     }
 }

@@ -55,6 +55,11 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
     }
 }
 
+/// `err` with its causes, as printed: controls shown as `\u{..}` (`relay_protocol::text`).
+fn render(err: &anyhow::Error) -> String {
+    relay_protocol::text::for_terminal(&format!("{err:#}"))
+}
+
 /// Prints `err` (unless it is a closed pipe) and returns its exit code.
 pub(crate) fn report(err: &anyhow::Error) -> i32 {
     let code = code_of(err);
@@ -63,7 +68,23 @@ pub(crate) fn report(err: &anyhow::Error) -> i32 {
         .is_some_and(|c| c.message.is_empty());
     if code != 0 && !silent {
         let mut stderr = std::io::stderr().lock();
-        let _ = writeln!(stderr, "agent-relay: {err:#}");
+        // Errors quote relay-supplied text (ids in an ambiguity error, a NACK's reason, a
+        // name from the command line): shown, never interpreted by the terminal.
+        let _ = writeln!(stderr, "agent-relay: {}", render(err));
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_show_control_characters_instead_of_sending_them() {
+        let err = anyhow::anyhow!("\"ab\" matches 2 messages (ab\u{9b}31m, ab\u{1b}]0;t\u{7})")
+            .context("read\u{9d}0;x\u{9c}");
+        let text = render(&err);
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert!(text.contains("ab\\u{9b}31m"), "{text}");
+    }
 }

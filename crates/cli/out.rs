@@ -1,4 +1,6 @@
-//! Writing to stdout without panicking on a closed pipe (`agent-relay history | head`).
+//! Writing to stdout without panicking on a closed pipe (`agent-relay history | head`). What is
+//! written is cleaned by `relay_protocol::text` (the one cleaning module): text with
+//! `for_terminal`/`one_line` by the caller, JSON here.
 
 use std::io::Write;
 
@@ -9,35 +11,10 @@ pub(crate) fn line(text: impl AsRef<str>) -> std::io::Result<()> {
     out.write_all(b"\n")
 }
 
-/// Pretty JSON to stdout.
+/// Pretty JSON to stdout, with no raw control character (`relay_protocol::text::json_pretty`:
+/// serde_json writes DEL and C1 raw, and a terminal interprets U+009B as CSI).
 pub(crate) fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
+    let text = relay_protocol::text::json_pretty(value)?;
     line(text)?;
     Ok(())
-}
-
-/// Makes text safe to print on a terminal: control characters (escape sequences from a
-/// message body, say) are shown as `\u{..}` instead of being interpreted.
-pub(crate) fn clean(text: &str) -> String {
-    let mut s = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
-            s.push_str(&c.escape_unicode().to_string());
-        } else {
-            s.push(c);
-        }
-    }
-    s
-}
-
-/// `clean`, on one line, cut to `max` characters with an ellipsis.
-pub(crate) fn one_line(text: &str, max: usize) -> String {
-    let flat: String = clean(text).replace(['\n', '\t'], " ");
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let mut s: String = flat.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
-    }
 }

@@ -254,10 +254,7 @@ fn memory_storage_works_without_a_database_file() {
 
 #[test]
 fn another_user_is_refused_even_when_the_socket_is_left_open() {
-    if !rustix::process::getuid().is_root() {
-        eprintln!("NOTE: not run: needs root to act as another user (CI runs as root)");
-        return;
-    }
+    crate::support::require_root("act as another user");
     let relay = Relay::start();
     // Open the directory and socket to everyone, as a careless umask or a shared directory
     // might: the daemon's peer-uid check must still refuse other users.

@@ -83,12 +83,7 @@ fn a_symlinked_socket_directory_is_refused() {
 
 #[test]
 fn a_socket_directory_owned_by_another_user_is_refused() {
-    if !rustix::process::getuid().is_root() {
-        eprintln!(
-            "NOTE: not run: needs root to give a directory to another user (CI runs as root)"
-        );
-        return;
-    }
+    crate::support::require_root("give a directory to another user");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("foreign");
     std::fs::create_dir(&dir).unwrap();
@@ -177,10 +172,7 @@ fn an_existing_socket_directory_is_used_as_it_is_and_never_changed() {
 /// refuses to start there instead of reporting theirs as ours.
 #[test]
 fn another_users_process_on_the_socket_path_gets_nothing() {
-    if !rustix::process::getuid().is_root() {
-        eprintln!("NOTE: not run: needs root to act as another user (CI runs as root)");
-        return;
-    }
+    crate::support::require_root("act as another user");
     let tmp = tempfile::tempdir().unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // A /tmp of our own: world-writable, sticky.

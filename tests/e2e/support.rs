@@ -153,6 +153,18 @@ impl Drop for Relay {
     }
 }
 
+/// Fails the test unless it runs as root: a test that acts as another user must never pass
+/// without running. CI runs as root; elsewhere `scripts/test` leaves these tests out by name
+/// and says so (add the test's name to `ROOT_TESTS` there).
+pub fn require_root(to: &str) {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "this test needs root to {to}, and this is uid {}: run it as root (CI does), or leave it \
+         out by name (scripts/test does when not root)",
+        rustix::process::getuid().as_raw()
+    );
+}
+
 /// Polls `cond` until it holds or `limit` passes (then panics naming `what`). Deadlines here
 /// only bound a hang; no test asserts how fast anything is.
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {

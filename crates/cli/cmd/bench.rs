@@ -44,20 +44,23 @@ impl Drop for PrivateDaemon {
     }
 }
 
-fn start_private(storage: &str, durability: &str) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
+fn start_private(
+    storage: &str,
+    durability: crate::args::DurabilityKind,
+) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
     let dir = tempfile::Builder::new().prefix("relay-bench").tempdir()?;
     let socket = dir.path().join("r.sock");
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.path().join("daemon.log"))?;
     let child = Command::new(exe)
         .args(["up", "--foreground", "--storage", storage])
+        .args(["--durability", durability.as_str()])
         // A load generator is a flood by design: the private daemon has no rate limits.
         .args(["--rate-limit", "0", "--pair-rate-limit", "0"])
         .env("AGENT_RELAY_DATA_DIR", dir.path())
         .env("AGENT_RELAY_SOCKET", &socket)
         .env_remove("AGENT_RELAY_STORAGE_PATH")
         .env("AGENT_RELAY_LOG", "warn")
-        .env("AGENT_RELAY_DURABILITY", durability)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -110,7 +113,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let (socket, daemon) = match &args.target {
         Some(s) => (s.clone(), None),
         None => {
-            let (s, d) = start_private(args.storage.as_str(), args.durability.as_str())?;
+            let (s, d) = start_private(args.storage.as_str(), args.durability)?;
             (s, Some(d))
         }
     };

@@ -69,14 +69,14 @@ fn print_directive(
     json: bool,
 ) -> anyhow::Result<()> {
     if json {
-        writeln!(out, "{}", serde_json::to_string(directive)?)?;
+        writeln!(out, "{}", relay_protocol::text::json_line(directive)?)?;
     } else {
         writeln!(
             out,
             "to {} ({}): {}",
             directive.to,
             directive.kind.as_str(),
-            crate::out::clean(&directive.body)
+            relay_protocol::text::for_terminal(&directive.body)
         )?;
         if directive.truncated {
             writeln!(

@@ -5,12 +5,19 @@ use relay_client::paths::Paths;
 use relay_protocol::query::{
     DeadLetter, HistoryFilter, MessageRecord, QueryRequest, QueryResult, TraceEvent,
 };
+use relay_protocol::text::{for_terminal, one_line};
 
 use crate::args::{DlqAction, DlqArgs, HistoryArgs, ReadArgs};
 use crate::cmd::tool_client;
 use crate::exit::not_running;
-use crate::out::{clean, json, line, one_line};
+use crate::out::{json, line};
 use crate::time::{format_utc, human_secs, parse_since};
+
+/// A relay-supplied name, id or short text on one line of output: controls shown, never
+/// interpreted, and no line break that would forge another line.
+fn field(text: &str) -> String {
+    one_line(text, usize::MAX)
+}
 
 async fn ask(paths: &Paths, req: QueryRequest) -> anyhow::Result<QueryResult> {
     let client = tool_client(&paths.socket, "cli").await?;
@@ -60,11 +67,15 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         "relay running (pid {}, up {}, v{})",
         s.pid,
         human_secs(s.uptime_s),
-        s.version
+        field(&s.version)
+    ))?;
+    line(format!("  socket:   {}", field(&s.socket)))?;
+    line(format!(
+        "  database: {} ({})",
+        field(&s.db),
+        field(&s.storage)
     ))?;
     line(format!("  project:  {}", paths.project_root.display()))?;
-    line(format!("  socket:   {}", s.socket))?;
-    line(format!("  database: {} ({})", s.db, s.storage))?;
     line(format!(
         "  agents:   {} connected, {} known",
         s.agents, s.known_agents
@@ -77,7 +88,7 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         line(format!(
             "  rules:    {} in force; the rules file is invalid: {}",
             s.rules,
-            clean(e)
+            for_terminal(e)
         ))?;
     } else if s.rules > 0 {
         line(format!(
@@ -86,7 +97,11 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         ))?;
     }
     if let Some(d) = &s.delivery {
-        let states: Vec<String> = d.by_state.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        let states: Vec<String> = d
+            .by_state
+            .iter()
+            .map(|(k, v)| format!("{v} {}", field(k)))
+            .collect();
         line(format!(
             "  deliveries: {}",
             if states.is_empty() {
@@ -102,12 +117,17 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         for st in d.latency.iter().filter(|st| st.samples > 0) {
             line(format!(
                 "  latency {:<25} p50 {} ms, p90 {} ms, p99 {} ms, max {} ms ({} recent)",
-                st.stage, st.p50_ms, st.p90_ms, st.p99_ms, st.max_ms, st.samples
+                field(&st.stage),
+                st.p50_ms,
+                st.p90_ms,
+                st.p99_ms,
+                st.max_ms,
+                st.samples
             ))?;
         }
     }
     match dashboard {
-        Some(url) => line(format!("  dashboard: {url}"))?,
+        Some(url) => line(format!("  dashboard: {}", field(&url)))?,
         None => line("  dashboard: off")?,
     }
     Ok(())
@@ -131,31 +151,33 @@ pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     for a in agents {
         line(format!(
             "{:<20} {:<8} {:<10} {:>7}  {:<19}  {}",
-            a.name,
+            field(&a.name),
             if a.online { "online" } else { "offline" },
-            a.cli.as_deref().unwrap_or("-"),
+            a.cli
+                .as_deref()
+                .map_or_else(|| "-".into(), |c| one_line(c, 40)),
             a.pending,
             format_utc(a.last_seen),
-            a.topics.join(",")
+            field(&a.topics.join(","))
         ))?;
     }
     Ok(())
 }
 
 fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
-    line(format!("Message {}", m.id))?;
-    line(format!("From:    {}", m.from))?;
-    line(format!("To:      {}", m.to))?;
+    line(format!("Message {}", field(&m.id)))?;
+    line(format!("From:    {}", field(&m.from)))?;
+    line(format!("To:      {}", field(&m.to)))?;
     if let Some(t) = &m.topic {
-        line(format!("Topic:   {t}"))?;
+        line(format!("Topic:   {}", field(t)))?;
     }
     line(format!("Kind:    {}", m.kind.as_str()))?;
     line(format!("Time:    {} UTC", format_utc(m.ts)))?;
     if let Some(t) = &m.thread {
-        line(format!("Thread:  {}", clean(t)))?;
+        line(format!("Thread:  {}", field(t)))?;
     }
     if let Some(r) = &m.in_reply_to {
-        line(format!("Reply to: {}", clean(r)))?;
+        line(format!("Reply to: {}", field(r)))?;
     }
     for d in &m.deliveries {
         let when = d
@@ -164,17 +186,21 @@ fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
             .unwrap_or_default();
         line(format!(
             "Delivery: {} seq {} {}{}",
-            d.recipient,
+            field(&d.recipient),
             d.seq,
             d.status.as_str(),
             when
         ))?;
     }
     if let Some(data) = &m.data {
-        line(format!("Data:    {data}"))?;
+        // Display would write the JSON's DEL and C1 characters raw.
+        line(format!(
+            "Data:    {}",
+            relay_protocol::text::json_line(data)?
+        ))?;
     }
     line("")?;
-    line(clean(&m.body))?;
+    line(for_terminal(&m.body))?;
     Ok(())
 }
 
@@ -233,15 +259,15 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         return Ok(line("no messages match")?);
     }
     for m in &messages {
-        let short = relay_protocol::short_id(&m.id);
+        let short = field(relay_protocol::short_id(&m.id));
         let to = match &m.topic {
-            Some(t) => format!("{} #{t}", m.to),
-            None => m.to.clone(),
+            Some(t) => format!("{} #{}", field(&m.to), field(t)),
+            None => field(&m.to),
         };
         line(format!(
             "{}  {} → {}  [{short}]  {}",
             format_utc(m.ts),
-            m.from,
+            field(&m.from),
             to,
             one_line(&m.body, 100)
         ))?;
@@ -250,14 +276,14 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
 }
 
 fn print_event(e: &TraceEvent, start: u64) -> anyhow::Result<()> {
-    let who = e.recipient.as_deref().unwrap_or("");
+    let who = field(e.recipient.as_deref().unwrap_or(""));
     line(format!(
         "  {} UTC  +{:>6} ms  {:<13} {:<16} {}",
         format_utc(e.ts),
         e.ts.saturating_sub(start),
         e.state.as_str(),
         who,
-        e.detail.as_deref().map(clean).unwrap_or_default()
+        e.detail.as_deref().map(field).unwrap_or_default()
     ))?;
     Ok(())
 }
@@ -278,12 +304,14 @@ pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> 
         return json(&trace);
     }
     let to = match &trace.topic {
-        Some(t) => format!("{} #{t}", trace.to),
-        None => trace.to.clone(),
+        Some(t) => format!("{} #{}", field(&trace.to), field(t)),
+        None => field(&trace.to),
     };
     line(format!(
         "Message {} from {} to {}",
-        trace.id, trace.from, to
+        field(&trace.id),
+        field(&trace.from),
+        to
     ))?;
     let start = trace.events.first().map_or(0, |e| e.ts);
     for e in &trace.events {
@@ -293,7 +321,7 @@ pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> 
 }
 
 fn print_dead_letter_line(d: &DeadLetter) -> anyhow::Result<()> {
-    let short = relay_protocol::short_id(&d.msg_id);
+    let short = field(relay_protocol::short_id(&d.msg_id));
     let retried = if d.retried_at.is_some() {
         " (retried)"
     } else {
@@ -303,9 +331,9 @@ fn print_dead_letter_line(d: &DeadLetter) -> anyhow::Result<()> {
         "{:>5}  {}  {} → {}  [{short}]  {}{}: {}",
         d.dlq_id,
         format_utc(d.ts),
-        d.from,
-        d.recipient,
-        d.code,
+        field(&d.from),
+        field(&d.recipient),
+        field(&d.code),
         retried,
         one_line(&d.body, 60)
     ))?;
@@ -314,19 +342,23 @@ fn print_dead_letter_line(d: &DeadLetter) -> anyhow::Result<()> {
 
 fn print_dead_letter(d: &DeadLetter) -> anyhow::Result<()> {
     line(format!("Dead letter {}", d.dlq_id))?;
-    line(format!("Message: {}", d.msg_id))?;
-    line(format!("From:    {}", d.from))?;
-    line(format!("To:      {}", d.recipient))?;
+    line(format!("Message: {}", field(&d.msg_id)))?;
+    line(format!("From:    {}", field(&d.from)))?;
+    line(format!("To:      {}", field(&d.recipient)))?;
     if let Some(t) = &d.topic {
-        line(format!("Topic:   {t}"))?;
+        line(format!("Topic:   {}", field(t)))?;
     }
     line(format!("Time:    {} UTC", format_utc(d.ts)))?;
-    line(format!("Reason:  {}: {}", d.code, clean(&d.reason)))?;
+    line(format!(
+        "Reason:  {}: {}",
+        field(&d.code),
+        for_terminal(&d.reason)
+    ))?;
     if let Some(at) = d.retried_at {
         line(format!("Retried: {} UTC", format_utc(at)))?;
     }
     line("")?;
-    line(clean(&d.body))?;
+    line(for_terminal(&d.body))?;
     Ok(())
 }
 
@@ -371,7 +403,7 @@ pub(crate) async fn dlq(paths: &Paths, args: DlqArgs) -> anyhow::Result<()> {
         } => Ok(line(format!(
             "dead letter {}: {}",
             dead_letter.dlq_id,
-            clean(&outcome)
+            for_terminal(&outcome)
         ))?),
         QueryResult::DlqPurge { removed } => Ok(line(format!("removed {removed} dead letters"))?),
         _ => anyhow::bail!("unexpected answer to dlq"),

@@ -61,6 +61,10 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
         .recipients
         .map(|n| format!(", {n} recipient{}", if n == 1 { "" } else { "s" }))
         .unwrap_or_default();
-    line(format!("{}  to {}: {what}{n}", receipt.id, args.to))?;
+    line(format!(
+        "{}  to {}: {what}{n}",
+        relay_protocol::text::one_line(&receipt.id, usize::MAX),
+        relay_protocol::text::one_line(&args.to, usize::MAX)
+    ))?;
     Ok(())
 }

@@ -71,6 +71,72 @@ fn make_data_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data directory {}", dir.display()))
 }
 
+/// A warning when others can read (or enter, or write) the data directory, with the command
+/// that fixes it. The relay's own files are private whatever the directory's mode (the daemon's
+/// umask and [`make_files_private`]), but a directory others can list still shows who uses
+/// the relay, and one made before the relay made its files private may hold copies.
+fn open_data_dir_warning(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "the data directory {} can be read by other users (mode {mode:o}); the relay's files in it are private (0600), but run `chmod 700 {}` to make the directory private too",
+            dir.display(),
+            dir.display()
+        )
+    })
+}
+
+/// Makes the relay's existing files private (0600): files from a version of the relay that
+/// created them 0644, or copied in with a looser mode. SQLite gives a new `-wal`/`-shm` the
+/// mode of the database file, so the database must be private before it is opened.
+fn make_files_private(paths: &Paths) {
+    use std::os::unix::fs::PermissionsExt;
+    let db = paths.db.as_os_str();
+    let with = |suffix: &str| {
+        let mut p = db.to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    let files = [
+        paths.db.clone(),
+        with("-wal"),
+        with("-shm"),
+        with("-journal"),
+        paths.agents_file.clone(),
+        paths.log_file.clone(),
+        paths.pid_file.clone(),
+        dashboard_file(paths),
+        paths.data_dir.join(crate::cmd::rules::FILE),
+    ];
+    for file in &files {
+        let Ok(meta) = std::fs::symlink_metadata(file) else {
+            continue; // not there (yet): it will be created private
+        };
+        if !meta.is_file() || meta.permissions().mode() & 0o077 == 0 {
+            continue;
+        }
+        match std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)) {
+            Ok(()) => tracing::info!(path = %file.display(), "made private (0600)"),
+            Err(e) => tracing::warn!(
+                path = %file.display(),
+                error = %e,
+                "cannot make this file private; other users may read it"
+            ),
+        }
+    }
+    // The wrappers' state (inboxes with message bodies, logs) lives under `team/`.
+    let team = paths.data_dir.join("team");
+    if let Ok(meta) = std::fs::symlink_metadata(&team) {
+        if meta.is_dir() && meta.permissions().mode() & 0o077 != 0 {
+            if let Err(e) = std::fs::set_permissions(&team, std::fs::Permissions::from_mode(0o700))
+            {
+                tracing::warn!(path = %team.display(), error = %e, "cannot make this directory private");
+            }
+        }
+    }
+}
+
 /// The running daemon's dashboard URL (with its token), if it serves one. The file is
 /// private (0600): the token is what keeps other local users out.
 pub(crate) fn dashboard_url(paths: &Paths) -> Option<String> {
@@ -148,6 +214,9 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
         return Ok(Started::Already(pid));
     }
     make_data_dir(&paths.data_dir)?;
+    if let Some(w) = open_data_dir_warning(&paths.data_dir) {
+        eprintln!("agent-relay: warning: {w}");
+    }
     let log = OpenOptions::new()
         .create(true)
         .append(true)
@@ -158,6 +227,7 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(["up", "--foreground", "--storage", args.storage.as_str()])
+        .args(["--durability", args.durability.as_str()])
         .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
         .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
         .args(["--busy-high-water", &args.busy_high_water.to_string()])
@@ -212,8 +282,17 @@ fn log_tail(path: &Path, from: u64) -> String {
 
 /// Runs the daemon in this process until SIGTERM or SIGINT.
 fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+    // Everything the daemon creates (database, WAL, shared memory, agents.json, ...) is for
+    // this user only, whatever the mode of the directory it is in: message bodies are private.
+    // Set before any file is created; the daemon starts no other programs, so no one else
+    // inherits it.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     init_logging("info");
     make_data_dir(&paths.data_dir)?;
+    if let Some(w) = open_data_dir_warning(&paths.data_dir) {
+        tracing::warn!("{w}");
+    }
+    make_files_private(paths);
     let Some(mut lock) = try_lock(&paths.pid_file)? else {
         let pid = running_pid(paths)?
             .map(|p| p.to_string())
@@ -230,7 +309,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     let dashboard = start_dashboard(paths, args);
     let store: Box<dyn Store> = match args.storage {
         StorageKind::Sqlite => Box::new(
-            SqliteStore::open(&paths.db)
+            SqliteStore::open_with(&paths.db, args.durability.store())
                 .with_context(|| format!("cannot open database {}", paths.db.display()))?,
         ),
         StorageKind::Memory => Box::new(MemoryStore::new()),
@@ -274,6 +353,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
             pid = std::process::id(),
             socket = %paths.socket.display(),
             db = %store.location(),
+            durability = args.durability.as_str(),
             "relay daemon listening"
         );
         relay_daemon::run_with(listener, store, cfg, kind, shutdown, |handle| {
@@ -329,7 +409,12 @@ fn start_dashboard(paths: &Paths, args: &UpArgs) -> Option<(relay_dashboard::Bou
             "dashboard port taken; using another"
         );
     }
-    tracing::info!(%url, "dashboard");
+    // Not the URL: it carries the access token, and the log is no place for a secret. `up`
+    // prints it to whoever started the relay, `status` to whoever asks.
+    tracing::info!(
+        port = bound.port,
+        "dashboard on 127.0.0.1 (`agent-relay status` shows its URL with the access token)"
+    );
     Some((bound, token))
 }
 

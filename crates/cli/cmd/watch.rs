@@ -13,6 +13,7 @@ use bytes::{Buf, BytesMut};
 use relay_client::paths::Paths;
 use relay_protocol::events::{RelayEvent, WatchFilter};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
+use relay_protocol::text::{for_terminal, one_line};
 use relay_protocol::{
     Capabilities, Envelope, Hello, MAX_FRAME_BYTES, Payload, Ping, Role, TerminalState,
     encode_frame, frame_len, validate_agent_name, validate_topic_pattern,
@@ -21,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::args::WatchArgs;
-use crate::out::{clean, line, one_line};
+use crate::out::line;
 use crate::time::{format_utc, now_ms};
 
 /// `agent-relay watch`.
@@ -52,7 +53,7 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
     if style.color {
         eprintln!(
             "watching the relay at {} (Ctrl-C to stop)",
-            clean(&paths.socket.display().to_string())
+            for_terminal(&paths.socket.display().to_string())
         );
     }
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -64,14 +65,14 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
         match env.payload {
             Payload::Result(QueryResult::Event { event }) => {
                 let text = if args.json {
-                    serde_json::to_string(&event)?
+                    relay_protocol::text::json_line(&event)?
                 } else {
                     style.render(&event)
                 };
                 line(text)?;
             }
             Payload::Result(QueryResult::Error { message, .. }) => {
-                anyhow::bail!("the relay refused to watch: {}", clean(&message))
+                anyhow::bail!("the relay refused to watch: {}", for_terminal(&message))
             }
             Payload::Ping(p) => {
                 let pong = Payload::Pong(Ping {
@@ -81,7 +82,10 @@ pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()>
                 write(&mut stream, Envelope::new("watch-pong", now_ms(), pong)).await?;
             }
             Payload::Error(e) if e.fatal => {
-                anyhow::bail!("the relay closed the connection: {}", clean(&e.message))
+                anyhow::bail!(
+                    "the relay closed the connection: {}",
+                    for_terminal(&e.message)
+                )
             }
             Payload::Bye(_) => {
                 if !args.json {
@@ -154,13 +158,14 @@ impl Style {
     }
 
     fn name(&self, text: &str) -> String {
-        self.paint("1;36", &clean(text))
+        self.paint("1;36", &for_terminal(text))
     }
 
     /// One line for one event; every text from the relay is cleaned of control characters.
     fn render(&self, ev: &RelayEvent) -> String {
         let time = |ts: u64| self.dim(format_utc(ts).get(11..).unwrap_or_default());
-        let short = |id: &str| self.dim(&format!("[{}]", clean(relay_protocol::short_id(id))));
+        let short =
+            |id: &str| self.dim(&format!("[{}]", for_terminal(relay_protocol::short_id(id))));
         match ev {
             RelayEvent::AgentConnected {
                 ts,
@@ -201,7 +206,7 @@ impl Style {
                     self.paint(code, "~"),
                     self.name(agent),
                     self.paint(code, state.as_str()),
-                    clean(backend),
+                    for_terminal(backend),
                     why.as_deref()
                         .map(|w| format!(": {}", one_line(w, 120)))
                         .unwrap_or_default()
@@ -227,7 +232,7 @@ impl Style {
                     short(id)
                 );
                 if let Some(t) = topic {
-                    s.push_str(&self.paint("34", &format!(" #{}", clean(t))));
+                    s.push_str(&self.paint("34", &format!(" #{}", for_terminal(t))));
                 }
                 if *kind != relay_protocol::Kind::Message {
                     s.push_str(&self.paint("35", &format!(" {}", kind.as_str())));
@@ -294,7 +299,7 @@ impl Style {
                 self.paint("31", "!"),
                 short(id),
                 self.name(from),
-                self.paint("31", &clean(code)),
+                self.paint("31", &for_terminal(code)),
                 one_line(reason, 160)
             ),
             RelayEvent::Expired { ts, deliveries } => format!(

@@ -74,6 +74,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
     let up = UpArgs {
         foreground: false,
         storage,
+        durability: crate::args::DurabilityKind::from_env()?,
         inbox_ttl: 3600,
         heartbeat_ms: 5000,
         busy_high_water: 10_000,
@@ -85,6 +86,8 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
     };
     start_background(paths, &up).context("cannot start the relay")?;
     let team_dir = paths.data_dir.join("team").join(&name);
+    private_dir(&paths.data_dir.join("team"))?;
+    private_dir(&team_dir)?;
     let inbox = match std::env::var_os("AGENT_RELAY_INBOX_DIR") {
         Some(dir) => Some(PathBuf::from(dir).join("team").join(&name)),
         None if args.inbox => Some(team_dir.clone()),
@@ -212,6 +215,24 @@ fn agent_exit_status(exit_file: &Path, name: &str, session: &str) -> anyhow::Res
          Check what the agent did (its relay log: {}), then start it again with the same command.",
         exit_file.with_file_name("wrap.log").display()
     )
+}
+
+/// Creates `dir` (and missing parents) 0700, or makes an existing one 0700: the wrapper's
+/// state under it (the inbox, injected ids, logs) holds message bodies, and the files in it are
+/// created with the agent's umask, which the wrapper must not change (the agent inherits it).
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private (chmod 700)", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// The relaying process's lock (`team/<name>/relay.lock`), if nobody holds it: whoever holds

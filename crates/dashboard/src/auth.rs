@@ -1,4 +1,5 @@
-//! The dashboard's access token: how it is made, found in a request, and compared.
+//! Who may use the dashboard: its access token (how it is made, found in a request, and
+//! compared), and the `Host` and `Origin` checks that keep other web pages out.
 //!
 //! The dashboard listens on loopback only, but every local user can reach loopback ports, and
 //! the page shows what agents say to each other. So every request must carry the token the
@@ -37,9 +38,110 @@ pub fn presented<'a>(query: Option<&'a str>, authorization: Option<&'a str>) -> 
     })
 }
 
+/// The names the dashboard answers to: its loopback address and `localhost`.
+const OWN_HOSTS: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
+
+/// Whether `authority` (`host[:port]`) is one of [`OWN_HOSTS`] with the dashboard's `port`.
+/// A bare host counts only when the port is 80 (browsers leave out the default port).
+fn own_authority(authority: &str, port: u16) -> bool {
+    let (host, given_port) = match authority.rsplit_once(':') {
+        // `[::1]` alone has colons but no port: its last colon is inside the brackets.
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let port_ok = match given_port {
+        Some(p) => p.parse::<u16>() == Ok(port) && !p.starts_with('+'),
+        None => port == 80,
+    };
+    port_ok && OWN_HOSTS.iter().any(|own| host.eq_ignore_ascii_case(own))
+}
+
+/// Whether a request's `Host` is the dashboard itself: `127.0.0.1`, `localhost` or `[::1]`
+/// with the dashboard's port. A DNS-rebinding attack makes a browser send the attacker's name
+/// (`evil.example:3888`) to the loopback address, so answering only to our own names keeps
+/// such a page from reading anything even if it somehow had the token.
+#[must_use]
+pub fn loopback_host(host: Option<&str>, port: u16) -> bool {
+    host.is_some_and(|h| own_authority(h.trim(), port))
+}
+
+/// Whether a state-changing request may come from `origin`: none at all (a tool such as
+/// curl), or the dashboard's own page (`http://` + one of its [`loopback_host`] names). Any other
+/// page, and the opaque `null` origin, is refused: a request a foreign page makes the browser
+/// send must not change anything.
+#[must_use]
+pub fn same_origin(origin: Option<&str>, port: u16) -> bool {
+    let Some(origin) = origin.map(str::trim) else {
+        return true;
+    };
+    let Some(scheme_end) = origin.find("://") else {
+        return false;
+    };
+    origin[..scheme_end].eq_ignore_ascii_case("http") && {
+        let authority = &origin[scheme_end + 3..];
+        !authority.contains('/') && own_authority(authority, port)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_dashboards_own_host_and_port() {
+        for ok in [
+            "127.0.0.1:3888",
+            "localhost:3888",
+            "LOCALHOST:3888",
+            "[::1]:3888",
+        ] {
+            assert!(loopback_host(Some(ok), 3888), "{ok}");
+        }
+        for bad in [
+            "evil.example:3888",
+            "127.0.0.1.evil.example:3888",
+            "localhost.evil.example:3888",
+            "127.0.0.1:3889",
+            "127.0.0.1",
+            "localhost",
+            "[::1]",
+            "127.0.0.1:+3888",
+            "127.0.0.1:03888x",
+            "evil@127.0.0.1:3888",
+            "",
+        ] {
+            assert!(!loopback_host(Some(bad), 3888), "{bad}");
+        }
+        assert!(!loopback_host(None, 3888));
+        // The default port may be left out, as browsers do.
+        assert!(loopback_host(Some("localhost"), 80));
+        assert!(loopback_host(Some("[::1]"), 80));
+    }
+
+    #[test]
+    fn changes_only_from_the_dashboards_own_page_or_no_page() {
+        assert!(same_origin(None, 3888));
+        for ok in [
+            "http://127.0.0.1:3888",
+            "http://localhost:3888",
+            "HTTP://[::1]:3888",
+        ] {
+            assert!(same_origin(Some(ok), 3888), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://evil.example:3888",
+            "http://127.0.0.1:3889",
+            "https://127.0.0.1:3888",
+            "http://127.0.0.1",
+            "http://127.0.0.1:3888/x",
+            "null",
+            "127.0.0.1:3888",
+            "",
+        ] {
+            assert!(!same_origin(Some(bad), 3888), "{bad}");
+        }
+    }
 
     #[test]
     fn tokens_are_random_hex() {

@@ -1,6 +1,8 @@
 //! The web dashboard, served by the daemon on loopback: one page (embedded in the binary, no
 //! network at run time), a JSON API under `/api/`, a Server-Sent Events stream of the live
-//! feed, and Prometheus `/metrics`. Every request must present the token (see [`auth`]).
+//! feed, and Prometheus `/metrics`. Every request must name the dashboard's own host, a change
+//! must come from its own page (or no page), and every request must present the token (see
+//! [`auth`]).
 //!
 //! Reads go through [`relay_daemon::Handle::ask`], the same path as a tool's `QUERY`: the
 //! router forwards them to the store thread and is never blocked by them. The live stream
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -82,6 +84,8 @@ pub fn url(port: u16, token: &str) -> String {
 /// State shared by the handlers.
 pub(crate) struct App {
     pub(crate) token: String,
+    /// The port the dashboard listens on: the only one a `Host` or `Origin` may name.
+    pub(crate) port: u16,
     pub(crate) daemon: Handle,
     pub(crate) samples: Mutex<Samples>,
     /// The latest counters; streams send them on when they change.
@@ -98,12 +102,14 @@ pub async fn serve(
     daemon: Handle,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    let port = listener.local_addr()?.port();
     let first = Totals::read(daemon.counters(), now_ms());
     let mut samples = Samples::default();
     samples.push(first);
     let (totals_tx, totals_rx) = watch::channel((first, None));
     let app = Arc::new(App {
         token,
+        port,
         daemon: daemon.clone(),
         samples: Mutex::new(samples),
         totals: totals_rx,
@@ -147,15 +153,33 @@ async fn sample(app: Arc<App>, tx: watch::Sender<(Totals, Option<Rate>)>) {
     }
 }
 
-/// Refuses requests without the token (401), and adds the headers every answer carries.
+/// Refuses requests addressed to another host (421: a DNS-rebinding page), state changes from
+/// another page (403) and requests without the token (401), in that order, so a foreign page
+/// is refused whether or not it has the token; and adds the headers every answer carries.
 async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let authorization = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let ok = auth::presented(req.uri().query(), authorization)
-        .is_some_and(|t| auth::same_token(t.as_bytes(), app.token.as_bytes()));
-    let mut res = if ok {
+    let headers = req.headers();
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    // HTTP/2 carries the host in the URI's authority instead of a Host header.
+    let host = text(header::HOST).or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let changes = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let mut res = if !auth::loopback_host(host, app.port) {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "agent-relay dashboard: this server answers only to 127.0.0.1:{0} and localhost:{0}.\n",
+                app.port
+            ),
+        )
+            .into_response()
+    } else if changes && !auth::same_origin(text(header::ORIGIN), app.port) {
+        (
+            StatusCode::FORBIDDEN,
+            "agent-relay dashboard: changes are accepted only from the dashboard's own page.\n",
+        )
+            .into_response()
+    } else if auth::presented(req.uri().query(), text(header::AUTHORIZATION))
+        .is_some_and(|t| auth::same_token(t.as_bytes(), app.token.as_bytes()))
+    {
         next.run(req).await
     } else {
         (

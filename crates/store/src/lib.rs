@@ -10,7 +10,8 @@
 //! stream. A duplicate `(from, id)` is detected in that transaction too and gets no seq, so the
 //! streams stay gapless whatever clients re-send.
 //!
-//! Two implementations: [`SqliteStore`] (WAL, versioned migrations) and [`MemoryStore`].
+//! Two implementations: [`SqliteStore`] (WAL, versioned migrations, fsync per commit unless
+//! [`Durability::Normal`] is asked for) and [`MemoryStore`].
 
 mod common;
 mod memory;
@@ -28,7 +29,7 @@ use relay_protocol::query::{
 };
 
 pub use memory::MemoryStore;
-pub use sqlite::SqliteStore;
+pub use sqlite::{Durability, SqliteStore};
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]

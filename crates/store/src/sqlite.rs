@@ -370,14 +370,62 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// What a committed batch (and so an ACK) survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced at every commit, so an acknowledged message
+    /// survives a power cut or an OS crash. The default: an ACK means "on disk".
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: commits survive the relay being killed, but the last ones before
+    /// a power cut or an OS crash may be lost. Faster; for those who choose it.
+    Normal,
+}
+
+impl Durability {
+    /// The `PRAGMA synchronous` statement for this level.
+    #[must_use]
+    pub fn pragma(self) -> &'static str {
+        match self {
+            Self::Full => "PRAGMA synchronous = FULL;",
+            Self::Normal => "PRAGMA synchronous = NORMAL;",
+        }
+    }
+
+    /// The level's name as the command line spells it (`full`, `normal`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with [`Durability::Full`]: see
+    /// [`SqliteStore::open_with`].
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open_with`].
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, Durability::Full)
+    }
+
     /// Opens (creating if needed) the database at `path`: creates the parent directories,
-    /// switches to WAL with `synchronous=NORMAL`, and migrates the schema.
+    /// switches to WAL with the `synchronous` level `durability` asks for, and migrates the
+    /// schema.
     ///
     /// # Errors
     /// [`StoreError::Io`] if the directory cannot be created, [`StoreError::SchemaTooNew`] for a
     /// database from a newer agent-relay, [`StoreError::Sqlite`] otherwise.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
                 path: dir.display().to_string(),
@@ -390,13 +438,15 @@ impl SqliteStore {
         conn.busy_timeout(Duration::from_secs(5))?;
         // `journal_mode` answers with a row, so it is a query, not an update.
         let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        // NORMAL in WAL mode is durable against process crashes and loses at most the last
-        // commits on power loss; FULL would fsync every batch. A 32 MiB page cache (default
+        // FULL in WAL mode fsyncs the WAL at every commit, so a batch is on disk before its
+        // ACKs go out; NORMAL is durable against process crashes only and may lose the last
+        // commits on power loss (see `Durability`). A batch is one commit (group commit), so
+        // FULL costs one fsync per batch, not per message. A 32 MiB page cache (default
         // 2 MiB) keeps the hot ends of the b-trees (newest messages, each recipient's newest
         // deliveries, the id index) in memory as the database grows.
+        conn.execute_batch(durability.pragma())?;
         conn.execute_batch(
-            "PRAGMA synchronous = NORMAL;
-             PRAGMA temp_store = MEMORY;
+            "PRAGMA temp_store = MEMORY;
              PRAGMA cache_size = -32768;",
         )?;
         // history builds a few SQL variants; keep them all prepared.
@@ -1483,6 +1533,28 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The default is `synchronous=FULL` (2: an ACK means the commit was fsynced);
+    /// `Durability::Normal` is the opt-out (1).
+    #[test]
+    fn durability_sets_synchronous() {
+        let b = SqliteBackend::new();
+        let level = |s: &SqliteStore| -> i64 {
+            s.conn
+                .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap()
+        };
+        let s = SqliteStore::open(&b.path()).unwrap();
+        assert_eq!(level(&s), 2);
+        drop(s);
+        let s = SqliteStore::open_with(&b.path(), Durability::Full).unwrap();
+        assert_eq!(level(&s), 2);
+        drop(s);
+        let s = SqliteStore::open_with(&b.path(), Durability::Normal).unwrap();
+        assert_eq!(level(&s), 1);
+        assert_eq!(Durability::default(), Durability::Full);
+        assert_eq!(Durability::Normal.as_str(), "normal");
     }
 
     /// A short-id lookup scans the ids' index, never the table with its bodies: with a
