@@ -37,6 +37,15 @@ pub(crate) fn not_running(message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
+/// Exit code 2 (bad command line) with a message.
+pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
+    Coded {
+        code: 2,
+        message: message.into(),
+    }
+    .into()
+}
+
 /// The exit code for `err`.
 pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
     if let Some(c) = err.downcast_ref::<Coded>() {

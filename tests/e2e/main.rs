@@ -10,6 +10,7 @@ mod crash;
 mod dashboard;
 mod faults;
 mod hardening;
+mod newcomer;
 mod parse;
 mod protocol;
 pub(crate) mod safety;

@@ -54,6 +54,9 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
             exit_with(wrap::wrap(&paths, args)?)
         }
         Cmd::Agent(command) => {
+            // Checked before anything starts: a typo (`agent-relay statsu`) must not start a
+            // relay and then fail to run a program of that name.
+            check_agent_program(&command)?;
             let args = crate::args::WrapArgs {
                 name: cli.name,
                 backend: cli.backend,
@@ -137,4 +140,88 @@ pub(crate) fn init_logging(default: &str) {
 /// A short-lived tool connection for queries and sends.
 pub(crate) async fn tool_client(socket: &Path, name: &str) -> anyhow::Result<Client> {
     Ok(Client::connect(ClientConfig::tool(socket.to_path_buf(), name)).await?)
+}
+
+/// Fails with exit 2 when `command`'s program is neither a path that exists nor a program on
+/// `PATH`, suggesting the nearest subcommand when there is a close one.
+fn check_agent_program(command: &[String]) -> anyhow::Result<()> {
+    let Some(program) = command.first() else {
+        return Err(crate::exit::usage(
+            "no command given: `agent-relay -n NAME <cli> [args]` runs an agent, `agent-relay --help` lists the commands",
+        ));
+    };
+    if program.contains('/') {
+        if std::path::Path::new(program).exists() {
+            return Ok(());
+        }
+        return Err(crate::exit::usage(format!(
+            "{} does not exist",
+            relay_protocol::text::one_line(program, 200)
+        )));
+    }
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| is_executable(&dir.join(program)))
+    });
+    if on_path {
+        return Ok(());
+    }
+    let shown = relay_protocol::text::one_line(program, 80);
+    let hint = nearest_subcommand(program)
+        .map(|s| format!("; did you mean `agent-relay {s}`?"))
+        .unwrap_or_else(|| {
+            "; `agent-relay --help` lists the commands, and an agent CLI must be installed and on PATH".into()
+        });
+    Err(crate::exit::usage(format!(
+        "`{shown}` is neither an agent-relay command nor a program on PATH; nothing was started{hint}"
+    )))
+}
+
+fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The visible subcommand closest to `word` (edit distance at most a third of its length,
+/// and at least 1), if any.
+fn nearest_subcommand(word: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let limit = (word.chars().count() / 3).max(1);
+    cmd.get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(|s| (edit_distance(word, s.get_name()), s.get_name().to_owned()))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, name)| name)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_misses_suggest_a_subcommand() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(nearest_subcommand("statsu").as_deref(), Some("status"));
+        assert_eq!(nearest_subcommand("hsitory").as_deref(), Some("history"));
+        assert_eq!(nearest_subcommand("claude"), None);
+    }
 }
