@@ -7,6 +7,7 @@ mod agents;
 mod cli;
 mod client;
 mod crash;
+mod daemon_core;
 mod dashboard;
 mod faults;
 mod hardening;
