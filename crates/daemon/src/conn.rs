@@ -80,6 +80,15 @@ pub(crate) async fn serve(
     }
 }
 
+/// The read buffer a connection starts with (it grows with the frames that arrive).
+const INITIAL_READ_BUFFER: usize = 1024;
+
+/// Read buffer capacity a connection may keep while nothing is buffered.
+const MAX_IDLE_READ_BUFFER: usize = 64 * 1024;
+
+/// Write buffer capacity kept after a write; a burst may grow it further for its duration.
+const KEEP_WRITE_BUFFER: usize = 16 * 1024;
+
 /// Largest frame a connection may declare before its HELLO is accepted. A HELLO is a few
 /// hundred bytes; without this cap, a 4-byte header claiming the frame limit would make an
 /// unauthenticated peer's buffer grow to it.
@@ -119,7 +128,9 @@ enum Flow {
 
 impl Reader {
     async fn run(&mut self, mut rd: OwnedReadHalf, shutdown: CancellationToken) -> Exit {
-        let mut buf = BytesMut::with_capacity(8 * 1024);
+        // Small to start: most connections are idle agents exchanging heartbeats, and the
+        // buffer grows with what arrives (see `room_for`); 10,000 of them must stay cheap.
+        let mut buf = BytesMut::with_capacity(INITIAL_READ_BUFFER);
         let mut tick = tokio::time::interval(tick_period(self.cfg.heartbeat));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -160,6 +171,13 @@ impl Reader {
                     }
                 }
             }
+            if buf.is_empty() && buf.capacity() > MAX_IDLE_READ_BUFFER {
+                // A large frame has been handled: give its room back.
+                buf = BytesMut::with_capacity(INITIAL_READ_BUFFER);
+            } else if buf.capacity() - buf.len() < INITIAL_READ_BUFFER / 4 {
+                buf.reserve(INITIAL_READ_BUFFER);
+            }
+            let spare = buf.capacity() - buf.len();
             tokio::select! {
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) => {
@@ -168,7 +186,13 @@ impl Reader {
                         }
                         return Exit::Closed;
                     }
-                    Ok(_) => {}
+                    Ok(n) => {
+                        // A read that filled the buffer means more is waiting (a busy sender):
+                        // read more at a time, up to 64 KiB.
+                        if n == spare && buf.capacity() < MAX_IDLE_READ_BUFFER {
+                            buf.reserve(buf.capacity().min(MAX_IDLE_READ_BUFFER));
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!(conn = self.conn_id, error = %e, "read failed");
                         return Exit::Closed;
@@ -525,7 +549,9 @@ async fn write_loop(
     let mut ids = FrameIds::new(conn_id);
     // Positions of `confirm` DELIVERs in the batch being written.
     let mut written: Vec<i64> = Vec::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // Grows to the largest batch written and shrinks back after a burst, so an idle
+    // connection holds little (it is one of up to 10,000).
+    let mut buf: Vec<u8> = Vec::new();
     let mut close: Option<Option<ErrorPayload>> = None;
     loop {
         let first = tokio::select! {
@@ -565,6 +591,9 @@ async fn write_loop(
             return;
         }
         buf.clear();
+        if buf.capacity() > KEEP_WRITE_BUFFER {
+            buf.shrink_to(KEEP_WRITE_BUFFER);
+        }
         if !written.is_empty() {
             let positions = std::mem::take(&mut written);
             if router
