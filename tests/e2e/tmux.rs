@@ -777,3 +777,64 @@ fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
     assert!(is_online(&relay, "Dana"));
     person(&["kill-server"]);
 }
+
+/// A secret in the wrapper's environment (an API key) reaches the agent in its tmux session
+/// but no process's command line: another local user can read every `/proc/*/cmdline`
+/// (`ps -eo args`), and the tmux server keeps the argv of the command that started it.
+#[test]
+fn the_environment_reaches_a_tmux_agent_without_passing_through_any_command_line() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let secret = format!("s3cr3t-{}-{nanos:x}", std::process::id());
+    let session = start_tmux_agent_with(
+        &relay,
+        "Sam",
+        "echo \"the secret is [$AGENT_RELAY_TEST_SECRET]\"\nwhile IFS= read -r line; do :; done\n",
+        &[],
+        &[("AGENT_RELAY_TEST_SECRET", Path::new(&secret))],
+    );
+    let shown = format!("the secret is [{secret}]");
+    wait_or_dump(&relay, &tmux, "the agent prints the secret", || {
+        tmux.pane(&session).contains(&shown)
+    });
+    // Every process on the machine, the tmux server and the pane's shell among them.
+    let mut leaks = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        // A process may end while the directory is read.
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline
+            .windows(secret.len())
+            .any(|w| w == secret.as_bytes())
+        {
+            let args: String = String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .chars()
+                .take(200)
+                .collect();
+            leaks.push(format!("pid {pid}: {args}..."));
+        }
+    }
+    assert!(
+        leaks.is_empty(),
+        "the secret is on a command line:\n{}",
+        leaks.join("\n")
+    );
+    // The file that carried the environment into the session is gone once read.
+    let env_file = relay.data_dir().join("team/Sam/session.env");
+    assert!(!env_file.exists(), "{} is left", env_file.display());
+}
