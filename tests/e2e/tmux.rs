@@ -828,3 +828,239 @@ fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
         || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ended without an exit status")),
     );
 }
+
+/// A secret in the wrapper's environment (an API key) reaches the agent in its tmux session
+/// but no process's command line: another local user can read every `/proc/*/cmdline`
+/// (`ps -eo args`), and the tmux server keeps the argv of the command that started it.
+#[test]
+fn the_environment_reaches_a_tmux_agent_without_passing_through_any_command_line() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let secret = format!("s3cr3t-{}-{nanos:x}", std::process::id());
+    let session = start_tmux_agent_with(
+        &relay,
+        "Sam",
+        "echo \"the secret is [$AGENT_RELAY_TEST_SECRET]\"\nwhile IFS= read -r line; do :; done\n",
+        &[],
+        &[("AGENT_RELAY_TEST_SECRET", Path::new(&secret))],
+    );
+    let shown = format!("the secret is [{secret}]");
+    wait_or_dump(&relay, &tmux, "the agent prints the secret", || {
+        tmux.pane(&session).contains(&shown)
+    });
+    // Every process on the machine, the tmux server and the pane's shell among them.
+    let mut leaks = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        // A process may end while the directory is read.
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline
+            .windows(secret.len())
+            .any(|w| w == secret.as_bytes())
+        {
+            let args: String = String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .chars()
+                .take(200)
+                .collect();
+            leaks.push(format!("pid {pid}: {args}..."));
+        }
+    }
+    assert!(
+        leaks.is_empty(),
+        "the secret is on a command line:\n{}",
+        leaks.join("\n")
+    );
+    // The file that carried the environment into the session is gone once read.
+    let env_file = relay.data_dir().join("team/Sam/session.env");
+    assert!(!env_file.exists(), "{} is left", env_file.display());
+}
+
+/// A profile override naming the scripted agents' prompt (`> `), so that the wrapper can see
+/// their input line as it sees Claude Code's; returns the override directory.
+fn prompt_profile(relay: &Relay) -> std::path::PathBuf {
+    let profiles = relay.dir.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(profiles.join("generic.toml"), "prompt = '^> ?(.*)$'\n").unwrap();
+    profiles
+}
+
+/// Whether agent `name`'s relaying process has read and settled everything its pane printed
+/// (its checkpoint, saved once output went quiet, is at the end of the pane log).
+fn settled(relay: &Relay, name: &str) -> bool {
+    let team = relay.data_dir().join("team").join(name);
+    let log = std::fs::metadata(team.join("pane.log")).map_or(0, |m| m.len());
+    let checkpoint = std::fs::read_to_string(team.join("checkpoint")).unwrap_or_default();
+    checkpoint.split_whitespace().next() == Some(log.to_string().as_str())
+}
+
+/// Every stored message, oldest first, as JSON.
+fn stored(relay: &Relay) -> Vec<Value> {
+    let h: Value = serde_json::from_str(&ok_stdout(
+        &relay.cli(&["history", "--json", "--limit", "1000"]),
+    ))
+    .unwrap();
+    let mut v = h.as_array().unwrap().clone();
+    v.reverse();
+    v
+}
+
+fn dead_letters(relay: &Relay) -> Vec<Value> {
+    let d: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["dlq", "list", "--json"]))).unwrap();
+    d["dead_letters"].as_array().unwrap().clone()
+}
+
+/// Under tmux, as under a PTY, a person's new prompt starts a new reply chain: a person asks
+/// Alice seven times in a row to ping Bob (each a turn of Alice's started by the person
+/// typing into her pane), Bob answers each ping. Were every message a reply to the one typed
+/// before, the sixth answer would be hop 11 of one chain and refused by the default budget of
+/// 10 (issue 19.3); each ping is a new chain and every answer one hop.
+#[test]
+fn a_person_prompting_a_tmux_agent_starts_a_new_reply_chain_each_time() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let profiles = prompt_profile(&relay);
+    let profile = [("AGENT_RELAY_PROFILE_DIR", profiles.as_path())];
+    start_tmux_agent_with(
+        &relay,
+        "Bob",
+        r#"while printf '> ' && IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"Relay message from Alice"*) echo "@relay:Alice re: ${line##*: }"; echo;; esac
+done
+"#,
+        &["--profile", "generic"],
+        &profile,
+    );
+    wait_online(&relay, "Bob");
+    let alice = start_tmux_agent_with(
+        &relay,
+        "Alice",
+        r#"while printf '> ' && IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in "Relay message from"*) ;; go*) echo "@relay:Bob ping ${line#go }"; echo;; esac
+done
+"#,
+        &["--profile", "generic"],
+        &profile,
+    );
+    wait_online(&relay, "Alice");
+    let target = format!("={alice}:");
+    let rounds = 7;
+    for i in 1..=rounds {
+        // The person types once Alice's relaying process has read everything she printed,
+        // her prompt showing (a person reads the answer first).
+        wait_or_dump(&relay, &tmux, "Alice waits at her prompt, all read", || {
+            settled(&relay, "Alice") && tmux.pane(&alice).trim_end().ends_with('>')
+        });
+        tmux.run(&["send-keys", "-t", &target, "-l", &format!("go {i}")]);
+        tmux.run(&["send-keys", "-t", &target, "Enter"]);
+        let answer = format!(": re: ping {i}");
+        wait_or_dump(
+            &relay,
+            &tmux,
+            &format!("Bob's answer {i} reaches Alice"),
+            || {
+                tmux.pane(&alice)
+                    .lines()
+                    .any(|l| l.starts_with("got: Relay message from Bob [") && l.ends_with(&answer))
+            },
+        );
+    }
+    let refused = dead_letters(&relay);
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    let h = stored(&relay);
+    assert_eq!(h.len(), 2 * rounds, "{h:#?}");
+    for pair in h.chunks(2) {
+        let (ping, pong) = (&pair[0], &pair[1]);
+        assert_eq!(ping["from"], "Alice", "{h:#?}");
+        // A ping starts a chain; the answer to it is a reply, one hop.
+        assert!(ping["in_reply_to"].is_null(), "{ping:#}");
+        assert_eq!(pong["in_reply_to"], ping["id"], "{pong:#}");
+    }
+}
+
+/// The budget still stops two tmux agents answering each other forever, with the turn
+/// detection on (their profile knows their prompt): each answer is printed in the turn the
+/// message before it started, so the chain grows until the relay refuses it and the agent is
+/// told.
+#[test]
+fn tmux_agents_answering_each_other_are_stopped_by_the_hop_budget() {
+    let relay = Relay::start_with(&["--max-hops", "3"]);
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let profiles = prompt_profile(&relay);
+    let profile = [("AGENT_RELAY_PROFILE_DIR", profiles.as_path())];
+    let answering = |peer: &str| {
+        format!(
+            r#"n=0
+while printf '> ' && IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from"*) n=$((n+1)); echo "@relay:{peer} acknowledged $n"; echo;;
+  esac
+done
+"#
+        )
+    };
+    let ann = start_tmux_agent_with(
+        &relay,
+        "Ann",
+        &answering("Ben"),
+        &["--profile", "generic"],
+        &profile,
+    );
+    let ben = start_tmux_agent_with(
+        &relay,
+        "Ben",
+        &answering("Ann"),
+        &["--profile", "generic"],
+        &profile,
+    );
+    wait_online(&relay, "Ann");
+    wait_online(&relay, "Ben");
+    ok_stdout(&relay.cli(&["send", "Ann", "please sync with Ben"]));
+    // Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben; Ben's answer would be hop 4: refused, and the
+    // refusal is typed into Ben's pane.
+    wait_or_dump(&relay, &tmux, "Ben is told his message was refused", || {
+        tmux.pane(&ben)
+            .contains("got: relay: your message to Ann was not sent")
+    });
+    assert!(
+        tmux.pane(&ben).contains("the limit is 3"),
+        "{}",
+        tmux.pane(&ben)
+    );
+    let dl = dead_letters(&relay);
+    assert_eq!(dl.len(), 1, "{dl:#?}");
+    assert_eq!(
+        (dl[0]["from"].as_str(), dl[0]["code"].as_str()),
+        (Some("Ben"), Some("budget_exceeded"))
+    );
+    assert_eq!(dl[0]["body"], "acknowledged 2");
+    let h = stored(&relay);
+    assert_eq!(h.len(), 4, "the person's message and three replies: {h:#?}");
+    for w in h.windows(2) {
+        assert_eq!(w[1]["in_reply_to"], w[0]["id"], "{h:#?}");
+    }
+    // Ann heard nothing more.
+    assert_eq!(count(&tmux.pane(&ann), "got: Relay message from Ben"), 1);
+}

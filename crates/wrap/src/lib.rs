@@ -18,6 +18,7 @@ pub mod profile;
 mod pty;
 pub mod state;
 pub mod tmux;
+mod turn;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -270,6 +271,9 @@ struct Core {
     unacked: usize,
     /// The message typed last: what the agent prints next answers it.
     replying_to: Option<(String, Option<String>)>,
+    /// tmux: the pane was looked at for the end of the agent's turn since its last output
+    /// (see `turn.rs`).
+    turn_looked: bool,
     /// Ids queued in the injector (a replay after a reconnect must not queue them twice).
     queued: HashSet<String>,
     last_output: Instant,
@@ -343,6 +347,7 @@ impl Core {
             receipts,
             unacked: 0,
             replying_to: None,
+            turn_looked: false,
             queued: HashSet::new(),
             last_output: now,
             settled: true,
@@ -497,6 +502,7 @@ impl Core {
         }
         self.last_output = now;
         self.settled = false;
+        self.turn_looked = false;
         for d in self.parser.feed(bytes) {
             self.send_directive(d).await;
         }
@@ -666,6 +672,9 @@ impl Core {
                 self.send_directive(d).await;
             }
         }
+        if let Term::Tmux(pane) = &term {
+            self.end_turn_if_idle(pane);
+        }
         self.maybe_checkpoint();
         loop {
             let mut look = ProfileLook {
@@ -745,6 +754,10 @@ impl Core {
                 }
                 Action::Done(Item::Notice, _) => {}
             }
+        }
+        // A message's outcome known: its turn may be over already.
+        if let Term::Tmux(pane) = &term {
+            self.end_turn_if_idle(pane);
         }
         Ok(())
     }

@@ -322,6 +322,19 @@ impl Profile {
         }
     }
 
+    /// Whether the profile knows what the CLI's input line looks like (a `prompt` rule).
+    pub fn knows_prompt(&self) -> bool {
+        self.prompt.is_some()
+    }
+
+    /// Whether `screen` shows the agent done with its turn, waiting at an empty input line:
+    /// the input line on screen and empty, no busy marker, no dialog. Only a profile that
+    /// [knows the prompt](Profile::knows_prompt) can tell; without one this is never true,
+    /// since quiet output alone is no proof (a program may think without printing).
+    pub fn waiting_for_input(&self, screen: &ScreenText) -> bool {
+        self.knows_prompt() && self.ready(screen).is_ok()
+    }
+
     /// Whether `typed` (text the wrapper typed before pressing Enter) was submitted: the
     /// input line no longer holds it. Without a prompt rule: the row under the cursor no
     /// longer ends with it (a line-reading program moved to the next line).

@@ -168,31 +168,20 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     .iter()
     .map(|a| (*a).to_owned())
     .collect();
-    // The caller's environment, whole: a running tmux server would otherwise give the
-    // agent the environment the server started with.
-    for (k, v) in std::env::vars() {
-        if k == "TMUX"
-            || k == "TMUX_PANE"
-            || k.contains('=')
-            || crate::NOT_INHERITED.contains(&k.as_str())
-        {
-            continue;
-        }
-        args.push("-e".into());
-        args.push(format!("{k}={v}"));
-    }
-    for (k, v) in s.env {
-        args.push("-e".into());
-        args.push(format!("{k}={v}"));
-    }
+    // The caller's environment, whole (a running tmux server would otherwise give the agent
+    // the environment the server started with), goes through a private file the session's
+    // shell reads and removes: never through tmux's command line (`new-session -e K=V`),
+    // which the server keeps as its argv for every local user to read (`ps -eo args`), API
+    // keys included.
+    let env_file = write_env_file(s.team_dir, s.env)?;
     // The agent runs under a one-line shell that keeps its exit status in `exit`; the pane,
     // and the session, close with it. (tmux's own record of the status, with remain-on-exit
     // and a pane-died hook, was not always there: tmux 3.3a sometimes marked a dead pane with
-    // no status and fired no hook.) The path and the command are arguments: nothing to quote.
+    // no status and fired no hook.) The paths and the command are arguments: nothing to quote.
     // The shell also unsets what the agent must not inherit, which a tmux server started
-    // elsewhere may have in its global environment (`-e` can add, not remove).
+    // elsewhere may have in its global environment (the file can add, not remove).
     let shell = format!(
-        r#"unset {}; x="$1"; shift; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
+        r#"e="$1"; x="$2"; shift 2; . "$e"; rm -f "$e"; unset {}; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
         crate::NOT_INHERITED.join(" ")
     );
     args.extend(
@@ -200,6 +189,7 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
             .iter()
             .map(|a| (*a).to_owned()),
     );
+    args.push(env_file.to_string_lossy().into_owned());
     args.push(exit.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
     args.extend(
@@ -215,8 +205,103 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
         .map(|a| (*a).to_owned()),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    tmux(&args, None)?;
+    if let Err(e) = tmux(&args, None) {
+        // No session will read it.
+        if let Err(rm) = std::fs::remove_file(&env_file) {
+            tracing::warn!(error = %rm, file = %env_file.display(), "cannot remove the session's environment file");
+        }
+        return Err(e);
+    }
     Ok(())
+}
+
+/// Variables bash (which is `sh` on some systems) holds read-only: assigning one ends a POSIX
+/// shell, so the session's environment file leaves them out.
+const SHELL_READONLY: &[&str] = &[
+    "BASHOPTS",
+    "BASH_VERSINFO",
+    "EUID",
+    "PPID",
+    "SHELLOPTS",
+    "UID",
+];
+
+/// Whether `name` can be exported by a POSIX shell: a letter or `_`, then letters, digits, `_`.
+fn shell_name(name: &[u8]) -> bool {
+    name.first()
+        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        && name.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+/// The environment a new session's shell sources: this process's (less tmux's own variables
+/// and [`crate::NOT_INHERITED`]) and `extra`, as `export NAME='value'` lines.
+fn env_script(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    extra: &[(String, String)],
+) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = Vec::new();
+    let mut line = |k: &[u8], v: &[u8]| {
+        out.extend_from_slice(b"export ");
+        out.extend_from_slice(k);
+        out.extend_from_slice(b"='");
+        for &b in v {
+            if b == b'\'' {
+                out.extend_from_slice(br"'\''");
+            } else {
+                out.push(b);
+            }
+        }
+        out.extend_from_slice(b"'\n");
+    };
+    for (k, v) in vars {
+        let name = k.as_bytes();
+        let skip = |list: &[&str]| list.iter().any(|n| n.as_bytes() == name);
+        if matches!(name, b"TMUX" | b"TMUX_PANE") || skip(crate::NOT_INHERITED) {
+            continue;
+        }
+        // A name the shell cannot export (`BASH_FUNC_f%%`, ...) or must not assign.
+        if !shell_name(name) || skip(SHELL_READONLY) {
+            tracing::debug!(name = %k.to_string_lossy(), "not passed to the tmux session: not a shell variable name");
+            continue;
+        }
+        line(name, v.as_bytes());
+    }
+    for (k, v) in extra {
+        if shell_name(k.as_bytes()) {
+            line(k.as_bytes(), v.as_bytes());
+        }
+    }
+    out
+}
+
+/// Writes the new session's environment to `<team_dir>/session.env`, readable by this user
+/// only (created 0600, never through a file or link already there), and returns its absolute
+/// path: the session's shell sources it, then removes it.
+fn write_env_file(team_dir: &Path, extra: &[(String, String)]) -> Result<PathBuf, WrapError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::path::absolute(team_dir.join("session.env"))
+        .map_err(|e| tmux_err("environment file", e))?;
+    // One left by a session that never started.
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(tmux_err(
+                "environment file",
+                format!("{}: {e}", path.display()),
+            ));
+        }
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| tmux_err("environment file", format!("{}: {e}", path.display())))?;
+    file.write_all(&env_script(std::env::vars_os(), extra))
+        .map_err(|e| tmux_err("environment file", format!("{}: {e}", path.display())))?;
+    Ok(path)
 }
 
 /// Makes sure the pane's output still goes to `pane.log` (a tmux server restored from a
@@ -520,6 +605,36 @@ mod tests {
             "my_app-Alice"
         );
         assert_eq!(session_name(Path::new("/"), "Bob"), "relay-Bob");
+    }
+
+    #[test]
+    fn the_environment_script_quotes_every_value_and_skips_what_a_shell_cannot_take() {
+        let os = |k: &str, v: &str| (k.into(), v.into());
+        let script = env_script(
+            [
+                os("KEY", "it's $HOME `x` \"q\"\nline two"),
+                os("TMUX", "/tmp/tmux-0/default,1,0"),
+                os("CI", "true"),
+                os("BASH_FUNC_f%%", "() { :; }"),
+                os("UID", "0"),
+            ],
+            &[("AGENT_RELAY_NAME".into(), "Al".into())],
+        );
+        let script = String::from_utf8(script).unwrap();
+        assert_eq!(
+            script,
+            "export KEY='it'\\''s $HOME `x` \"q\"\nline two'\nexport AGENT_RELAY_NAME='Al'\n"
+        );
+        // A shell reads the value back exactly.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{script}printf %s \"$KEY\""))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "it's $HOME `x` \"q\"\nline two"
+        );
     }
 
     #[test]

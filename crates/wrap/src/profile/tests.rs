@@ -58,6 +58,18 @@ fn claude_idle_with_an_empty_prompt_is_ready() {
 }
 
 #[test]
+fn only_an_empty_prompt_with_nothing_working_is_waiting_for_input() {
+    // Idle at its prompt: a turn is over.
+    assert!(claude().waiting_for_input(&screen_at("claude-session", 30440, 30)));
+    // Working, or holding a person's text: not.
+    assert!(!claude().waiting_for_input(&screen_at("claude-session", 6342, 30)));
+    assert!(!claude().waiting_for_input(&screen_at("claude-session", 1262, 30)));
+    // Without a prompt rule quiet output proves nothing.
+    let generic = Profile::builtin("generic").unwrap();
+    assert!(!generic.waiting_for_input(&ScreenText::from_text("$ ", 0, 2)));
+}
+
+#[test]
 fn claude_showing_a_dialog_is_not_ready() {
     let s = ScreenText::from_text(
         " Bash command\n\n   rm -rf build\n\n Do you want to proceed?\n ❯ 1. Yes\n   2. No\n\n Esc to cancel\n",

@@ -1,0 +1,47 @@
+//! Reply chains under tmux: which relayed message what the agent prints answers.
+//!
+//! A directive the agent prints while answering a relayed message is a reply to it (the
+//! relay counts the hops of such chains and stops agents that answer each other forever). A
+//! turn someone else started is not: what the agent prints for a person's new prompt starts
+//! a new chain. The PTY loop sees a person's Enter and ends the chain there. Under tmux the
+//! wrapper sees no keystrokes (a person types through their own tmux client, or with
+//! `send-keys`), so it ends the chain where the agent's turn ends: once the agent, after the
+//! message typed last, sits quiet at an empty input line with nothing working (see
+//! [`Profile::waiting_for_input`](crate::profile::Profile::waiting_for_input)), whatever it
+//! prints next was started by someone else. A message the wrapper types starts a chain again.
+//!
+//! Only a profile that knows the CLI's input line can tell a turn is over (claude, codex,
+//! gemini, or a `prompt` in an override): for the others quiet output proves nothing (a
+//! program may think without printing) and every directive after a relayed message stays a
+//! reply to it, as the hop budget needs to stop a loop.
+
+use crate::{Core, tmux};
+
+impl Core {
+    /// tmux: ends the reply chain if the agent's turn for the message typed last is over.
+    /// The pane is looked at once per quiet spell, only while a chain is open and no typing of
+    /// the wrapper's is under way (its own text in the input line is not a turn's end).
+    pub(crate) fn end_turn_if_idle(&mut self, pane: &tmux::Pane) {
+        if self.replying_to.is_none()
+            || self.turn_looked
+            || !self.settled
+            || self.injector.current().is_some()
+            || !self.cfg.profile.knows_prompt()
+        {
+            return;
+        }
+        self.turn_looked = true;
+        match tokio::task::block_in_place(|| pane.screen()) {
+            Ok((screen, _)) if self.cfg.profile.waiting_for_input(&screen) => {
+                if let Some((id, _)) = self.replying_to.take() {
+                    tracing::debug!(%id, "the agent's turn is over: what it prints next starts a new reply chain");
+                }
+            }
+            Ok(_) => {}
+            // The chain stays open: a reply counted as one is the safe side of the budget.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the pane to see whether the agent's turn is over")
+            }
+        }
+    }
+}
