@@ -75,6 +75,12 @@ pub(crate) enum Cmd {
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
+    /// Print a shell completion script: `source <(agent-relay completions bash)` in ~/.bashrc,
+    /// `agent-relay completions zsh > ~/.zfunc/_agent-relay`, or
+    /// `agent-relay completions fish > ~/.config/fish/completions/agent-relay.fish`.
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff): `agent-relay man > ~/.local/share/man/man1/agent-relay.1`.
+    Man,
     /// Run an agent CLI under the relay: what it prints as `@relay:NAME ...` is sent, what it
     /// receives is typed in when it is idle. Shorthand: `agent-relay -n NAME <cli> [args]`.
     Wrap(WrapArgs),
@@ -603,6 +609,14 @@ impl AckMode {
             Self::Plain => "plain",
         }
     }
+}
+
+/// `agent-relay completions`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// `agent-relay bench-agent` (hidden): the two scripted agents of `bench --wrap`.

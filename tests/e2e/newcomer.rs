@@ -40,3 +40,46 @@ fn a_mistyped_command_starts_nothing_and_suggests_the_nearest() {
     assert!(!tmp.path().join("r.sock").exists());
     assert!(!data.join("daemon.pid").exists(), "a daemon was started");
 }
+
+/// `agent-relay completions bash` loads in a real bash and completes a subcommand from its
+/// first letters (the function bash calls is the one it registers for `agent-relay`); the
+/// man page renders.
+#[test]
+fn bash_completion_completes_a_subcommand_and_the_man_page_renders() {
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = r#"source <(agent-relay completions bash) || exit 9
+f=$(complete -p agent-relay | sed -n 's/.* -F \([^ ]*\) agent-relay$/\1/p')
+[ -n "$f" ] || exit 8
+COMP_WORDS=(agent-relay sta); COMP_CWORD=1; COMP_LINE="agent-relay sta"; COMP_POINT=${#COMP_LINE}
+"$f" agent-relay sta agent-relay
+printf '%s\n' "${COMPREPLY[@]}""#;
+    let out = std::process::Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", script])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let words = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(words.lines().collect::<Vec<_>>(), ["status"], "{words}");
+    for shell in ["zsh", "fish"] {
+        let out = std::process::Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && !out.stdout.is_empty(),
+            "{shell}: {out:?}"
+        );
+    }
+    let man = std::process::Command::new(BIN).arg("man").output().unwrap();
+    let page = String::from_utf8_lossy(&man.stdout);
+    assert!(
+        page.starts_with(".ie") && page.contains(".TH agent-relay 1"),
+        "{page}"
+    );
+}

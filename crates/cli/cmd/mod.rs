@@ -45,6 +45,18 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
         Cmd::Down(args) => up::down(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Generated from the command definitions: always what this binary accepts.
+        Cmd::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "agent-relay", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(())
+        }
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
         Cmd::Wrap(mut args) => {
@@ -97,7 +109,9 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
                     | Cmd::Attach(_)
-                    | Cmd::BenchAgent(_) => Ok(()),
+                    | Cmd::BenchAgent(_)
+                    | Cmd::Completions(_)
+                    | Cmd::Man => Ok(()),
                 }
             })
         }
