@@ -43,7 +43,7 @@ impl Cli {
         match self {
             Self::Claude => (
                 "@anthropic-ai/claude-code",
-                "2.1.197",
+                "2.1.328",
                 "claude",
                 "AGENT_RELAY_CLAUDE",
                 "claude",
@@ -230,7 +230,11 @@ impl<'r> Agent<'r> {
         wait_for(
             LONG,
             &format!("{}'s Claude Code is ready", self.name),
-            || self.pane().contains("? for shortcuts"),
+            || {
+                // 2.1.197's idle footer; 2.1.328 starts in auto mode and shows that instead.
+                let pane = self.pane();
+                pane.contains("? for shortcuts") || pane.contains("shift+tab to cycle")
+            },
         );
     }
 
@@ -997,4 +1001,49 @@ fn claude_code_transcript_view_sends_nothing_again() {
     }
     let h = history(&relay);
     assert_eq!(h.len(), 2, "{h:#?}\n{}", alice.pane());
+}
+
+const SHOWN: &str = "Please review auth.ts";
+const MEANT: &str = "The release notes are ready for your review.";
+
+/// The documented way to show the syntax: a ```` ```text ```` block, which Claude Code draws
+/// like prose (no fences, default colour), a ```` ```sh ```` block, and an escaped line
+/// (`\@relay:`, Markdown for `@relay:`). None of them is sent; the plain directive after them
+/// in the same reply is, once. Before the wrapper checked Claude Code's transcript, all three
+/// were sent to Bob: 2.1.328 draws the first two in the default colour and the escaped line
+/// without its backslash.
+#[test]
+fn claude_code_text_code_block_is_not_sent() {
+    let relay = Relay::start();
+    let reply = format!(
+        "To message Bob, write a line like this:\n\n```text\n@relay:Bob {SHOWN}\n```\n\n\
+         or in a shell script:\n\n```sh\n@relay:Bob run the tests\n```\n\n\
+         \\@relay:Bob escaped, not sent\n\nNow for real:\n\n@relay:Bob {MEANT}\n\nDone."
+    );
+    let alice = Agent::claude(
+        &relay,
+        "Alice",
+        Script::new(vec![Rule::contains("Show the syntax", &reply)]),
+    );
+    let bob = Agent::claude(&relay, "Bob", Script::default());
+    alice.wait_ready();
+    bob.wait_ready();
+    alice.person_types("Show the syntax");
+    // The real directive comes last on the screen: once Bob has it, the lines above it were
+    // read (and the quoted ones logged as not sent).
+    let bob_prompts = bob.wait_prompts(1);
+    let h = history(&relay);
+    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.1.as_str(), m.2.as_str())).collect();
+    assert_eq!(summary, [("Bob", MEANT)], "{}", alice.pane());
+    assert_eq!(bob_prompts, [relayed("Alice", &h[0].3, &h[0].4, MEANT)]);
+    let log = std::fs::read_to_string(relay.data_dir().join("team/Alice/wrap.log")).unwrap();
+    let dropped = log
+        .lines()
+        .filter(|l| l.contains("not sent: the reply only quotes this line"))
+        .count();
+    assert_eq!(dropped, 3, "the ```text, ```sh and escaped lines:\n{log}");
+    bob.wait_replies_done();
+    alice.wait_replies_done();
+    assert_eq!(history(&relay).len(), 1);
+    assert_eq!(bob.prompts().len(), 1);
 }

@@ -35,6 +35,7 @@ mod dedupe;
 mod profile;
 mod scanner;
 mod screen;
+pub mod transcript;
 
 pub use profile::Profile;
 pub use relay_protocol::Kind;

@@ -8,6 +8,7 @@
 pub struct Profile {
     name: &'static str,
     code_by_colour: bool,
+    claude_transcript: bool,
     busy_markers: &'static [&'static str],
 }
 
@@ -23,6 +24,7 @@ impl Profile {
         Self {
             name: "generic",
             code_by_colour: false,
+            claude_transcript: false,
             busy_markers: AGENT_BUSY,
         }
     }
@@ -32,16 +34,22 @@ impl Profile {
         Self {
             name: "shell",
             code_by_colour: false,
+            claude_transcript: false,
             busy_markers: &[],
         }
     }
 
     /// Claude Code: it renders Markdown without fences; prose is in the default colour, while
-    /// syntax-highlighted code and inline code are coloured, so coloured text is code.
+    /// syntax-highlighted code and inline code are coloured, so coloured text is code. A block
+    /// whose language highlights nothing (```` ```text ````) is drawn like prose, so the
+    /// wrapper also checks each directive against the reply's Markdown in Claude Code's
+    /// transcript ([`crate::transcript`]). Tested on Claude Code 2.1.197 and 2.1.328
+    /// (fixtures `claude-*`; `claude-fences-328` and `claude-fences-197` for code blocks).
     pub fn claude() -> Self {
         Self {
             name: "claude",
             code_by_colour: true,
+            claude_transcript: true,
             busy_markers: &["esc to interrupt"],
         }
     }
@@ -52,6 +60,7 @@ impl Profile {
         Self {
             name: "codex",
             code_by_colour: true,
+            claude_transcript: false,
             busy_markers: AGENT_BUSY,
         }
     }
@@ -63,6 +72,7 @@ impl Profile {
         Self {
             name: "gemini",
             code_by_colour: false,
+            claude_transcript: false,
             busy_markers: AGENT_BUSY,
         }
     }
@@ -103,6 +113,12 @@ impl Profile {
     /// [`crate::Parser::settle`]).
     pub fn busy_markers(&self) -> &'static [&'static str] {
         self.busy_markers
+    }
+
+    /// Whether the program keeps a Claude Code transcript whose replies tell a quoted
+    /// directive from a said one ([`crate::transcript::ReplySource`]).
+    pub fn claude_transcript(&self) -> bool {
+        self.claude_transcript
     }
 
     /// Whether text shown in an explicit foreground colour counts as code.

@@ -208,6 +208,46 @@ fn every_fixture_matches_its_snapshot() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Claude Code draws a ```` ```text ```` or ```` ```sh ```` block like prose (fixtures
+/// `claude-fences-*`: their snapshots hold the lines read off the screen, quoted ones
+/// included). Checked against the reply's Markdown in the session's transcript, only what the
+/// reply says is left: the quoted lines are dropped, and a line both quoted and said is sent
+/// once. The wrapper does the same with the live transcript.
+#[test]
+fn claude_transcript_drops_what_a_reply_only_quotes() {
+    use relay_parse::transcript::{Origin, ReplySource, claude_reply_text};
+    let mut checked = 0;
+    for f in fixtures() {
+        let transcript = f.path.with_extension("transcript.jsonl");
+        let Ok(lines) = std::fs::read_to_string(&transcript) else {
+            continue;
+        };
+        let mut source = ReplySource::new();
+        for line in lines.lines() {
+            if let Some(reply) = claude_reply_text(line) {
+                source.add_reply(&reply);
+            }
+        }
+        // Of two identical lines, one quoted and one said, the first shown is the one sent:
+        // same recipient, same text, so which cannot matter; compare sorted.
+        let mut sent: Vec<String> = f
+            .reference()
+            .into_iter()
+            .filter(|d| source.check(d) != Origin::Quoted)
+            .map(|d| format!("{} {}", d.to, d.body))
+            .collect();
+        sent.sort();
+        assert_eq!(
+            sent,
+            ["Bob Please review auth.ts", "Carol the real one"],
+            "{}",
+            f.name()
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "claude-fences-328 and claude-fences-197");
+}
+
 #[test]
 fn every_fixture_gives_the_same_result_fed_one_byte_at_a_time() {
     for f in fixtures() {

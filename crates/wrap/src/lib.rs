@@ -18,6 +18,7 @@ pub mod profile;
 mod pty;
 pub mod state;
 pub mod tmux;
+mod transcript;
 mod turn;
 
 use std::collections::HashSet;
@@ -288,6 +289,9 @@ struct Core {
     started: bool,
     /// How text is typed into this agent: as a shell no-op when it is a shell.
     form: format::Form,
+    /// Claude Code's transcript: tells a directive its reply says from one it only quotes in a
+    /// code block drawn like prose (`claude` profile).
+    transcript: Option<transcript::Transcript>,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -337,6 +341,19 @@ impl Core {
         if cfg.intro {
             injector.push(form.apply(&intro(&cfg.name)), Item::Notice, false);
         }
+        let transcript = if cfg.profile.parse.claude_transcript() {
+            let t = std::env::current_dir()
+                .ok()
+                .and_then(|cwd| transcript::Transcript::for_claude(&cwd));
+            if t.is_none() {
+                tracing::warn!(
+                    "no HOME, CLAUDE_CONFIG_DIR or working directory: Claude Code's transcript cannot be read, and a @relay: line in a ```text code block would be sent"
+                );
+            }
+            t
+        } else {
+            None
+        };
         Ok(Self {
             injector,
             cfg,
@@ -356,6 +373,7 @@ impl Core {
             burst_start: now,
             started: false,
             form,
+            transcript,
         })
     }
 
@@ -414,10 +432,22 @@ impl Core {
     }
 
     async fn send_directive(&mut self, d: Directive) {
-        let to = match d.to {
-            Target::Agent(name) => name,
+        let to = match &d.to {
+            Target::Agent(name) => name.clone(),
             Target::Broadcast => "*".to_owned(),
         };
+        if let Some(t) = &mut self.transcript {
+            match t.check(&d) {
+                relay_parse::transcript::Origin::Quoted => {
+                    // Not a message: the agent showed the syntax, in a code block or escaped.
+                    tracing::info!(%to, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (Claude Code's transcript)");
+                    return;
+                }
+                origin => {
+                    tracing::debug!(%to, ?origin, "directive checked against Claude Code's transcript")
+                }
+            }
+        }
         if d.truncated {
             // Sending the start of it as if whole would be a silent cut: tell the agent.
             let limit = relay_parse::MAX_DIRECTIVE_BODY;
