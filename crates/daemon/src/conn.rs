@@ -131,8 +131,18 @@ impl Reader {
         // Small to start: most connections are idle agents exchanging heartbeats, and the
         // buffer grows with what arrives (see `room_for`); 10,000 of them must stay cheap.
         let mut buf = BytesMut::with_capacity(INITIAL_READ_BUFFER);
-        let mut tick = tokio::time::interval(tick_period(self.cfg.heartbeat));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One timer, armed for when the session next has something to do (a PING every
+        // heartbeat, the timeouts): with 10,000 idle connections, waking each once a second
+        // just to find nothing due cost more than the heartbeats themselves.
+        let due = |s: &Session| {
+            s.next_due().map_or_else(
+                || tokio::time::Instant::now() + Duration::from_secs(86_400),
+                tokio::time::Instant::from_std,
+            )
+        };
+        let mut armed = due(&self.session);
+        let timer = tokio::time::sleep_until(armed);
+        tokio::pin!(timer);
         loop {
             // Handle every complete frame already buffered before reading more.
             loop {
@@ -177,6 +187,13 @@ impl Reader {
             } else if buf.capacity() - buf.len() < INITIAL_READ_BUFFER / 4 {
                 buf.reserve(INITIAL_READ_BUFFER);
             }
+            // Deadlines only move later as frames arrive (a tick before one is harmless), except
+            // when HELLO makes the session active: then the first PING is due sooner.
+            let next = due(&self.session);
+            if next < armed {
+                armed = next;
+                timer.as_mut().reset(armed);
+            }
             let spare = buf.capacity() - buf.len();
             tokio::select! {
                 r = rd.read_buf(&mut buf) => match r {
@@ -198,7 +215,12 @@ impl Reader {
                         return Exit::Closed;
                     }
                 },
-                _ = tick.tick() => match self.session.on_tick(Instant::now()) {
+                () = &mut timer => match {
+                    let tick = self.session.on_tick(Instant::now());
+                    armed = due(&self.session);
+                    timer.as_mut().reset(armed);
+                    tick
+                } {
                     Tick::Idle => {}
                     Tick::Ping => {
                         self.queue(Outbound::Control(Box::new(Payload::Ping(Ping::default())))).await;
@@ -433,11 +455,6 @@ impl Reader {
             }
         }
     }
-}
-
-/// Checks often enough to honour the heartbeat interval to within a fifth of it.
-fn tick_period(heartbeat: Duration) -> Duration {
-    (heartbeat / 5).max(Duration::from_millis(10))
 }
 
 /// Ids for frames this connection's writer originates: unique within the daemon process.

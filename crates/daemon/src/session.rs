@@ -136,6 +136,19 @@ impl Session {
         self.state = State::Closing;
     }
 
+    /// When [`Session::on_tick`] next has something to do: the handshake deadline, or the
+    /// next PING (the heartbeat timeout comes later); `None` once closing. A tick before it
+    /// is harmless, so the shell may sleep until it and re-arm after each tick.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        match self.state {
+            State::Handshaking => Some(self.opened + self.timing.handshake),
+            State::Active => Some(
+                (self.last_ping + self.timing.heartbeat).min(self.last_heard + self.timing.timeout),
+            ),
+            State::Closing => None,
+        }
+    }
+
     /// Timer tick at `now`.
     pub(crate) fn on_tick(&mut self, now: Instant) -> Tick {
         match self.state {
@@ -191,6 +204,23 @@ mod tests {
             s.on_frame(MessageType::Hello, t0),
             Verdict::Fatal(..)
         ));
+    }
+
+    #[test]
+    fn next_due_is_the_handshake_deadline_then_each_ping() {
+        let t0 = Instant::now();
+        let mut s = Session::new(timing(), t0);
+        assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(10)));
+        s.on_frame(MessageType::Hello, t0);
+        s.activate();
+        assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(5)));
+        // Nothing to do before it; at it, a PING, and the next one 5 s later.
+        assert_eq!(s.on_tick(t0 + Duration::from_secs(4)), Tick::Idle);
+        let t5 = t0 + Duration::from_secs(5);
+        assert_eq!(s.on_tick(t5), Tick::Ping);
+        assert_eq!(s.next_due(), Some(t5 + Duration::from_secs(5)));
+        s.close();
+        assert_eq!(s.next_due(), None);
     }
 
     #[test]
