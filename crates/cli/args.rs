@@ -88,6 +88,36 @@ pub(crate) enum Cmd {
     Agent(Vec<String>),
 }
 
+/// What the user gave on the command line, as opposed to defaults and environment variables.
+#[derive(Debug, Default)]
+pub(crate) struct Given {
+    /// The long names (without `--`) of the `up` options given on the command line.
+    pub(crate) up: Vec<String>,
+}
+
+impl Given {
+    /// Reads the sources of the values in `matches` (clap's `value_source`).
+    pub(crate) fn from_matches(matches: &clap::ArgMatches) -> Self {
+        let mut given = Self::default();
+        let Some(("up", up)) = matches.subcommand() else {
+            return given;
+        };
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let Some(up_cmd) = cmd.find_subcommand("up") else {
+            return given;
+        };
+        for arg in up_cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if up.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                && let Some(long) = arg.get_long()
+            {
+                given.up.push(long.to_owned());
+            }
+        }
+        given
+    }
+}
+
 /// `--json` alone.
 #[derive(Debug, Args)]
 pub(crate) struct JsonArg {

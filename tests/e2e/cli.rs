@@ -489,3 +489,35 @@ fn history_searches_a_time_range() {
         "{out:?}"
     );
 }
+
+/// `up` with a setting that differs from the running relay's used to say "already running"
+/// and succeed, so `up --max-hops 50` (what the hop-limit notice suggested) changed nothing
+/// (issue 19.4). Now it fails naming the setting, both values and the restart command, and
+/// following that command gives the setting; settings equal to the running ones (or none
+/// given) still succeed.
+#[test]
+fn up_with_other_settings_than_the_running_relays_says_so_and_how_to_restart() {
+    let relay = Relay::start();
+    let out = relay.cli(&["up", "--max-hops", "50", "--rate-limit", "100"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        err.contains("--max-hops: it runs with 10, you asked for 50")
+            && !err.contains("--rate-limit:")
+            && err.contains("agent-relay down && agent-relay up --max-hops 50 --rate-limit 100"),
+        "{err}"
+    );
+    // The same settings as the running relay's, or none: nothing to say.
+    for same in [&["up", "--max-hops", "10"][..], &["up"][..]] {
+        let out = ok_stdout(&relay.cli(same));
+        assert!(out.contains("already running"), "{out}");
+    }
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    assert_eq!(v["settings"]["max-hops"], "10", "{v}");
+    // What it says to do works.
+    ok_stdout(&relay.cli(&["down"]));
+    ok_stdout(&relay.cli(&["up", "--max-hops", "50", "--rate-limit", "100"]));
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    ok_stdout(&relay.cli(&["down"]));
+    assert_eq!(v["settings"]["max-hops"], "50", "{v}");
+}

@@ -14,17 +14,17 @@ use std::path::Path;
 use relay_client::paths::Paths;
 use relay_client::{Client, ClientConfig};
 
-use crate::args::{Cli, Cmd};
+use crate::args::{Cli, Cmd, Given};
 
 /// Runs the parsed command line.
-pub(crate) fn run(mut cli: Cli) -> anyhow::Result<()> {
+pub(crate) fn run(mut cli: Cli, given: &Given) -> anyhow::Result<()> {
     let mut paths = Paths::from_env()?;
     let chosen_socket = cli.socket.take();
     let explicit = chosen_socket.is_some() || std::env::var_os("AGENT_RELAY_SOCKET").is_some();
     if let Some(s) = chosen_socket {
         paths.socket = s;
     }
-    dispatch(cli, &paths).map_err(|e| {
+    dispatch(cli, &paths, given).map_err(|e| {
         // "Not running" from another folder of the same project is the usual surprise: say
         // which project this folder belongs to and how the root is chosen.
         if crate::exit::code_of(&e) != 3 || explicit {
@@ -37,11 +37,11 @@ pub(crate) fn run(mut cli: Cli) -> anyhow::Result<()> {
     })
 }
 
-fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
+fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
     let paths = paths.clone();
     match cli.cmd {
         // The daemon builds its own runtime (it must daemonize before any threads exist).
-        Cmd::Up(args) => up::up(&paths, &args),
+        Cmd::Up(args) => up::up(&paths, &args, &given.up),
         Cmd::Down(args) => up::down(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),

@@ -57,9 +57,12 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         anyhow::bail!("unexpected answer to status")
     };
     let dashboard = crate::cmd::up::dashboard_url(paths);
+    // What it started with (`up` options by long name); absent from an older daemon.
+    let settings = crate::cmd::up::running_settings(paths, s.pid);
     if as_json {
         let mut v = serde_json::to_value(&s)?;
         v["dashboard"] = serde_json::json!(dashboard);
+        v["settings"] = serde_json::json!(settings);
         v["project_root"] = serde_json::json!(paths.project_root);
         return json(&v);
     }
@@ -125,6 +128,17 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
                 st.samples
             ))?;
         }
+    }
+    if let Some(set) = &settings {
+        let get = |k: &str| set.get(k).map_or("?", String::as_str);
+        line(format!(
+            "  limits:   --max-hops {}, --rate-limit {} and --pair-rate-limit {} per {} s, --inbox-ttl {} s (set at start: `agent-relay up --help`)",
+            field(get("max-hops")),
+            field(get("rate-limit")),
+            field(get("pair-rate-limit")),
+            field(get("rate-window")),
+            field(get("inbox-ttl")),
+        ))?;
     }
     match dashboard {
         Some(url) => line(format!("  dashboard: {}", field(&url)))?,

@@ -1225,7 +1225,7 @@ impl Router {
                 NackCode::BudgetExceeded,
                 "budget_exceeded",
                 format!(
-                    "this reply would be hop {hops} of a chain of replies; the limit is {} (`up --max-hops`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
+                    "this reply would be hop {hops} of a chain of replies; the limit is {} (a relay started with `agent-relay up --max-hops N` allows more; the running one must be stopped first with `agent-relay down`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
                     self.cfg.max_hops
                 ),
             ))
