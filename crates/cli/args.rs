@@ -14,6 +14,8 @@ Quick start:
   agent-relay status                  is it running? how much is stored?
   agent-relay trace ID                what became of a message
   agent-relay dlq                     messages that were not delivered, and why
+  agent-relay stop Alice              stop one wrapped agent (its messages stay stored)
+  agent-relay down --all              stop every wrapped agent, then the relay
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
@@ -48,13 +50,19 @@ pub(crate) struct Cli {
 pub(crate) enum Cmd {
     /// Start the relay daemon for this project (returns once it accepts connections).
     Up(UpArgs),
-    /// Stop the relay daemon gracefully (nothing stored is lost).
+    /// Stop the relay daemon gracefully (nothing stored is lost); with --all, every wrapped
+    /// agent of the project first. Wrapped agents otherwise keep running and reconnect to
+    /// the next relay started here.
     Down(DownArgs),
+    /// Stop one wrapped agent: its wrapper, the agent and its tmux session. Messages for it
+    /// stay stored and reach it when it runs again. The relay keeps running.
+    Stop(StopArgs),
     /// Show whether the relay runs, where, and what it holds. Exit 3 when it is not running.
     Status(JsonArg),
-    /// List connected and known-offline agents.
+    /// List connected and known-offline agents; `agents forget NAME` removes one that is
+    /// not connected from the list.
     #[command(visible_alias = "who")]
-    Agents(JsonArg),
+    Agents(AgentsArgs),
     /// Send a message as a person or script; prints its id and the relay's receipt.
     Send(SendArgs),
     /// Print one message in full, by id, short id (as shown in brackets) or a unique prefix of at least 8 characters.
@@ -407,6 +415,44 @@ pub(crate) struct DownArgs {
     /// Seconds to wait for a graceful stop before giving up.
     #[arg(long, default_value_t = 10)]
     pub(crate) timeout: u64,
+    /// First stop every wrapped agent of this project (as `stop NAME` does for one: wrapper,
+    /// agent, tmux session), then the relay. Messages waiting for them stay stored.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+/// `agent-relay stop`.
+#[derive(Debug, Args)]
+pub(crate) struct StopArgs {
+    /// The agent's name.
+    pub(crate) name: String,
+    /// Seconds to wait for it to stop before giving up.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) timeout: u64,
+}
+
+/// `agent-relay agents`.
+#[derive(Debug, Args)]
+pub(crate) struct AgentsArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub(crate) action: Option<AgentsAction>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay agents` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentsAction {
+    /// List the agents (the default).
+    List,
+    /// Remove an agent that is not connected from the list (an agent that will not come
+    /// back). Messages stored for it stay. Refused for a connected agent.
+    Forget {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// `agent-relay send`.

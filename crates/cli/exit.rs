@@ -37,6 +37,16 @@ pub(crate) fn not_running(message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
+/// Exit code 2 (bad usage, as clap's own errors) with a message: a value the command line
+/// gave that cannot be used.
+pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
+    Coded {
+        code: 2,
+        message: message.into(),
+    }
+    .into()
+}
+
 /// The exit code for `err`.
 pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
     if let Some(c) = err.downcast_ref::<Coded>() {

@@ -521,3 +521,219 @@ fn up_with_other_settings_than_the_running_relays_says_so_and_how_to_restart() {
     ok_stdout(&relay.cli(&["down"]));
     assert_eq!(v["settings"]["max-hops"], "50", "{v}");
 }
+
+/// The pids of live processes whose command line contains `marker` (tmux servers aside: one
+/// keeps the command line it was started with, whatever runs in it now).
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) && !cmdline.starts_with("tmux ") {
+            found.push(format!("{name}: {cmdline}"));
+        }
+    }
+    found
+}
+
+/// A child process killed when dropped, so a failing test leaves no wrapper running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A wrapped stand-in agent under the PTY backend that reads lines until stopped; its script
+/// is `<relay dir>/<name>.sh`, so its processes (wrapper and agent) carry that path.
+fn idle_agent(relay: &Relay, name: &str) -> (Reaped, String) {
+    let script = relay.dir.path().join(format!("{name}.sh"));
+    std::fs::write(
+        &script,
+        "while IFS= read -r line; do echo \"got: $line\"; done\n",
+    )
+    .unwrap();
+    let script = script.to_str().unwrap().to_owned();
+    let child = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "--backend",
+            "pty",
+            "-n",
+            name,
+            "--",
+            "sh",
+        ])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Reaped(child), script)
+}
+
+fn agents_json(relay: &Relay) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+    v.as_array().unwrap().clone()
+}
+
+/// `down` used to stop only the daemon: wrappers and agents kept running (issue 19.5).
+/// `stop NAME` stops one wrapped agent (wrapper and agent) and nothing else; `down --all`
+/// stops every wrapped agent, then the relay, and a message waiting for a stopped agent is
+/// still stored after the next `up`; `agents forget` removes an offline agent from the list
+/// and refuses a connected one.
+#[test]
+fn stop_down_all_and_forget_stop_agents_and_keep_their_messages() {
+    let mut relay = Relay::start();
+    let (mut alice, alice_script) = idle_agent(&relay, "Alice");
+    let (mut bob, bob_script) = idle_agent(&relay, "Bob");
+    crate::wrap::wait_online(&relay, "Alice");
+    crate::wrap::wait_online(&relay, "Bob");
+
+    let out = ok_stdout(&relay.cli(&["stop", "Alice"]));
+    assert!(out.contains("stopped Alice"), "{out}");
+    assert!(alice.0.wait().unwrap().code().is_some_and(|c| c != 0));
+    assert_eq!(processes_with(&alice_script), Vec::<String>::new());
+    // Only Alice: Bob runs on.
+    assert!(bob.0.try_wait().unwrap().is_none());
+    assert!(crate::wrap::is_online(&relay, "Bob"));
+    // Stopping a stopped agent is no error; an unknown one is "not found".
+    assert!(ok_stdout(&relay.cli(&["stop", "Alice"])).contains("not running"));
+    assert_eq!(relay.cli(&["stop", "Nobody"]).status.code(), Some(4));
+
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        "Alice",
+        "while you were away",
+        "--json",
+    ])))
+    .unwrap();
+    let id = sent["id"].as_str().unwrap().to_owned();
+
+    // A connected agent cannot be forgotten.
+    let out = relay.cli(&["agents", "forget", "Bob"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Bob is connected"),
+        "{out:?}"
+    );
+
+    let out = ok_stdout(&relay.cli(&["down", "--all"]));
+    assert!(
+        out.contains("stopped Bob") && out.contains("relay stopped"),
+        "{out}"
+    );
+    bob.0.wait().unwrap();
+    let daemon = relay.child.take().unwrap().wait_with_output().unwrap();
+    assert!(daemon.status.success(), "{daemon:?}");
+    assert_eq!(processes_with(&bob_script), Vec::<String>::new());
+    assert_eq!(processes_with(&alice_script), Vec::<String>::new());
+
+    // Nothing lost: after the next start the message still waits for Alice.
+    relay.spawn();
+    let m: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["read", &id, "--json"]))).unwrap();
+    assert_eq!(m["deliveries"][0]["recipient"], "Alice", "{m}");
+    assert_eq!(m["deliveries"][0]["status"], "queued", "{m}");
+
+    // A phantom (an agent that will not come back) leaves the list; its message stays.
+    assert!(agents_json(&relay).iter().any(|a| a["name"] == "Alice"));
+    let out = ok_stdout(&relay.cli(&["agents", "forget", "Alice"]));
+    assert!(out.contains("forgot Alice"), "{out}");
+    assert!(!agents_json(&relay).iter().any(|a| a["name"] == "Alice"));
+    assert_eq!(
+        relay.cli(&["agents", "forget", "Alice"]).status.code(),
+        Some(4)
+    );
+    let m: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["read", &id, "--json"]))).unwrap();
+    assert_eq!(m["deliveries"][0]["status"], "queued", "{m}");
+}
+
+/// The test's private tmux server (`TMUX_TMPDIR`), killed with its sessions when dropped.
+struct TmuxServer(std::path::PathBuf);
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        let _ = crate::wrap::tmux_in(&self.0, "default", &["kill-server"]);
+    }
+}
+
+/// The same under the tmux backend: `stop NAME` ends the relaying process, the agent and its
+/// session; `down --all` does so for every agent before the relay stops.
+#[test]
+fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let _server = TmuxServer(dir.clone());
+    let run = |args: &[&str]| {
+        relay
+            .command()
+            .env("TMUX_TMPDIR", &dir)
+            .env_remove("TMUX")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let sessions = || {
+        let out =
+            crate::wrap::tmux_in(&dir, "default", &["list-sessions", "-F", "#{session_name}"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut scripts = Vec::new();
+    for name in ["Dana", "Erin"] {
+        let script = dir.join(format!("{name}.sh"));
+        std::fs::write(
+            &script,
+            "while IFS= read -r line; do echo \"got: $line\"; done\n",
+        )
+        .unwrap();
+        let script = script.to_str().unwrap().to_owned();
+        let out = run(&[
+            "wrap",
+            "--backend",
+            "tmux",
+            "--detached",
+            "-n",
+            name,
+            "--",
+            "sh",
+            &script,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        crate::wrap::wait_online(&relay, name);
+        scripts.push(script);
+    }
+    assert!(
+        sessions().contains("-Dana") && sessions().contains("-Erin"),
+        "{}",
+        sessions()
+    );
+
+    let out = ok_stdout(&run(&["stop", "Dana"]));
+    assert!(
+        out.contains("stopped Dana") && out.contains("tmux session"),
+        "{out}"
+    );
+    assert!(!sessions().contains("-Dana"), "{}", sessions());
+    assert_eq!(processes_with(&scripts[0]), Vec::<String>::new());
+    assert!(sessions().contains("-Erin"), "{}", sessions());
+    assert!(crate::wrap::is_online(&relay, "Erin"));
+
+    let out = ok_stdout(&run(&["down", "--all"]));
+    assert!(
+        out.contains("stopped Erin") && out.contains("relay stopped"),
+        "{out}"
+    );
+    assert!(!sessions().contains("-Erin"), "{}", sessions());
+    assert_eq!(processes_with(&scripts[1]), Vec::<String>::new());
+}

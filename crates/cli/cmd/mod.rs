@@ -5,6 +5,7 @@ pub(crate) mod parse;
 mod query;
 pub(crate) mod rules;
 mod send;
+pub(crate) mod stop;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -42,7 +43,13 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
     match cli.cmd {
         // The daemon builds its own runtime (it must daemonize before any threads exist).
         Cmd::Up(args) => up::up(&paths, &args, &given.up),
-        Cmd::Down(args) => up::down(&paths, &args),
+        Cmd::Down(args) => {
+            if args.all {
+                stop::stop_all(&paths, args.timeout)?;
+            }
+            up::down(&paths, &args)
+        }
+        Cmd::Stop(args) => stop::stop(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
         // Edits a file; the daemon need not run.
@@ -79,7 +86,14 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             rt.block_on(async move {
                 match cmd {
                     Cmd::Status(a) => query::status(&paths, a.json).await,
-                    Cmd::Agents(a) => query::agents(&paths, a.json).await,
+                    Cmd::Agents(a) => match a.action {
+                        Some(crate::args::AgentsAction::Forget { name }) => {
+                            stop::forget(&paths, &name).await
+                        }
+                        Some(crate::args::AgentsAction::List) | None => {
+                            query::agents(&paths, a.json).await
+                        }
+                    },
                     Cmd::Read(a) => query::read(&paths, &a).await,
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Trace(a) => query::trace(&paths, &a).await,
@@ -89,6 +103,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)
+                    | Cmd::Stop(_)
                     | Cmd::Parse(_)
                     | Cmd::Rules(_)
                     | Cmd::Wrap(_)

@@ -107,6 +107,8 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
             init_wrap_logging(&cfg, cfg.interactive && interactive_terminal);
+            // Held for the wrapper's life: how `stop NAME` and `down --all` find it.
+            let _lock = pty_lock(&cfg);
             runtime()?
                 .block_on(relay_wrap::run_pty(cfg))
                 .map_err(Into::into)
@@ -265,6 +267,39 @@ fn relay_lock(cfg: &WrapConfig) -> anyhow::Result<std::fs::File> {
     file.set_len(0)?;
     writeln!(file, "{}", std::process::id())?;
     Ok(file)
+}
+
+/// The PTY wrapper's lock (`team/<name>/pty.lock`) with its pid written in, by which `stop`
+/// finds it. A second wrapper under the same name (the relay then refuses or replaces one of
+/// them) runs without it: it is logged, not a reason to refuse to run the agent.
+fn pty_lock(cfg: &WrapConfig) -> Option<std::fs::File> {
+    use rustix::fs::{FlockOperation, flock};
+    use std::io::Write;
+    let path = cfg.team_dir.join(crate::cmd::stop::PTY_LOCK);
+    let file = match std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot open the wrapper's lock; `agent-relay stop` will not find this wrapper");
+            return None;
+        }
+    };
+    if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+        tracing::warn!(path = %path.display(), "another wrapper of this name holds the lock; `agent-relay stop` finds that one");
+        return None;
+    }
+    let mut f = file;
+    if let Err(e) = f
+        .set_len(0)
+        .and_then(|()| writeln!(f, "{}", std::process::id()))
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the wrapper's pid");
+    }
+    Some(f)
 }
 
 /// Starts the process that relays for `session`, unless one runs: it holds an exclusive
