@@ -186,7 +186,7 @@ fn send_errors_say_what_to_do() {
         "{err}"
     );
     let out = relay.cli(&["send", "--from", "bad name", "Bob", "hello"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid agent name"));
     let gone = relay
         .command()
@@ -736,4 +736,288 @@ fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
     );
     assert!(!sessions().contains("-Erin"), "{}", sessions());
     assert_eq!(processes_with(&scripts[1]), Vec::<String>::new());
+}
+
+/// The exit-code list of README and `--help`, and the table in `crates/cli/exit.rs`, as
+/// (code, meaning) pairs.
+fn documented_exit_codes() -> Vec<(&'static str, Vec<(u8, String)>)> {
+    let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let list = |text: &str, end: &str| -> Vec<(u8, String)> {
+        let text = flat(text);
+        let start = text.find("Exit codes: ").expect("an exit-code list") + "Exit codes: ".len();
+        let rest = &text[start..];
+        let rest = &rest[..rest.find(end).expect("the list's end")];
+        (0u8..=5)
+            .map(|c| {
+                let from = if c == 0 {
+                    0
+                } else {
+                    rest.find(&format!(", {c} "))
+                        .unwrap_or_else(|| panic!("code {c}"))
+                        + 2
+                };
+                let to = rest[from..]
+                    .find(&format!(", {} ", c + 1))
+                    .map_or(rest.len(), |i| from + i);
+                (
+                    c,
+                    rest[from..to]
+                        .trim_start_matches(&format!("{c} "))
+                        .to_owned(),
+                )
+            })
+            .collect()
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let help = ok_stdout(
+        &std::process::Command::new(BIN)
+            .arg("--help")
+            .output()
+            .unwrap(),
+    );
+    let exit_rs = std::fs::read_to_string(root.join("crates/cli/exit.rs")).unwrap();
+    let table: Vec<(u8, String)> = exit_rs
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.strip_prefix("//! |")?.split('|').map(str::trim).collect();
+            Some((cells.first()?.parse().ok()?, cells.get(1)?.to_string()))
+        })
+        .collect();
+    vec![
+        ("README.md", list(&readme, "; a wrapped agent")),
+        ("--help", list(&help, ". A wrapped agent")),
+        ("crates/cli/exit.rs", table),
+    ]
+}
+
+/// Issue 19.11: the exit codes were not as documented (`attach` of an unknown agent gave 4,
+/// "no such message"; `read` with a too-short prefix and bad values gave 1, not 2 for bad
+/// usage). Each documented code is checked against real runs of the commands that must
+/// give it, in README, `--help` and the table in `exit.rs` alike.
+#[test]
+fn the_exit_code_table_in_the_docs_is_what_commands_return() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let stopped = tempfile::tempdir().unwrap();
+    let not_running = |args: &[&str]| {
+        isolated_env(stopped.path())
+            .env("AGENT_RELAY_SOCKET", stopped.path().join("none.sock"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let runs: [(u8, &str, Vec<std::process::Output>); 6] = [
+        (0, "ok", vec![relay.cli(&["status"])]),
+        // Bob is connected: forgetting him fails.
+        (1, "failure", vec![relay.cli(&["agents", "forget", "Bob"])]),
+        (
+            2,
+            "bad usage",
+            vec![
+                relay.cli(&["read", "abc"]),
+                relay.cli(&["trace", "abc"]),
+                relay.cli(&["history", "--since", "yesterday"]),
+                relay.cli(&["history", "--limit", "0"]),
+                relay.cli(&["send", "--kind", "bogus", "Bob", "hi"]),
+                relay.cli(&["send", "x|y", "hi"]),
+                relay.cli(&["send", "--from", "a/b", "Bob", "hi"]),
+                relay.cli(&["watch", "--topic", "a..b"]),
+                relay.cli(&["attach", "a/b"]),
+                relay.cli(&["--no-such-option"]),
+            ],
+        ),
+        (
+            3,
+            "not running",
+            vec![not_running(&["status"]), not_running(&["agents"])],
+        ),
+        (
+            4,
+            "not found",
+            vec![
+                relay.cli(&["read", "0123456789"]),
+                relay.cli(&["dlq", "show", "99"]),
+                relay.cli(&["attach", "Nobody"]),
+                relay.cli(&["stop", "Nobody"]),
+                relay.cli(&["agents", "forget", "Nobody"]),
+                relay.cli(&["rules", "remove", "9"]),
+            ],
+        ),
+        (5, "refused", vec![relay.cli(&["send", "Nobody", "hi"])]),
+    ];
+    let docs = documented_exit_codes();
+    for (code, meaning, outs) in &runs {
+        for (doc, list) in &docs {
+            let said = list
+                .iter()
+                .find(|(c, _)| c == code)
+                .map(|(_, m)| m.as_str())
+                .unwrap_or_else(|| panic!("{doc} does not list exit code {code}"));
+            assert!(
+                said.contains(meaning),
+                "{doc} says code {code} is {said:?}, not {meaning:?}"
+            );
+        }
+        for out in outs {
+            assert_eq!(
+                out.status.code(),
+                Some(i32::from(*code)),
+                "expected {code} ({meaning}): {out:?}"
+            );
+        }
+    }
+}
+
+/// Issue 19.11: `--inbox-ttl 1h` was refused while `--since 1h` worked; every length of time
+/// now takes the same durations (a plain number keeps its documented unit).
+#[test]
+fn lengths_of_time_take_the_same_durations_everywhere() {
+    let relay = Relay::start_with(&[
+        "--inbox-ttl",
+        "1h",
+        "--heartbeat-ms",
+        "5s",
+        "--rate-window",
+        "2m",
+        "--breaker-cooldown-ms",
+        "30000",
+    ]);
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    let s = &v["settings"];
+    assert_eq!(
+        (
+            &s["inbox-ttl"],
+            &s["heartbeat-ms"],
+            &s["rate-window"],
+            &s["breaker-cooldown-ms"]
+        ),
+        (
+            &json_str("3600"),
+            &json_str("5000"),
+            &json_str("120"),
+            &json_str("30000")
+        ),
+        "{v}"
+    );
+    ok_stdout(&relay.cli(&["history", "--since", "1h"]));
+}
+
+fn json_str(s: &str) -> Value {
+    Value::String(s.to_owned())
+}
+
+/// Issue 19.11: ids the relay makes (ULIDs) are case-insensitive, but `read` and `trace` of
+/// one typed in lower case found nothing. The exact id is tried first, since ids a sender
+/// chose are case-sensitive.
+#[test]
+fn read_and_trace_find_relay_ids_typed_in_lower_case() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let sent: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", "ulid", "--json"]))).unwrap();
+    let id = sent["id"].as_str().unwrap();
+    let lower = id.to_ascii_lowercase();
+    assert_ne!(lower, id);
+    for query in [lower.as_str(), &lower[lower.len() - 8..], &lower[..10]] {
+        let m: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["read", query, "--json"]))).unwrap();
+        assert_eq!(m["id"], id, "{query}");
+        ok_stdout(&relay.cli(&["trace", query]));
+    }
+    // Ids chosen by a sender differ by case: each is found as given.
+    for (id, body) in [("build-1", "lower"), ("BUILD-1", "upper")] {
+        ok_stdout(&relay.cli(&["send", "--id", id, "Bob", body]));
+    }
+    for (id, body) in [("build-1", "lower"), ("BUILD-1", "upper")] {
+        let m: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["read", id, "--json"]))).unwrap();
+        assert_eq!(m["body"], body, "{id}");
+    }
+    assert_eq!(relay.cli(&["read", "zzzzzzzzzz"]).status.code(), Some(4));
+}
+
+/// Issue 19.11: `--detached` without a terminal (so with the PTY backend) used to run the
+/// agent in the foreground without a word; `-n`/`--intro` after the agent command went to
+/// the agent. Both are refused (exit 2) saying what to write instead; `--` keeps an agent's
+/// own `-n`.
+#[test]
+fn misplaced_wrapper_options_are_refused_with_the_fix() {
+    let relay = Relay::start();
+    let out = relay.cli(&["--detached", "-n", "Dee", "sh", "-c", "exit 0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("--detached needs the tmux backend") && err.contains("--backend tmux"),
+        "{err}"
+    );
+    let out = relay.cli(&[
+        "wrap",
+        "--detached",
+        "--backend",
+        "pty",
+        "-n",
+        "Dee",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let out = relay.cli(&["sh", "-c", "exit 0", "-n", "Alice"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("put it before the command")
+            && err.contains("agent-relay -n Alice sh -c 'exit 0'"),
+        "{err}"
+    );
+    let out = relay.cli(&["-n", "Al", "sh", "-c", "exit 0", "--intro"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("agent-relay -n Al --intro sh -c 'exit 0'"),
+        "{err}"
+    );
+    // After `--` the agent's own -n is its own.
+    let out = relay.cli(&[
+        "-n",
+        "Al",
+        "--",
+        "sh",
+        "-c",
+        "echo \"args: $*\"",
+        "x",
+        "-n",
+        "y",
+    ]);
+    assert!(ok_stdout(&out).contains("args: -n y"), "{out:?}");
+}
+
+/// Issue 19.11: `send Bob` in a terminal waited for stdin without a word; it now says to type
+/// the message and end it with Ctrl-D (and sends what was typed).
+#[test]
+fn send_from_a_terminal_says_how_to_end_the_message() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let _term = crate::wrap::person_terminal(&relay, "sendtty", "{bin} send Bob");
+    let dir = relay.dir.path();
+    let tmux = |args: &[&str]| crate::wrap::tmux_in(dir, "sendtty", args);
+    tmux(&["send-keys", "-l", "typed at the terminal"]);
+    tmux(&["send-keys", "Enter"]);
+    tmux(&["send-keys", "C-d"]);
+    wait_for(
+        std::time::Duration::from_secs(20),
+        "the typed message to be stored",
+        || {
+            let h = relay.cli(&["history", "--text", "typed at the terminal", "--json"]);
+            serde_json::from_slice::<Value>(&h.stdout)
+                .is_ok_and(|v| v.as_array().is_some_and(|a| a.len() == 1))
+        },
+    );
+    let pane = tmux(&["capture-pane", "-p", "-J"]);
+    let pane = String::from_utf8_lossy(&pane.stdout);
+    assert!(
+        pane.contains("type the message for Bob, then press Ctrl-D"),
+        "{pane}"
+    );
 }

@@ -58,7 +58,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
-            exit_with(wrap::wrap(&paths, args)?)
+            exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
             let args = crate::args::WrapArgs {
@@ -73,7 +73,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 serve_tmux: None,
                 command,
             };
-            exit_with(wrap::wrap(&paths, args)?)
+            exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Attach(args) => exit_with(wrap::attach(&paths, &args)?),
         Cmd::BenchAgent(args) => bench::wrap::agent(&args),
