@@ -14,14 +14,16 @@ Quick start:
   agent-relay status                  is it running? how much is stored?
   agent-relay trace ID                what became of a message
   agent-relay dlq                     messages that were not delivered, and why
+  agent-relay stop Alice              stop one wrapped agent (its messages stay stored)
+  agent-relay down --all              stop every wrapped agent, then the relay
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
 AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 no such message,
-5 message refused by the relay. A wrapped agent: its own exit code, or 128 + the signal
-that stopped the wrapper (130 for SIGINT).";
+Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 not found (no such message,
+dead letter, agent or rule), 5 message refused by the relay. A wrapped agent: its own exit
+code, or 128 + the signal that stopped the wrapper (130 for SIGINT).";
 
 /// Lets AI coding agents in separate terminals message each other through a local relay.
 #[derive(Debug, Parser)]
@@ -48,13 +50,19 @@ pub(crate) struct Cli {
 pub(crate) enum Cmd {
     /// Start the relay daemon for this project (returns once it accepts connections).
     Up(UpArgs),
-    /// Stop the relay daemon gracefully (nothing stored is lost).
+    /// Stop the relay daemon gracefully (nothing stored is lost); with --all, every wrapped
+    /// agent of the project first. Wrapped agents otherwise keep running and reconnect to
+    /// the next relay started here.
     Down(DownArgs),
+    /// Stop one wrapped agent: its wrapper, the agent and its tmux session. Messages for it
+    /// stay stored and reach it when it runs again. The relay keeps running.
+    Stop(StopArgs),
     /// Show whether the relay runs, where, and what it holds. Exit 3 when it is not running.
     Status(JsonArg),
-    /// List connected and known-offline agents.
+    /// List connected and known-offline agents; `agents forget NAME` removes one that is
+    /// not connected from the list.
     #[command(visible_alias = "who")]
-    Agents(JsonArg),
+    Agents(AgentsArgs),
     /// Send a message as a person or script; prints its id and the relay's receipt.
     Send(SendArgs),
     /// Print one message in full, by id, short id (as shown in brackets) or a unique prefix of at least 8 characters.
@@ -92,6 +100,41 @@ pub(crate) enum Cmd {
     /// `agent-relay [-n NAME] <cli> [args]`: the same as `wrap`.
     #[command(external_subcommand)]
     Agent(Vec<String>),
+}
+
+/// What the user gave on the command line, as opposed to defaults and environment variables.
+#[derive(Debug, Default)]
+pub(crate) struct Given {
+    /// The long names (without `--`) of the `up` options given on the command line.
+    pub(crate) up: Vec<String>,
+    /// The command line held `--` (an agent command's own arguments follow it).
+    pub(crate) dashdash: bool,
+}
+
+impl Given {
+    /// Reads the sources of the values in `matches` (clap's `value_source`).
+    pub(crate) fn from_matches(matches: &clap::ArgMatches) -> Self {
+        let mut given = Self {
+            dashdash: std::env::args_os().any(|a| a == "--"),
+            ..Self::default()
+        };
+        let Some(("up", up)) = matches.subcommand() else {
+            return given;
+        };
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let Some(up_cmd) = cmd.find_subcommand("up") else {
+            return given;
+        };
+        for arg in up_cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if up.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                && let Some(long) = arg.get_long()
+            {
+                given.up.push(long.to_owned());
+            }
+        }
+        given
+    }
 }
 
 /// `--json` alone.
@@ -178,11 +221,13 @@ pub(crate) struct UpArgs {
         default_value = "full"
     )]
     pub(crate) durability: DurabilityKind,
-    /// How long a message waits for an offline agent before it expires, in seconds.
-    #[arg(long, default_value_t = 3600, value_name = "SECS")]
+    /// How long a message waits for an offline agent before it expires: seconds, or a
+    /// duration (90s, 10m, 1h, 7d).
+    #[arg(long, default_value = "3600", value_name = "SECS", value_parser = crate::time::parse_secs)]
     pub(crate) inbox_ttl: u64,
-    /// PING interval in milliseconds (a connection silent for three intervals is closed).
-    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    /// PING interval: milliseconds, or a duration (5s); a connection silent for three
+    /// intervals is closed.
+    #[arg(long, default_value = "5000", value_name = "MS", value_parser = crate::time::parse_ms)]
     pub(crate) heartbeat_ms: u64,
     /// Messages waiting for one recipient before senders are told BUSY.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
@@ -219,16 +264,16 @@ pub(crate) struct SafetyArgs {
     /// Messages one agent may send to one other agent per --rate-window (0: no limit).
     #[arg(long, default_value_t = 30, value_name = "N")]
     pub(crate) pair_rate_limit: u32,
-    /// The sliding window of the rate limits, in seconds.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    /// The sliding window of the rate limits: seconds, or a duration (1m).
+    #[arg(long, default_value = "60", value_name = "SECS", value_parser = crate::time::parse_secs)]
     pub(crate) rate_window: u64,
     /// Failure reports in a row from one agent that pause deliveries to it (its messages wait;
     /// 0: never pause).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub(crate) breaker_failures: u32,
-    /// How long a paused agent waits before one message is tried again, in milliseconds
-    /// (doubling while that fails).
-    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    /// How long a paused agent waits before one message is tried again: milliseconds, or a
+    /// duration (30s); doubling while that fails.
+    #[arg(long, default_value = "30000", value_name = "MS", value_parser = crate::time::parse_ms)]
     pub(crate) breaker_cooldown_ms: u64,
     /// A different --rate-limit for one sender, as NAME=N (repeatable).
     #[arg(long = "rate-override", value_name = "NAME=N", value_parser = parse_override)]
@@ -343,7 +388,7 @@ pub(crate) enum DlqAction {
         #[arg(long)]
         all: bool,
         /// At most this many (1 to 1000).
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
     },
     /// Show one dead letter in full.
@@ -383,6 +428,44 @@ pub(crate) struct DownArgs {
     /// Seconds to wait for a graceful stop before giving up.
     #[arg(long, default_value_t = 10)]
     pub(crate) timeout: u64,
+    /// First stop every wrapped agent of this project (as `stop NAME` does for one: wrapper,
+    /// agent, tmux session), then the relay. Messages waiting for them stay stored.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+/// `agent-relay stop`.
+#[derive(Debug, Args)]
+pub(crate) struct StopArgs {
+    /// The agent's name.
+    pub(crate) name: String,
+    /// Seconds to wait for it to stop before giving up.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) timeout: u64,
+}
+
+/// `agent-relay agents`.
+#[derive(Debug, Args)]
+pub(crate) struct AgentsArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub(crate) action: Option<AgentsAction>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay agents` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentsAction {
+    /// List the agents (the default).
+    List,
+    /// Remove an agent that is not connected from the list (an agent that will not come
+    /// back). Messages stored for it stay. Refused for a connected agent.
+    Forget {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// `agent-relay send`.
@@ -399,7 +482,7 @@ pub(crate) struct SendArgs {
     #[arg(long)]
     pub(crate) topic: Option<String>,
     /// message, action, state or thinking.
-    #[arg(long, default_value = "message")]
+    #[arg(long, default_value = "message", value_parser = ["message", "action", "state", "thinking"])]
     pub(crate) kind: String,
     /// Thread id to attach.
     #[arg(long)]
@@ -442,14 +525,14 @@ pub(crate) struct HistoryArgs {
     #[arg(long)]
     pub(crate) text: Option<String>,
     /// Only messages since: a duration ago (90s, 10m, 2h, 7d) or Unix milliseconds.
-    #[arg(long)]
-    pub(crate) since: Option<String>,
+    #[arg(long, value_name = "WHEN", value_parser = crate::time::parse_since)]
+    pub(crate) since: Option<u64>,
     /// Only messages stored before: a duration ago (90s, 10m, 2h, 7d) or Unix milliseconds.
     /// With --since, a time range that includes its start and not its end.
-    #[arg(long)]
-    pub(crate) until: Option<String>,
+    #[arg(long, value_name = "WHEN", value_parser = crate::time::parse_since)]
+    pub(crate) until: Option<u64>,
     /// At most this many (1 to 1000).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) limit: u32,
     /// Print JSON for scripts.
     #[arg(long)]

@@ -2,12 +2,15 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | success |
+//! | 0 | ok (success) |
 //! | 1 | any other failure |
-//! | 2 | bad command line (clap) |
+//! | 2 | bad usage: a bad command line (clap) or a value on it that cannot be used (a name, an id prefix too short, a time) |
 //! | 3 | the relay is not running |
-//! | 4 | no such message (or the id prefix is ambiguous) |
+//! | 4 | not found: no such message, dead letter, agent or rule (or an id prefix that matches several messages) |
 //! | 5 | the relay refused the message (NACK) |
+//!
+//! The same table is in README and `--help`; `tests/e2e/cli.rs`
+//! `the_exit_code_table_in_the_docs_is_what_commands_return` checks all three against runs.
 
 use std::io::Write;
 
@@ -28,6 +31,15 @@ impl std::fmt::Display for Coded {
 
 impl std::error::Error for Coded {}
 
+/// Exit code 4 (not found) with a message.
+pub(crate) fn not_found(message: impl Into<String>) -> anyhow::Error {
+    Coded {
+        code: 4,
+        message: message.into(),
+    }
+    .into()
+}
+
 /// Exit code 3 with a message.
 pub(crate) fn not_running(message: impl Into<String>) -> anyhow::Error {
     Coded {
@@ -37,7 +49,8 @@ pub(crate) fn not_running(message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
-/// Exit code 2 (bad command line) with a message.
+/// Exit code 2 (bad usage, as clap's own errors) with a message: a value the command line
+/// gave that cannot be used.
 pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
     Coded {
         code: 2,
@@ -59,6 +72,8 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
     match err.downcast_ref::<ClientError>() {
         Some(ClientError::NotRunning { .. }) => 3,
         Some(ClientError::Query { code, .. }) if code == "not_found" || code == "ambiguous" => 4,
+        // The relay could not use a value the command line gave (an id prefix too short).
+        Some(ClientError::Query { code, .. }) if code == "invalid" => 2,
         Some(ClientError::Rejected { .. }) => 5,
         _ => 1,
     }

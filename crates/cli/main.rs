@@ -7,7 +7,7 @@ mod exit;
 mod out;
 mod time;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 // The daemon allocates and frees small buffers for every frame on several threads; glibc's
 // allocator spent about a tenth of all CPU on that under load (see docs/PERFORMANCE.md).
@@ -15,8 +15,12 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    let cli = args::Cli::parse();
-    let code = match cmd::run(cli) {
+    // The matches, not only the parsed values: `up` must tell a setting the user gave from a
+    // default (`ArgMatches::value_source`) to compare it with a running relay's.
+    let matches = args::Cli::command().get_matches();
+    let cli = args::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = args::Given::from_matches(&matches);
+    let code = match cmd::run(cli, &given) {
         Ok(()) => 0,
         Err(err) => exit::report(&err),
     };

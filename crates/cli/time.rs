@@ -55,6 +55,35 @@ pub(crate) fn parse_duration_ms(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
+/// A length of time in seconds for options such as `--inbox-ttl`: a plain number is seconds
+/// (`3600`), or a duration with its unit as `--since` takes it (`90s`, `10m`, `1h`, `7d`), in
+/// whole seconds.
+pub(crate) fn parse_secs(s: &str) -> Result<u64, String> {
+    if let Ok(n) = s.trim().parse::<u64>() {
+        return Ok(n);
+    }
+    match parse_duration_ms(s) {
+        Some(ms) if ms % 1000 == 0 => Ok(ms / 1000),
+        Some(_) => Err(format!("{s:?} is not a whole number of seconds")),
+        None => Err(format!(
+            "cannot read {s:?} as a length of time: use seconds (3600) or a duration such as 90s, 10m, 1h, 7d"
+        )),
+    }
+}
+
+/// A length of time in milliseconds for options such as `--heartbeat-ms`: a plain number is
+/// milliseconds (`5000`), or a duration with its unit (`500ms`, `5s`, `1m`).
+pub(crate) fn parse_ms(s: &str) -> Result<u64, String> {
+    if let Ok(n) = s.trim().parse::<u64>() {
+        return Ok(n);
+    }
+    parse_duration_ms(s).ok_or_else(|| {
+        format!(
+            "cannot read {s:?} as a length of time: use milliseconds (5000) or a duration such as 500ms, 5s, 1m"
+        )
+    })
+}
+
 /// `--since` values: a duration ago (`10m`) or a Unix-ms timestamp.
 pub(crate) fn parse_since(s: &str) -> Result<u64, String> {
     if let Some(d) = parse_duration_ms(s) {
@@ -91,5 +120,10 @@ mod tests {
         assert!(parse_since("yesterday").is_err());
         assert_eq!(parse_since("123").unwrap(), 123);
         assert_eq!(human_secs(303), "5m 3s");
+        assert_eq!(parse_secs("1h"), Ok(3600));
+        assert_eq!(parse_secs("3600"), Ok(3600));
+        assert!(parse_secs("1500ms").is_err() && parse_secs("1y").is_err());
+        assert_eq!(parse_ms("5s"), Ok(5000));
+        assert_eq!(parse_ms("250"), Ok(250));
     }
 }

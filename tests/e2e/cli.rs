@@ -186,7 +186,7 @@ fn send_errors_say_what_to_do() {
         "{err}"
     );
     let out = relay.cli(&["send", "--from", "bad name", "Bob", "hello"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid agent name"));
     let gone = relay
         .command()
@@ -487,5 +487,537 @@ fn history_searches_a_time_range() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("swap them"),
         "{out:?}"
+    );
+}
+
+/// `up` with a setting that differs from the running relay's used to say "already running"
+/// and succeed, so `up --max-hops 50` (what the hop-limit notice suggested) changed nothing
+/// (issue 19.4). Now it fails naming the setting, both values and the restart command, and
+/// following that command gives the setting; settings equal to the running ones (or none
+/// given) still succeed.
+#[test]
+fn up_with_other_settings_than_the_running_relays_says_so_and_how_to_restart() {
+    let relay = Relay::start();
+    let out = relay.cli(&["up", "--max-hops", "50", "--rate-limit", "100"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        err.contains("--max-hops: it runs with 10, you asked for 50")
+            && !err.contains("--rate-limit:")
+            && err.contains("agent-relay down && agent-relay up --max-hops 50 --rate-limit 100"),
+        "{err}"
+    );
+    // The same settings as the running relay's, or none: nothing to say.
+    for same in [&["up", "--max-hops", "10"][..], &["up"][..]] {
+        let out = ok_stdout(&relay.cli(same));
+        assert!(out.contains("already running"), "{out}");
+    }
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    assert_eq!(v["settings"]["max-hops"], "10", "{v}");
+    // What it says to do works.
+    ok_stdout(&relay.cli(&["down"]));
+    ok_stdout(&relay.cli(&["up", "--max-hops", "50", "--rate-limit", "100"]));
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    ok_stdout(&relay.cli(&["down"]));
+    assert_eq!(v["settings"]["max-hops"], "50", "{v}");
+}
+
+/// The pids of live processes whose command line contains `marker` (tmux servers aside: one
+/// keeps the command line it was started with, whatever runs in it now).
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) && !cmdline.starts_with("tmux ") {
+            found.push(format!("{name}: {cmdline}"));
+        }
+    }
+    found
+}
+
+/// A child process killed when dropped, so a failing test leaves no wrapper running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A wrapped stand-in agent under the PTY backend that reads lines until stopped; its script
+/// is `<relay dir>/<name>.sh`, so its processes (wrapper and agent) carry that path.
+fn idle_agent(relay: &Relay, name: &str) -> (Reaped, String) {
+    let script = relay.dir.path().join(format!("{name}.sh"));
+    std::fs::write(
+        &script,
+        "while IFS= read -r line; do echo \"got: $line\"; done\n",
+    )
+    .unwrap();
+    let script = script.to_str().unwrap().to_owned();
+    let child = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "--backend",
+            "pty",
+            "-n",
+            name,
+            "--",
+            "sh",
+        ])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Reaped(child), script)
+}
+
+fn agents_json(relay: &Relay) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+    v.as_array().unwrap().clone()
+}
+
+/// `down` used to stop only the daemon: wrappers and agents kept running (issue 19.5).
+/// `stop NAME` stops one wrapped agent (wrapper and agent) and nothing else; `down --all`
+/// stops every wrapped agent, then the relay, and a message waiting for a stopped agent is
+/// still stored after the next `up`; `agents forget` removes an offline agent from the list
+/// and refuses a connected one.
+#[test]
+fn stop_down_all_and_forget_stop_agents_and_keep_their_messages() {
+    let mut relay = Relay::start();
+    let (mut alice, alice_script) = idle_agent(&relay, "Alice");
+    let (mut bob, bob_script) = idle_agent(&relay, "Bob");
+    crate::wrap::wait_online(&relay, "Alice");
+    crate::wrap::wait_online(&relay, "Bob");
+
+    let out = ok_stdout(&relay.cli(&["stop", "Alice"]));
+    assert!(out.contains("stopped Alice"), "{out}");
+    assert!(alice.0.wait().unwrap().code().is_some_and(|c| c != 0));
+    assert_eq!(processes_with(&alice_script), Vec::<String>::new());
+    // Only Alice: Bob runs on.
+    assert!(bob.0.try_wait().unwrap().is_none());
+    assert!(crate::wrap::is_online(&relay, "Bob"));
+    // Stopping a stopped agent is no error; an unknown one is "not found".
+    assert!(ok_stdout(&relay.cli(&["stop", "Alice"])).contains("not running"));
+    assert_eq!(relay.cli(&["stop", "Nobody"]).status.code(), Some(4));
+
+    let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
+        "send",
+        "Alice",
+        "while you were away",
+        "--json",
+    ])))
+    .unwrap();
+    let id = sent["id"].as_str().unwrap().to_owned();
+
+    // A connected agent cannot be forgotten.
+    let out = relay.cli(&["agents", "forget", "Bob"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Bob is connected"),
+        "{out:?}"
+    );
+
+    let out = ok_stdout(&relay.cli(&["down", "--all"]));
+    assert!(
+        out.contains("stopped Bob") && out.contains("relay stopped"),
+        "{out}"
+    );
+    bob.0.wait().unwrap();
+    let daemon = relay.child.take().unwrap().wait_with_output().unwrap();
+    assert!(daemon.status.success(), "{daemon:?}");
+    assert_eq!(processes_with(&bob_script), Vec::<String>::new());
+    assert_eq!(processes_with(&alice_script), Vec::<String>::new());
+
+    // Nothing lost: after the next start the message still waits for Alice.
+    relay.spawn();
+    let m: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["read", &id, "--json"]))).unwrap();
+    assert_eq!(m["deliveries"][0]["recipient"], "Alice", "{m}");
+    assert_eq!(m["deliveries"][0]["status"], "queued", "{m}");
+
+    // A phantom (an agent that will not come back) leaves the list; its message stays.
+    assert!(agents_json(&relay).iter().any(|a| a["name"] == "Alice"));
+    let out = ok_stdout(&relay.cli(&["agents", "forget", "Alice"]));
+    assert!(out.contains("forgot Alice"), "{out}");
+    assert!(!agents_json(&relay).iter().any(|a| a["name"] == "Alice"));
+    assert_eq!(
+        relay.cli(&["agents", "forget", "Alice"]).status.code(),
+        Some(4)
+    );
+    let m: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["read", &id, "--json"]))).unwrap();
+    assert_eq!(m["deliveries"][0]["status"], "queued", "{m}");
+}
+
+/// The test's private tmux server (`TMUX_TMPDIR`), killed with its sessions when dropped.
+struct TmuxServer(std::path::PathBuf);
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        let _ = crate::wrap::tmux_in(&self.0, "default", &["kill-server"]);
+    }
+}
+
+/// The same under the tmux backend: `stop NAME` ends the relaying process, the agent and its
+/// session; `down --all` does so for every agent before the relay stops.
+#[test]
+fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let _server = TmuxServer(dir.clone());
+    let run = |args: &[&str]| {
+        relay
+            .command()
+            .env("TMUX_TMPDIR", &dir)
+            .env_remove("TMUX")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let sessions = || {
+        let out =
+            crate::wrap::tmux_in(&dir, "default", &["list-sessions", "-F", "#{session_name}"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut scripts = Vec::new();
+    for name in ["Dana", "Erin"] {
+        let script = dir.join(format!("{name}.sh"));
+        std::fs::write(
+            &script,
+            "while IFS= read -r line; do echo \"got: $line\"; done\n",
+        )
+        .unwrap();
+        let script = script.to_str().unwrap().to_owned();
+        let out = run(&[
+            "wrap",
+            "--backend",
+            "tmux",
+            "--detached",
+            "-n",
+            name,
+            "--",
+            "sh",
+            &script,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        crate::wrap::wait_online(&relay, name);
+        scripts.push(script);
+    }
+    assert!(
+        sessions().contains("-Dana") && sessions().contains("-Erin"),
+        "{}",
+        sessions()
+    );
+
+    let out = ok_stdout(&run(&["stop", "Dana"]));
+    assert!(
+        out.contains("stopped Dana") && out.contains("tmux session"),
+        "{out}"
+    );
+    assert!(!sessions().contains("-Dana"), "{}", sessions());
+    assert_eq!(processes_with(&scripts[0]), Vec::<String>::new());
+    assert!(sessions().contains("-Erin"), "{}", sessions());
+    assert!(crate::wrap::is_online(&relay, "Erin"));
+
+    let out = ok_stdout(&run(&["down", "--all"]));
+    assert!(
+        out.contains("stopped Erin") && out.contains("relay stopped"),
+        "{out}"
+    );
+    assert!(!sessions().contains("-Erin"), "{}", sessions());
+    assert_eq!(processes_with(&scripts[1]), Vec::<String>::new());
+}
+
+/// The exit-code list of README and `--help`, and the table in `crates/cli/exit.rs`, as
+/// (code, meaning) pairs.
+fn documented_exit_codes() -> Vec<(&'static str, Vec<(u8, String)>)> {
+    let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let list = |text: &str, end: &str| -> Vec<(u8, String)> {
+        let text = flat(text);
+        let start = text.find("Exit codes: ").expect("an exit-code list") + "Exit codes: ".len();
+        let rest = &text[start..];
+        let rest = &rest[..rest.find(end).expect("the list's end")];
+        (0u8..=5)
+            .map(|c| {
+                let from = if c == 0 {
+                    0
+                } else {
+                    rest.find(&format!(", {c} "))
+                        .unwrap_or_else(|| panic!("code {c}"))
+                        + 2
+                };
+                let to = rest[from..]
+                    .find(&format!(", {} ", c + 1))
+                    .map_or(rest.len(), |i| from + i);
+                (
+                    c,
+                    rest[from..to]
+                        .trim_start_matches(&format!("{c} "))
+                        .to_owned(),
+                )
+            })
+            .collect()
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let help = ok_stdout(
+        &std::process::Command::new(BIN)
+            .arg("--help")
+            .output()
+            .unwrap(),
+    );
+    let exit_rs = std::fs::read_to_string(root.join("crates/cli/exit.rs")).unwrap();
+    let table: Vec<(u8, String)> = exit_rs
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.strip_prefix("//! |")?.split('|').map(str::trim).collect();
+            Some((cells.first()?.parse().ok()?, cells.get(1)?.to_string()))
+        })
+        .collect();
+    vec![
+        ("README.md", list(&readme, "; a wrapped agent")),
+        ("--help", list(&help, ". A wrapped agent")),
+        ("crates/cli/exit.rs", table),
+    ]
+}
+
+/// Issue 19.11: the exit codes were not as documented (`attach` of an unknown agent gave 4,
+/// "no such message"; `read` with a too-short prefix and bad values gave 1, not 2 for bad
+/// usage). Each documented code is checked against real runs of the commands that must
+/// give it, in README, `--help` and the table in `exit.rs` alike.
+#[test]
+fn the_exit_code_table_in_the_docs_is_what_commands_return() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let stopped = tempfile::tempdir().unwrap();
+    let not_running = |args: &[&str]| {
+        isolated_env(stopped.path())
+            .env("AGENT_RELAY_SOCKET", stopped.path().join("none.sock"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let runs: [(u8, &str, Vec<std::process::Output>); 6] = [
+        (0, "ok", vec![relay.cli(&["status"])]),
+        // Bob is connected: forgetting him fails.
+        (1, "failure", vec![relay.cli(&["agents", "forget", "Bob"])]),
+        (
+            2,
+            "bad usage",
+            vec![
+                relay.cli(&["read", "abc"]),
+                relay.cli(&["trace", "abc"]),
+                relay.cli(&["history", "--since", "yesterday"]),
+                relay.cli(&["history", "--limit", "0"]),
+                relay.cli(&["send", "--kind", "bogus", "Bob", "hi"]),
+                relay.cli(&["send", "x|y", "hi"]),
+                relay.cli(&["send", "--from", "a/b", "Bob", "hi"]),
+                relay.cli(&["watch", "--topic", "a..b"]),
+                relay.cli(&["attach", "a/b"]),
+                relay.cli(&["--no-such-option"]),
+            ],
+        ),
+        (
+            3,
+            "not running",
+            vec![not_running(&["status"]), not_running(&["agents"])],
+        ),
+        (
+            4,
+            "not found",
+            vec![
+                relay.cli(&["read", "0123456789"]),
+                relay.cli(&["dlq", "show", "99"]),
+                relay.cli(&["attach", "Nobody"]),
+                relay.cli(&["stop", "Nobody"]),
+                relay.cli(&["agents", "forget", "Nobody"]),
+                relay.cli(&["rules", "remove", "9"]),
+            ],
+        ),
+        (5, "refused", vec![relay.cli(&["send", "Nobody", "hi"])]),
+    ];
+    let docs = documented_exit_codes();
+    for (code, meaning, outs) in &runs {
+        for (doc, list) in &docs {
+            let said = list
+                .iter()
+                .find(|(c, _)| c == code)
+                .map(|(_, m)| m.as_str())
+                .unwrap_or_else(|| panic!("{doc} does not list exit code {code}"));
+            assert!(
+                said.contains(meaning),
+                "{doc} says code {code} is {said:?}, not {meaning:?}"
+            );
+        }
+        for out in outs {
+            assert_eq!(
+                out.status.code(),
+                Some(i32::from(*code)),
+                "expected {code} ({meaning}): {out:?}"
+            );
+        }
+    }
+}
+
+/// Issue 19.11: `--inbox-ttl 1h` was refused while `--since 1h` worked; every length of time
+/// now takes the same durations (a plain number keeps its documented unit).
+#[test]
+fn lengths_of_time_take_the_same_durations_everywhere() {
+    let relay = Relay::start_with(&[
+        "--inbox-ttl",
+        "1h",
+        "--heartbeat-ms",
+        "5s",
+        "--rate-window",
+        "2m",
+        "--breaker-cooldown-ms",
+        "30000",
+    ]);
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    let s = &v["settings"];
+    assert_eq!(
+        (
+            &s["inbox-ttl"],
+            &s["heartbeat-ms"],
+            &s["rate-window"],
+            &s["breaker-cooldown-ms"]
+        ),
+        (
+            &json_str("3600"),
+            &json_str("5000"),
+            &json_str("120"),
+            &json_str("30000")
+        ),
+        "{v}"
+    );
+    ok_stdout(&relay.cli(&["history", "--since", "1h"]));
+}
+
+fn json_str(s: &str) -> Value {
+    Value::String(s.to_owned())
+}
+
+/// Issue 19.11: ids the relay makes (ULIDs) are case-insensitive, but `read` and `trace` of
+/// one typed in lower case found nothing. The exact id is tried first, since ids a sender
+/// chose are case-sensitive.
+#[test]
+fn read_and_trace_find_relay_ids_typed_in_lower_case() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let sent: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", "ulid", "--json"]))).unwrap();
+    let id = sent["id"].as_str().unwrap();
+    let lower = id.to_ascii_lowercase();
+    assert_ne!(lower, id);
+    for query in [lower.as_str(), &lower[lower.len() - 8..], &lower[..10]] {
+        let m: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["read", query, "--json"]))).unwrap();
+        assert_eq!(m["id"], id, "{query}");
+        ok_stdout(&relay.cli(&["trace", query]));
+    }
+    // Ids chosen by a sender differ by case: each is found as given.
+    for (id, body) in [("build-1", "lower"), ("BUILD-1", "upper")] {
+        ok_stdout(&relay.cli(&["send", "--id", id, "Bob", body]));
+    }
+    for (id, body) in [("build-1", "lower"), ("BUILD-1", "upper")] {
+        let m: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["read", id, "--json"]))).unwrap();
+        assert_eq!(m["body"], body, "{id}");
+    }
+    assert_eq!(relay.cli(&["read", "zzzzzzzzzz"]).status.code(), Some(4));
+}
+
+/// Issue 19.11: `--detached` without a terminal (so with the PTY backend) used to run the
+/// agent in the foreground without a word; `-n`/`--intro` after the agent command went to
+/// the agent. Both are refused (exit 2) saying what to write instead; `--` keeps an agent's
+/// own `-n`.
+#[test]
+fn misplaced_wrapper_options_are_refused_with_the_fix() {
+    let relay = Relay::start();
+    let out = relay.cli(&["--detached", "-n", "Dee", "sh", "-c", "exit 0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("--detached needs the tmux backend") && err.contains("--backend tmux"),
+        "{err}"
+    );
+    let out = relay.cli(&[
+        "wrap",
+        "--detached",
+        "--backend",
+        "pty",
+        "-n",
+        "Dee",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let out = relay.cli(&["sh", "-c", "exit 0", "-n", "Alice"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("put it before the command")
+            && err.contains("agent-relay -n Alice sh -c 'exit 0'"),
+        "{err}"
+    );
+    let out = relay.cli(&["-n", "Al", "sh", "-c", "exit 0", "--intro"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("agent-relay -n Al --intro sh -c 'exit 0'"),
+        "{err}"
+    );
+    // After `--` the agent's own -n is its own.
+    let out = relay.cli(&[
+        "-n",
+        "Al",
+        "--",
+        "sh",
+        "-c",
+        "echo \"args: $*\"",
+        "x",
+        "-n",
+        "y",
+    ]);
+    assert!(ok_stdout(&out).contains("args: -n y"), "{out:?}");
+}
+
+/// Issue 19.11: `send Bob` in a terminal waited for stdin without a word; it now says to type
+/// the message and end it with Ctrl-D (and sends what was typed).
+#[test]
+fn send_from_a_terminal_says_how_to_end_the_message() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let _term = crate::wrap::person_terminal(&relay, "sendtty", "{bin} send Bob");
+    let dir = relay.dir.path();
+    let tmux = |args: &[&str]| crate::wrap::tmux_in(dir, "sendtty", args);
+    tmux(&["send-keys", "-l", "typed at the terminal"]);
+    tmux(&["send-keys", "Enter"]);
+    tmux(&["send-keys", "C-d"]);
+    wait_for(
+        std::time::Duration::from_secs(20),
+        "the typed message to be stored",
+        || {
+            let h = relay.cli(&["history", "--text", "typed at the terminal", "--json"]);
+            serde_json::from_slice::<Value>(&h.stdout)
+                .is_ok_and(|v| v.as_array().is_some_and(|a| a.len() == 1))
+        },
+    );
+    let pane = tmux(&["capture-pane", "-p", "-J"]);
+    let pane = String::from_utf8_lossy(&pane.stdout);
+    assert!(
+        pane.contains("type the message for Bob, then press Ctrl-D"),
+        "{pane}"
     );
 }

@@ -291,7 +291,7 @@ fn malformed_configuration_is_refused_with_a_message_naming_it() {
         (&["--rate-limit=-5"][..], "--rate-limit"),
         (&["--rate-override", "bot"][..], "NAME=N"),
         (&["--rate-override", "b/ot=5"][..], "b/ot"),
-        (&["--inbox-ttl", "1h"][..], "--inbox-ttl"),
+        (&["--inbox-ttl", "1y"][..], "--inbox-ttl"),
         (&["--storage", "floppy"][..], "--storage"),
     ] {
         let out = up_with_socket(&socket, &tmp.path().join("data"), args);

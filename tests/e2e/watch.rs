@@ -218,11 +218,12 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
 #[test]
 fn watch_refuses_bad_filters_and_a_missing_relay() {
     let relay = Relay::start();
+    // Bad values on the command line are bad usage (exit 2).
     let out = relay.cli(&["watch", "--from", "no/slash"]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad agent name"));
     let out = relay.cli(&["watch", "--topic", "a..b"]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let mut relay = relay;
     relay.stop();
     let out = relay.cli(&["watch"]);

@@ -5,6 +5,7 @@ pub(crate) mod parse;
 mod query;
 pub(crate) mod rules;
 mod send;
+pub(crate) mod stop;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -14,17 +15,17 @@ use std::path::Path;
 use relay_client::paths::Paths;
 use relay_client::{Client, ClientConfig};
 
-use crate::args::{Cli, Cmd};
+use crate::args::{Cli, Cmd, Given};
 
 /// Runs the parsed command line.
-pub(crate) fn run(mut cli: Cli) -> anyhow::Result<()> {
+pub(crate) fn run(mut cli: Cli, given: &Given) -> anyhow::Result<()> {
     let mut paths = Paths::from_env()?;
     let chosen_socket = cli.socket.take();
     let explicit = chosen_socket.is_some() || std::env::var_os("AGENT_RELAY_SOCKET").is_some();
     if let Some(s) = chosen_socket {
         paths.socket = s;
     }
-    dispatch(cli, &paths).map_err(|e| {
+    dispatch(cli, &paths, given).map_err(|e| {
         // "Not running" from another folder of the same project is the usual surprise: say
         // which project this folder belongs to and how the root is chosen.
         if crate::exit::code_of(&e) != 3 || explicit {
@@ -37,12 +38,18 @@ pub(crate) fn run(mut cli: Cli) -> anyhow::Result<()> {
     })
 }
 
-fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
+fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
     let paths = paths.clone();
     match cli.cmd {
         // The daemon builds its own runtime (it must daemonize before any threads exist).
-        Cmd::Up(args) => up::up(&paths, &args),
-        Cmd::Down(args) => up::down(&paths, &args),
+        Cmd::Up(args) => up::up(&paths, &args, &given.up),
+        Cmd::Down(args) => {
+            if args.all {
+                stop::stop_all(&paths, args.timeout)?;
+            }
+            up::down(&paths, &args)
+        }
+        Cmd::Stop(args) => stop::stop(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
         // Generated from the command definitions: always what this binary accepts.
@@ -63,7 +70,7 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
-            exit_with(wrap::wrap(&paths, args)?)
+            exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
             // Checked before anything starts: a typo (`agent-relay statsu`) must not start a
@@ -81,7 +88,7 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
                 serve_tmux: None,
                 command,
             };
-            exit_with(wrap::wrap(&paths, args)?)
+            exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Attach(args) => exit_with(wrap::attach(&paths, &args)?),
         Cmd::BenchAgent(args) => bench::wrap::agent(&args),
@@ -94,7 +101,14 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
             rt.block_on(async move {
                 match cmd {
                     Cmd::Status(a) => query::status(&paths, a.json).await,
-                    Cmd::Agents(a) => query::agents(&paths, a.json).await,
+                    Cmd::Agents(a) => match a.action {
+                        Some(crate::args::AgentsAction::Forget { name }) => {
+                            stop::forget(&paths, &name).await
+                        }
+                        Some(crate::args::AgentsAction::List) | None => {
+                            query::agents(&paths, a.json).await
+                        }
+                    },
                     Cmd::Read(a) => query::read(&paths, &a).await,
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Trace(a) => query::trace(&paths, &a).await,
@@ -104,6 +118,7 @@ fn dispatch(cli: Cli, paths: &Paths) -> anyhow::Result<()> {
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)
+                    | Cmd::Stop(_)
                     | Cmd::Parse(_)
                     | Cmd::Rules(_)
                     | Cmd::Wrap(_)

@@ -11,7 +11,7 @@ use crate::args::{DlqAction, DlqArgs, HistoryArgs, ReadArgs};
 use crate::cmd::tool_client;
 use crate::exit::not_running;
 use crate::out::{json, line};
-use crate::time::{format_utc, human_secs, parse_since};
+use crate::time::{format_utc, human_secs};
 
 /// A relay-supplied name, id or short text on one line of output: controls shown, never
 /// interpreted, and no line break that would forge another line.
@@ -24,6 +24,33 @@ async fn ask(paths: &Paths, req: QueryRequest) -> anyhow::Result<QueryResult> {
     let res = client.query(req).await;
     client.close().await;
     Ok(res?)
+}
+
+/// Asks `make(id)`; when nothing has that id and it has lower-case letters, asks again with
+/// it upper-cased. Ids the relay makes are ULIDs, which are case-insensitive and written in
+/// upper case; ids in general are case-sensitive (a SEND may choose `build-1` and `BUILD-1`),
+/// so the exact id is always tried first.
+async fn ask_id(
+    paths: &Paths,
+    id: &str,
+    make: impl Fn(String) -> QueryRequest,
+) -> anyhow::Result<QueryResult> {
+    let first = ask(paths, make(id.to_owned())).await;
+    let upper = id.to_ascii_uppercase();
+    let not_found = |e: &anyhow::Error| {
+        matches!(
+            e.downcast_ref::<ClientError>(),
+            Some(ClientError::Query { code, .. }) if code == "not_found"
+        )
+    };
+    match first {
+        Err(e) if upper != id && not_found(&e) => match ask(paths, make(upper)).await {
+            Ok(found) => Ok(found),
+            // The error for the id as given, which is what the person typed.
+            Err(_) => Err(e),
+        },
+        other => other,
+    }
 }
 
 /// `agent-relay status`.
@@ -57,9 +84,12 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         anyhow::bail!("unexpected answer to status")
     };
     let dashboard = crate::cmd::up::dashboard_url(paths);
+    // What it started with (`up` options by long name); absent from an older daemon.
+    let settings = crate::cmd::up::running_settings(paths, s.pid);
     if as_json {
         let mut v = serde_json::to_value(&s)?;
         v["dashboard"] = serde_json::json!(dashboard);
+        v["settings"] = serde_json::json!(settings);
         v["project_root"] = serde_json::json!(paths.project_root);
         return json(&v);
     }
@@ -125,6 +155,17 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
                 st.samples
             ))?;
         }
+    }
+    if let Some(set) = &settings {
+        let get = |k: &str| set.get(k).map_or("?", String::as_str);
+        line(format!(
+            "  limits:   --max-hops {}, --rate-limit {} and --pair-rate-limit {} per {} s, --inbox-ttl {} s (set at start: `agent-relay up --help`)",
+            field(get("max-hops")),
+            field(get("rate-limit")),
+            field(get("pair-rate-limit")),
+            field(get("rate-window")),
+            field(get("inbox-ttl")),
+        ))?;
     }
     match dashboard {
         Some(url) => line(format!("  dashboard: {}", field(&url)))?,
@@ -206,13 +247,8 @@ fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
 
 /// `agent-relay read`.
 pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Read { message } = ask(
-        paths,
-        QueryRequest::Read {
-            id: args.id.clone(),
-        },
-    )
-    .await?
+    let QueryResult::Read { message } =
+        ask_id(paths, &args.id, |id| QueryRequest::Read { id }).await?
     else {
         anyhow::bail!("unexpected answer to read")
     };
@@ -224,20 +260,15 @@ pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
 
 /// `agent-relay history`.
 pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result<()> {
-    // Both take a duration ago or Unix milliseconds.
-    let time = |v: Option<&str>| v.map(parse_since).transpose().map_err(anyhow::Error::msg);
-    let since_ms = time(args.since.as_deref())?;
-    let until_ms = time(args.until.as_deref())?;
+    // Both were read by clap (`time::parse_since`): a duration ago or Unix milliseconds.
+    let (since_ms, until_ms) = (args.since, args.until);
     if let (Some(since), Some(until)) = (since_ms, until_ms)
         && since >= until
     {
-        anyhow::bail!(
+        return Err(crate::exit::usage(
             "--since is not before --until (the range includes its start, not its end): \
-             nothing can match; swap them or widen the range"
-        );
-    }
-    if !(1..=1000).contains(&args.limit) {
-        anyhow::bail!("--limit must be between 1 and 1000");
+             nothing can match; swap them or widen the range",
+        ));
     }
     let filter = HistoryFilter {
         from: args.from.clone(),
@@ -290,13 +321,8 @@ fn print_event(e: &TraceEvent, start: u64) -> anyhow::Result<()> {
 
 /// `agent-relay trace`.
 pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Trace { trace } = ask(
-        paths,
-        QueryRequest::Trace {
-            id: args.id.clone(),
-        },
-    )
-    .await?
+    let QueryResult::Trace { trace } =
+        ask_id(paths, &args.id, |id| QueryRequest::Trace { id }).await?
     else {
         anyhow::bail!("unexpected answer to trace")
     };
@@ -369,15 +395,10 @@ pub(crate) async fn dlq(paths: &Paths, args: DlqArgs) -> anyhow::Result<()> {
         limit: 50,
     });
     let req = match action {
-        DlqAction::List { all, limit } => {
-            if !(1..=1000).contains(&limit) {
-                anyhow::bail!("--limit must be between 1 and 1000");
-            }
-            QueryRequest::DlqList {
-                all,
-                limit: Some(limit),
-            }
-        }
+        DlqAction::List { all, limit } => QueryRequest::DlqList {
+            all,
+            limit: Some(limit),
+        },
         DlqAction::Show { id } => QueryRequest::DlqShow { dlq_id: id },
         DlqAction::Retry { id } => QueryRequest::DlqRetry { dlq_id: id },
         DlqAction::Purge => QueryRequest::DlqPurge,

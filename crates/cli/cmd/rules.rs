@@ -91,8 +91,8 @@ pub(crate) fn run(paths: &Paths, args: RulesArgs) -> anyhow::Result<()> {
         } => {
             let mut rules = load(&path)?;
             let rule = Rule {
-                from: Pattern::new(&from).map_err(anyhow::Error::msg)?,
-                to: Pattern::new(&to).map_err(anyhow::Error::msg)?,
+                from: Pattern::new(&from).map_err(crate::exit::usage)?,
+                to: Pattern::new(&to).map_err(crate::exit::usage)?,
                 action: if action == "deny" {
                     Action::Deny
                 } else {
@@ -115,9 +115,9 @@ pub(crate) fn run(paths: &Paths, args: RulesArgs) -> anyhow::Result<()> {
         RulesAction::Remove { number } => {
             let mut rules = load(&path)?;
             if number == 0 || number > rules.rules.len() {
-                anyhow::bail!(
+                return Err(crate::exit::not_found(format!(
                     "there is no rule {number}; `agent-relay rules list` numbers them from 1"
-                );
+                )));
             }
             rules.rules.remove(number - 1);
             save(&path, &rules)?;

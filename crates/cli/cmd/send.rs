@@ -13,10 +13,33 @@ use crate::out::{json, line};
 /// Sends one message and prints its id and receipt.
 pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
     let kind = Kind::parse(&args.kind)
-        .ok_or_else(|| anyhow::anyhow!("--kind must be message, action, state or thinking"))?;
+        .ok_or_else(|| crate::exit::usage("--kind must be message, action, state or thinking"))?;
+    // Checked here rather than by the relay: a value the command line gave that cannot be used
+    // is bad usage (exit 2), not a refused message (5) or a failed connection (1).
+    use crate::exit::usage;
+    if args.to != "*" {
+        relay_protocol::validate_agent_name(&args.to)
+            .map_err(|e| usage(format!("invalid agent name for the recipient: {e}")))?;
+    }
+    relay_protocol::validate_agent_name(&args.from)
+        .map_err(|e| usage(format!("invalid agent name for --from: {e}")))?;
+    if let Some(t) = &args.topic {
+        relay_protocol::validate_topic(t).map_err(|e| usage(format!("--topic {t:?}: {e}")))?;
+    }
+    if let Some(id) = &args.id {
+        relay_protocol::text::validate_message_id(id)
+            .map_err(|e| usage(format!("--id {id:?}: {e}")))?;
+    }
     let body = match args.body.as_deref() {
         Some(b) if b != "-" => b.to_owned(),
         _ => {
+            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                // Otherwise the command just waits, and looks stuck.
+                eprintln!(
+                    "agent-relay: type the message for {}, then press Ctrl-D on a new line to send it (Ctrl-C cancels)",
+                    relay_protocol::text::one_line(&args.to, 64)
+                );
+            }
             let mut s = String::new();
             std::io::stdin().read_to_string(&mut s)?;
             s.trim_end_matches('\n').to_owned()

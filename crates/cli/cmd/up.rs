@@ -5,6 +5,7 @@
 //! left by a crashed daemon is not locked, so it is simply taken over (and the stale socket
 //! removed by `bind`). Nothing ever trusts a pid number without the lock.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -107,6 +108,7 @@ fn make_files_private(paths: &Paths) {
         paths.log_file.clone(),
         paths.pid_file.clone(),
         dashboard_file(paths),
+        settings_file(paths),
         paths.data_dir.join(crate::cmd::rules::FILE),
     ];
     for file in &files {
@@ -188,15 +190,160 @@ fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyho
     Ok(())
 }
 
-/// `agent-relay up`.
-pub(crate) fn up(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+/// `agent-relay up`. `given`: the long names of the options given on the command line; those
+/// that are settings must match the running relay's, if one runs (settings apply at start).
+pub(crate) fn up(paths: &Paths, args: &UpArgs, given: &[String]) -> anyhow::Result<()> {
     if args.foreground {
         return foreground(paths, args);
     }
     match start_background(paths, args)? {
-        Started::Already(pid) => print_running(paths, pid, true, args),
+        Started::Already(pid) => {
+            same_settings(paths, pid, args, given)?;
+            print_running(paths, pid, true, args)
+        }
         Started::Now(pid) => print_running(paths, pid, false, args),
     }
+}
+
+/// The file in the data directory where the daemon records the settings it started with.
+fn settings_file(paths: &Paths) -> std::path::PathBuf {
+    paths.data_dir.join("settings.json")
+}
+
+/// The settings of `up` that a running daemon keeps until it stops, by their long option
+/// name, each as the text `up` takes.
+fn settings(args: &UpArgs) -> BTreeMap<String, String> {
+    let s = &args.safety;
+    let mut overrides: Vec<String> = s
+        .rate_overrides
+        .iter()
+        .map(|(name, n)| format!("{name}={n}"))
+        .collect();
+    overrides.sort();
+    [
+        ("storage", args.storage.as_str().to_owned()),
+        ("durability", args.durability.as_str().to_owned()),
+        ("inbox-ttl", args.inbox_ttl.to_string()),
+        ("heartbeat-ms", args.heartbeat_ms.to_string()),
+        ("busy-high-water", args.busy_high_water.to_string()),
+        ("max-connections", args.max_connections.to_string()),
+        ("max-hops", s.max_hops.to_string()),
+        ("rate-limit", s.rate_limit.to_string()),
+        ("pair-rate-limit", s.pair_rate_limit.to_string()),
+        ("rate-window", s.rate_window.to_string()),
+        ("breaker-failures", s.breaker_failures.to_string()),
+        ("breaker-cooldown-ms", s.breaker_cooldown_ms.to_string()),
+        ("rate-override", overrides.join(" ")),
+        (
+            "dashboard-port",
+            args.dashboard_port
+                .unwrap_or(relay_dashboard::DEFAULT_PORT)
+                .to_string(),
+        ),
+        ("no-dashboard", args.no_dashboard.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// The settings the daemon with `pid` recorded at start, if it recorded them.
+pub(crate) fn running_settings(paths: &Paths, pid: u32) -> Option<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(settings_file(paths)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // A file left by an earlier daemon (killed before it could remove it) is not this one's.
+    if v["pid"].as_u64() != Some(u64::from(pid)) {
+        return None;
+    }
+    serde_json::from_value(v["settings"].clone()).ok()
+}
+
+/// Records the daemon's settings for `up` (and `status`) to compare and show.
+fn write_settings(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+    let v = serde_json::json!({
+        "pid": std::process::id(),
+        "settings": settings(args),
+    });
+    let file = settings_file(paths);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&file)
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    writeln!(f, "{v}")?;
+    Ok(())
+}
+
+/// Refuses (exit 1) when a setting given on the command line differs from the running
+/// relay's: saying "already running" and succeeding would leave the user believing the
+/// new setting is in force.
+fn same_settings(paths: &Paths, pid: u32, args: &UpArgs, given: &[String]) -> anyhow::Result<()> {
+    let asked = settings(args);
+    let given: Vec<&str> = given
+        .iter()
+        .map(String::as_str)
+        .filter(|g| asked.contains_key(*g))
+        .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    let mut restart = String::from("agent-relay down && agent-relay up");
+    for g in &given {
+        match *g {
+            "no-dashboard" if asked[*g] == "true" => restart.push_str(" --no-dashboard"),
+            "no-dashboard" => {}
+            "rate-override" => {
+                for o in asked[*g].split_whitespace() {
+                    restart.push_str(&format!(" --rate-override {o}"));
+                }
+            }
+            _ => restart.push_str(&format!(" --{g} {}", asked[*g])),
+        }
+    }
+    let how = format!(
+        "Settings apply when the relay starts. To use yours, restart it (stored messages are \
+         kept; wrapped agents reconnect by themselves):\n  {restart}"
+    );
+    let Some(running) = running_settings(paths, pid) else {
+        return Err(crate::exit::Coded {
+            code: 1,
+            message: format!(
+                "the relay already runs (pid {pid}) and does not record its settings (an \
+                 older agent-relay started it), so --{} may not be in force.\n{how}",
+                given.join(", --")
+            ),
+        }
+        .into());
+    };
+    let differ: Vec<String> = given
+        .iter()
+        .filter(|g| running.get(**g) != asked.get(**g))
+        .map(|g| {
+            let shown = |v: Option<&String>| match v.map(String::as_str) {
+                None => "(unknown)".to_owned(),
+                Some("") => "(none)".to_owned(),
+                Some(v) => v.to_owned(),
+            };
+            format!(
+                "  --{g}: it runs with {}, you asked for {}",
+                shown(running.get(*g)),
+                shown(asked.get(*g))
+            )
+        })
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(crate::exit::Coded {
+        code: 1,
+        message: format!(
+            "the relay already runs (pid {pid}) with other settings:\n{}\n{how}",
+            differ.join("\n")
+        ),
+    }
+    .into())
 }
 
 /// Whether [`start_background`] found a daemon or started one.
@@ -305,6 +452,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     lock.file.rewind()?;
     writeln!(lock.file, "{}", std::process::id())?;
     lock.file.flush()?;
+    write_settings(paths, args)?;
     // Bound before the socket, so that whoever waits for the socket finds the URL file.
     let dashboard = start_dashboard(paths, args);
     let store: Box<dyn Store> = match args.storage {
@@ -368,6 +516,7 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
         .await
     });
     let _ = std::fs::remove_file(dashboard_file(paths));
+    let _ = std::fs::remove_file(settings_file(paths));
     let _ = std::fs::remove_file(&paths.pid_file);
     drop(lock);
     result?;

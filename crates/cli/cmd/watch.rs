@@ -28,10 +28,12 @@ use crate::time::{format_utc, now_ms};
 /// `agent-relay watch`.
 pub(crate) async fn watch(paths: &Paths, args: &WatchArgs) -> anyhow::Result<()> {
     for name in [&args.from, &args.to].into_iter().flatten() {
-        validate_agent_name(name).map_err(|e| anyhow::anyhow!("bad agent name {name:?}: {e}"))?;
+        validate_agent_name(name)
+            .map_err(|e| crate::exit::usage(format!("bad agent name {name:?}: {e}")))?;
     }
     if let Some(t) = &args.topic {
-        validate_topic_pattern(t).map_err(|e| anyhow::anyhow!("bad topic pattern {t:?}: {e}"))?;
+        validate_topic_pattern(t)
+            .map_err(|e| crate::exit::usage(format!("bad topic pattern {t:?}: {e}")))?;
     }
     let mut stream = relay_client::connect_socket(&paths.socket).await?;
     let hello = Payload::Hello(Hello {

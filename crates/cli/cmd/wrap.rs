@@ -30,12 +30,92 @@ fn generated_name() -> String {
     format!("{a}{b}")
 }
 
-/// Runs the agent; returns its exit code.
-pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
+/// agent-relay's own options that, written after the agent command, go to the agent instead:
+/// a person who wrote `agent-relay claude -n Alice` meant Alice. Refused (exit 2) with the
+/// command in the right order, unless the option was also given before the command or `--`
+/// marks where the agent's arguments begin (an agent CLI that takes `-n` itself).
+fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
+    let Some((cli, rest)) = args.command.split_first() else {
+        return Ok(());
+    };
+    if dashdash {
+        return Ok(());
+    }
+    let misplaced = rest.iter().position(|a| match a.as_str() {
+        "-n" | "--name" => args.name.is_none(),
+        a if a.starts_with("--name=") => args.name.is_none(),
+        "--intro" => !args.intro,
+        _ => false,
+    });
+    let Some(at) = misplaced else {
+        return Ok(());
+    };
+    let option = &rest[at];
+    // The option and its value, moved before the command.
+    let takes_value = option == "-n" || option == "--name";
+    let moved: Vec<&String> = rest[at..]
+        .iter()
+        .take(if takes_value { 2 } else { 1 })
+        .collect();
+    let kept: Vec<&String> = rest
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i < at || *i >= at + moved.len())
+        .map(|(_, a)| a)
+        .collect();
+    // Shell words, quoted where the shell would split or expand them.
+    let words = |v: &[&String]| {
+        v.iter()
+            .map(|a| {
+                let a = relay_protocol::text::one_line(a, 80);
+                let plain = !a.is_empty()
+                    && a.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_./=:@%+,-".contains(c));
+                if plain {
+                    a
+                } else {
+                    format!("'{}'", a.replace('\'', r"'\''"))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // The options given before the command stay; the misplaced one joins them.
+    let mut fixed = String::from("agent-relay");
+    if let Some(b) = args.backend {
+        fixed.push_str(&format!(" --backend {}", b.as_str()));
+    }
+    if args.detached {
+        fixed.push_str(" --detached");
+    }
+    if let Some(n) = &args.name {
+        fixed.push_str(&format!(" -n {}", relay_protocol::text::one_line(n, 80)));
+    }
+    if args.intro {
+        fixed.push_str(" --intro");
+    }
+    fixed.push_str(&format!(" {}", words(&moved)));
+    let cli = relay_protocol::text::one_line(cli, 80);
+    fixed.push_str(&format!(" {cli}"));
+    if !kept.is_empty() {
+        fixed.push_str(&format!(" {}", words(&kept)));
+    }
+    Err(crate::exit::usage(format!(
+        "`{}` after `{cli}` would be passed to {cli}, not to agent-relay: put it before the \
+         command:\n  {fixed}\n(If {cli} itself takes {}, mark where its arguments begin with \
+         `--`: agent-relay -n NAME -- {cli} ...)",
+        words(&moved),
+        relay_protocol::text::one_line(option, 40),
+    )))
+}
+
+/// Runs the agent; returns its exit code. `dashdash`: the command line held `--`.
+pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Result<i32> {
+    misplaced_option(&args, dashdash)?;
     let name = match args.name.clone() {
         Some(n) => {
             relay_protocol::validate_agent_name(&n)
-                .map_err(|e| anyhow::anyhow!("-n {n:?}: {e}"))?;
+                .map_err(|e| crate::exit::usage(format!("-n {n:?}: {e}")))?;
             n
         }
         None => {
@@ -66,6 +146,22 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
             Backend::Pty
         }
     });
+    if args.detached && backend == Backend::Pty {
+        // A PTY agent lives in this process: "detached" would silently run it in the
+        // foreground, holding this terminal (or script) until it exits.
+        let why = if args.backend == Some(Backend::Pty) {
+            "--backend pty runs the agent inside this process"
+        } else if !interactive_terminal {
+            "without a terminal the default backend is pty, which runs the agent inside this process"
+        } else {
+            "tmux is not installed, so the backend is pty, which runs the agent inside this process"
+        };
+        return Err(crate::exit::usage(format!(
+            "--detached needs the tmux backend: {why}. Add --backend tmux (then `agent-relay \
+             attach {name}` reaches it), or leave out --detached and run it in the background \
+             yourself (`... &`)"
+        )));
+    }
     // The relay starts if it is not running, as `agent-relay up` would.
     let storage = match std::env::var("AGENT_RELAY_STORAGE_TYPE").as_deref() {
         Ok("memory") => StorageKind::Memory,
@@ -107,6 +203,8 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs) -> anyhow::Result<i32> {
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
             init_wrap_logging(&cfg, cfg.interactive && interactive_terminal);
+            // Held for the wrapper's life: how `stop NAME` and `down --all` find it.
+            let _lock = pty_lock(&cfg);
             runtime()?
                 .block_on(relay_wrap::run_pty(cfg))
                 .map_err(Into::into)
@@ -267,6 +365,39 @@ fn relay_lock(cfg: &WrapConfig) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// The PTY wrapper's lock (`team/<name>/pty.lock`) with its pid written in, by which `stop`
+/// finds it. A second wrapper under the same name (the relay then refuses or replaces one of
+/// them) runs without it: it is logged, not a reason to refuse to run the agent.
+fn pty_lock(cfg: &WrapConfig) -> Option<std::fs::File> {
+    use rustix::fs::{FlockOperation, flock};
+    use std::io::Write;
+    let path = cfg.team_dir.join(crate::cmd::stop::PTY_LOCK);
+    let file = match std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot open the wrapper's lock; `agent-relay stop` will not find this wrapper");
+            return None;
+        }
+    };
+    if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+        tracing::warn!(path = %path.display(), "another wrapper of this name holds the lock; `agent-relay stop` finds that one");
+        return None;
+    }
+    let mut f = file;
+    if let Err(e) = f
+        .set_len(0)
+        .and_then(|()| writeln!(f, "{}", std::process::id()))
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the wrapper's pid");
+    }
+    Some(f)
+}
+
 /// Starts the process that relays for `session`, unless one runs: it holds an exclusive
 /// lock on `team/<name>/relay.lock` for as long as it lives.
 fn ensure_relaying(
@@ -321,7 +452,7 @@ fn ensure_relaying(
 /// `agent-relay attach NAME`.
 pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
     relay_protocol::validate_agent_name(&args.name)
-        .map_err(|e| anyhow::anyhow!("{:?}: {e}", args.name))?;
+        .map_err(|e| crate::exit::usage(format!("{:?}: {e}", args.name)))?;
     let session = tmux::session_name(&paths.project_root, &args.name);
     if !tmux::exists(&session) {
         return Err(crate::exit::Coded {

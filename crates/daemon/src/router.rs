@@ -228,6 +228,7 @@ fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
     match req {
         QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
         QueryRequest::DlqPurge => Some(WriteOp::Purge),
+        QueryRequest::ForgetAgent { name } => Some(WriteOp::ForgetAgent { name: name.clone() }),
         _ => None,
     }
 }
@@ -714,6 +715,35 @@ impl Router {
         req: QueryRequest,
         reply: Option<oneshot::Sender<Answer>>,
     ) {
+        if let QueryRequest::ForgetAgent { name } = &req {
+            // Checked here, where the live state is: forgetting a connected agent would list
+            // it offline while it talks.
+            let refusal = match self.agents.get(name) {
+                Some(a) if a.online.is_some() => Some((
+                    "connected",
+                    format!(
+                        "{name} is connected; only an agent that is not can be forgotten \
+                         (`agent-relay stop {name}` stops a wrapped agent)"
+                    ),
+                )),
+                Some(_) => None,
+                None => Some((
+                    "not_found",
+                    format!("no agent {name} is known (`agent-relay agents` lists them)"),
+                )),
+            };
+            if let Some((code, message)) = refusal {
+                let result = QueryResult::Error {
+                    code: code.into(),
+                    message,
+                };
+                self.answer_with(conn_id, env_id, reply, result);
+                return;
+            }
+            // Gone from routing now: a broadcast no longer queues for it. Should it connect
+            // again, its HELLO comes after this in the store's order and lists it again.
+            self.agents.remove(name);
+        }
         if let Some(op) = admin_op(&req) {
             let ctx = WriteCtx::Admin {
                 conn_id,
@@ -1233,7 +1263,7 @@ impl Router {
                 NackCode::BudgetExceeded,
                 "budget_exceeded",
                 format!(
-                    "this reply would be hop {hops} of a chain of replies; the limit is {} (`up --max-hops`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
+                    "this reply would be hop {hops} of a chain of replies; the limit is {} (a relay started with `agent-relay up --max-hops N` allows more; the running one must be stopped first with `agent-relay down`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
                     self.cfg.max_hops
                 ),
             ))
@@ -1416,6 +1446,10 @@ impl Router {
     ) {
         let result = match res {
             Ok(WriteResult::Purged(removed)) => QueryResult::DlqPurge { removed },
+            Ok(WriteResult::Forgot(name)) => {
+                self.write_agents_file();
+                QueryResult::ForgetAgent { name }
+            }
             Ok(WriteResult::Retried(o)) => self.retried(*o).await,
             Ok(other) => QueryResult::Error {
                 code: "internal".into(),
@@ -1426,6 +1460,17 @@ impl Router {
                 message: e,
             },
         };
+        self.answer_with(conn_id, env_id, reply, result);
+    }
+
+    /// Sends `result` to whoever asked: the in-process `reply`, or the connection.
+    fn answer_with(
+        &self,
+        conn_id: u64,
+        env_id: String,
+        reply: Option<oneshot::Sender<Answer>>,
+        result: QueryResult,
+    ) {
         if let Some(reply) = reply {
             // The asker may have gone (a closed page): nothing to tell then.
             if reply

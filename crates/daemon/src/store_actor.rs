@@ -306,7 +306,9 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             Err(e) => internal(e),
         },
         // Writes: the router sends these as store writes, never as queries.
-        QueryRequest::DlqRetry { .. } | QueryRequest::DlqPurge => QueryResult::Error {
+        QueryRequest::DlqRetry { .. }
+        | QueryRequest::DlqPurge
+        | QueryRequest::ForgetAgent { .. } => QueryResult::Error {
             code: "internal".into(),
             message: "not a read".into(),
         },

@@ -49,6 +49,13 @@ pub enum QueryRequest {
     },
     /// Empty the dead-letter queue. (An operator action, not a read.)
     DlqPurge,
+    /// Remove an agent that is not connected from the agent list, with its subscriptions;
+    /// messages stored for it stay. Refused (`connected`) while it is connected. (An operator
+    /// action, not a read.)
+    ForgetAgent {
+        /// Its name.
+        name: String,
+    },
     /// The live event feed: answered by one [`QueryResult::Event`] per event, until the
     /// connection closes (see [`crate::events`]).
     Watch(crate::events::WatchFilter),
@@ -290,6 +297,11 @@ pub enum QueryResult {
         /// Entries removed.
         removed: u64,
     },
+    /// Answer to `forget_agent`: the agent is no longer listed.
+    ForgetAgent {
+        /// Its name.
+        name: String,
+    },
     /// One event of a `watch` (many answers share the query's id).
     Event {
         /// What happened.
@@ -297,7 +309,8 @@ pub enum QueryResult {
     },
     /// The question could not be answered.
     Error {
-        /// `not_found`, `ambiguous`, `invalid` or `internal`.
+        /// `not_found`, `ambiguous`, `invalid`, `connected` (an agent to forget is connected)
+        /// or `internal`.
         code: String,
         /// Says what to do.
         message: String,

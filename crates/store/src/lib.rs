@@ -242,6 +242,12 @@ pub enum WriteOp {
     },
     /// Removes every dead letter.
     Purge,
+    /// Forgets an agent: it leaves the agent list and its subscriptions are removed. Messages
+    /// stored for it stay (they are delivered if it connects again, or expire).
+    ForgetAgent {
+        /// Name.
+        name: String,
+    },
     /// The sender of this dead letter has been told (its notice is stored).
     Notified {
         /// Its number.
@@ -306,6 +312,8 @@ pub enum WriteResult {
     Retried(Box<RetryOutcome>),
     /// For [`WriteOp::Purge`]: entries removed.
     Purged(u64),
+    /// For [`WriteOp::ForgetAgent`]: the agent's name.
+    Forgot(String),
     /// For every other op.
     Done,
 }

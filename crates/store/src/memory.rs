@@ -368,6 +368,11 @@ impl MemoryStore {
                 }
             }
             WriteOp::Purge => self.purge(),
+            WriteOp::ForgetAgent { name } => {
+                self.subscriptions.remove(name);
+                self.agents.remove(name);
+                WriteResult::Forgot(name.clone())
+            }
         }
     }
 }

@@ -1086,6 +1086,13 @@ impl Batch<'_> {
                 }
             }
             WriteOp::Purge => self.purge(),
+            WriteOp::ForgetAgent { name } => {
+                tx.prepare_cached("DELETE FROM agents WHERE name = ?1")?
+                    .execute([name])?;
+                tx.prepare_cached("DELETE FROM subscriptions WHERE agent = ?1")?
+                    .execute([name])?;
+                Ok(WriteResult::Forgot(name.clone()))
+            }
         }
     }
 

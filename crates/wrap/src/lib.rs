@@ -121,7 +121,8 @@ pub fn intro(name: &str) -> String {
         "agent-relay: you are {name}, one of several AI agents connected by agent-relay. To \
          message another agent, write a line that starts with @relay: and its name (or \
          @relay:* for everyone), then the message; it ends at the next blank line. Messages \
-         for you arrive as prompts starting with \"Relay message from NAME [ID]:\"; answer \
+         for you arrive as prompts starting with \"Relay message from NAME [ID]:\" (or \
+         \"Relay message from NAME [ID] (thread T):\" in a conversation); answer \
          with @relay:NAME only when an answer is needed (never just to thank), and \
          `agent-relay read ID` prints a shortened message in full. To show the syntax without \
          sending, write it in inline code. No answer is needed to this note."
