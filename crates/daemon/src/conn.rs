@@ -215,22 +215,22 @@ impl Reader {
                         return Exit::Closed;
                     }
                 },
-                () = &mut timer => match {
+                () = &mut timer => {
                     let tick = self.session.on_tick(Instant::now());
                     armed = due(&self.session);
                     timer.as_mut().reset(armed);
-                    tick
-                } {
-                    Tick::Idle => {}
-                    Tick::Ping => {
-                        self.queue(Outbound::Control(Box::new(Payload::Ping(Ping::default())))).await;
+                    match tick {
+                        Tick::Idle => {}
+                        Tick::Ping => {
+                            self.queue(Outbound::Control(Box::new(Payload::Ping(Ping::default())))).await;
+                        }
+                        Tick::Expired(code, message) => {
+                            tracing::info!(conn = self.conn_id, %message, "closing connection");
+                            self.fatal(code, message).await;
+                            return Exit::Closed;
+                        }
                     }
-                    Tick::Expired(code, message) => {
-                        tracing::info!(conn = self.conn_id, %message, "closing connection");
-                        self.fatal(code, message).await;
-                        return Exit::Closed;
-                    }
-                },
+                }
                 () = self.killer.killed() => return Exit::Closed,
                 () = shutdown.cancelled() => {
                     // The router says BYE to registered connections; close the others here.
