@@ -534,6 +534,10 @@ pub(crate) struct HistoryArgs {
     /// At most this many (1 to 1000).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) limit: u32,
+    /// Everything that matches, however much (newest first, fetched a page at a time): with
+    /// --json, one JSON object per line (JSON Lines), written as each page arrives.
+    #[arg(long, conflicts_with = "limit")]
+    pub(crate) all: bool,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,

@@ -122,3 +122,41 @@ fn root_only_tests_fail_without_root_instead_of_passing() {
         assert!(text.contains("1 failed"), "{test} did not run:\n{text}");
     }
 }
+
+/// `history` shows at most 1,000 rows; `history --all --json` exports everything, as JSON
+/// lines, newest first, each message once (here 5,000, five pages).
+#[test]
+fn history_all_exports_every_message_as_json_lines() {
+    let relay = crate::support::Relay::start_with(crate::support::UNLIMITED);
+    let out = relay
+        .command()
+        .args([
+            "bench", "-s", "2", "-r", "2", "-n", "5000", "--acks", "lean", "--json", "--target",
+        ])
+        .arg(&relay.socket)
+        .output()
+        .unwrap();
+    crate::support::ok_stdout(&out);
+    let all = crate::support::ok_stdout(&relay.cli(&["history", "--all", "--json"]));
+    let rows: Vec<serde_json::Value> = all
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(rows.len(), 5000);
+    let pos: Vec<i64> = rows.iter().map(|r| r["pos"].as_i64().unwrap()).collect();
+    assert!(
+        pos.windows(2).all(|w| w[0] > w[1]),
+        "newest first, each once"
+    );
+    let ids: std::collections::HashSet<&str> =
+        rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 5000);
+    // The paged default is unchanged, and --all does not take a limit.
+    let page: serde_json::Value = serde_json::from_str(&crate::support::ok_stdout(
+        &relay.cli(&["history", "--json"]),
+    ))
+    .unwrap();
+    assert_eq!(page.as_array().unwrap().len(), 50);
+    let both = relay.cli(&["history", "--all", "--limit", "5"]);
+    assert_eq!(both.status.code(), Some(2), "{both:?}");
+}

@@ -280,6 +280,9 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
         before_pos: None,
         limit: Some(args.limit),
     };
+    if args.all {
+        return history_all(paths, filter, args.json).await;
+    }
     let QueryResult::History { messages } = ask(paths, QueryRequest::History(filter)).await? else {
         anyhow::bail!("unexpected answer to history")
     };
@@ -289,7 +292,53 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
     if messages.is_empty() {
         return Ok(line("no messages match")?);
     }
-    for m in &messages {
+    print_history(&messages)
+}
+
+/// `history --all`: every match, newest first, a page of 1,000 at a time on one connection,
+/// each page written before the next is asked for (memory stays one page, output starts at
+/// once). With `json`, one object per line.
+async fn history_all(
+    paths: &Paths,
+    mut filter: HistoryFilter,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let client = tool_client(&paths.socket, "cli").await?;
+    filter.limit = Some(1000);
+    let mut any = false;
+    let result = loop {
+        let page = match client.query(QueryRequest::History(filter.clone())).await {
+            Ok(QueryResult::History { messages }) => messages,
+            Ok(_) => break Err(anyhow::anyhow!("unexpected answer to history")),
+            Err(e) => break Err(e.into()),
+        };
+        let Some(last) = page.last() else {
+            break Ok(());
+        };
+        filter.before_pos = Some(last.pos);
+        any = true;
+        let written = if as_json {
+            page.iter().try_for_each(|m| -> anyhow::Result<()> {
+                line(relay_protocol::text::json_line(m)?)?;
+                Ok(())
+            })
+        } else {
+            print_history(&page)
+        };
+        if let Err(e) = written {
+            break Err(e);
+        }
+    };
+    client.close().await;
+    result?;
+    if !any && !as_json {
+        line("no messages match")?;
+    }
+    Ok(())
+}
+
+fn print_history(messages: &[MessageRecord]) -> anyhow::Result<()> {
+    for m in messages {
         let short = field(relay_protocol::short_id(&m.id));
         let to = match &m.topic {
             Some(t) => format!("{} #{}", field(&m.to), field(t)),
