@@ -87,6 +87,10 @@ pub(crate) enum Cmd {
     /// `agent-relay completions zsh > ~/.zfunc/_agent-relay`, or
     /// `agent-relay completions fish > ~/.config/fish/completions/agent-relay.fish`.
     Completions(CompletionsArgs),
+    /// Check what the relay depends on (tmux, the agent CLIs and their versions, directory
+    /// permissions, the relay itself) and say what to do about each problem. Exit 1 if
+    /// something is broken.
+    Doctor(JsonArg),
     /// Print the manual page (roff): `agent-relay man > ~/.local/share/man/man1/agent-relay.1`.
     Man,
     /// Run an agent CLI under the relay: what it prints as `@relay:NAME ...` is sent, what it

@@ -1,5 +1,6 @@
 //! A newcomer's first hour (issue 12): mistakes are caught before anything starts.
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 
 use crate::support::BIN;
@@ -159,4 +160,70 @@ fn history_all_exports_every_message_as_json_lines() {
     assert_eq!(page.as_array().unwrap().len(), 50);
     let both = relay.cli(&["history", "--all", "--limit", "5"]);
     assert_eq!(both.status.code(), Some(2), "{both:?}");
+}
+
+/// `doctor` on a healthy setup says ok to each check; on a broken one (no tmux on PATH, a data
+/// directory others can read, an agent CLI of a version the profiles were not tested with) it
+/// names each finding with what to do, and exits 1 for what is broken.
+#[test]
+fn doctor_names_each_problem_and_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |path: &str, data: &std::path::Path, claude: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(BIN);
+        c.args(["doctor", "--json"])
+            .env("PATH", path)
+            .env("AGENT_RELAY_DATA_DIR", data)
+            .env("AGENT_RELAY_SOCKET", tmp.path().join("r.sock"))
+            .env_remove("AGENT_RELAY_CODEX")
+            .env_remove("AGENT_RELAY_GEMINI");
+        match claude {
+            Some(p) => c.env("AGENT_RELAY_CLAUDE", p),
+            None => c.env_remove("AGENT_RELAY_CLAUDE"),
+        };
+        let out = c.output().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        (out.status.code(), v)
+    };
+    let level = |v: &serde_json::Value, check: &str| -> (String, String) {
+        let f = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == check)
+            .unwrap_or_else(|| panic!("no {check} finding: {v}"));
+        (
+            f["level"].as_str().unwrap().to_owned(),
+            f["fix"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    // Healthy: tmux on PATH (as the test command installs it), a private data directory.
+    let good = tmp.path().join("good");
+    std::fs::create_dir(&good).unwrap();
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (code, v) = run("/usr/local/bin:/usr/bin:/bin", &good, None);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(level(&v, "tmux").0, "ok", "{v}");
+    assert_eq!(level(&v, "data").0, "ok", "{v}");
+    // Broken: PATH without tmux, a 0755 data directory, a claude that says 9.9.9.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let claude = bin.join("claude");
+    std::fs::write(&claude, "#!/bin/sh\necho '9.9.9 (Claude Code)'\n").unwrap();
+    std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, v) = run(bin.to_str().unwrap(), &open, Some(&claude));
+    assert_eq!(code, Some(1), "{v}");
+    let (l, fix) = level(&v, "tmux");
+    assert_eq!(l, "fail", "{v}");
+    assert!(fix.contains("install"), "{fix}");
+    let (l, fix) = level(&v, "data");
+    assert_eq!(l, "warn", "{v}");
+    assert_eq!(fix, format!("chmod 700 {}", open.display()));
+    let (l, fix) = level(&v, "claude");
+    assert_eq!(l, "warn", "{v}");
+    assert!(fix.contains("@anthropic-ai/claude-code@2.1."), "{fix}");
+    assert!(v.to_string().contains("9.9.9"), "{v}");
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod bench;
+mod doctor;
 pub(crate) mod parse;
 mod query;
 pub(crate) mod rules;
@@ -116,6 +117,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
+                    Cmd::Doctor(a) => doctor::doctor(&paths, a.json).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)
                     | Cmd::Stop(_)

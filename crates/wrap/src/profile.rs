@@ -62,6 +62,7 @@ struct File {
     prompt: Option<String>,
     placeholders: Option<Vec<String>>,
     starting: Option<Vec<String>>,
+    tested_versions: Option<Vec<String>>,
 }
 
 impl File {
@@ -81,7 +82,8 @@ impl File {
             dialogs,
             prompt,
             placeholders,
-            starting
+            starting,
+            tested_versions
         );
     }
 }
@@ -121,6 +123,8 @@ pub struct Profile {
     prompt: Option<Regex>,
     placeholders: Vec<Regex>,
     starting: Vec<Regex>,
+    /// The CLI versions these rules were checked against (`agent-relay doctor` compares).
+    pub tested_versions: Vec<String>,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -243,6 +247,7 @@ impl Profile {
             prompt: f.prompt.as_deref().map(|p| regex(p, source)).transpose()?,
             placeholders: regexes(f.placeholders)?,
             starting: regexes(f.starting)?,
+            tested_versions: f.tested_versions.unwrap_or_default(),
         })
     }
 
