@@ -1053,6 +1053,16 @@ fn claude_code_text_code_block_is_not_sent() {
 /// The wrapper reads it from Claude Code's transcript; Bob gets it once.
 #[test]
 fn claude_code_directive_above_a_tall_reply_is_sent_once() {
+    tall_reply_directive_is_sent_once("pty");
+}
+
+/// The same under the tmux backend.
+#[test]
+fn claude_code_directive_above_a_tall_reply_is_sent_once_under_tmux() {
+    tall_reply_directive_is_sent_once("tmux");
+}
+
+fn tall_reply_directive_is_sent_once(backend: &str) {
     const FIRST: &str = "The summary is at the top, the details follow.";
     let relay = Relay::start();
     let mut reply = format!("@relay:Bob {FIRST}\n\n");
@@ -1060,12 +1070,14 @@ fn claude_code_directive_above_a_tall_reply_is_sent_once() {
         reply.push_str(&format!("Paragraph {i} of the details, one line long.\n\n"));
     }
     reply.push_str("That is all.");
-    let alice = Agent::claude(
+    let alice = Agent::start_on(
         &relay,
+        Cli::Claude,
         "Alice",
         Script::new(vec![Rule::contains("Write it all", &reply)]),
+        backend,
     );
-    let bob = Agent::claude(&relay, "Bob", Script::default());
+    let bob = Agent::start_on(&relay, Cli::Claude, "Bob", Script::default(), backend);
     alice.wait_ready();
     bob.wait_ready();
     alice.person_types("Write it all");
