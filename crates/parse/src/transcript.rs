@@ -46,9 +46,9 @@ pub fn claude_reply_text(line: &str) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n\n"))
 }
 
-/// The directives in Markdown text: those it says (outside fenced code) and those it only
-/// quotes (the `@relay:` lines inside fenced code, and escaped ones, `\@relay:`, read as if
-/// they were plain).
+/// The directives in Markdown text: those it says (outside fenced code and block quotes) and
+/// those it only quotes (the `@relay:` lines inside fenced code or a `>` block quote, and
+/// escaped ones, `\@relay:`, read as if they were plain).
 pub fn markdown_directives(markdown: &str) -> (Vec<Directive>, Vec<Directive>) {
     let said = scan(markdown, false);
     let mut quoted = scan(markdown, true);
@@ -68,7 +68,17 @@ fn scan(text: &str, open_fences: bool) -> Vec<Directive> {
     for (i, line) in text.lines().enumerate() {
         let t = line.trim_start();
         let fence = t.starts_with("```") || t.starts_with("~~~");
-        let text = if !open_fences {
+        // A Markdown block quote: Claude Code draws it as a quote (2.1.197: not as prose, so
+        // the screen never sent it), and what the reply quotes it does not say.
+        let quote = t.starts_with('>');
+        let text = if quote {
+            if open_fences {
+                t.trim_start_matches(|c: char| c == '>' || c.is_whitespace())
+                    .to_owned()
+            } else {
+                String::new()
+            }
+        } else if !open_fences {
             line.to_owned()
         } else if fence {
             String::new()
@@ -287,7 +297,8 @@ mod tests {
     #[test]
     fn fenced_lines_are_quoted_whatever_the_language() {
         let md = "Like this:\n\n```text\n@relay:Bob quoted\n```\n\n~~~\n@relay:Bob tilde\n~~~\n\n\
-                  ```sh\n@relay:Bob shell\n```\n\n@relay:Carol said\n\n\\@relay:Bob escaped\n\nDone.";
+                  ```sh\n@relay:Bob shell\n```\n\n@relay:Carol said\n\n\\@relay:Bob escaped\n\n\
+                  > @relay:Bob in a block quote\n\nDone.";
         let (said, quoted) = markdown_directives(md);
         assert_eq!(said, [msg("Carol", "said")]);
         assert_eq!(
@@ -296,7 +307,8 @@ mod tests {
                 msg("Bob", "quoted"),
                 msg("Bob", "tilde"),
                 msg("Bob", "shell"),
-                msg("Bob", "escaped")
+                msg("Bob", "escaped"),
+                msg("Bob", "in a block quote")
             ]
         );
     }
