@@ -1047,3 +1047,53 @@ fn claude_code_text_code_block_is_not_sent() {
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
 }
+
+/// A reply taller than the screen, arriving at once: Claude Code 2.1.328 draws only its last
+/// screenful, so its first paragraph, a directive, never reaches the terminal (issue 19.2).
+/// The wrapper reads it from Claude Code's transcript; Bob gets it once.
+#[test]
+fn claude_code_directive_above_a_tall_reply_is_sent_once() {
+    tall_reply_directive_is_sent_once("pty");
+}
+
+/// The same under the tmux backend.
+#[test]
+fn claude_code_directive_above_a_tall_reply_is_sent_once_under_tmux() {
+    tall_reply_directive_is_sent_once("tmux");
+}
+
+fn tall_reply_directive_is_sent_once(backend: &str) {
+    const FIRST: &str = "The summary is at the top, the details follow.";
+    let relay = Relay::start();
+    let mut reply = format!("@relay:Bob {FIRST}\n\n");
+    for i in 1..=30 {
+        reply.push_str(&format!("Paragraph {i} of the details, one line long.\n\n"));
+    }
+    reply.push_str("That is all.");
+    let alice = Agent::start_on(
+        &relay,
+        Cli::Claude,
+        "Alice",
+        Script::new(vec![Rule::contains("Write it all", &reply)]),
+        backend,
+    );
+    let bob = Agent::start_on(&relay, Cli::Claude, "Bob", Script::default(), backend);
+    alice.wait_ready();
+    bob.wait_ready();
+    alice.person_types("Write it all");
+    let bob_prompts = bob.wait_prompts(1);
+    let h = history(&relay);
+    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.1.as_str(), m.2.as_str())).collect();
+    assert_eq!(summary, [("Bob", FIRST)], "{}", alice.pane());
+    assert_eq!(bob_prompts, [relayed("Alice", &h[0].3, &h[0].4, FIRST)]);
+    // The premise: the screen never showed it (else this tests nothing new).
+    let log = std::fs::read_to_string(relay.data_dir().join("team/Alice/wrap.log")).unwrap();
+    assert!(
+        log.contains("sent from Claude Code's transcript: the screen did not show it"),
+        "{log}"
+    );
+    bob.wait_replies_done();
+    alice.wait_replies_done();
+    assert_eq!(history(&relay).len(), 1);
+    assert_eq!(bob.prompts().len(), 1);
+}

@@ -46,9 +46,9 @@ pub fn claude_reply_text(line: &str) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n\n"))
 }
 
-/// The directives in Markdown text: those it says (outside fenced code) and those it only
-/// quotes (the `@relay:` lines inside fenced code, and escaped ones, `\@relay:`, read as if
-/// they were plain).
+/// The directives in Markdown text: those it says (outside fenced code and block quotes) and
+/// those it only quotes (the `@relay:` lines inside fenced code or a `>` block quote, and
+/// escaped ones, `\@relay:`, read as if they were plain).
 pub fn markdown_directives(markdown: &str) -> (Vec<Directive>, Vec<Directive>) {
     let said = scan(markdown, false);
     let mut quoted = scan(markdown, true);
@@ -68,7 +68,17 @@ fn scan(text: &str, open_fences: bool) -> Vec<Directive> {
     for (i, line) in text.lines().enumerate() {
         let t = line.trim_start();
         let fence = t.starts_with("```") || t.starts_with("~~~");
-        let text = if !open_fences {
+        // A Markdown block quote: Claude Code draws it as a quote (2.1.197: not as prose, so
+        // the screen never sent it), and what the reply quotes it does not say.
+        let quote = t.starts_with('>');
+        let text = if quote {
+            if open_fences {
+                t.trim_start_matches(|c: char| c == '>' || c.is_whitespace())
+                    .to_owned()
+            } else {
+                String::new()
+            }
+        } else if !open_fences {
             line.to_owned()
         } else if fence {
             String::new()
@@ -99,13 +109,23 @@ pub enum Origin {
     Said,
     /// The reply shows it only inside a fenced code block: it is not a message.
     Quoted,
+    /// Already sent from the transcript ([`ReplySource::take_unseen`]) before the screen
+    /// showed it: sending it again would send it twice.
+    Sent,
     /// Not in the text read so far (no transcript, not written yet, or drawn differently from
-    /// its Markdown, e.g. with emphasis): the screen is all there is to go by.
+    /// its Markdown): the screen is all there is to go by. It is remembered as sent from the
+    /// screen, so that the transcript, read later, does not send it again.
     Unknown,
 }
 
-/// A directive, as compared between screen and transcript: its whitespace left out, since a
-/// TUI wraps long lines (inside a word, too) and the scanner joins the rows with a space.
+/// Fewest letters and digits the shorter of two bodies needs for one being the start of the
+/// other to count as the same directive (the screen can end a body earlier than its Markdown,
+/// e.g. at a continuation line that starts with inline code).
+const PREFIX_MATCH: usize = 24;
+
+/// A directive, as compared between screen and transcript: only its letters and digits, since
+/// a TUI wraps long lines (inside a word, too), the scanner joins the rows with a space, and
+/// the screen shows Markdown without its marks (`**`, `` ` ``, `_`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     to: String,
@@ -118,18 +138,63 @@ impl Key {
         Self {
             to: d.to.as_str().to_owned(),
             kind: d.kind,
-            body: d.body.chars().filter(|c| !c.is_whitespace()).collect(),
+            body: d.body.chars().filter(|c| c.is_alphanumeric()).collect(),
         }
+    }
+
+    /// The same directive, or one body the start of the other (long enough not to be chance).
+    fn similar(&self, other: &Key) -> bool {
+        if self.to != other.to || self.kind != other.kind {
+            return false;
+        }
+        let (a, b) = if self.body.len() <= other.body.len() {
+            (&self.body, &other.body)
+        } else {
+            (&other.body, &self.body)
+        };
+        a.chars().count() >= PREFIX_MATCH && b.starts_with(a.as_str())
     }
 }
 
-/// The directives the agent's replies said and quoted, as read from its transcript; each
-/// answers [`ReplySource::check`] once (a reply that says and quotes the same line has it
-/// sent once).
+/// Takes the entry matching `key` out of `list`: an equal one first, else a similar one.
+fn take<T>(list: &mut VecDeque<T>, key: &Key, of: impl Fn(&T) -> &Key) -> Option<T> {
+    let i = list
+        .iter()
+        .position(|x| of(x) == key)
+        .or_else(|| list.iter().position(|x| of(x).similar(key)))?;
+    list.remove(i)
+}
+
+/// Appends to a bounded list (the oldest goes first).
+fn push<T>(list: &mut VecDeque<T>, item: T) {
+    if list.len() == REMEMBERED {
+        list.pop_front();
+    }
+    list.push_back(item);
+}
+
+/// A directive a reply says, not seen on the screen yet.
+#[derive(Debug)]
+struct Said {
+    key: Key,
+    directive: Directive,
+    /// Written after the wrapper started: sent from the transcript if the screen never shows
+    /// it. (What a resumed session said before is only used to judge what the screen shows.)
+    sendable: bool,
+}
+
+/// The directives the agent's replies said and quoted, as read from its transcript, and what
+/// was sent from where: each directive a reply says is sent once, from the screen when the
+/// screen shows it, else from the transcript (a reply taller than the screen: Claude Code
+/// draws only its last screenful of a reply that arrives at once).
 #[derive(Debug, Default)]
 pub struct ReplySource {
-    said: VecDeque<Key>,
+    said: VecDeque<Said>,
     quoted: VecDeque<Key>,
+    /// Sent from the screen before the transcript had them.
+    screen_sent: VecDeque<Key>,
+    /// Sent from the transcript before the screen showed them.
+    transcript_sent: VecDeque<Key>,
 }
 
 impl ReplySource {
@@ -138,33 +203,78 @@ impl ReplySource {
         Self::default()
     }
 
-    /// Remembers the directives of one reply (its Markdown text).
+    /// Remembers the directives of one reply (its Markdown text), written while the wrapper
+    /// runs: what the screen does not show is sent from here ([`ReplySource::take_unseen`]).
     pub fn add_reply(&mut self, markdown: &str) {
+        self.add(markdown, true);
+    }
+
+    /// Remembers the directives of a reply written before the wrapper started (a resumed
+    /// session): only to judge what the screen shows again, never sent from here.
+    pub fn add_history(&mut self, markdown: &str) {
+        self.add(markdown, false);
+    }
+
+    fn add(&mut self, markdown: &str, sendable: bool) {
         let (said, quoted) = markdown_directives(markdown);
-        for (list, found) in [(&mut self.said, said), (&mut self.quoted, quoted)] {
-            for d in &found {
-                if list.len() == REMEMBERED {
-                    list.pop_front();
-                }
-                list.push_back(Key::of(d));
+        for d in said {
+            let key = Key::of(&d);
+            // The screen was faster: already sent.
+            if take(&mut self.screen_sent, &key, |k| k).is_some() {
+                continue;
             }
+            push(
+                &mut self.said,
+                Said {
+                    key,
+                    directive: d,
+                    sendable,
+                },
+            );
+        }
+        for d in quoted {
+            let key = Key::of(&d);
+            // Sent from the screen before it was known to be quoted: too late to take back.
+            if take(&mut self.screen_sent, &key, |k| k).is_some() {
+                continue;
+            }
+            push(&mut self.quoted, key);
         }
     }
 
     /// Where `d`, found on the screen, comes from. A match is used up: the screen shows a
     /// line once per time the reply has it (re-prints are dropped by the parser before this).
+    /// The caller sends `Said` and `Unknown`, and nothing else.
     pub fn check(&mut self, d: &Directive) -> Origin {
         let key = Key::of(d);
-        for (list, origin) in [
-            (&mut self.said, Origin::Said),
-            (&mut self.quoted, Origin::Quoted),
-        ] {
-            if let Some(i) = list.iter().position(|k| *k == key) {
-                list.remove(i);
-                return origin;
+        if take(&mut self.said, &key, |s| &s.key).is_some() {
+            return Origin::Said;
+        }
+        if take(&mut self.quoted, &key, |k| k).is_some() {
+            return Origin::Quoted;
+        }
+        if take(&mut self.transcript_sent, &key, |k| k).is_some() {
+            return Origin::Sent;
+        }
+        push(&mut self.screen_sent, key);
+        Origin::Unknown
+    }
+
+    /// The directives replies said that the screen has not shown (yet), to be sent now; each
+    /// is remembered, so that the screen showing it later does not send it again.
+    pub fn take_unseen(&mut self) -> Vec<Directive> {
+        let mut out = Vec::new();
+        let mut kept = VecDeque::new();
+        for s in self.said.drain(..) {
+            if s.sendable {
+                push(&mut self.transcript_sent, s.key);
+                out.push(s.directive);
+            } else {
+                kept.push_back(s);
             }
         }
-        Origin::Unknown
+        self.said = kept;
+        out
     }
 }
 
@@ -187,7 +297,8 @@ mod tests {
     #[test]
     fn fenced_lines_are_quoted_whatever_the_language() {
         let md = "Like this:\n\n```text\n@relay:Bob quoted\n```\n\n~~~\n@relay:Bob tilde\n~~~\n\n\
-                  ```sh\n@relay:Bob shell\n```\n\n@relay:Carol said\n\n\\@relay:Bob escaped\n\nDone.";
+                  ```sh\n@relay:Bob shell\n```\n\n@relay:Carol said\n\n\\@relay:Bob escaped\n\n\
+                  > @relay:Bob in a block quote\n\nDone.";
         let (said, quoted) = markdown_directives(md);
         assert_eq!(said, [msg("Carol", "said")]);
         assert_eq!(
@@ -196,7 +307,8 @@ mod tests {
                 msg("Bob", "quoted"),
                 msg("Bob", "tilde"),
                 msg("Bob", "shell"),
-                msg("Bob", "escaped")
+                msg("Bob", "escaped"),
+                msg("Bob", "in a block quote")
             ]
         );
     }
@@ -208,6 +320,46 @@ mod tests {
         assert_eq!(src.check(&msg("Bob", "hi")), Origin::Said);
         assert_eq!(src.check(&msg("Bob", "hi")), Origin::Quoted);
         assert_eq!(src.check(&msg("Bob", "hi")), Origin::Unknown);
+    }
+
+    #[test]
+    fn each_said_directive_is_sent_once_from_screen_or_transcript() {
+        let mut src = ReplySource::new();
+        // The screen shows the last one before the transcript is written: sent from there.
+        assert_eq!(src.check(&msg("Bob", "last")), Origin::Unknown);
+        src.add_reply("@relay:Bob first, lost off the screen\n\nfiller\n\n@relay:Bob **last**");
+        // Only the one the screen never showed is left to send.
+        assert_eq!(
+            src.take_unseen(),
+            [msg("Bob", "first, lost off the screen")]
+        );
+        assert_eq!(src.take_unseen(), []);
+        // A re-print shows it after all: not sent again.
+        assert_eq!(
+            src.check(&msg("Bob", "first, lost off the screen")),
+            Origin::Sent
+        );
+        // Said again in a later reply, seen on the screen first: sent again.
+        assert_eq!(src.check(&msg("Bob", "last")), Origin::Unknown);
+    }
+
+    #[test]
+    fn history_is_never_sent_from_the_transcript() {
+        let mut src = ReplySource::new();
+        src.add_history("@relay:Bob old");
+        assert_eq!(src.take_unseen(), []);
+        assert_eq!(src.check(&msg("Bob", "old")), Origin::Said);
+    }
+
+    #[test]
+    fn a_body_the_screen_ended_early_is_the_same_directive() {
+        let mut src = ReplySource::new();
+        assert_eq!(
+            src.check(&msg("Bob", "please review the parser changes in")),
+            Origin::Unknown
+        );
+        src.add_reply("@relay:Bob please review the parser changes in\n`crates/parse` today");
+        assert_eq!(src.take_unseen(), []);
     }
 
     #[test]

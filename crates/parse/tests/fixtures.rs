@@ -243,6 +243,20 @@ fn claude_transcript_drops_what_a_reply_only_quotes() {
             "{}",
             f.name()
         );
+        // Everything the reply says was on the screen: nothing is left to send from the
+        // transcript (issue 19.2), whether it was read before the screen ...
+        assert_eq!(source.take_unseen(), [], "{}", f.name());
+        // ... or after.
+        let mut late = ReplySource::new();
+        for d in f.reference() {
+            assert_eq!(late.check(&d), Origin::Unknown);
+        }
+        for line in lines.lines() {
+            if let Some(reply) = claude_reply_text(line) {
+                late.add_reply(&reply);
+            }
+        }
+        assert_eq!(late.take_unseen(), [], "{}", f.name());
         checked += 1;
     }
     assert_eq!(checked, 2, "claude-fences-328 and claude-fences-197");

@@ -44,6 +44,9 @@ pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
 /// Output running this long (no quiet spell of the profile's settle time) reports the agent
 /// busy to the relay.
 const BUSY_AFTER: Duration = Duration::from_secs(1);
+/// How long after output went quiet Claude Code's transcript is looked at once more (it may
+/// write a reply there after drawing it).
+const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -293,6 +296,13 @@ struct Core {
     /// Claude Code's transcript: tells a directive its reply says from one it only quotes in a
     /// code block drawn like prose (`claude` profile).
     transcript: Option<transcript::Transcript>,
+    /// When to look at the transcript once more after output went quiet: Claude Code may
+    /// write the reply there after it drew its last screen.
+    transcript_due: Option<Instant>,
+    /// Directives read off the screen (while a transcript is kept): a reply was given.
+    screen_directives: u64,
+    /// The log was told that no transcript is to be found.
+    transcript_missing_told: bool,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -375,6 +385,9 @@ impl Core {
             started: false,
             form,
             transcript,
+            transcript_due: None,
+            screen_directives: 0,
+            transcript_missing_told: false,
         })
     }
 
@@ -438,10 +451,16 @@ impl Core {
             Target::Broadcast => "*".to_owned(),
         };
         if let Some(t) = &mut self.transcript {
+            self.screen_directives += 1;
             match t.check(&d) {
                 relay_parse::transcript::Origin::Quoted => {
                     // Not a message: the agent showed the syntax, in a code block or escaped.
                     tracing::info!(%to, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (Claude Code's transcript)");
+                    return;
+                }
+                relay_parse::transcript::Origin::Sent => {
+                    // The transcript was read first and it went from there.
+                    tracing::debug!(%to, "already sent from Claude Code's transcript; the screen shows it now");
                     return;
                 }
                 origin => {
@@ -449,6 +468,35 @@ impl Core {
                 }
             }
         }
+        self.relay_directive(d, to).await;
+    }
+
+    /// Sends what Claude Code's replies said and its screen did not show: the start of a
+    /// reply taller than the screen, which Claude Code never draws when the reply arrives at
+    /// once (issue 19.2).
+    async fn send_from_transcript(&mut self) {
+        let Some(t) = &mut self.transcript else {
+            return;
+        };
+        let unseen = t.take_unseen();
+        if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
+            // Replies with directives, but no transcript where it should be: a directive above
+            // the last screenful of a tall reply is lost, and nothing can tell.
+            self.transcript_missing_told = true;
+            tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
+        }
+        for d in unseen {
+            let to = match &d.to {
+                Target::Agent(name) => name.clone(),
+                Target::Broadcast => "*".to_owned(),
+            };
+            tracing::info!(%to, body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            self.relay_directive(d, to).await;
+        }
+    }
+
+    /// Relays a directive found on the screen or in the transcript (already checked).
+    async fn relay_directive(&mut self, d: Directive, to: String) {
         if d.truncated {
             // Sending the start of it as if whole would be a silent cut: tell the agent.
             let limit = relay_parse::MAX_DIRECTIVE_BODY;
@@ -689,10 +737,10 @@ impl Core {
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
         let settle = (!self.settled).then(|| self.last_output + self.cfg.profile.settle);
-        match (settle, self.injector.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [settle, self.injector.next_deadline(), self.transcript_due]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
@@ -702,6 +750,12 @@ impl Core {
             for d in self.parser.settle() {
                 self.send_directive(d).await;
             }
+            self.send_from_transcript().await;
+            self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
+        }
+        if self.transcript_due.is_some_and(|due| now >= due) {
+            self.transcript_due = None;
+            self.send_from_transcript().await;
         }
         if let Term::Tmux(pane) = &term {
             self.end_turn_if_idle(pane);

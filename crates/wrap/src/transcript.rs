@@ -6,6 +6,12 @@
 //! `${CLAUDE_CONFIG_DIR:-~/.claude}/projects/<working directory, non-alphanumerics as ->/<session>.jsonl`;
 //! before a directive from the screen is sent, the files there are read on from where they
 //! were left, and a directive the replies only quote is not sent.
+//!
+//! It is also where a reply taller than the screen is read whole: Claude Code draws only the
+//! last screenful of a reply that arrives at once, so a directive above it never reaches the
+//! terminal. Each time the output goes quiet the wrapper sends what the replies said and the
+//! screen did not show ([`Transcript::take_unseen`]); each directive is sent once, from
+//! whichever showed it first.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -27,6 +33,8 @@ pub(crate) struct Transcript {
     /// Bytes of each file read so far (up to its last complete line).
     read: HashMap<PathBuf, u64>,
     source: ReplySource,
+    /// Transcript files found so far.
+    files: usize,
 }
 
 /// Claude Code's name for a working directory's folder: every character that is not an ASCII
@@ -52,18 +60,40 @@ impl Transcript {
         let root = std::env::var_os("CLAUDE_CONFIG_DIR")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".claude")))?;
-        Some(Self {
+        let mut t = Self {
             projects: root.join("projects"),
             slug: slug(cwd),
             read: HashMap::new(),
             source: ReplySource::new(),
-        })
+            files: 0,
+        };
+        // What a resumed session said before the wrapper started: already sent (or not) by
+        // an earlier wrapper; only to judge what the screen shows again.
+        t.read_new(true);
+        Some(t)
+    }
+
+    /// The directives the replies said that the screen did not show, after reading what was
+    /// added to the transcripts: to be sent now (each once; see [`ReplySource::take_unseen`]).
+    pub(crate) fn take_unseen(&mut self) -> Vec<Directive> {
+        self.read_new(false);
+        self.source.take_unseen()
+    }
+
+    /// How many transcript files were found so far.
+    pub(crate) fn files(&self) -> usize {
+        self.files
+    }
+
+    /// Where the transcripts are looked for (for a log line).
+    pub(crate) fn folder(&self) -> PathBuf {
+        self.projects.join(&self.slug)
     }
 
     /// Where `d` (found on the screen) comes from, after reading what was added to the
     /// transcripts since the last look.
     pub(crate) fn check(&mut self, d: &Directive) -> Origin {
-        self.read_new();
+        self.read_new(false);
         self.source.check(d)
     }
 
@@ -83,7 +113,8 @@ impl Transcript {
         }
     }
 
-    fn read_new(&mut self) {
+    /// Reads what was added to the transcripts; `history`: written before the wrapper started.
+    fn read_new(&mut self, history: bool) {
         for folder in self.folders() {
             let entries = match std::fs::read_dir(&folder) {
                 Ok(e) => e,
@@ -99,21 +130,24 @@ impl Transcript {
                 if path.extension().is_none_or(|x| x != "jsonl") {
                     continue;
                 }
-                if let Err(e) = self.read_file(&path) {
+                if let Err(e) = self.read_file(&path, history) {
                     tracing::debug!(file = %path.display(), error = %e, "cannot read Claude Code's transcript; code blocks are told by colour only");
                 }
             }
         }
     }
 
-    fn read_file(&mut self, path: &Path) -> std::io::Result<()> {
+    fn read_file(&mut self, path: &Path, history: bool) -> std::io::Result<()> {
         let mut file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
         let known = self.read.get(path).copied();
         let mut from = match known {
             Some(n) if n <= len => n,
-            // New to us (or rewritten): its recent part.
-            _ => len.saturating_sub(FIRST_READ),
+            // There when the wrapper started: its recent part (only recent replies can be
+            // on the screen).
+            _ if history => len.saturating_sub(FIRST_READ),
+            // New since (or rewritten): all of it.
+            _ => 0,
         };
         if from == len {
             return Ok(());
@@ -135,10 +169,20 @@ impl Transcript {
         let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         for line in text[..whole].split(|&b| b == b'\n') {
             if let Some(reply) = std::str::from_utf8(line).ok().and_then(claude_reply_text) {
-                self.source.add_reply(&reply);
+                if history {
+                    self.source.add_history(&reply);
+                } else {
+                    self.source.add_reply(&reply);
+                }
             }
         }
-        self.read.insert(path.to_owned(), from + whole as u64);
+        if self
+            .read
+            .insert(path.to_owned(), from + whole as u64)
+            .is_none()
+        {
+            self.files += 1;
+        }
         Ok(())
     }
 }
@@ -177,13 +221,14 @@ mod tests {
             slug: slug(cwd),
             read: HashMap::new(),
             source: ReplySource::new(),
+            files: 0,
         };
-        assert_eq!(t.check(&msg("quoted")), Origin::Unknown);
+        assert_eq!(t.check(&msg("before")), Origin::Unknown);
         let reply = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"```text\n@relay:Bob quoted\n```\n\n@relay:Bob said"}]}}"#;
         let file = folder.join("s.jsonl");
         // Half a line: not read yet.
         std::fs::write(&file, &reply[..20]).unwrap();
-        assert_eq!(t.check(&msg("quoted")), Origin::Unknown);
+        assert_eq!(t.take_unseen(), []);
         std::fs::write(&file, format!("{reply}\n")).unwrap();
         assert_eq!(t.check(&msg("quoted")), Origin::Quoted);
         assert_eq!(t.check(&msg("said")), Origin::Said);
