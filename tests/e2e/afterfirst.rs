@@ -131,9 +131,10 @@ fn a_long_directive_is_taken_whole_or_reported_as_cut() {
 fn a_directive_past_the_limit_is_not_sent_and_the_agent_is_told() {
     let relay = Relay::start();
     let (_bob, _) = relay.agent("Bob");
-    std::fs::write(
-        relay.dir.path().join("long.sh"),
-        // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
+    // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
+    let out = relay.run_wrapped(
+        "Alice",
+        "long.sh",
         r#"(sleep 60; kill $$) &
 printf '@relay:Bob %s END\n' "$(head -c 40000 /dev/zero | tr '\0' x)"
 while IFS= read -r line; do
@@ -141,14 +142,7 @@ while IFS= read -r line; do
   case "$line" in *"was not sent"*) exit 5;; esac
 done
 "#,
-    )
-    .unwrap();
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "long.sh"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),

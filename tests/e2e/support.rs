@@ -117,6 +117,17 @@ impl Relay {
     }
 
     /// Runs the CLI with `args` against this relay.
+    /// Runs `script` (shell text, saved as `file`) wrapped as agent `name` on a PTY with no
+    /// input, to its end: the stand-in agent decides when the test has seen enough.
+    pub fn run_wrapped(&self, name: &str, file: &str, script: &str) -> Output {
+        std::fs::write(self.dir.path().join(file), script).unwrap();
+        self.command()
+            .args(["wrap", "--no-input", "-n", name, "--", "sh", file])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     pub fn cli(&self, args: &[&str]) -> Output {
         self.command()
             .args(args)

@@ -389,22 +389,16 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
 fn a_refused_message_comes_back_to_the_agent_as_a_notice() {
     let relay = Relay::start();
     let (_bob, _) = relay.agent("Bob");
-    std::fs::write(
-        relay.dir.path().join("typo.sh"),
+    let out = relay.run_wrapped(
+        "Alice",
+        "typo.sh",
         r#"echo "@relay:Bobb are you there?"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in *"was not sent"*) exit 5;; esac
 done
 "#,
-    )
-    .unwrap();
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "typo.sh"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(5), "{text}");
     assert!(

@@ -515,9 +515,13 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
         })
         .await
     });
-    let _ = std::fs::remove_file(dashboard_file(paths));
-    let _ = std::fs::remove_file(settings_file(paths));
-    let _ = std::fs::remove_file(&paths.pid_file);
+    for file in [
+        dashboard_file(paths),
+        settings_file(paths),
+        paths.pid_file.clone(),
+    ] {
+        remove_stale(&file);
+    }
     drop(lock);
     result?;
     tracing::info!("relay daemon stopped");
@@ -613,4 +617,14 @@ pub(crate) fn down(paths: &Paths, args: &DownArgs) -> anyhow::Result<()> {
     }
     line(format!("relay stopped (pid {pid})"))?;
     Ok(())
+}
+
+/// Removes a file the daemon leaves for others (URL, settings, pid) as it stops. One left
+/// behind is harmless (the next start replaces it, and readers check the pid), but say so.
+fn remove_stale(file: &std::path::Path) {
+    if let Err(e) = std::fs::remove_file(file)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(file = %file.display(), error = %e, "could not remove at stop; the next start replaces it");
+    }
 }

@@ -147,17 +147,9 @@ impl Dedupe {
 mod tests {
     use super::*;
     use crate::Target;
-    use relay_protocol::Kind;
 
     fn found(body: &str, row: u64, seq: u64) -> Found {
-        let directive = Directive {
-            to: Target::Agent("Bob".into()),
-            kind: Kind::Message,
-            body: body.into(),
-            thread: None,
-            data: None,
-            truncated: false,
-        };
+        let directive = Directive::message(Target::Agent("Bob".into()), body);
         Found {
             directive,
             row,

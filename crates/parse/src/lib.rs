@@ -96,6 +96,20 @@ pub struct Directive {
     pub truncated: bool,
 }
 
+impl Directive {
+    /// A plain message to `to` (no thread, no data), as `@relay:NAME body` gives.
+    pub fn message(to: Target, body: impl Into<String>) -> Self {
+        Self {
+            to,
+            kind: Kind::Message,
+            body: body.into(),
+            thread: None,
+            data: None,
+            truncated: false,
+        }
+    }
+}
+
 /// Longest body a printed directive may have, in bytes; a longer one is reported as
 /// [`Directive::truncated`].
 pub const MAX_DIRECTIVE_BODY: usize = scanner::MAX_BODY;

@@ -599,18 +599,12 @@ mod tests {
     }
 
     fn msg(to: &str, body: &str) -> Directive {
-        Directive {
-            to: if to == "*" {
-                Target::Broadcast
-            } else {
-                Target::Agent(to.into())
-            },
-            kind: Kind::Message,
-            body: body.into(),
-            thread: None,
-            data: None,
-            truncated: false,
-        }
+        let to = if to == "*" {
+            Target::Broadcast
+        } else {
+            Target::Agent(to.into())
+        };
+        Directive::message(to, body)
     }
 
     #[test]

@@ -284,14 +284,7 @@ mod tests {
     use crate::Target;
 
     fn msg(to: &str, body: &str) -> Directive {
-        Directive {
-            to: Target::Agent(to.into()),
-            kind: Kind::Message,
-            body: body.into(),
-            thread: None,
-            data: None,
-            truncated: false,
-        }
+        Directive::message(Target::Agent(to.into()), body)
     }
 
     #[test]

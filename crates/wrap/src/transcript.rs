@@ -190,17 +190,10 @@ impl Transcript {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relay_parse::{Kind, Target};
+    use relay_parse::Target;
 
     fn msg(body: &str) -> Directive {
-        Directive {
-            to: Target::Agent("Bob".into()),
-            kind: Kind::Message,
-            body: body.into(),
-            thread: None,
-            data: None,
-            truncated: false,
-        }
+        Directive::message(Target::Agent("Bob".into()), body)
     }
 
     #[test]
