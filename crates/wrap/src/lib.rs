@@ -690,7 +690,17 @@ impl Core {
                         // the text being in the pane's history, acknowledges it again untyped.
                         tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
                     }
-                    self.ack(&m, DeliveryState::Injected).await;
+                    // A PTY agent that ended with the wrapper after the Enter may or may not
+                    // have read the line: say so (a failure report makes it a dead letter and
+                    // tells the sender) rather than call it delivered. A tmux pane's history
+                    // showed the text, so there it was given.
+                    let state = if pane.is_some() {
+                        DeliveryState::Injected
+                    } else {
+                        tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
+                        DeliveryState::Failed
+                    };
+                    self.ack(&m, state).await;
                     return;
                 }
             }
