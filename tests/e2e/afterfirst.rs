@@ -161,6 +161,37 @@ done
     assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }
 
+/// A `[[RELAY]]` block past 64 KiB was dropped without a word (issue 19): the agent is told,
+/// and nothing is sent.
+#[test]
+fn a_relay_block_past_the_limit_is_not_sent_and_the_agent_is_told() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
+    let out = relay.run_wrapped(
+        "Alice",
+        "block.sh",
+        r#"(sleep 60; kill $$) &
+printf '[[RELAY]]{"to": "Bob", "body": "%s"}[[/RELAY]]\n' "$(head -c 70000 /dev/zero | tr '\0' x)"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"was not sent"*) exit 5;; esac
+done
+"#,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tail = &text[text.len().saturating_sub(2000)..];
+    assert_eq!(out.status.code(), Some(5), "{tail}");
+    assert!(
+        text.contains(
+            "got: relay: your message to Bob was not sent: it is longer than a [[RELAY]] block may be (65536 bytes, 16384 on one line)"
+        ),
+        "{tail}"
+    );
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
+}
+
 /// Runs the binary in `cwd` with no path overrides, as a user does: the project root decides
 /// where the relay lives (its runtime and data directories are kept under `home`).
 fn in_folder(home: &std::path::Path, cwd: &std::path::Path, args: &[&str]) -> std::process::Output {

@@ -90,8 +90,9 @@ pub struct Directive {
     /// Structured data, from a `[[RELAY]]` block.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
-    /// The agent printed more than one directive may carry (16 KiB of body): `body` is only
-    /// its start. Never send such a directive as if whole; tell the agent instead.
+    /// The agent printed more than one directive may carry (16 KiB of body for a line, 64 KiB
+    /// for a `[[RELAY]]` block): `body` is only its start (empty for a block). Never send such
+    /// a directive as if whole; tell the agent instead.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -113,6 +114,10 @@ impl Directive {
 /// Longest body a printed directive may have, in bytes; a longer one is reported as
 /// [`Directive::truncated`].
 pub const MAX_DIRECTIVE_BODY: usize = scanner::MAX_BODY;
+
+/// Largest `[[RELAY]]` block, in bytes; a larger one is reported as [`Directive::truncated`]
+/// (with an empty body) when its start names the recipient.
+pub const MAX_BLOCK_BYTES: usize = scanner::MAX_BLOCK;
 
 /// The text a terminal shows: its rows (trailing spaces removed) and where the cursor is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

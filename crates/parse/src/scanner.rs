@@ -14,7 +14,8 @@ use crate::{Directive, Profile, Target};
 
 /// Longest body kept for an inline directive, in bytes; continuation stops there.
 pub(crate) const MAX_BODY: usize = 16 * 1024;
-/// Largest `[[RELAY]]` block, in bytes; larger ones are dropped.
+/// Largest `[[RELAY]]` block, in bytes; a larger one is reported cut (if its target can be
+/// read from its start) and never sent.
 pub(crate) const MAX_BLOCK: usize = 64 * 1024;
 /// Most lines a `[[RELAY]]` block may span.
 const MAX_BLOCK_LINES: u32 = 400;
@@ -274,6 +275,15 @@ fn parse_block(json: &str) -> Option<Directive> {
     })
 }
 
+/// The target of a `[[RELAY]]` block too big to parse whole: its `"to"` string, read from the
+/// block's start.
+fn block_target(json: &str) -> Option<Target> {
+    let at = json.find("\"to\"")?;
+    let rest = json[at + 4..].trim_start().strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"')?;
+    parse_target(&rest[..rest.find('"')?])
+}
+
 /// The longest start of `text` of at most `max` bytes, cut at a character boundary.
 fn cut_to(text: &str, max: usize) -> &str {
     if text.len() <= max {
@@ -367,7 +377,7 @@ impl Scanner {
     /// Scans one final line.
     pub(crate) fn line(&mut self, line: &CommittedLine, seq: u64, out: &mut Vec<Found>) {
         if self.block.is_some() {
-            self.block_line(&line.text, out);
+            self.block_line(&line.text, line.overflow, out);
             return;
         }
         let s = shape(&line.text);
@@ -439,7 +449,7 @@ impl Scanner {
                 row: line.row,
                 seq,
             });
-            self.block_line(&s.rest[OPEN_BLOCK.len()..], out);
+            self.block_line(&s.rest[OPEN_BLOCK.len()..], line.overflow, out);
             return;
         }
         if let Some((kind, to, body)) = parse_inline(s.rest) {
@@ -537,7 +547,9 @@ impl Scanner {
         true
     }
 
-    fn block_line(&mut self, text: &str, out: &mut Vec<Found>) {
+    /// One line of a `[[RELAY]]` block; `overflow`: the row was longer than the screen model
+    /// keeps, so its end (and maybe the block's close) is lost.
+    fn block_line(&mut self, text: &str, overflow: bool, out: &mut Vec<Found>) {
         let Some(block) = &mut self.block else { return };
         block.lines += 1;
         if let Some(end) = text.find(CLOSE_BLOCK) {
@@ -562,8 +574,25 @@ impl Scanner {
             }
             return;
         }
-        if block.text.len() + text.len() + 1 > MAX_BLOCK || block.lines >= MAX_BLOCK_LINES {
+        if overflow
+            || block.text.len() + text.len() + 1 > MAX_BLOCK
+            || block.lines >= MAX_BLOCK_LINES
+        {
+            // Too big to be a block, or never closed: not sent, but not silently either. The
+            // agent is told (the wrapper does that for a cut directive) when the start names
+            // whom it was for; a block whose target is not in its first 64 KiB names no one.
+            let (row, seq) = (block.row, block.seq);
+            let to = block_target(&block.text).or_else(|| block_target(text));
             self.block = None;
+            if let Some(to) = to {
+                let mut directive = Directive::message(to, "");
+                directive.truncated = true;
+                out.push(Found {
+                    directive,
+                    row,
+                    seq,
+                });
+            }
             return;
         }
         if !block.text.is_empty() {
@@ -864,7 +893,7 @@ mod tests {
     }
 
     #[test]
-    fn invalid_or_oversize_blocks_are_dropped() {
+    fn invalid_blocks_are_dropped_and_oversize_ones_reported_cut() {
         assert!(
             scan(&[
                 "[[RELAY]]{not json}[[/RELAY]]",
@@ -882,7 +911,33 @@ mod tests {
         lines.extend(std::iter::repeat_n(big.as_str(), 200));
         lines.push("\"}[[/RELAY]]");
         lines.push("@relay:Bob still works");
-        assert_eq!(scan(&lines), [msg("Bob", "still works")]);
+        let mut cut = msg("Bob", "");
+        cut.truncated = true;
+        assert_eq!(scan(&lines), [cut.clone(), msg("Bob", "still works")]);
+        // Never closed: reported once it passes the line limit.
+        let mut lines = vec!["[[RELAY]]{ \"to\" : \"Bob\", \"body\": \"a"];
+        lines.extend(std::iter::repeat_n("more", MAX_BLOCK_LINES as usize));
+        assert_eq!(scan(&lines), [cut.clone()]);
+        // One row longer than the screen keeps: its close is lost, so it is cut.
+        let mut s = Scanner::new(Profile::generic());
+        let mut out = Vec::new();
+        let line = CommittedLine {
+            row: 0,
+            text: format!("[[RELAY]]{{\"to\":\"Bob\",\"body\":\"{big}"),
+            code: Vec::new(),
+            seen: false,
+            overflow: true,
+        };
+        s.line(&line, 0, &mut out);
+        assert_eq!(
+            out.into_iter().map(|f| f.directive).collect::<Vec<_>>(),
+            [cut]
+        );
+        // No target in its start: nobody to tell, nothing sent.
+        let mut lines = vec!["[[RELAY]]{\"body\":\""];
+        lines.extend(std::iter::repeat_n(big.as_str(), 200));
+        lines.push("\", \"to\": \"Bob\"}[[/RELAY]]");
+        assert!(scan(&lines).is_empty());
     }
 
     #[test]

@@ -499,14 +499,20 @@ impl Core {
     async fn relay_directive(&mut self, d: Directive, to: String) {
         if d.truncated {
             // Sending the start of it as if whole would be a silent cut: tell the agent.
+            // A block is cut with nothing parsed; a line keeps the start of its body.
             let limit = relay_parse::MAX_DIRECTIVE_BODY;
-            tracing::warn!(%to, limit, "a directive longer than the limit was printed; not sent, the agent is told");
-            let notice = refusal_notice(
-                &to,
-                &format!(
+            let reason = if d.body.is_empty() {
+                let block = relay_parse::MAX_BLOCK_BYTES;
+                format!(
+                    "it is longer than a [[RELAY]] block may be ({block} bytes, {limit} on one line); nothing was sent. Put long content in a file and send its path"
+                )
+            } else {
+                format!(
                     "it is longer than {limit} bytes, the most one printed message may carry; nothing was sent. Put long content in a file and send its path"
-                ),
-            );
+                )
+            };
+            tracing::warn!(%to, %reason, "a directive longer than the limit was printed; not sent, the agent is told");
+            let notice = refusal_notice(&to, &reason);
             if self.notices.send(notice).is_err() {
                 tracing::warn!(%to, "the notice about a message too long could not be queued (wrapper stopping)");
             }
