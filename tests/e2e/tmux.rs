@@ -997,6 +997,93 @@ done
     }
 }
 
+/// The same with a profile that does not know the agent's input line (a plain `generic`
+/// script): the wrapper cannot see the turn end on the screen, so it asks tmux whether a
+/// person pressed a key in the session since it typed the last message. The person types
+/// through a real attached client (`agent-relay attach`); with a budget of 3, the third ping
+/// would be hop 4 of one chain and refused.
+#[test]
+fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
+    let relay = Relay::start_with(&["--max-hops", "3"]);
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    start_tmux_agent(
+        &relay,
+        "Bob",
+        r#"while printf '> ' && IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"Relay message from Alice"*) echo "@relay:Alice re: ${line##*: }"; echo;; esac
+done
+"#,
+        &["--profile", "generic"],
+    );
+    wait_online(&relay, "Bob");
+    let alice = start_tmux_agent(
+        &relay,
+        "Alice",
+        r#"while printf '> ' && IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in "Relay message from"*) ;; go*) echo "@relay:Bob ping ${line#go }"; echo;; esac
+done
+"#,
+        &["--profile", "generic"],
+    );
+    wait_online(&relay, "Alice");
+    let dir = relay.dir.path();
+    let _terminal = crate::wrap::person_terminal(
+        &relay,
+        "relayturns",
+        &format!(
+            "cd '{}' && unset TMUX && {{bin}} attach Alice",
+            dir.display()
+        ),
+    );
+    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayturns", args);
+    let rounds = 4;
+    for i in 1..=rounds {
+        wait_or_dump(&relay, &tmux, "Alice waits at her prompt, all read", || {
+            settled(&relay, "Alice") && tmux.pane(&alice).trim_end().ends_with('>')
+        });
+        // tmux keeps a person's last key time in whole seconds: the person types in a later
+        // second than the wrapper entered the last message (before which the answer showed).
+        let shown = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        wait_for(Duration::from_secs(5), "the next second", || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                > shown
+        });
+        person(&["send-keys", "-l", &format!("go {i}")]);
+        person(&["send-keys", "Enter"]);
+        let answer = format!(": re: ping {i}");
+        wait_or_dump(
+            &relay,
+            &tmux,
+            &format!("Bob's answer {i} reaches Alice"),
+            || {
+                tmux.pane(&alice)
+                    .lines()
+                    .any(|l| l.starts_with("got: Relay message from Bob [") && l.ends_with(&answer))
+            },
+        );
+    }
+    let refused = dead_letters(&relay);
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    let h = stored(&relay);
+    assert_eq!(h.len(), 2 * rounds, "{h:#?}");
+    for pair in h.chunks(2) {
+        let (ping, pong) = (&pair[0], &pair[1]);
+        assert_eq!(ping["from"], "Alice", "{h:#?}");
+        assert!(ping["in_reply_to"].is_null(), "{ping:#}");
+        assert_eq!(pong["in_reply_to"], ping["id"], "{pong:#}");
+    }
+}
+
 /// The budget still stops two tmux agents answering each other forever, with the turn
 /// detection on (their profile knows their prompt): each answer is printed in the turn the
 /// message before it started, so the chain grows until the relay refuses it and the agent is

@@ -279,6 +279,10 @@ struct Core {
     /// tmux: the pane was looked at for the end of the agent's turn since its last output
     /// (see `turn.rs`).
     turn_looked: bool,
+    /// tmux, a profile that does not know the CLI's input line: the session's person activity
+    /// (see [`tmux::Pane::person_activity`]) when the message typed last was entered; a
+    /// person's key after it ends the reply chain (see `turn.rs`).
+    chain_activity: Option<u64>,
     /// Ids queued in the injector (a replay after a reconnect must not queue them twice).
     queued: HashSet<String>,
     last_output: Instant,
@@ -376,6 +380,7 @@ impl Core {
             unacked: 0,
             replying_to: None,
             turn_looked: false,
+            chain_activity: None,
             queued: HashSet::new(),
             last_output: now,
             settled: true,
@@ -446,6 +451,7 @@ impl Core {
     }
 
     async fn send_directive(&mut self, d: Directive) {
+        self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
             Target::Broadcast => "*".to_owned(),
@@ -808,6 +814,8 @@ impl Core {
                             tracing::warn!(error = %e, "cannot record an injected message");
                         }
                         self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
+                        // Measured again once it is entered.
+                        self.chain_activity = None;
                     }
                     self.parser.note_injected(&text);
                     match &mut term {
@@ -832,7 +840,10 @@ impl Core {
                     }
                     match &term {
                         Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,
-                        Term::Tmux(pane) => tokio::task::block_in_place(|| pane.enter())?,
+                        Term::Tmux(pane) => {
+                            tokio::task::block_in_place(|| pane.enter())?;
+                            self.note_chain_start(pane);
+                        }
                     }
                 }
                 Action::Done(Item::Message(m), outcome) => {

@@ -430,6 +430,25 @@ impl Pane {
         Ok(())
     }
 
+    /// When a person last pressed a key in (or attached to) the pane's session, in whole
+    /// seconds since the epoch: tmux's `session_activity`, which keys typed through an
+    /// attached client move and the wrapper's own `send-keys`, pastes and resizes do not.
+    pub(crate) fn person_activity(&self) -> Result<u64, WrapError> {
+        let out = tmux(
+            &[
+                "display-message",
+                "-p",
+                "-t",
+                &self.target,
+                "#{session_activity}",
+            ],
+            None,
+        )?;
+        out.trim()
+            .parse()
+            .map_err(|_| tmux_err("display-message", format!("session_activity is {out:?}")))
+    }
+
     /// Presses Enter.
     pub(crate) fn enter(&self) -> Result<(), WrapError> {
         tmux(&["send-keys", "-t", &self.target, "Enter"], None)?;

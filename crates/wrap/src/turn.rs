@@ -10,10 +10,15 @@
 //! [`Profile::waiting_for_input`](crate::profile::Profile::waiting_for_input)), whatever it
 //! prints next was started by someone else. A message the wrapper types starts a chain again.
 //!
-//! Only a profile that knows the CLI's input line can tell a turn is over (claude, codex,
-//! gemini, or a `prompt` in an override): for the others quiet output proves nothing (a
-//! program may think without printing) and every directive after a relayed message stays a
-//! reply to it, as the hop budget needs to stop a loop.
+//! Only a profile that knows the CLI's input line can tell a turn is over that way (claude,
+//! codex, gemini, or a `prompt` in an override): for the others quiet output proves nothing
+//! (a program may think without printing). For those the wrapper asks tmux instead whether a
+//! person pressed a key in the session (or attached to it) since the message typed last was
+//! entered ([`tmux::Pane::person_activity`], which the wrapper's own typing does not move): if
+//! so, the person took a turn and what the agent prints next starts a new chain, as a
+//! person's Enter does under a PTY. tmux keeps that time in whole seconds, so a key pressed in
+//! the same second as the wrapper's Enter is not seen and the chain goes on: the safe side of
+//! the budget.
 
 use crate::{Core, tmux};
 
@@ -41,6 +46,49 @@ impl Core {
             // The chain stays open: a reply counted as one is the safe side of the budget.
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the pane to see whether the agent's turn is over")
+            }
+        }
+    }
+}
+
+impl Core {
+    /// tmux, a profile without a known input line: remembers the session's person activity as
+    /// the relayed message typed last is entered.
+    pub(crate) fn note_chain_start(&mut self, pane: &tmux::Pane) {
+        if self.cfg.profile.knows_prompt() {
+            return;
+        }
+        self.chain_activity = match tokio::task::block_in_place(|| pane.person_activity()) {
+            Ok(at) => Some(at),
+            Err(e) => {
+                // Without it a person's turn is not seen: the chain goes on (the safe side).
+                tracing::warn!(error = %e, "cannot read the session's activity; a person's turn will not end this reply chain");
+                None
+            }
+        };
+    }
+
+    /// tmux: ends the reply chain if a person pressed a key in the session since the message
+    /// typed last was entered (see [`Core::note_chain_start`]).
+    pub(crate) fn end_chain_if_person_typed(&mut self) {
+        let (Some(since), Some(r)) = (self.chain_activity, &self.resume) else {
+            return;
+        };
+        if self.replying_to.is_none() {
+            self.chain_activity = None;
+            return;
+        }
+        let pane = tmux::Pane::new(&r.session);
+        match tokio::task::block_in_place(|| pane.person_activity()) {
+            Ok(at) if at > since => {
+                self.chain_activity = None;
+                if let Some((id, _)) = self.replying_to.take() {
+                    tracing::debug!(%id, "a person typed into the session: what the agent prints now starts a new reply chain");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the session's activity; the reply chain goes on")
             }
         }
     }
