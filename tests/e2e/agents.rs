@@ -185,11 +185,26 @@ impl<'r> Agent<'r> {
     }
 
     fn start_on(relay: &'r Relay, cli: Cli, name: &str, script: Script, backend: &str) -> Self {
+        let (home, work) = (format!("home-{name}"), format!("work-{name}"));
+        Self::start_in(relay, cli, name, script, backend, (&home, &work))
+    }
+
+    /// [`Agent::start_on`] with HOME and working directory `(home, work)` (folders under the
+    /// relay's temporary directory), which other agents may share, as one person's agents in
+    /// one repository do.
+    fn start_in(
+        relay: &'r Relay,
+        cli: Cli,
+        name: &str,
+        script: Script,
+        backend: &str,
+        (home, work): (&str, &str),
+    ) -> Self {
         let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
-        let home = dir.join(format!("home-{name}"));
-        let work = dir.join(format!("work-{name}"));
+        let home = dir.join(home);
+        let work = dir.join(work);
         std::fs::create_dir_all(&home).unwrap();
         std::fs::create_dir_all(&work).unwrap();
         let env = cli.setup(&home, &work, &standin.base_url());
@@ -1096,4 +1111,121 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     alice.wait_replies_done();
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
+}
+
+/// Gemini CLI given the same tall reply at once writes every line of it to the terminal, so
+/// the directive in its first paragraph is read from the screen, once (issue 19.2: what holds
+/// for tall replies, per CLI).
+#[test]
+fn gemini_directive_above_a_tall_reply_is_sent_once() {
+    tall_reply_from(Cli::Gemini, "Gemma");
+}
+
+fn tall_reply_from(cli: Cli, name: &str) {
+    const FIRST: &str = "The summary is at the top, the details follow.";
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    bob.read_timeout(LONG);
+    let mut reply = format!("@relay:Bob {FIRST}\n\n");
+    for i in 1..=30 {
+        reply.push_str(&format!("Paragraph {i} of the details, one line long.\n\n"));
+    }
+    reply.push_str("That is all.");
+    let agent = Agent::start(
+        &relay,
+        cli,
+        name,
+        Script::new(vec![Rule::contains("Write it all", &reply)]),
+    );
+    agent.wait_ready();
+    agent.person_types("Write it all");
+    // Bob's connection hears a PING every 5 s: wait on the history, which has a deadline.
+    wait_for(LONG, "the directive reaches the relay", || {
+        !history(&relay).is_empty()
+    });
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["payload"]["body"], FIRST, "{}", agent.pane());
+    bob.ack(&d);
+    agent.wait_replies_done();
+    // The reply was drawn to its end before anything more could come from it.
+    wait_for(LONG, "the reply's last line shows", || {
+        agent.pane().contains("That is all.")
+    });
+    let h = history(&relay);
+    assert_eq!(h.len(), 1, "{h:?}");
+}
+
+/// Two Claude Code agents in one working directory (one repository, as people run them)
+/// write their transcripts into one folder. Each wrapper must send only what its own agent
+/// said: Alice's tall reply reaches Carol once, from Alice, and Bob's wrapper, reading the
+/// folder after Bob's own reply, sends nothing of Alice's.
+#[test]
+fn claude_agents_sharing_a_folder_send_only_their_own_transcripts_directives() {
+    const FIRST: &str = "The summary is at the top, the details follow.";
+    let relay = Relay::start();
+    let (mut carol, _) = relay.agent("Carol");
+    carol.read_timeout(LONG);
+    let mut reply = format!("@relay:Carol {FIRST}\n\n");
+    for i in 1..=30 {
+        reply.push_str(&format!("Paragraph {i} of the details, one line long.\n\n"));
+    }
+    reply.push_str("That is all.");
+    let alice = Agent::start_in(
+        &relay,
+        Cli::Claude,
+        "Alice",
+        Script::new(vec![Rule::contains("Write it all", &reply)]),
+        "pty",
+        ("home", "repo"),
+    );
+    let bob = Agent::start_in(
+        &relay,
+        Cli::Claude,
+        "Bob",
+        Script::new(vec![Rule::contains(
+            "Say hello",
+            "Hello.\n\n@relay:Carol hello from Bob",
+        )]),
+        "pty",
+        ("home", "repo"),
+    );
+    alice.wait_ready();
+    bob.wait_ready();
+    alice.person_types("Write it all");
+    wait_for(LONG, "Alice's directive reaches the relay", || {
+        !history(&relay).is_empty()
+    });
+    alice.wait_replies_done();
+    // Bob answers a prompt after Alice's transcript has her reply: his wrapper reads the
+    // shared folder when his output goes quiet.
+    bob.person_types("Say hello");
+    wait_for(LONG, "Bob's directive reaches the relay", || {
+        history(&relay).iter().any(|m| m.0 == "Bob")
+    });
+    bob.wait_replies_done();
+    // Bob's wrapper looks at the transcripts when his output goes quiet after his reply, and
+    // once more a second later: wait for that second look, logged after his directive.
+    let log = relay.data_dir().join("team/Bob/wrap.log");
+    wait_for(
+        LONG,
+        "Bob's wrapper looks at the transcripts after his reply",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find("relaying a directive")
+                .is_some_and(|at| text[at..].contains("the transcript was looked at once more"))
+        },
+    );
+    let h = history(&relay);
+    let summary: Vec<(&str, &str, &str)> = h
+        .iter()
+        .map(|m| (m.0.as_str(), m.1.as_str(), m.2.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("Alice", "Carol", FIRST),
+            ("Bob", "Carol", "hello from Bob")
+        ],
+        "{h:?}"
+    );
 }

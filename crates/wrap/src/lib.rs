@@ -450,6 +450,17 @@ impl Core {
         }
     }
 
+    /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
+    fn set_agent_pid(&mut self, pid: Option<u32>) {
+        match (&mut self.transcript, pid) {
+            (Some(t), Some(pid)) => t.set_agent_pid(pid),
+            (Some(_), None) => tracing::warn!(
+                "the agent's process id is unknown: its Claude Code transcript is not read, and a @relay: line in a ```text code block would be sent"
+            ),
+            (None, _) => {}
+        }
+    }
+
     async fn send_directive(&mut self, d: Directive) {
         self.end_chain_if_person_typed();
         let to = match &d.to {
@@ -489,7 +500,7 @@ impl Core {
             // Replies with directives, but no transcript where it should be: a directive above
             // the last screenful of a tall reply is lost, and nothing can tell.
             self.transcript_missing_told = true;
-            tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
+            tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript of this agent's found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
         }
         for d in unseen {
             let to = match &d.to {
@@ -778,6 +789,7 @@ impl Core {
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
+            tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
         if let Term::Tmux(pane) = &term {
             self.end_turn_if_idle(pane);
@@ -971,6 +983,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    core.set_agent_pid(pty.pid());
     let mut relay_open = true;
     let mut stdout = std::io::stdout();
     loop {
@@ -1059,6 +1072,13 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         .map(|(s, _)| u16::try_from(s.lines.len().max(24)).unwrap_or(40))
         .unwrap_or(40);
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    core.set_agent_pid(match pane.pid() {
+        Ok(pid) => Some(pid),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the pane's process");
+            None
+        }
+    });
     let notes = core.log.typed_since(checkpoint.offset).into();
     core.resume = Some(Resume {
         checkpoint,

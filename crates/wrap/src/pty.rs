@@ -17,6 +17,13 @@ pub(crate) struct Pty {
     child: Box<dyn Child + Send + Sync>,
 }
 
+impl Pty {
+    /// The agent's process id (its CLI, or what starts it).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.process_id()
+    }
+}
+
 fn pty_err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("{what}: {e}"))
 }

@@ -449,6 +449,17 @@ impl Pane {
             .map_err(|_| tmux_err("display-message", format!("session_activity is {out:?}")))
     }
 
+    /// The process the pane runs (the agent's CLI, or what starts it).
+    pub(crate) fn pid(&self) -> Result<u32, WrapError> {
+        let out = tmux(
+            &["display-message", "-p", "-t", &self.target, "#{pane_pid}"],
+            None,
+        )?;
+        out.trim()
+            .parse()
+            .map_err(|_| tmux_err("display-message", format!("pane_pid is {out:?}")))
+    }
+
     /// Presses Enter.
     pub(crate) fn enter(&self) -> Result<(), WrapError> {
         tmux(&["send-keys", "-t", &self.target, "Enter"], None)?;

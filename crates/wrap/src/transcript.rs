@@ -12,6 +12,13 @@
 //! terminal. Each time the output goes quiet the wrapper sends what the replies said and the
 //! screen did not show ([`Transcript::take_unseen`]); each directive is sent once, from
 //! whichever showed it first.
+//!
+//! One person's agents in one repository share that folder, so only this agent's own
+//! transcripts are read: Claude Code records each running process in
+//! `${CLAUDE_CONFIG_DIR:-~/.claude}/sessions/<pid>.json` with its `sessionId` (the transcript's
+//! file name), and the wrapper takes the sessions of the agent's process and its descendants.
+//! Until one is found nothing is read (the screen alone decides, as without a transcript):
+//! reading the folder whole sent another agent's directives as this agent's.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -26,15 +33,80 @@ const MAX_SLUG: usize = 200;
 /// session): only its recent replies can be on the screen.
 const FIRST_READ: u64 = 8 << 20;
 
-/// The transcripts of the Claude Code sessions started in one working directory.
+/// The transcripts of this agent's Claude Code sessions (in one working directory).
 pub(crate) struct Transcript {
     projects: PathBuf,
+    /// Where Claude Code records its running processes (`<pid>.json`).
+    sessions: PathBuf,
     slug: String,
+    /// The agent's process (the wrapper's child, or the tmux pane's); its Claude Code may be
+    /// a descendant.
+    agent_pid: Option<u32>,
+    /// The Claude Code process found to be this agent's, once found: its record is read again
+    /// at each look (a `/clear` starts a new session, so a new transcript).
+    claude_pid: Option<u32>,
+    /// This agent's session ids, in the order found.
+    own: Vec<String>,
+    /// Size of each transcript when the wrapper started: up to there it is history (a resumed
+    /// session), to judge what the screen shows again, never sent from.
+    start_len: HashMap<PathBuf, u64>,
     /// Bytes of each file read so far (up to its last complete line).
     read: HashMap<PathBuf, u64>,
     source: ReplySource,
     /// Transcript files found so far.
     files: usize,
+}
+
+/// The parent of process `pid`, if it can be read.
+#[cfg(target_os = "linux")]
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses; the last `)` ends it.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The parent of process `pid`, if it can be read (no `/proc`: ask `ps`, which every Unix has).
+#[cfg(not(target_os = "linux"))]
+fn parent_of(pid: u32) -> Option<u32> {
+    let out = std::process::Command::new("ps")
+        .args(["-o", "ppid=", "-p", &pid.to_string()])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// Whether `pid` is `root` or one of its descendants (a few levels: a launcher script, a
+/// shell, the CLI).
+fn descends_from(pid: u32, root: u32) -> bool {
+    let mut p = pid;
+    for _ in 0..16 {
+        if p == root {
+            return true;
+        }
+        match parent_of(p) {
+            Some(parent) if parent > 1 && parent != p => p = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// A Claude Code process record: `(pid, sessionId)`.
+fn session_record(path: &Path) -> Option<(u32, String)> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let pid = u32::try_from(v.get("pid")?.as_u64()?).ok()?;
+    let id = v.get("sessionId")?.as_str()?;
+    // A file name, nothing else: the id names a file in the transcripts' folder.
+    let safe = !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    safe.then(|| (pid, id.to_owned()))
 }
 
 /// Claude Code's name for a working directory's folder: every character that is not an ASCII
@@ -60,23 +132,48 @@ impl Transcript {
         let root = std::env::var_os("CLAUDE_CONFIG_DIR")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".claude")))?;
+        Some(Self::for_claude_in(&root, cwd))
+    }
+
+    /// The transcripts under Claude Code's configuration folder `root`.
+    fn for_claude_in(root: &Path, cwd: &Path) -> Self {
         let mut t = Self {
             projects: root.join("projects"),
+            sessions: root.join("sessions"),
             slug: slug(cwd),
+            agent_pid: None,
+            claude_pid: None,
+            own: Vec::new(),
+            start_len: HashMap::new(),
             read: HashMap::new(),
             source: ReplySource::new(),
             files: 0,
         };
         // What a resumed session said before the wrapper started: already sent (or not) by
         // an earlier wrapper; only to judge what the screen shows again.
-        t.read_new(true);
-        Some(t)
+        for folder in t.folders() {
+            let Ok(entries) = std::fs::read_dir(&folder) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if let Ok(m) = e.metadata() {
+                    t.start_len.insert(e.path(), m.len());
+                }
+            }
+        }
+        t
+    }
+
+    /// The agent's process: only the transcripts of Claude Code sessions it (or a descendant)
+    /// runs are read.
+    pub(crate) fn set_agent_pid(&mut self, pid: u32) {
+        self.agent_pid = Some(pid);
     }
 
     /// The directives the replies said that the screen did not show, after reading what was
     /// added to the transcripts: to be sent now (each once; see [`ReplySource::take_unseen`]).
     pub(crate) fn take_unseen(&mut self) -> Vec<Directive> {
-        self.read_new(false);
+        self.read_new();
         self.source.take_unseen()
     }
 
@@ -93,7 +190,7 @@ impl Transcript {
     /// Where `d` (found on the screen) comes from, after reading what was added to the
     /// transcripts since the last look.
     pub(crate) fn check(&mut self, d: &Directive) -> Origin {
-        self.read_new(false);
+        self.read_new();
         self.source.check(d)
     }
 
@@ -113,39 +210,69 @@ impl Transcript {
         }
     }
 
-    /// Reads what was added to the transcripts; `history`: written before the wrapper started.
-    fn read_new(&mut self, history: bool) {
-        for folder in self.folders() {
-            let entries = match std::fs::read_dir(&folder) {
-                Ok(e) => e,
-                // No reply written yet (the folder comes with the first prompt).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    tracing::debug!(folder = %folder.display(), error = %e, "cannot list Claude Code's transcripts; code blocks are told by colour only");
-                    continue;
-                }
+    /// Finds this agent's sessions: its Claude Code's record once known, else every record of
+    /// a process descending from the agent's.
+    fn find_own(&mut self) {
+        let Some(root) = self.agent_pid else { return };
+        let records: Vec<PathBuf> = match self.claude_pid {
+            Some(pid) => vec![self.sessions.join(format!("{pid}.json"))],
+            None => match std::fs::read_dir(&self.sessions) {
+                Ok(entries) => entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                    .collect(),
+                // Not there yet: Claude Code writes it as it starts.
+                Err(_) => return,
+            },
+        };
+        for path in records {
+            let Some((pid, id)) = session_record(&path) else {
+                continue;
             };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if path.extension().is_none_or(|x| x != "jsonl") {
-                    continue;
-                }
-                if let Err(e) = self.read_file(&path, history) {
-                    tracing::debug!(file = %path.display(), error = %e, "cannot read Claude Code's transcript; code blocks are told by colour only");
+            let ours = match self.claude_pid {
+                Some(known) => pid == known,
+                None => descends_from(pid, root),
+            };
+            if !ours {
+                continue;
+            }
+            self.claude_pid = Some(pid);
+            if !self.own.contains(&id) {
+                tracing::debug!(pid, session = %id, "a Claude Code session of this agent's");
+                self.own.push(id);
+            }
+        }
+    }
+
+    /// Reads what was added to this agent's transcripts.
+    fn read_new(&mut self) {
+        self.find_own();
+        for folder in self.folders() {
+            for i in 0..self.own.len() {
+                let path = folder.join(format!("{}.jsonl", self.own[i]));
+                match self.read_file(&path) {
+                    Ok(()) => {}
+                    // Not written yet (the file comes with the first prompt).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::debug!(file = %path.display(), error = %e, "cannot read Claude Code's transcript; code blocks are told by colour only");
+                    }
                 }
             }
         }
     }
 
-    fn read_file(&mut self, path: &Path, history: bool) -> std::io::Result<()> {
+    fn read_file(&mut self, path: &Path) -> std::io::Result<()> {
         let mut file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
         let known = self.read.get(path).copied();
-        let mut from = match known {
-            Some(n) if n <= len => n,
+        let at_start = self.start_len.get(path).copied();
+        let mut from = match (known, at_start) {
+            (Some(n), _) if n <= len => n,
             // There when the wrapper started: its recent part (only recent replies can be
             // on the screen).
-            _ if history => len.saturating_sub(FIRST_READ),
+            (_, Some(n)) => n.min(len).saturating_sub(FIRST_READ),
             // New since (or rewritten): all of it.
             _ => 0,
         };
@@ -167,8 +294,15 @@ impl Transcript {
         }
         // Only whole lines: the last one may still be being written.
         let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        for line in text[..whole].split(|&b| b == b'\n') {
-            if let Some(reply) = std::str::from_utf8(line).ok().and_then(claude_reply_text) {
+        let mut at = from;
+        for line in text[..whole].split_inclusive(|&b| b == b'\n') {
+            // Written before the wrapper started: history.
+            let history = at_start.is_some_and(|n| at < n);
+            at += line.len() as u64;
+            if let Some(reply) = std::str::from_utf8(line)
+                .ok()
+                .and_then(|l| claude_reply_text(l.trim_end()))
+            {
                 if history {
                     self.source.add_history(&reply);
                 } else {
@@ -203,28 +337,122 @@ mod tests {
         assert_eq!(slug(Path::new("/😀")), "---");
     }
 
+    fn transcript(dir: &Path, cwd: &Path) -> Transcript {
+        let mut t = Transcript {
+            projects: dir.join("projects"),
+            sessions: dir.join("sessions"),
+            slug: slug(cwd),
+            agent_pid: None,
+            claude_pid: None,
+            own: Vec::new(),
+            start_len: HashMap::new(),
+            read: HashMap::new(),
+            source: ReplySource::new(),
+            files: 0,
+        };
+        t.set_agent_pid(std::process::id());
+        t
+    }
+
+    const REPLY: &str = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"```text\n@relay:Bob quoted\n```\n\n@relay:Bob said"}]}}"#;
+
     #[test]
     fn reads_whole_lines_as_they_are_added() {
         let dir = tempfile::tempdir().unwrap();
         let cwd = Path::new("/w");
         let folder = dir.path().join("projects/-w");
         std::fs::create_dir_all(&folder).unwrap();
-        let mut t = Transcript {
-            projects: dir.path().join("projects"),
-            slug: slug(cwd),
-            read: HashMap::new(),
-            source: ReplySource::new(),
-            files: 0,
-        };
+        std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
+        let mut t = transcript(dir.path(), cwd);
         assert_eq!(t.check(&msg("before")), Origin::Unknown);
-        let reply = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"```text\n@relay:Bob quoted\n```\n\n@relay:Bob said"}]}}"#;
-        let file = folder.join("s.jsonl");
+        // This process stands for the agent's Claude Code.
+        let me = std::process::id();
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"s1","cwd":"/w"}}"#),
+        )
+        .unwrap();
+        let file = folder.join("s1.jsonl");
         // Half a line: not read yet.
-        std::fs::write(&file, &reply[..20]).unwrap();
+        std::fs::write(&file, &REPLY[..20]).unwrap();
         assert_eq!(t.take_unseen(), []);
-        std::fs::write(&file, format!("{reply}\n")).unwrap();
+        std::fs::write(&file, format!("{REPLY}\n")).unwrap();
         assert_eq!(t.check(&msg("quoted")), Origin::Quoted);
         assert_eq!(t.check(&msg("said")), Origin::Said);
         assert_eq!(t.check(&msg("said")), Origin::Unknown);
+        assert_eq!(t.files(), 1);
+    }
+
+    /// Another agent's Claude Code in the same folder (a process that is not the agent's
+    /// descendant): its transcript is never read, so nothing it says is sent from here.
+    #[test]
+    fn another_processs_transcript_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = Path::new("/w");
+        let folder = dir.path().join("projects/-w");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
+        let mut t = transcript(dir.path(), cwd);
+        // pid 1 is no descendant of this process.
+        std::fs::write(
+            dir.path().join("sessions/1.json"),
+            r#"{"pid":1,"sessionId":"other","cwd":"/w"}"#,
+        )
+        .unwrap();
+        std::fs::write(folder.join("other.jsonl"), format!("{REPLY}\n")).unwrap();
+        assert_eq!(t.take_unseen(), []);
+        assert_eq!(t.check(&msg("said")), Origin::Unknown);
+        assert_eq!(t.files(), 0);
+        // Found with this agent's own record, in one look: still not read.
+        let me = std::process::id();
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"mine","cwd":"/w"}}"#),
+        )
+        .unwrap();
+        assert_eq!(t.take_unseen(), []);
+        assert_eq!(t.own, ["mine"]);
+        // A session id that is not a plain file name is not followed.
+        let me = std::process::id();
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"../-w/other","cwd":"/w"}}"#),
+        )
+        .unwrap();
+        assert_eq!(t.take_unseen(), []);
+    }
+
+    /// What a resumed session's transcript held when the wrapper started is history: never
+    /// sent from; what is added after is.
+    #[test]
+    fn what_was_there_at_start_is_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = Path::new("/w");
+        let folder = dir.path().join("projects/-w");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
+        let old = REPLY.replace("said", "earlier");
+        std::fs::write(folder.join("s1.jsonl"), format!("{old}\n")).unwrap();
+        let mut t = Transcript::for_claude_in(dir.path(), cwd);
+        t.set_agent_pid(std::process::id());
+        let me = std::process::id();
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"s1","cwd":"/w"}}"#),
+        )
+        .unwrap();
+        assert_eq!(t.take_unseen(), []);
+        std::fs::write(folder.join("s1.jsonl"), format!("{old}\n{REPLY}\n")).unwrap();
+        assert_eq!(t.take_unseen(), [msg("said")]);
+        assert_eq!(t.check(&msg("earlier")), Origin::Said);
+    }
+
+    #[test]
+    fn a_process_descends_from_itself_and_its_parent() {
+        let me = std::process::id();
+        assert!(descends_from(me, me));
+        let parent = parent_of(me).unwrap();
+        assert!(descends_from(me, parent));
+        assert!(!descends_from(parent, me));
     }
 }
