@@ -16,14 +16,16 @@ Quick start:
   agent-relay dlq                     messages that were not delivered, and why
   agent-relay stop Alice              stop one wrapped agent (its messages stay stored)
   agent-relay down --all              stop every wrapped agent, then the relay
+  agent-relay config                  the relay's settings and where each comes from
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
 AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 not found (no such message,
-dead letter, agent or rule), 5 message refused by the relay. A wrapped agent: its own exit
-code, or 128 + the signal that stopped the wrapper (130 for SIGINT).";
+Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
+running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
+relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
+for SIGINT).";
 
 const CONFIG_ABOUT: &str = "\
 Show the effective settings of `agent-relay up` and the wrapper profile overrides of this
