@@ -16,14 +16,45 @@ Quick start:
   agent-relay dlq                     messages that were not delivered, and why
   agent-relay stop Alice              stop one wrapped agent (its messages stay stored)
   agent-relay down --all              stop every wrapped agent, then the relay
+  agent-relay config                  the relay's settings and where each comes from
 
 Paths: one relay per project (nearest directory with .git, Cargo.toml, package.json, go.mod,
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
 AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 relay not running, 4 not found (no such message,
-dead letter, agent or rule), 5 message refused by the relay. A wrapped agent: its own exit
-code, or 128 + the signal that stopped the wrapper (130 for SIGINT).";
+Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
+running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
+relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
+for SIGINT).";
+
+const CONFIG_ABOUT: &str = "\
+Show the effective settings of `agent-relay up` and the wrapper profile overrides of this
+project, each with where it came from. A value is taken from the first of: the option on
+`up`'s command line, its environment variable (AGENT_RELAY_STORAGE_TYPE,
+AGENT_RELAY_DURABILITY, AGENT_RELAY_DASHBOARD_PORT), the project configuration file, its
+default. A wrapper that starts the relay uses the same values (it has no options of its own
+for them).
+
+The configuration file is .agent-relay/config.toml at the project root (the folder
+`agent-relay status` names), or the file AGENT_RELAY_CONFIG names. Every table and key is
+optional; an unknown one, or a value of the wrong kind, is an error (exit 2) naming the file,
+line and column, and what is allowed. For example:
+
+  [up]                      # keys: up's options, spelled as the options (kebab-case)
+  inbox-ttl = \"10m\"         # durations: a number in the option's unit, or \"90s\", \"10m\"
+  max-hops = 5
+  rate-override = [\"ci-bot=1000\"]
+  no-dashboard = true
+
+  [profiles.claude]         # claude, codex, gemini, shell or generic
+  quiet_ms = 800            # any field of a profile file, spelled as there (snake_case)
+  dialogs = [\"Do you want to\", \"Allow?\"]
+
+Profiles are layered: built-in, then [profiles.NAME] here, then a person's own
+$AGENT_RELAY_PROFILE_DIR/NAME.toml (default ~/.config/agent-relay/profiles/), which wins.
+Settings apply when the relay starts: after changing the file, `agent-relay down` and `up`.
+`up` refuses to join a running relay whose settings differ from those given by an option,
+variable or this file, and says how to restart it.";
 
 /// Lets AI coding agents in separate terminals message each other through a local relay.
 #[derive(Debug, Parser)]
@@ -48,7 +79,9 @@ pub(crate) struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Cmd {
-    /// Start the relay daemon for this project (returns once it accepts connections).
+    /// Start the relay daemon for this project (returns once it accepts connections). Each
+    /// setting below comes from its option, else its environment variable, else
+    /// .agent-relay/config.toml, else its default (`agent-relay config` shows which).
     Up(UpArgs),
     /// Stop the relay daemon gracefully (nothing stored is lost); with --all, every wrapped
     /// agent of the project first. Wrapped agents otherwise keep running and reconnect to
@@ -87,6 +120,10 @@ pub(crate) enum Cmd {
     /// `agent-relay completions zsh > ~/.zfunc/_agent-relay`, or
     /// `agent-relay completions fish > ~/.config/fish/completions/agent-relay.fish`.
     Completions(CompletionsArgs),
+    /// Show the effective settings of `up` and the wrapper profile overrides of this project,
+    /// each with where it came from: env VAR, file .agent-relay/config.toml:LINE, or default.
+    #[command(long_about = CONFIG_ABOUT)]
+    Config(JsonArg),
     /// Check what the relay depends on (tmux, the agent CLIs and their versions, directory
     /// permissions, the relay itself) and say what to do about each problem. Exit 1 if
     /// something is broken.
@@ -109,8 +146,8 @@ pub(crate) enum Cmd {
 /// What the user gave on the command line, as opposed to defaults and environment variables.
 #[derive(Debug, Default)]
 pub(crate) struct Given {
-    /// The long names (without `--`) of the `up` options given on the command line.
-    pub(crate) up: Vec<String>,
+    /// The `up` settings given on the command line, by name, with their values as written.
+    pub(crate) up: crate::settings::Flags,
     /// The command line held `--` (an agent command's own arguments follow it).
     pub(crate) dashdash: bool,
 }
@@ -122,20 +159,8 @@ impl Given {
             dashdash: std::env::args_os().any(|a| a == "--"),
             ..Self::default()
         };
-        let Some(("up", up)) = matches.subcommand() else {
-            return given;
-        };
-        let cmd = <Cli as clap::CommandFactory>::command();
-        let Some(up_cmd) = cmd.find_subcommand("up") else {
-            return given;
-        };
-        for arg in up_cmd.get_arguments() {
-            let id = arg.get_id().as_str();
-            if up.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
-                && let Some(long) = arg.get_long()
-            {
-                given.up.push(long.to_owned());
-            }
+        if let Some(("up", up)) = matches.subcommand() {
+            given.up = crate::settings::flags_of(up);
         }
         given
     }
@@ -169,14 +194,11 @@ pub(crate) enum DurabilityKind {
 }
 
 impl DurabilityKind {
-    /// `AGENT_RELAY_DURABILITY` if it names a level, else the default (for callers that build
-    /// `UpArgs` without clap).
-    pub(crate) fn from_env() -> anyhow::Result<Self> {
-        match std::env::var("AGENT_RELAY_DURABILITY") {
-            Ok(v) => Self::from_str(&v, true).map_err(|_| {
-                anyhow::anyhow!("AGENT_RELAY_DURABILITY={v:?}: expected `full` or `normal`")
-            }),
-            Err(_) => Ok(Self::default()),
+    /// The level for the store's.
+    pub(crate) fn of(d: relay_store::Durability) -> Self {
+        match d {
+            relay_store::Durability::Normal => Self::Normal,
+            _ => Self::Full,
         }
     }
 
@@ -201,129 +223,29 @@ impl StorageKind {
     }
 }
 
-/// `agent-relay up`.
+/// `agent-relay up`. Its settings options (storage, limits, dashboard, ...) are not fields
+/// here: they are built from the one table of settings (`settings.rs`, added by [`command`]),
+/// read from the matches (`Given::up`) and resolved with the environment and the project
+/// configuration file.
 #[derive(Debug, Args)]
 pub(crate) struct UpArgs {
     /// Stay in the foreground and log to stderr (for service managers and tests).
     #[arg(long)]
     pub(crate) foreground: bool,
-    /// Storage engine.
-    #[arg(
-        long,
-        env = "AGENT_RELAY_STORAGE_TYPE",
-        value_enum,
-        default_value = "sqlite"
-    )]
-    pub(crate) storage: StorageKind,
-    /// What an ACK promises: `full` fsyncs every commit before acknowledging it (survives a
-    /// power cut); `normal` skips the fsync (faster; survives the relay being killed, but the
-    /// last acknowledged messages may be lost if the machine loses power).
-    #[arg(
-        long,
-        env = "AGENT_RELAY_DURABILITY",
-        value_enum,
-        default_value = "full"
-    )]
-    pub(crate) durability: DurabilityKind,
-    /// How long a message waits for an offline agent before it expires: seconds, or a
-    /// duration (90s, 10m, 1h, 7d).
-    #[arg(long, default_value = "3600", value_name = "SECS", value_parser = crate::time::parse_secs)]
-    pub(crate) inbox_ttl: u64,
-    /// PING interval: milliseconds, or a duration (5s); a connection silent for three
-    /// intervals is closed.
-    #[arg(long, default_value = "5000", value_name = "MS", value_parser = crate::time::parse_ms)]
-    pub(crate) heartbeat_ms: u64,
-    /// Messages waiting for one recipient before senders are told BUSY.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    pub(crate) busy_high_water: u64,
-    /// Connections open at once (agents, CLI commands, watchers); past it a new one is
-    /// refused with an ERROR that says to try again later.
-    #[arg(long, default_value_t = 1024, value_name = "N")]
-    pub(crate) max_connections: usize,
-    /// Loop budgets and rate limits.
-    #[command(flatten)]
-    pub(crate) safety: SafetyArgs,
-    /// Port of the web dashboard on 127.0.0.1 [default: 3888]. When it is taken (another
-    /// project's relay, say) a free port is used and printed; 0 always picks a free port.
-    #[arg(long, env = "AGENT_RELAY_DASHBOARD_PORT", value_name = "PORT")]
-    pub(crate) dashboard_port: Option<u16>,
-    /// Do not serve the web dashboard.
-    #[arg(long)]
-    pub(crate) no_dashboard: bool,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
-/// `up`'s loop budgets and rate limits.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct SafetyArgs {
-    /// Most replies in a chain (each answer to an answer is one hop); one more is refused and
-    /// dead-lettered, and the sender is told.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub(crate) max_hops: u32,
-    /// Messages one sender may send per --rate-window (0: no limit).
-    #[arg(long, default_value_t = 100, value_name = "N")]
-    pub(crate) rate_limit: u32,
-    /// Messages one agent may send to one other agent per --rate-window (0: no limit).
-    #[arg(long, default_value_t = 30, value_name = "N")]
-    pub(crate) pair_rate_limit: u32,
-    /// The sliding window of the rate limits: seconds, or a duration (1m).
-    #[arg(long, default_value = "60", value_name = "SECS", value_parser = crate::time::parse_secs)]
-    pub(crate) rate_window: u64,
-    /// Failure reports in a row from one agent that pause deliveries to it (its messages wait;
-    /// 0: never pause).
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    pub(crate) breaker_failures: u32,
-    /// How long a paused agent waits before one message is tried again: milliseconds, or a
-    /// duration (30s); doubling while that fails.
-    #[arg(long, default_value = "30000", value_name = "MS", value_parser = crate::time::parse_ms)]
-    pub(crate) breaker_cooldown_ms: u64,
-    /// A different --rate-limit for one sender, as NAME=N (repeatable).
-    #[arg(long = "rate-override", value_name = "NAME=N", value_parser = parse_override)]
-    pub(crate) rate_overrides: Vec<(String, u32)>,
+/// The command line's definition: the derived [`Cli`] with `up`'s settings options from the
+/// settings table. Everything that needs the definition (parsing, completions, the manual)
+/// takes it from here.
+pub(crate) fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command().mut_subcommand("up", crate::settings::add_args)
 }
 
-impl Default for SafetyArgs {
-    fn default() -> Self {
-        Self {
-            max_hops: 10,
-            rate_limit: 100,
-            pair_rate_limit: 30,
-            rate_window: 60,
-            breaker_failures: 3,
-            breaker_cooldown_ms: 30_000,
-            rate_overrides: Vec::new(),
-        }
-    }
-}
-
-impl SafetyArgs {
-    /// The same settings as `up` arguments, for starting a daemon in the background.
-    pub(crate) fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            "--max-hops".to_owned(),
-            self.max_hops.to_string(),
-            "--rate-limit".to_owned(),
-            self.rate_limit.to_string(),
-            "--pair-rate-limit".to_owned(),
-            self.pair_rate_limit.to_string(),
-            "--rate-window".to_owned(),
-            self.rate_window.to_string(),
-            "--breaker-failures".to_owned(),
-            self.breaker_failures.to_string(),
-            "--breaker-cooldown-ms".to_owned(),
-            self.breaker_cooldown_ms.to_string(),
-        ];
-        for (name, n) in &self.rate_overrides {
-            v.push("--rate-override".to_owned());
-            v.push(format!("{name}={n}"));
-        }
-        v
-    }
-}
-
-fn parse_override(s: &str) -> Result<(String, u32), String> {
+/// `NAME=N` of `--rate-override` (and of `rate-override` in the configuration file).
+pub(crate) fn parse_override(s: &str) -> Result<(String, u32), String> {
     let (name, n) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected NAME=N, e.g. ci-bot=1000"))?;
@@ -734,5 +656,6 @@ mod tests {
     #[test]
     fn verify_cli() {
         super::Cli::command().debug_assert();
+        super::command().debug_assert();
     }
 }

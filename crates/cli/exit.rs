@@ -4,7 +4,7 @@
 //! |---|---|
 //! | 0 | ok (success) |
 //! | 1 | any other failure |
-//! | 2 | bad usage: a bad command line (clap) or a value on it that cannot be used (a name, an id prefix too short, a time) |
+//! | 2 | bad usage: a bad command line (clap) or a value on it that cannot be used (a name, an id prefix too short, a time), or an invalid configuration file or `AGENT_RELAY_*` setting value |
 //! | 3 | the relay is not running |
 //! | 4 | not found: no such message, dead letter, agent or rule (or an id prefix that matches several messages) |
 //! | 5 | the relay refused the message (NACK) |

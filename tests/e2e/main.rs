@@ -6,6 +6,7 @@ mod afterfirst;
 mod agents;
 mod cli;
 mod client;
+mod config;
 mod crash;
 mod daemon_core;
 mod dashboard;

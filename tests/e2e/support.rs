@@ -20,9 +20,10 @@ pub struct Relay {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub child: Option<Child>,
-    extra: Vec<String>,
+    /// Extra `up --foreground` arguments for the daemon process.
+    pub extra: Vec<String>,
     /// Extra environment for the daemon process.
-    env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
 }
 
 impl Relay {
@@ -38,20 +39,28 @@ impl Relay {
 
     /// Starts a daemon with extra `up --foreground` arguments and environment.
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut relay = Self::unstarted();
+        relay.extra = extra.iter().map(|s| s.to_string()).collect();
+        relay.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        relay.spawn();
+        relay
+    }
+
+    /// A relay's directory (the project: files written there before [`Relay::spawn`] are
+    /// there when the daemon starts), with no daemon yet.
+    pub fn unstarted() -> Self {
         let dir = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
         let socket = dir.path().join("r.sock");
-        let mut relay = Self {
+        Self {
             dir,
             socket,
             child: None,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        relay.spawn();
-        relay
+            extra: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {

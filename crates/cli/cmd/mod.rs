@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod bench;
+mod config;
 mod doctor;
 pub(crate) mod parse;
 mod query;
@@ -55,16 +56,16 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Parse(args) => parse::run(&args),
         // Generated from the command definitions: always what this binary accepts.
         Cmd::Completions(args) => {
-            use clap::CommandFactory;
-            let mut cmd = Cli::command();
+            let mut cmd = crate::args::command();
             clap_complete::generate(args.shell, &mut cmd, "agent-relay", &mut std::io::stdout());
             Ok(())
         }
         Cmd::Man => {
-            use clap::CommandFactory;
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            clap_mangen::Man::new(crate::args::command()).render(&mut std::io::stdout())?;
             Ok(())
         }
+        // Reads the environment and a file; the daemon need not run.
+        Cmd::Config(args) => config::run(&paths, args.json),
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
         Cmd::Wrap(mut args) => {
@@ -123,6 +124,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Stop(_)
                     | Cmd::Parse(_)
                     | Cmd::Rules(_)
+                    | Cmd::Config(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
                     | Cmd::Attach(_)
@@ -215,8 +217,7 @@ fn is_executable(path: &std::path::Path) -> bool {
 /// The visible subcommand closest to `word` (edit distance at most a third of its length,
 /// and at least 1), if any.
 fn nearest_subcommand(word: &str) -> Option<String> {
-    use clap::CommandFactory;
-    let cmd = Cli::command();
+    let cmd = crate::args::command();
     let limit = (word.chars().count() / 3).max(1);
     cmd.get_subcommands()
         .filter(|s| !s.is_hide_set())

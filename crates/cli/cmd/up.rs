@@ -22,6 +22,7 @@ use rustix::fs::{FlockOperation, flock};
 use crate::args::{DownArgs, StorageKind, UpArgs};
 use crate::cmd::init_logging;
 use crate::out::{json, line};
+use crate::settings::{Flags, Resolved, SETTINGS, Source, UpSettings};
 
 /// Holds the daemon's lock on its pid file while alive.
 struct PidLock {
@@ -152,7 +153,13 @@ fn dashboard_file(paths: &Paths) -> std::path::PathBuf {
     paths.data_dir.join("dashboard.url")
 }
 
-fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyhow::Result<()> {
+fn print_running(
+    paths: &Paths,
+    pid: u32,
+    already: bool,
+    args: &UpArgs,
+    settings: &UpSettings,
+) -> anyhow::Result<()> {
     let dashboard = dashboard_url(paths);
     if args.json {
         return json(&serde_json::json!({
@@ -178,7 +185,7 @@ fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyho
     line(format!("  data:   {}", paths.data_dir.display()))?;
     line(format!("  log:    {}", paths.log_file.display()))?;
     if let Some(url) = dashboard {
-        let wanted = args.dashboard_port.unwrap_or(relay_dashboard::DEFAULT_PORT);
+        let wanted = settings.dashboard_port;
         let moved = !url.starts_with(&format!("http://127.0.0.1:{wanted}/")) && wanted != 0;
         let note = if moved && !already {
             format!(" (port {wanted} was taken)")
@@ -190,61 +197,27 @@ fn print_running(paths: &Paths, pid: u32, already: bool, args: &UpArgs) -> anyho
     Ok(())
 }
 
-/// `agent-relay up`. `given`: the long names of the options given on the command line; those
-/// that are settings must match the running relay's, if one runs (settings apply at start).
-pub(crate) fn up(paths: &Paths, args: &UpArgs, given: &[String]) -> anyhow::Result<()> {
+/// `agent-relay up`. `flags`: the settings given on the command line; with the environment
+/// and the project's configuration file they make the relay's settings, and those not left
+/// to their default must match the running relay's, if one runs (settings apply at start).
+pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<()> {
+    let (resolved, _) = crate::settings::for_project(paths, flags)?;
+    let settings = &resolved.settings;
     if args.foreground {
-        return foreground(paths, args);
+        return foreground(paths, settings);
     }
-    match start_background(paths, args)? {
+    match start_background(paths, settings)? {
         Started::Already(pid) => {
-            same_settings(paths, pid, args, given)?;
-            print_running(paths, pid, true, args)
+            same_settings(paths, pid, &resolved)?;
+            print_running(paths, pid, true, args, settings)
         }
-        Started::Now(pid) => print_running(paths, pid, false, args),
+        Started::Now(pid) => print_running(paths, pid, false, args, settings),
     }
 }
 
 /// The file in the data directory where the daemon records the settings it started with.
 fn settings_file(paths: &Paths) -> std::path::PathBuf {
     paths.data_dir.join("settings.json")
-}
-
-/// The settings of `up` that a running daemon keeps until it stops, by their long option
-/// name, each as the text `up` takes.
-fn settings(args: &UpArgs) -> BTreeMap<String, String> {
-    let s = &args.safety;
-    let mut overrides: Vec<String> = s
-        .rate_overrides
-        .iter()
-        .map(|(name, n)| format!("{name}={n}"))
-        .collect();
-    overrides.sort();
-    [
-        ("storage", args.storage.as_str().to_owned()),
-        ("durability", args.durability.as_str().to_owned()),
-        ("inbox-ttl", args.inbox_ttl.to_string()),
-        ("heartbeat-ms", args.heartbeat_ms.to_string()),
-        ("busy-high-water", args.busy_high_water.to_string()),
-        ("max-connections", args.max_connections.to_string()),
-        ("max-hops", s.max_hops.to_string()),
-        ("rate-limit", s.rate_limit.to_string()),
-        ("pair-rate-limit", s.pair_rate_limit.to_string()),
-        ("rate-window", s.rate_window.to_string()),
-        ("breaker-failures", s.breaker_failures.to_string()),
-        ("breaker-cooldown-ms", s.breaker_cooldown_ms.to_string()),
-        ("rate-override", overrides.join(" ")),
-        (
-            "dashboard-port",
-            args.dashboard_port
-                .unwrap_or(relay_dashboard::DEFAULT_PORT)
-                .to_string(),
-        ),
-        ("no-dashboard", args.no_dashboard.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
 }
 
 /// The settings the daemon with `pid` recorded at start, if it recorded them.
@@ -259,10 +232,10 @@ pub(crate) fn running_settings(paths: &Paths, pid: u32) -> Option<BTreeMap<Strin
 }
 
 /// Records the daemon's settings for `up` (and `status`) to compare and show.
-fn write_settings(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+fn write_settings(paths: &Paths, settings: &UpSettings) -> anyhow::Result<()> {
     let v = serde_json::json!({
         "pid": std::process::id(),
-        "settings": settings(args),
+        "settings": settings.to_map(),
     });
     let file = settings_file(paths);
     let mut f = OpenOptions::new()
@@ -276,21 +249,23 @@ fn write_settings(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses (exit 1) when a setting given on the command line differs from the running
-/// relay's: saying "already running" and succeeding would leave the user believing the
-/// new setting is in force.
-fn same_settings(paths: &Paths, pid: u32, args: &UpArgs, given: &[String]) -> anyhow::Result<()> {
-    let asked = settings(args);
-    let given: Vec<&str> = given
+/// Refuses (exit 1) when a setting given on the command line, by an environment variable or
+/// by the configuration file differs from the running relay's: saying "already running" and
+/// succeeding would leave the user believing the new setting is in force.
+fn same_settings(paths: &Paths, pid: u32, resolved: &Resolved) -> anyhow::Result<()> {
+    let asked = resolved.settings.to_map();
+    let given: Vec<(&str, &Source)> = SETTINGS
         .iter()
-        .map(String::as_str)
-        .filter(|g| asked.contains_key(*g))
+        .zip(&resolved.sources)
+        .filter(|(_, source)| **source != Source::Default)
+        .map(|(s, source)| (s.name, source))
         .collect();
     if given.is_empty() {
         return Ok(());
     }
+    // Options go on the command line again; a variable or the file is read again anyway.
     let mut restart = String::from("agent-relay down && agent-relay up");
-    for g in &given {
+    for (g, _) in given.iter().filter(|(_, source)| **source == Source::Flag) {
         match *g {
             "no-dashboard" if asked[*g] == "true" => restart.push_str(" --no-dashboard"),
             "no-dashboard" => {}
@@ -312,22 +287,30 @@ fn same_settings(paths: &Paths, pid: u32, args: &UpArgs, given: &[String]) -> an
             message: format!(
                 "the relay already runs (pid {pid}) and does not record its settings (an \
                  older agent-relay started it), so --{} may not be in force.\n{how}",
-                given.join(", --")
+                given
+                    .iter()
+                    .map(|(g, _)| *g)
+                    .collect::<Vec<_>>()
+                    .join(", --")
             ),
         }
         .into());
     };
     let differ: Vec<String> = given
         .iter()
-        .filter(|g| running.get(**g) != asked.get(**g))
-        .map(|g| {
+        .filter(|(g, _)| running.get(*g) != asked.get(*g))
+        .map(|(g, source)| {
             let shown = |v: Option<&String>| match v.map(String::as_str) {
                 None => "(unknown)".to_owned(),
                 Some("") => "(none)".to_owned(),
                 Some(v) => v.to_owned(),
             };
+            let from = match source {
+                Source::Flag => String::new(),
+                other => format!(" ({other})"),
+            };
             format!(
-                "  --{g}: it runs with {}, you asked for {}",
+                "  --{g}: it runs with {}, you asked for {}{from}",
                 shown(running.get(*g)),
                 shown(asked.get(*g))
             )
@@ -356,7 +339,7 @@ pub(crate) enum Started {
 
 /// Starts the daemon in the background unless one runs, and returns once it accepts
 /// connections. Used by `up` and by the wrapper (which starts the relay rather than fail).
-pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<Started> {
+pub(crate) fn start_background(paths: &Paths, settings: &UpSettings) -> anyhow::Result<Started> {
     if let Some(pid) = running_pid(paths)? {
         return Ok(Started::Already(pid));
     }
@@ -373,19 +356,9 @@ pub(crate) fn start_background(paths: &Paths, args: &UpArgs) -> anyhow::Result<S
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["up", "--foreground", "--storage", args.storage.as_str()])
-        .args(["--durability", args.durability.as_str()])
-        .args(["--inbox-ttl", &args.inbox_ttl.to_string()])
-        .args(["--heartbeat-ms", &args.heartbeat_ms.to_string()])
-        .args(["--busy-high-water", &args.busy_high_water.to_string()])
-        .args(["--max-connections", &args.max_connections.to_string()])
-        .args(args.safety.to_args());
-    if let Some(port) = args.dashboard_port {
-        cmd.args(["--dashboard-port", &port.to_string()]);
-    }
-    if args.no_dashboard {
-        cmd.arg("--no-dashboard");
-    }
+    // Every setting, resolved here: the daemon runs with what this process decided, whatever
+    // its environment or the configuration file say by the time it reads them.
+    cmd.args(["up", "--foreground"]).args(settings.to_args());
     let mut child = cmd
         .env("AGENT_RELAY_SOCKET", &paths.socket)
         .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
@@ -428,7 +401,7 @@ fn log_tail(path: &Path, from: u64) -> String {
 }
 
 /// Runs the daemon in this process until SIGTERM or SIGINT.
-fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
+fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
     // Everything the daemon creates (database, WAL, shared memory, agents.json, ...) is for
     // this user only, whatever the mode of the directory it is in: message bodies are private.
     // Set before any file is created; the daemon starts no other programs, so no one else
@@ -464,29 +437,25 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
     };
     let mut cfg = relay_daemon::Config::new(paths.socket.clone());
     cfg.agents_file = Some(paths.agents_file.clone());
-    cfg.inbox_ttl = Duration::from_secs(args.inbox_ttl);
-    // Sweep often enough that a message outlives its TTL by at most a quarter of it.
-    cfg.sweep_interval =
-        (cfg.inbox_ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
-    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms.max(50));
-    cfg.heartbeat_timeout = cfg.heartbeat * 3;
+    cfg.set_inbox_ttl(Duration::from_secs(args.inbox_ttl));
+    cfg.set_heartbeat(Duration::from_millis(args.heartbeat_ms));
     cfg.busy_high_water = args.busy_high_water.max(1);
     cfg.max_connections = args.max_connections.max(1);
-    cfg.max_hops = args.safety.max_hops;
-    cfg.breaker_failures = args.safety.breaker_failures;
-    cfg.breaker_cooldown = Duration::from_millis(args.safety.breaker_cooldown_ms.max(1));
+    cfg.max_hops = args.max_hops;
+    cfg.breaker_failures = args.breaker_failures;
+    cfg.breaker_cooldown = Duration::from_millis(args.breaker_cooldown_ms.max(1));
     cfg.rules_file = Some(paths.data_dir.join(crate::cmd::rules::FILE));
-    let window_ms = args.safety.rate_window.max(1).saturating_mul(1000);
+    let window_ms = args.rate_window.max(1).saturating_mul(1000);
     cfg.rates = relay_daemon::limits::RateConfig {
         sender: relay_daemon::limits::Limit {
-            max: args.safety.rate_limit,
+            max: args.rate_limit,
             window_ms,
         },
         pair: relay_daemon::limits::Limit {
-            max: args.safety.pair_rate_limit,
+            max: args.pair_rate_limit,
             window_ms,
         },
-        overrides: args.safety.rate_overrides.iter().cloned().collect(),
+        overrides: args.rate_overrides.iter().cloned().collect(),
     };
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
     // to one core, and delivers less (docs/PERFORMANCE.md).
@@ -530,13 +499,13 @@ fn foreground(paths: &Paths, args: &UpArgs) -> anyhow::Result<()> {
 
 /// Binds the dashboard's port and writes its URL (0600) for `up` and `status` to show. A
 /// dashboard that cannot start is logged, never a reason for the relay not to run.
-fn start_dashboard(paths: &Paths, args: &UpArgs) -> Option<(relay_dashboard::Bound, String)> {
+fn start_dashboard(paths: &Paths, args: &UpSettings) -> Option<(relay_dashboard::Bound, String)> {
     let file = dashboard_file(paths);
     let _ = std::fs::remove_file(&file);
     if args.no_dashboard {
         return None;
     }
-    let wanted = args.dashboard_port.unwrap_or(relay_dashboard::DEFAULT_PORT);
+    let wanted = args.dashboard_port;
     let bound = match relay_dashboard::bind(wanted) {
         Ok(b) => b,
         Err(e) => {

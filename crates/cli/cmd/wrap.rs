@@ -11,7 +11,7 @@ use relay_wrap::WrapConfig;
 use relay_wrap::profile::Profile;
 use relay_wrap::tmux;
 
-use crate::args::{AttachArgs, Backend, StorageKind, UpArgs, WrapArgs};
+use crate::args::{AttachArgs, Backend, WrapArgs};
 use crate::cmd::up::start_background;
 
 const ADJECTIVES: [&str; 16] = [
@@ -131,8 +131,13 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         .profile
         .clone()
         .unwrap_or_else(|| Profile::name_for_command(&args.command).to_owned());
-    let profile = Profile::load(
+    // The relay's settings and the profile overrides of the project's configuration file:
+    // read (and checked) before anything starts.
+    let (settings, file) = crate::settings::for_project(paths, &crate::settings::Flags::new())?;
+    let project = file.as_ref().and_then(|f| f.profile(&profile_name));
+    let profile = Profile::load_with(
         &profile_name,
+        project.as_ref().map(|(o, from)| (*o, from.as_str())),
         relay_wrap::profile::override_dir().as_deref(),
     )?;
     if let Some(w) = relay_wrap::colour_warning(&profile.parse, |k| std::env::var(k).ok()) {
@@ -162,25 +167,9 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
              yourself (`... &`)"
         )));
     }
-    // The relay starts if it is not running, as `agent-relay up` would.
-    let storage = match std::env::var("AGENT_RELAY_STORAGE_TYPE").as_deref() {
-        Ok("memory") => StorageKind::Memory,
-        _ => StorageKind::Sqlite,
-    };
-    let up = UpArgs {
-        foreground: false,
-        storage,
-        durability: crate::args::DurabilityKind::from_env()?,
-        inbox_ttl: 3600,
-        heartbeat_ms: 5000,
-        busy_high_water: 10_000,
-        max_connections: 1024,
-        safety: crate::args::SafetyArgs::default(),
-        dashboard_port: None,
-        no_dashboard: false,
-        json: false,
-    };
-    start_background(paths, &up).context("cannot start the relay")?;
+    // The relay starts if it is not running, as `agent-relay up` would: with the same settings
+    // from the environment, the configuration file and the defaults.
+    start_background(paths, &settings.settings).context("cannot start the relay")?;
     let team_dir = paths.data_dir.join("team").join(&name);
     private_dir(&paths.data_dir.join("team"))?;
     private_dir(&team_dir)?;

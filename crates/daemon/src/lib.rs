@@ -32,7 +32,36 @@ use tokio_util::sync::CancellationToken;
 
 pub use feed::{Answer, Counter, Counters, Handle, LiveAgent, Stopped, Subscription};
 
-/// Daemon settings. [`Config::new`] gives the documented defaults.
+/// The defaults of the settings a person can change (`agent-relay up` options and the project
+/// configuration file), defined here once: [`Config::new`] and the CLI's settings table
+/// (`crates/cli/settings.rs`, which shows them in `up --help` and `agent-relay config`) both
+/// read them.
+pub mod defaults {
+    use std::time::Duration;
+
+    /// PING interval (the protocol's 5 s); a connection silent for three is closed.
+    pub const HEARTBEAT: Duration = Duration::from_secs(5);
+    /// How long a queued message waits for an offline recipient.
+    pub const INBOX_TTL: Duration = Duration::from_secs(3600);
+    /// Messages waiting for one recipient before its senders are told BUSY.
+    pub const BUSY_HIGH_WATER: u64 = 10_000;
+    /// Most simultaneous connections.
+    pub const MAX_CONNECTIONS: usize = 1024;
+    /// Most replies in a chain.
+    pub const MAX_HOPS: u32 = 10;
+    /// Messages one sender may send per [`RATE_WINDOW`] (0: no limit).
+    pub const RATE_LIMIT: u32 = 100;
+    /// Messages one agent may send to one other per [`RATE_WINDOW`] (0: no limit).
+    pub const PAIR_RATE_LIMIT: u32 = 30;
+    /// The sliding window of both rate limits.
+    pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+    /// Failure reports in a row that pause deliveries to an agent (0: never).
+    pub const BREAKER_FAILURES: u32 = 3;
+    /// How long a paused agent waits before one message is tried again.
+    pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+}
+
+/// Daemon settings. [`Config::new`] gives the documented defaults ([`defaults`]).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The socket path (reported by `status`).
@@ -77,26 +106,42 @@ pub struct Config {
 impl Config {
     /// Defaults for a daemon listening on `socket_path`.
     pub fn new(socket_path: PathBuf) -> Self {
-        Self {
+        let mut cfg = Self {
             socket_path,
             agents_file: None,
-            heartbeat: Duration::from_secs(5),
-            heartbeat_timeout: Duration::from_secs(15),
+            heartbeat: defaults::HEARTBEAT,
+            heartbeat_timeout: defaults::HEARTBEAT * 3,
             handshake_timeout: Duration::from_secs(10),
             max_frame_bytes: relay_protocol::MAX_FRAME_BYTES,
             max_body_bytes: 512 * 1024,
             outbound_queue: 8192,
             max_window: 1024,
-            max_connections: 1024,
-            inbox_ttl: Duration::from_secs(3600),
+            max_connections: defaults::MAX_CONNECTIONS,
+            inbox_ttl: defaults::INBOX_TTL,
             sweep_interval: Duration::from_secs(30),
-            busy_high_water: 10_000,
-            max_hops: 10,
+            busy_high_water: defaults::BUSY_HIGH_WATER,
+            max_hops: defaults::MAX_HOPS,
             rates: limits::RateConfig::default(),
             rules_file: None,
-            breaker_failures: 3,
-            breaker_cooldown: Duration::from_secs(30),
-        }
+            breaker_failures: defaults::BREAKER_FAILURES,
+            breaker_cooldown: defaults::BREAKER_COOLDOWN,
+        };
+        cfg.set_inbox_ttl(defaults::INBOX_TTL);
+        cfg
+    }
+
+    /// Sets the PING interval (at least 50 ms) and the silence that closes a connection:
+    /// three intervals.
+    pub fn set_heartbeat(&mut self, interval: Duration) {
+        self.heartbeat = interval.max(Duration::from_millis(50));
+        self.heartbeat_timeout = self.heartbeat * 3;
+    }
+
+    /// Sets the inbox TTL and sweeps often enough that a message outlives it by at most a
+    /// quarter of it (between 100 ms and 30 s).
+    pub fn set_inbox_ttl(&mut self, ttl: Duration) {
+        self.inbox_ttl = ttl;
+        self.sweep_interval = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
     }
 }
 

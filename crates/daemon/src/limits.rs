@@ -23,7 +23,7 @@ impl Limit {
 /// Rate-limit settings of a daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateConfig {
-    /// Per sender (seed default: 100 per 60 s).
+    /// Per sender (default: [`crate::defaults::RATE_LIMIT`] per [`crate::defaults::RATE_WINDOW`]).
     pub sender: Limit,
     /// Per ordered pair of agents (catches two agents trading acknowledgements).
     pub pair: Limit,
@@ -35,16 +35,21 @@ impl Default for RateConfig {
     fn default() -> Self {
         Self {
             sender: Limit {
-                max: 100,
-                window_ms: 60_000,
+                max: crate::defaults::RATE_LIMIT,
+                window_ms: window_ms(crate::defaults::RATE_WINDOW),
             },
             pair: Limit {
-                max: 30,
-                window_ms: 60_000,
+                max: crate::defaults::PAIR_RATE_LIMIT,
+                window_ms: window_ms(crate::defaults::RATE_WINDOW),
             },
             overrides: HashMap::new(),
         }
     }
+}
+
+/// A window in whole milliseconds (saturating: no window is that long).
+fn window_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Why a message was refused by the limiter.

@@ -47,9 +47,11 @@ pub enum ProfileError {
 }
 
 /// The fields of a profile file; every one optional so that an override can name just one.
-#[derive(Debug, Default, Deserialize)]
+/// Public so that the project configuration file's `[profiles.NAME]` tables (read by the
+/// CLI) take exactly these fields, under these names.
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct File {
+pub struct Overrides {
     parse: Option<String>,
     settle_ms: Option<u64>,
     quiet_ms: Option<u64>,
@@ -65,8 +67,12 @@ struct File {
     tested_versions: Option<Vec<String>>,
 }
 
-impl File {
-    fn overlay(&mut self, o: File) {
+/// The profile files' own name for their fields, kept for the code that reads them.
+type File = Overrides;
+
+impl Overrides {
+    /// Replaces each field `o` sets with its value.
+    pub fn overlay(&mut self, o: Overrides) {
         macro_rules! take {
             ($($f:ident),*) => { $( if o.$f.is_some() { self.$f = o.$f; } )* };
         }
@@ -169,6 +175,22 @@ impl Profile {
     /// [`ProfileError`] for an unknown name or an invalid file (the message names the file
     /// and line).
     pub fn load(name: &str, overrides: Option<&Path>) -> Result<Self, ProfileError> {
+        Self::load_with(name, None, overrides)
+    }
+
+    /// The profile called `name`: the embedded defaults, overlaid first with `project` (the
+    /// project configuration file's `[profiles.NAME]` table, with where it came from), then
+    /// with `<dir>/<name>.toml` when `overrides` names a directory holding one: a person's own
+    /// tuning on this machine wins over the project's shared file.
+    ///
+    /// # Errors
+    /// [`ProfileError`] for an unknown name or an invalid file or pattern (the message names
+    /// the file and line).
+    pub fn load_with(
+        name: &str,
+        project: Option<(&Overrides, &str)>,
+        overrides: Option<&Path>,
+    ) -> Result<Self, ProfileError> {
         let (_, text) =
             DEFAULTS
                 .iter()
@@ -178,6 +200,10 @@ impl Profile {
                 })?;
         let mut file = parse_file(text, &format!("<embedded {name}.toml>"))?;
         let mut source = format!("<embedded {name}.toml>");
+        if let Some((o, from)) = project {
+            file.overlay(o.clone());
+            source = from.to_owned();
+        }
         if let Some(dir) = overrides {
             let path = dir.join(format!("{name}.toml"));
             match std::fs::read_to_string(&path) {
