@@ -14,6 +14,7 @@ mod clock;
 mod conn;
 mod feed;
 pub mod limits;
+mod msg;
 mod router;
 pub mod rules;
 mod session;

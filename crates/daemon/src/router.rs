@@ -17,15 +17,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_protocol::events::{RelayEvent, Watch, excerpt, excerpt_of};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
-    Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
-    NackCode, Payload, Role, Send, ServerInfo, TerminalReport, Welcome, topic_matches,
-    validate_agent_name, validate_topic, validate_topic_pattern,
+    AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, Hello, Nack, NackCode, Payload,
+    Role, Send, ServerInfo, TerminalReport, Welcome, topic_matches, validate_agent_name,
+    validate_topic, validate_topic_pattern,
 };
 use relay_store::{
     AppendOutcome, DeadNotice, NewMessage, Recipient, RetryOutcome, StoredMessage, WriteOp,
@@ -36,138 +36,13 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::Config;
 use crate::clock::now_ms;
-use crate::feed::{Answer, Feed, LiveAgent, Subscription};
+use crate::feed::{Feed, Subscription};
 use crate::limits::{Hops, RateLimiter};
+use crate::msg::{
+    Answer, ConnHandle, DeliverItem, Killer, LiveAgent, Outbound, QueryCtx, QueryKind, Raw,
+    RouterMsg, StoreCmd, StoreEvent, WriteCtx,
+};
 use crate::rules::Rules;
-use crate::store_actor::{StoreCmd, StoreEvent};
-
-/// One DELIVER waiting in a connection's queue; the connection's writer encodes it.
-#[derive(Debug)]
-pub(crate) struct DeliverItem {
-    pub(crate) msg: Arc<StoredMessage>,
-    pub(crate) seq: u64,
-    pub(crate) attempt: u32,
-    pub(crate) session_id: Arc<str>,
-    /// The payload exactly as the sender's SEND carried it, when delivering live: written as
-    /// is instead of serializing `msg.payload` again (which was the costliest step per
-    /// DELIVER). Replays from the store have none.
-    pub(crate) raw: Option<Raw>,
-    /// Tell the router once this DELIVER is written to the socket: for a connection that said
-    /// `ack: false`, writing it is its acknowledgement (queued is not: a recipient that stops
-    /// reading and leaves would lose what sat in its queue).
-    pub(crate) confirm: bool,
-}
-
-/// A payload's JSON text as received.
-pub(crate) type Raw = Arc<serde_json::value::RawValue>;
-
-/// What a connection's writer is asked to write. Kept small (about 48 bytes): every message
-/// passes through two of these queues, and tokio's channels move values in and out by copy.
-#[derive(Debug)]
-pub(crate) enum Outbound {
-    /// A frame built by the router or the reader (rare: WELCOME, RESULT, BYE).
-    Frame(Box<Envelope>),
-    /// A daemon-originated frame with no routing fields; the writer stamps its id and time.
-    Control(Box<Payload>),
-    /// The receipt for a SEND (the one control frame sent per message).
-    Receipt {
-        ack_id: String,
-        status: AckStatus,
-        recipients: Option<u32>,
-    },
-    /// A DELIVER.
-    Deliver(DeliverItem),
-    /// Write this error (if any) after everything queued, then close.
-    Close(Option<Box<ErrorPayload>>),
-}
-
-/// Cuts a connection short from outside (slow consumer, takeover, shutdown).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Killer {
-    token: CancellationToken,
-    reason: Arc<Mutex<Option<ErrorPayload>>>,
-}
-
-impl Killer {
-    pub(crate) fn kill(&self, code: ErrorCode, message: String) {
-        if let Ok(mut r) = self.reason.lock() {
-            r.get_or_insert(ErrorPayload {
-                code,
-                message,
-                fatal: true,
-            });
-        }
-        self.token.cancel();
-    }
-
-    pub(crate) async fn killed(&self) {
-        self.token.cancelled().await;
-    }
-
-    pub(crate) fn reason(&self) -> Option<ErrorPayload> {
-        self.reason.lock().ok().and_then(|r| r.clone())
-    }
-}
-
-/// A connection's handle, given to the router with its HELLO.
-#[derive(Debug, Clone)]
-pub(crate) struct ConnHandle {
-    pub(crate) id: u64,
-    pub(crate) tx: mpsc::Sender<Outbound>,
-    pub(crate) killer: Killer,
-}
-
-/// Messages to the router.
-#[derive(Debug)]
-pub(crate) enum RouterMsg {
-    /// A HELLO passed validation; register the connection and queue WELCOME.
-    Register {
-        conn: ConnHandle,
-        hello: Hello,
-        reply: oneshot::Sender<Result<(), (ErrorCode, String)>>,
-    },
-    /// The connection is gone.
-    Unregister { conn_id: u64 },
-    /// A wrapper reported how its agent's terminal looks (in a PONG).
-    Terminal {
-        conn_id: u64,
-        report: TerminalReport,
-    },
-    /// A SEND.
-    Send {
-        conn_id: u64,
-        id: String,
-        to: Option<String>,
-        topic: Option<String>,
-        payload: Send,
-        raw: Option<Raw>,
-    },
-    /// A recipient acknowledged a DELIVER.
-    Ack { conn_id: u64, ack: Ack },
-    /// A recipient refused a DELIVER.
-    Nack { conn_id: u64, nack: Nack },
-    /// DELIVERs at these positions (asked with `confirm`) were written to the socket of a
-    /// connection that does not acknowledge: they count as acknowledged now.
-    Written { conn_id: u64, positions: Vec<i64> },
-    /// SUBSCRIBE (`on`) or UNSUBSCRIBE.
-    Subscribe {
-        conn_id: u64,
-        id: String,
-        pattern: Option<String>,
-        on: bool,
-    },
-    /// A QUERY.
-    Query {
-        conn_id: u64,
-        id: String,
-        req: QueryRequest,
-    },
-    /// A question from inside the process (the dashboard), answered on `reply`.
-    Ask {
-        req: QueryRequest,
-        reply: oneshot::Sender<Answer>,
-    },
-}
 
 /// Hop counts of this many recent replies are kept (and reloaded at start).
 pub(crate) const HOPS_REMEMBERED: usize = 100_000;
@@ -182,29 +57,6 @@ pub(crate) const RELAY: &str = "relay";
 /// Connection id of the daemon's own sends (notices, retries): answers to it go nowhere.
 /// Connection ids start at 1.
 const NO_CONN: u64 = 0;
-
-/// Context carried through the store with a write, returned with its result.
-#[derive(Debug)]
-pub(crate) enum WriteCtx {
-    /// Nobody waits for this result.
-    None,
-    /// The result may name dead letters whose senders must be told.
-    Notify,
-    /// An operator action (`dlq retry`, `dlq purge`) answered with a RESULT, or through
-    /// `reply` when asked in process (the dashboard's retry button).
-    Admin {
-        conn_id: u64,
-        env_id: String,
-        reply: Option<oneshot::Sender<Answer>>,
-    },
-    /// A SEND: acknowledge to the sender and deliver to the recipients.
-    Send {
-        conn_id: u64,
-        env_id: String,
-        recipients: Vec<String>,
-        raw: Option<Raw>,
-    },
-}
 
 /// The live record of the agent connection `conn_id` speaks for, with the agent's name;
 /// `None` if it is gone or was taken over by a newer connection. (Over the two maps, not
@@ -244,23 +96,6 @@ struct Origin {
     session_id: Option<String>,
     /// Already past budgets and rate limits (a retried dead letter).
     checked: bool,
-}
-
-/// Context carried through the store with a query.
-#[derive(Debug)]
-pub(crate) struct QueryCtx {
-    conn_id: u64,
-    env_id: String,
-    kind: QueryKind,
-    /// Set for [`RouterMsg::Ask`]: the answer goes here instead of to a connection.
-    reply: Option<oneshot::Sender<Answer>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum QueryKind {
-    Status,
-    Agents,
-    Other,
 }
 
 #[derive(Debug)]
