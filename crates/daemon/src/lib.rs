@@ -16,6 +16,7 @@ mod feed;
 pub mod limits;
 mod msg;
 mod router;
+mod routing;
 pub mod rules;
 mod session;
 mod store_actor;

@@ -69,7 +69,7 @@ pub(crate) fn spawn(
 }
 
 /// Executes commands in order: consecutive writes become one transaction.
-fn run_commands(
+pub(crate) fn run_commands(
     store: &mut dyn Store,
     cmds: &mut Vec<StoreCmd>,
     events: &mpsc::UnboundedSender<StoreEvent>,
