@@ -48,6 +48,13 @@ use crate::msg::{
 };
 use crate::rules::Rules;
 
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod tests;
+
 /// The time an entry point runs at: the monotonic instant (circuit breakers, rate of state
 /// events, BUSY) and the wall clock in Unix ms (stored and shown times, rate limits, expiry).
 /// The shell reads both once per input; tests make them up.
