@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Config;
 use crate::clock::now_ms;
-use crate::router::{ConnHandle, DeliverItem, Killer, Outbound, RouterMsg};
+use crate::msg::{ConnHandle, DeliverItem, Killer, Outbound, RouterMsg};
 use crate::session::{Session, Tick, Timing, Verdict};
 
 /// Serves one accepted connection until it closes.
@@ -370,7 +370,7 @@ impl Reader {
                 topic: env.topic,
                 payload,
                 // Forwarded verbatim to live recipients: already validated by the typed parse.
-                raw: raw.map(|r| crate::router::Raw::from(r.to_owned())),
+                raw: raw.map(|r| crate::msg::Raw::from(r.to_owned())),
             },
             Payload::Ack(ack) => RouterMsg::Ack { conn_id, ack },
             Payload::Nack(nack) => RouterMsg::Nack { conn_id, nack },

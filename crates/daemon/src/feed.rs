@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use relay_protocol::events::RelayEvent;
-use relay_protocol::query::{QueryRequest, QueryResult};
+use relay_protocol::query::QueryRequest;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::router::RouterMsg;
+use crate::msg::RouterMsg;
+pub use crate::msg::{Answer, LiveAgent};
 
 /// Events buffered per watcher before a slow one starts missing events (it is told how many).
 const FEED_CAPACITY: usize = 4096;
@@ -131,31 +132,6 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         self.watchers.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// What the router knows about an agent beyond what the store keeps.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct LiveAgent {
-    /// Name.
-    pub name: String,
-    /// Messages it sent since the daemon started.
-    pub sent: u64,
-    /// Messages stored for it since the daemon started.
-    pub received: u64,
-    /// DELIVERs handed to its connection and not yet acknowledged (for a wrapped agent:
-    /// messages waiting for the agent to be idle enough to type them in).
-    pub inflight: u64,
-    /// How its wrapper last said the agent's terminal looks (wrapped agents that are online).
-    pub terminal: Option<relay_protocol::TerminalReport>,
-}
-
-/// The answer to [`Handle::ask`].
-#[derive(Debug, Clone)]
-pub struct Answer {
-    /// What a `QUERY` would have got.
-    pub result: QueryResult,
-    /// For `agents`: the router's live figures per known agent (empty otherwise).
-    pub live: Vec<LiveAgent>,
 }
 
 /// The daemon stopped before it answered.

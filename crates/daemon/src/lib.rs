@@ -6,7 +6,8 @@
 //! future. Inside, three kinds of task:
 //! - one task per connection (`conn.rs`), with the pure protocol state machine in `session.rs`;
 //! - one router task (`router.rs`), the single owner of membership, subscriptions and
-//!   per-recipient delivery windows;
+//!   per-recipient delivery windows, a thin shell around the pure routing core in
+//!   `routing/` (the messages the tasks exchange are in `msg.rs`);
 //! - one store thread (`store_actor.rs`), the single owner of the [`relay_store::Store`], which
 //!   commits writes in groups.
 
@@ -14,7 +15,9 @@ mod clock;
 mod conn;
 mod feed;
 pub mod limits;
+mod msg;
 mod router;
+mod routing;
 pub mod rules;
 mod session;
 mod store_actor;

@@ -10,11 +10,11 @@ use std::collections::HashMap;
 use std::thread::JoinHandle;
 
 use relay_protocol::query::{QueryRequest, QueryResult};
-use relay_store::{PendingDelivery, Store, WriteOp, WriteResult};
+use relay_store::{Store, WriteOp, WriteResult};
 use tokio::sync::mpsc;
 
 use crate::clock::now_ms;
-use crate::router::{QueryCtx, WriteCtx};
+use crate::msg::{StoreCmd, StoreEvent, WriteCtx};
 
 /// Acknowledged deliveries the `status` latency percentiles are computed over.
 const LATENCY_SAMPLE: usize = 1000;
@@ -37,53 +37,6 @@ fn drain(rx: &mut mpsc::Receiver<StoreCmd>, cmds: &mut Vec<StoreCmd>) {
             Err(_) => break,
         }
     }
-}
-
-/// A command for the store thread.
-#[derive(Debug)]
-pub(crate) enum StoreCmd {
-    /// Apply a write; the result comes back as [`StoreEvent::Written`].
-    Write(WriteOp, WriteCtx),
-    /// Load queued deliveries for a recipient; answered with [`StoreEvent::Pending`].
-    TakePending {
-        /// Recipient.
-        recipient: String,
-        /// Connection that asked (the answer is dropped if it is gone).
-        conn_id: u64,
-        /// Positions after this.
-        after: i64,
-        /// At most this many.
-        limit: usize,
-    },
-    /// A read-only query; answered with [`StoreEvent::Query`].
-    Query(QueryRequest, QueryCtx),
-}
-
-/// What the store thread reports to the router.
-#[derive(Debug)]
-pub(crate) enum StoreEvent {
-    /// A write's result.
-    Written(WriteCtx, Result<WriteResult, String>),
-    /// Queued deliveries for a recipient.
-    Pending {
-        /// Recipient.
-        recipient: String,
-        /// Connection that asked.
-        conn_id: u64,
-        /// The deliveries (or the error).
-        deliveries: Result<Vec<PendingDelivery>, String>,
-        /// The limit asked for; fewer means caught up.
-        limit: usize,
-    },
-    /// A query's answer. `None` for `status`, which the router builds from the counters and
-    /// what only it knows. The context is boxed: answers are rare and this keeps every
-    /// write result, which shares the enum, small.
-    Query(
-        Box<QueryCtx>,
-        Option<Box<QueryResult>>,
-        relay_store::Stats,
-        Option<Box<relay_protocol::query::DeliveryFigures>>,
-    ),
 }
 
 /// Starts the store thread.
@@ -116,7 +69,7 @@ pub(crate) fn spawn(
 }
 
 /// Executes commands in order: consecutive writes become one transaction.
-fn run_commands(
+pub(crate) fn run_commands(
     store: &mut dyn Store,
     cmds: &mut Vec<StoreCmd>,
     events: &mpsc::UnboundedSender<StoreEvent>,
