@@ -180,7 +180,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
     };
     let cfg = WrapConfig {
         name,
-        command: args.command.clone(),
+        command: profile.command(&args.command),
         profile,
         socket: paths.socket.clone(),
         max_body: args.max_body.max(1),

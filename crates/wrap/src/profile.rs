@@ -65,6 +65,7 @@ pub struct Overrides {
     placeholders: Option<Vec<String>>,
     starting: Option<Vec<String>>,
     tested_versions: Option<Vec<String>>,
+    args: Option<Vec<String>>,
 }
 
 /// The profile files' own name for their fields, kept for the code that reads them.
@@ -89,7 +90,8 @@ impl Overrides {
             prompt,
             placeholders,
             starting,
-            tested_versions
+            tested_versions,
+            args
         );
     }
 }
@@ -131,6 +133,9 @@ pub struct Profile {
     starting: Vec<Regex>,
     /// The CLI versions these rules were checked against (`agent-relay doctor` compares).
     pub tested_versions: Vec<String>,
+    /// Arguments the wrapper adds to the CLI's command line, each unless it is there already
+    /// (see [`Profile::command`]).
+    args: Vec<String>,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -274,7 +279,21 @@ impl Profile {
             placeholders: regexes(f.placeholders)?,
             starting: regexes(f.starting)?,
             tested_versions: f.tested_versions.unwrap_or_default(),
+            args: f.args.unwrap_or_default(),
         })
+    }
+
+    /// The command line to run: `command` with the profile's `args` added, each one the person
+    /// did not give already (the `codex` profile adds `--no-alt-screen`, so that every line of
+    /// a reply reaches the terminal; see its file).
+    pub fn command(&self, command: &[String]) -> Vec<String> {
+        let mut out = command.to_vec();
+        for a in &self.args {
+            if !command.iter().skip(1).any(|c| c == a) {
+                out.push(a.clone());
+            }
+        }
+        out
     }
 
     /// The profile's name.

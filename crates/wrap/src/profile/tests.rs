@@ -249,3 +249,21 @@ fn codex_still_starting_shows_its_logo() {
     assert!(codex.starting(&s));
     assert!(!codex.submitted(&s, typed));
 }
+
+#[test]
+fn codex_runs_inline_unless_told_otherwise() {
+    let codex = Profile::builtin("codex").unwrap();
+    let cmd = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    assert_eq!(
+        codex.command(&cmd(&["codex", "-m", "o3"])),
+        cmd(&["codex", "-m", "o3", "--no-alt-screen"])
+    );
+    // Given already: not twice.
+    assert_eq!(
+        codex.command(&cmd(&["codex", "--no-alt-screen"])),
+        cmd(&["codex", "--no-alt-screen"])
+    );
+    // Other profiles add nothing.
+    let claude = Profile::builtin("claude").unwrap();
+    assert_eq!(claude.command(&cmd(&["claude"])), cmd(&["claude"]));
+}
