@@ -1,14 +1,6 @@
 //! Time formatting and parsing for the CLI, without a calendar dependency.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Now, in Unix milliseconds.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use relay_protocol::now_ms;
 
 /// `YYYY-MM-DD HH:MM:SS` in UTC for a Unix-ms timestamp.
 pub(crate) fn format_utc(ms: u64) -> String {

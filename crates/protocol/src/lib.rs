@@ -10,6 +10,7 @@
 //! The crate is sans-IO: [`codec`] turns bytes into frames and back, [`Envelope`] turns frames into
 //! typed messages. Nothing here blocks, allocates without a bound, or panics on input.
 
+pub mod clock;
 pub mod codec;
 mod envelope;
 pub mod events;
@@ -17,6 +18,7 @@ mod names;
 pub mod query;
 pub mod text;
 
+pub use clock::now_ms;
 pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, DecodeError, Delivery, DeliveryState,
