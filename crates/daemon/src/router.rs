@@ -16,11 +16,11 @@
 //! store records that as one range update per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use relay_protocol::events::{RelayEvent, Watch, excerpt, excerpt_of};
+use relay_protocol::file::{Durability, write_atomic};
 use relay_protocol::query::{DeliveryStatus, QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Budget, Busy, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello, Nack,
@@ -2339,7 +2339,8 @@ impl Router {
                 })
             }).collect::<Vec<_>>(),
         });
-        match write_atomic(path, doc.to_string().as_bytes()) {
+        // No fsync: this runs on the router thread, and the file is rewritten at every start.
+        match write_atomic(path, doc.to_string().as_bytes(), Durability::ProcessCrash) {
             Ok(()) => tracing::trace!(agents = names.len(), "agents.json written"),
             Err(e) => {
                 tracing::warn!(error = %e, path = %path.display(), "could not write agents.json");
@@ -2400,12 +2401,4 @@ fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
             "this connection did not read its frames; reconnect (unacknowledged SENDs are safe to re-send)".into(),
         );
     }
-}
-
-/// Writes `bytes` to `path` via a temporary file in the same directory and a rename, so a reader
-/// never sees a half-written file.
-pub(crate) fn write_atomic(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }

@@ -8,12 +8,15 @@
 //! specification; this crate is its executable form.
 //!
 //! The crate is sans-IO: [`codec`] turns bytes into frames and back, [`Envelope`] turns frames into
-//! typed messages. Nothing here blocks, allocates without a bound, or panics on input.
+//! typed messages. Nothing here blocks, allocates without a bound, or panics on input. The two
+//! exceptions are the small helpers every crate shares so that each exists once: the wall
+//! [`clock`] and [`file::write_atomic`].
 
 pub mod clock;
 pub mod codec;
 mod envelope;
 pub mod events;
+pub mod file;
 mod names;
 pub mod query;
 pub mod text;

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use relay_protocol::file::{Durability, write_atomic};
 use relay_protocol::text;
 
 /// Ids remembered; older ones are dropped when the log is compacted.
@@ -230,19 +231,17 @@ fn line_safe(id: &str) -> std::io::Result<()> {
 }
 
 /// Writes `bytes` to `path` so that readers, and a wrapper restarted after a crash, see the
-/// old file or the new one, never a part.
+/// old file or the new one, never a part; the file is the owner's alone (0600).
 ///
-/// No fsync: these files must survive the wrapper being killed, which the page cache
-/// guarantees; surviving a power cut is not worth the wait. (An fsync here once held the
-/// relaying loop, and the messages it had just handed to the client, for over a second on a
-/// busy disk.)
+/// No fsync ([`Durability::ProcessCrash`]): these files must survive the wrapper being killed,
+/// which the page cache guarantees; surviving a power cut is not worth the wait. (An fsync here
+/// once held the relaying loop, and the messages it had just handed to the client, for over a
+/// second on a busy disk.)
 ///
 /// # Errors
 /// Any I/O error.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    write_atomic(path, bytes, Durability::ProcessCrash)
 }
 
 /// One message as the file inbox shows it.
