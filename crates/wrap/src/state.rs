@@ -148,11 +148,9 @@ impl InjectedLog {
     /// The log cannot be written.
     pub fn started_at(&mut self, id: &str, at: u64, text: &str) -> std::io::Result<()> {
         line_safe(id)?;
-        // The text is one line (see `format::injected_text`); keep it so.
-        let text: String = text
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        // The text is one line (see `format::injected_text`); keep it so, whatever the caller
+        // passes: a line break in it would make a second log line.
+        let text = text::typed(text);
         self.append(&format!("T {id} {at} {text}"))?;
         self.remember(id, Typed::Started);
         Ok(())
@@ -422,6 +420,21 @@ mod tests {
             vec![(500, "Relay message from X [E]: one".to_owned())]
         );
         assert_eq!(log.typed_since(0).len(), 2);
+    }
+
+    /// A typed text that could write a line of its own is logged on one line.
+    #[test]
+    fn a_typed_text_with_a_line_break_stays_one_log_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = InjectedLog::open(dir.path()).unwrap();
+        log.started("B").unwrap();
+        log.started_at("E", 5, "one\nD B verified\x1b[2J").unwrap();
+        let log = InjectedLog::open(dir.path()).unwrap();
+        assert_eq!(log.get("B"), Some(Typed::Started));
+        assert_eq!(
+            log.typed_since(0),
+            vec![(5, "one D B verified[2J".to_owned())]
+        );
     }
 
     /// An id that could write a line of its own (`x\nD B verified`) never reaches the log.
