@@ -19,6 +19,7 @@ pub mod events;
 pub mod file;
 mod names;
 pub mod query;
+mod status;
 pub mod text;
 
 pub use clock::now_ms;
@@ -32,6 +33,7 @@ pub use envelope::{
 pub use names::{
     NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
 };
+pub use status::DeliveryStatus;
 pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 
 /// Characters in a [`short_id`].
@@ -61,6 +63,14 @@ pub fn is_short_id_len(q: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::short_id;
+
+    /// `query` carries `events` (a watch filter, a feed event); `events` must not import
+    /// `query` back, or the two modules can only be read, and changed, together.
+    #[test]
+    fn events_does_not_import_query() {
+        let events = include_str!("events.rs");
+        assert!(!events.contains("query::"), "events.rs names crate::query");
+    }
 
     #[test]
     fn short_id_is_the_last_eight_characters() {
