@@ -290,26 +290,15 @@ pub fn append_inbox(dir: &Path, entry: &InboxEntry<'_>) -> std::io::Result<()> {
     write_atomically(&path, text.as_bytes())
 }
 
-/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ` (UTC); past the year 9999, the milliseconds themselves.
 fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{ms} ms"),
+            |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        )
 }
 
 /// How far the tmux pane log has been relayed: bytes read with every directive in them sent
@@ -420,6 +409,13 @@ mod tests {
             vec![(500, "Relay message from X [E]: one".to_owned())]
         );
         assert_eq!(log.typed_since(0).len(), 2);
+    }
+
+    #[test]
+    fn inbox_times_are_rfc3339_utc_to_the_second() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400_999), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40Z");
     }
 
     /// A typed text that could write a line of its own is logged on one line.
