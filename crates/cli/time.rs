@@ -1,41 +1,18 @@
-//! Time formatting and parsing for the CLI, without a calendar dependency.
+//! Time formatting and parsing for the CLI. Calendar dates come from `jiff`; durations are the
+//! CLI's own small syntax (`90s`, `10m`, `2h`, `7d`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+pub(crate) use relay_protocol::now_ms;
 
-/// Now, in Unix milliseconds.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// `YYYY-MM-DD HH:MM:SS` in UTC for a Unix-ms timestamp.
+/// `YYYY-MM-DD HH:MM:SS` in UTC for a Unix-ms timestamp; past the year 9999 (only a client's
+/// made-up `ts` gets there), the milliseconds themselves.
 pub(crate) fn format_utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
-}
-
-/// Howard Hinnant's days-to-civil conversion.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{ms} ms"),
+            |t| t.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+        )
 }
 
 /// Parses a duration such as `90s`, `10m`, `2h`, `7d`, in milliseconds.
@@ -113,6 +90,7 @@ mod tests {
         assert_eq!(format_utc(0), "1970-01-01 00:00:00");
         assert_eq!(format_utc(1_795_000_000_000), "2026-11-18 11:06:40");
         assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(format_utc(u64::MAX), "18446744073709551615 ms");
         assert_eq!(parse_duration_ms("10m"), Some(600_000));
         assert_eq!(parse_duration_ms("2h"), Some(7_200_000));
         assert_eq!(parse_duration_ms("x"), None);

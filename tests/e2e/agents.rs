@@ -840,17 +840,8 @@ fn wall_ms(t: std::time::SystemTime) -> f64 {
 /// Unix ms of a log line's timestamp (`2026-11-22T08:32:26.917934Z`, UTC, as the wrapper's
 /// log writes it).
 fn log_ms(stamp: &str) -> f64 {
-    let n = |r: std::ops::Range<usize>| -> i64 { stamp[r].parse().unwrap() };
-    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
-    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    let secs = days * 86_400 + n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
-    let frac: f64 = format!("0{}", &stamp[19..stamp.len() - 1]).parse().unwrap();
-    secs as f64 * 1000.0 + frac * 1000.0
+    let t: jiff::Timestamp = stamp.parse().unwrap();
+    t.as_nanosecond() as f64 / 1e6
 }
 
 /// When `agent`'s wrapper logged `what` for message `id` (its first such line), Unix ms.

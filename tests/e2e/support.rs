@@ -106,6 +106,11 @@ impl Relay {
         );
     }
 
+    /// The `up --foreground` arguments of the next [`Relay::spawn`].
+    pub fn set_args(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+    }
+
     /// SIGKILL, no cleanup: what a crash looks like.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,13 +1,12 @@
 //! `agent-relay rules`: list, add and remove access rules. The rules live in a file in the data
 //! directory; the daemon reloads it within a second of a change, so no restart is needed.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::Context;
 use relay_client::paths::Paths;
 use relay_daemon::rules::{Action, Pattern, Rule, Rules};
+use relay_protocol::file::{Durability, write_atomic};
 
 use crate::args::{RulesAction, RulesArgs};
 use crate::out::{json, line};
@@ -32,18 +31,8 @@ fn load(path: &Path) -> anyhow::Result<Rules> {
 /// Writes the file whole, through a private temporary file and a rename, so the daemon never
 /// reads half of it.
 fn save(path: &Path, rules: &Rules) -> anyhow::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(rules.to_text().as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    write_atomic(path, rules.to_text().as_bytes(), Durability::PowerLoss)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// `agent-relay rules`.

@@ -74,7 +74,7 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
                 if plain {
                     a
                 } else {
-                    format!("'{}'", a.replace('\'', r"'\''"))
+                    relay_wrap::tmux::sh_quote(&a)
                 }
             })
             .collect::<Vec<_>>()

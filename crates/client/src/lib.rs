@@ -20,7 +20,7 @@ use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{
     Ack, AckStatus, Busy, Capabilities, DeliveryState, Envelope, ErrorCode, ErrorPayload, Hello,
     Kind, MAX_FRAME_BYTES, NackCode, Payload, Ping, Role, Send, SubscribePayload, TerminalReport,
-    encode_frame, frame_len,
+    encode_frame, frame_len, now_ms,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -284,13 +284,6 @@ pub struct Client {
     cmds: mpsc::Sender<Cmd>,
     events: mpsc::Receiver<Event>,
     session_id: String,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn new_id() -> String {

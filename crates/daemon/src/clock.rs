@@ -2,15 +2,10 @@
 //! cores can take time as an argument.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch (0 if the clock is before 1970).
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// The workspace's one clock ([`relay_protocol::now_ms`]), named here so the daemon's shells
+/// read time through this module.
+pub(crate) use relay_protocol::now_ms;
 
 static NEXT_FRAME: AtomicU64 = AtomicU64::new(1);
 

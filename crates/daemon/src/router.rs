@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_protocol::events::Watch;
+use relay_protocol::file::{Durability, write_atomic};
 use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{DeliveryState, Envelope, Payload};
 use relay_store::{DeadNotice, WriteOp, WriteResult};
@@ -593,7 +594,9 @@ impl AgentsFile {
                 while let Ok(newer) = rx.try_recv() {
                     doc = newer;
                 }
-                match write_atomic(&path, doc.as_bytes()) {
+                // A reader never sees a half-written file; a power loss may lose the newest
+                // (it is rewritten at the next change), so no fsync.
+                match write_atomic(&path, doc.as_bytes(), Durability::ProcessCrash) {
                     Ok(()) => tracing::trace!("agents.json written"),
                     Err(e) => {
                         tracing::warn!(error = %e, path = %path.display(), "could not write agents.json");
@@ -653,12 +656,4 @@ async fn forward_feed(
             break;
         }
     }
-}
-
-/// Writes `bytes` to `path` via a temporary file in the same directory and a rename, so a reader
-/// never sees a half-written file.
-pub(crate) fn write_atomic(path: &PathBuf, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }

@@ -283,7 +283,7 @@ pub(crate) async fn stats(State(app): State<Arc<App>>) -> Result<Json<serde_json
     let QueryResult::Status(status) = answer.result else {
         return Err(unexpected());
     };
-    let totals = Totals::read(app.daemon.counters(), crate::now_ms());
+    let totals = Totals::read(app.daemon.counters(), relay_protocol::now_ms());
     let rates = app.samples.lock().map(|s| s.rates()).unwrap_or_default();
     Ok(Json(
         json!({ "status": status, "totals": totals, "rates": rates }),
@@ -296,7 +296,7 @@ pub(crate) async fn prometheus_text(app: &App) -> Result<String, Failure> {
     let QueryResult::Status(status) = answer.result else {
         return Err(unexpected());
     };
-    let totals = Totals::read(app.daemon.counters(), crate::now_ms());
+    let totals = Totals::read(app.daemon.counters(), relay_protocol::now_ms());
     Ok(crate::metrics::prometheus(&totals, &status))
 }
 

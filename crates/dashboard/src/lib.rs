@@ -24,6 +24,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use relay_daemon::Handle;
+use relay_protocol::now_ms;
 use tokio::sync::watch;
 
 use crate::metrics::{Rate, Samples, Totals};
@@ -207,13 +208,6 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         ),
     );
     res
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -8,8 +8,7 @@ use std::collections::{HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Kind;
-use crate::query::DeliveryStatus;
+use crate::{DeliveryStatus, Kind};
 
 /// Longest body excerpt an [`RelayEvent::Accepted`] carries, in characters.
 pub const EXCERPT_CHARS: usize = 200;

@@ -8,15 +8,21 @@
 //! specification; this crate is its executable form.
 //!
 //! The crate is sans-IO: [`codec`] turns bytes into frames and back, [`Envelope`] turns frames into
-//! typed messages. Nothing here blocks, allocates without a bound, or panics on input.
+//! typed messages. Nothing here blocks, allocates without a bound, or panics on input. The two
+//! exceptions are the small helpers every crate shares so that each exists once: the wall
+//! [`clock`] and [`file::write_atomic`].
 
+pub mod clock;
 pub mod codec;
 mod envelope;
 pub mod events;
+pub mod file;
 mod names;
 pub mod query;
+mod status;
 pub mod text;
 
+pub use clock::now_ms;
 pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, DecodeError, Delivery, DeliveryState,
@@ -27,6 +33,7 @@ pub use envelope::{
 pub use names::{
     NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
 };
+pub use status::DeliveryStatus;
 pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 
 /// Characters in a [`short_id`].
@@ -56,6 +63,14 @@ pub fn is_short_id_len(q: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::short_id;
+
+    /// `query` carries `events` (a watch filter, a feed event); `events` must not import
+    /// `query` back, or the two modules can only be read, and changed, together.
+    #[test]
+    fn events_does_not_import_query() {
+        let events = include_str!("events.rs");
+        assert!(!events.contains("query::"), "events.rs names crate::query");
+    }
 
     #[test]
     fn short_id_is_the_last_eight_characters() {

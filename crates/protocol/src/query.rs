@@ -5,6 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::Kind;
+/// Re-exported where it was first defined; it lives in its own module so that [`crate::events`]
+/// can use it without importing this module (which imports `events`).
+pub use crate::status::DeliveryStatus;
 
 /// A read-only question (QUERY payload), tagged by `what`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,58 +91,6 @@ pub struct HistoryFilter {
     /// At most this many (default 50, at most 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
-}
-
-/// Where one recipient's copy of a message stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeliveryStatus {
-    /// Stored, not yet acknowledged by the recipient.
-    Queued,
-    /// The recipient acknowledged it (typed it into the agent's terminal).
-    Acked,
-    /// The recipient saw it on the agent's screen.
-    Verified,
-    /// The recipient reported it could not be handed over.
-    Failed,
-    /// Not delivered before its time to live ran out.
-    Expired,
-}
-
-impl DeliveryStatus {
-    /// Stable small integer used by stores.
-    pub fn code(self) -> i64 {
-        match self {
-            Self::Queued => 0,
-            Self::Acked => 1,
-            Self::Verified => 2,
-            Self::Failed => 3,
-            Self::Expired => 4,
-        }
-    }
-
-    /// Inverse of [`DeliveryStatus::code`].
-    pub fn from_code(code: i64) -> Option<Self> {
-        Some(match code {
-            0 => Self::Queued,
-            1 => Self::Acked,
-            2 => Self::Verified,
-            3 => Self::Failed,
-            4 => Self::Expired,
-            _ => return None,
-        })
-    }
-
-    /// Lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Acked => "acked",
-            Self::Verified => "verified",
-            Self::Failed => "failed",
-            Self::Expired => "expired",
-        }
-    }
 }
 
 /// One recipient's copy of a stored message.

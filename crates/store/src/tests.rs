@@ -1326,7 +1326,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 4,
+            supported: 5,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1345,7 +1345,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 4);
+    assert_eq!(v, 5);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText, Target};
-use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, text};
+use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
 use crate::inject::{Action, Injector, Look, Outcome, Timing};
@@ -183,12 +183,6 @@ fn refusal_notice(to: &str, reason: &str) -> String {
         "relay: your message to {} was not sent: {reason}",
         text::typed(to)
     )
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A receipt came back (or never will) for a relayed directive.

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use relay_protocol::file::{Durability, write_atomic};
 use relay_protocol::text;
 
 /// Ids remembered; older ones are dropped when the log is compacted.
@@ -147,11 +148,9 @@ impl InjectedLog {
     /// The log cannot be written.
     pub fn started_at(&mut self, id: &str, at: u64, text: &str) -> std::io::Result<()> {
         line_safe(id)?;
-        // The text is one line (see `format::injected_text`); keep it so.
-        let text: String = text
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        // The text is one line (see `format::injected_text`); keep it so, whatever the caller
+        // passes: a line break in it would make a second log line.
+        let text = text::typed(text);
         self.append(&format!("T {id} {at} {text}"))?;
         self.remember(id, Typed::Started);
         Ok(())
@@ -230,19 +229,17 @@ fn line_safe(id: &str) -> std::io::Result<()> {
 }
 
 /// Writes `bytes` to `path` so that readers, and a wrapper restarted after a crash, see the
-/// old file or the new one, never a part.
+/// old file or the new one, never a part; the file is the owner's alone (0600).
 ///
-/// No fsync: these files must survive the wrapper being killed, which the page cache
-/// guarantees; surviving a power cut is not worth the wait. (An fsync here once held the
-/// relaying loop, and the messages it had just handed to the client, for over a second on a
-/// busy disk.)
+/// No fsync ([`Durability::ProcessCrash`]): these files must survive the wrapper being killed,
+/// which the page cache guarantees; surviving a power cut is not worth the wait. (An fsync here
+/// once held the relaying loop, and the messages it had just handed to the client, for over a
+/// second on a busy disk.)
 ///
 /// # Errors
 /// Any I/O error.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    write_atomic(path, bytes, Durability::ProcessCrash)
 }
 
 /// One message as the file inbox shows it.
@@ -293,26 +290,15 @@ pub fn append_inbox(dir: &Path, entry: &InboxEntry<'_>) -> std::io::Result<()> {
     write_atomically(&path, text.as_bytes())
 }
 
-/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ` (UTC); past the year 9999, the milliseconds themselves.
 fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{ms} ms"),
+            |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        )
 }
 
 /// How far the tmux pane log has been relayed: bytes read with every directive in them sent
@@ -423,6 +409,28 @@ mod tests {
             vec![(500, "Relay message from X [E]: one".to_owned())]
         );
         assert_eq!(log.typed_since(0).len(), 2);
+    }
+
+    #[test]
+    fn inbox_times_are_rfc3339_utc_to_the_second() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400_999), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40Z");
+    }
+
+    /// A typed text that could write a line of its own is logged on one line.
+    #[test]
+    fn a_typed_text_with_a_line_break_stays_one_log_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = InjectedLog::open(dir.path()).unwrap();
+        log.started("B").unwrap();
+        log.started_at("E", 5, "one\nD B verified\x1b[2J").unwrap();
+        let log = InjectedLog::open(dir.path()).unwrap();
+        assert_eq!(log.get("B"), Some(Typed::Started));
+        assert_eq!(
+            log.typed_since(0),
+            vec![(5, "one D B verified[2J".to_owned())]
+        );
     }
 
     /// An id that could write a line of its own (`x\nD B verified`) never reaches the log.

@@ -69,8 +69,9 @@ fn tmux(args: &[&str], stdin: Option<&[u8]>) -> Result<String, WrapError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Quotes `s` for `/bin/sh`.
-fn sh_quote(s: &str) -> String {
+/// Quotes `s` for `/bin/sh` (single quotes, each `'` as `'\''`).
+#[must_use]
+pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 

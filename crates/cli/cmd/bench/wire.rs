@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::{Buf, BytesMut};
-use relay_protocol::{Envelope, MAX_FRAME_BYTES, Payload, frame_len};
+use relay_protocol::{Envelope, MAX_FRAME_BYTES, Payload, frame_len, now_ms};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -69,13 +69,6 @@ struct LitePayload<'a> {
     message: Option<Cow<'a, str>>,
     #[serde(default)]
     fatal: bool,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Appends one frame holding `json`.
