@@ -185,10 +185,16 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
     });
     let skip = |l: &str| l.contains("Sink");
 
-    carol.send("Bob", "carol speaking");
-    carol.expect("ACK");
-    alice.send("Bob", "hi Bob \x1b[31mred\x1b[0m");
+    let id = alice.send("Bob", "hi Bob \x1b[31mred\x1b[0m");
     alice.expect("ACK");
+    // Carol's message has the same id (ids are unique per sender only): a different message,
+    // whose delivery and acknowledgement must not show.
+    carol.send_env(
+        "SEND",
+        json!({"id": id, "to": "Bob"}),
+        json!({"body": "carol speaking"}),
+    );
+    carol.expect("ACK");
     let line = watch.next(skip);
     assert!(line.contains("Alice → Bob"), "{line}");
     assert!(
@@ -202,13 +208,13 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
     let line = watch.next(skip);
     assert!(line.contains("delivered to Bob"), "{line}");
 
-    // Bob acknowledges Carol's message and then Alice's: only Alice's shows.
+    // Bob acknowledges Alice's message and then Carol's: only Alice's shows.
     for _ in 0..2 {
         let d = bob.expect("DELIVER");
         bob.ack(&d);
     }
     let line = watch.next(skip);
-    assert!(line.contains("Bob acked"), "{line}");
+    assert!(line.contains("Bob acked"), "not Carol's delivery: {line}");
     // Events reach the watch in order: if Carol's acknowledgement showed, it would come
     // before this marker.
     alice.send("Sink", "marker");

@@ -175,18 +175,20 @@ pub struct WatchFilter {
     pub topic: Option<String>,
 }
 
-/// How many message ids a [`Watch`] remembers to follow deliveries and acknowledgements of the
+/// How many messages a [`Watch`] remembers to follow deliveries and acknowledgements of the
 /// messages it let through.
 const FOLLOWED: usize = 10_000;
 
 /// Applies a [`WatchFilter`] to a stream of events. Delivery and acknowledgement events name
 /// only the message and its recipient, so the messages that passed the filter are remembered
-/// (the last [`FOLLOWED`]) and their later events pass too.
+/// (the last [`FOLLOWED`]) and their later events pass too. They are remembered by store
+/// position, not id: an id is unique only per sender, and another sender's message with the
+/// same id must not pass.
 #[derive(Debug, Default)]
 pub struct Watch {
     filter: WatchFilter,
-    followed: HashSet<String>,
-    order: VecDeque<String>,
+    followed: HashSet<i64>,
+    order: VecDeque<i64>,
 }
 
 impl Watch {
@@ -213,7 +215,7 @@ impl Watch {
                     && f.to.as_ref().is_none_or(|n| n == agent)
             }
             RelayEvent::Accepted {
-                id,
+                pos,
                 from,
                 topic,
                 recipients,
@@ -225,24 +227,24 @@ impl Watch {
                         topic.as_deref().is_some_and(|t| crate::topic_matches(p, t))
                     });
                 if ok {
-                    self.follow(id);
+                    self.follow(*pos);
                 }
                 ok
             }
             RelayEvent::Refused { from, .. } => {
                 f.topic.is_none() && f.to.is_none() && f.from.as_ref().is_none_or(|n| n == from)
             }
-            RelayEvent::Delivered { id, recipient, .. }
-            | RelayEvent::Acked { id, recipient, .. } => {
-                self.followed.contains(id) && f.to.as_ref().is_none_or(|n| n == recipient)
+            RelayEvent::Delivered { pos, recipient, .. }
+            | RelayEvent::Acked { pos, recipient, .. } => {
+                self.followed.contains(pos) && f.to.as_ref().is_none_or(|n| n == recipient)
             }
             RelayEvent::Expired { .. } | RelayEvent::Lagged { .. } => true,
         }
     }
 
-    fn follow(&mut self, id: &str) {
-        if self.followed.insert(id.to_owned()) {
-            self.order.push_back(id.to_owned());
+    fn follow(&mut self, pos: i64) {
+        if self.followed.insert(pos) {
+            self.order.push_back(pos);
             if self.order.len() > FOLLOWED
                 && let Some(old) = self.order.pop_front()
             {
@@ -256,11 +258,16 @@ impl Watch {
 mod tests {
     use super::*;
 
+    /// A store position per id (distinct ids, distinct positions).
+    fn pos_of(id: &str) -> i64 {
+        id.bytes().fold(0, |h, b| h * 131 + i64::from(b))
+    }
+
     fn accepted(id: &str, from: &str, recipients: &[&str], topic: Option<&str>) -> RelayEvent {
         RelayEvent::Accepted {
             ts: 1,
             id: id.into(),
-            pos: 1,
+            pos: pos_of(id),
             from: from.into(),
             to: if recipients.len() == 1 {
                 recipients[0].into()
@@ -280,7 +287,7 @@ mod tests {
         RelayEvent::Acked {
             ts: 2,
             id: id.into(),
-            pos: 1,
+            pos: pos_of(id),
             recipient: recipient.into(),
             state: DeliveryStatus::Acked,
         }
@@ -303,6 +310,26 @@ mod tests {
         assert!(!w.admits(&accepted("m2", "Carol", &["Bob"], None)));
         assert!(w.admits(&acked("m1", "Bob")));
         assert!(!w.admits(&acked("m2", "Bob")));
+    }
+
+    /// Ids are unique per sender only: Carol's message with the id of one of Alice's is a
+    /// different message (another position), and its deliveries do not pass `--from Alice`.
+    #[test]
+    fn another_senders_message_with_the_same_id_is_not_followed() {
+        let mut w = Watch::new(WatchFilter {
+            from: Some("Alice".into()),
+            ..WatchFilter::default()
+        });
+        assert!(w.admits(&accepted("same", "Alice", &["Bob"], None)));
+        let carols = RelayEvent::Delivered {
+            ts: 3,
+            id: "same".into(),
+            pos: pos_of("same") + 1,
+            recipient: "Bob".into(),
+            seq: 2,
+            attempt: 1,
+        };
+        assert!(!w.admits(&carols));
     }
 
     #[test]
