@@ -192,6 +192,60 @@ done
     assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }
 
+/// Where a Claude Code agent's transcript cannot be found, a directive above a tall reply's
+/// last screenful would be lost without a word (issue 19.2): the agent, its sender, is told
+/// once. A script stands in for Claude Code (the `claude` profile, a `❯` input line) with a
+/// HOME that holds no Claude Code session records.
+#[test]
+fn a_claude_agent_whose_transcript_is_not_found_is_told() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    bob.read_timeout(std::time::Duration::from_secs(60));
+    let home = relay.dir.path().join("empty-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        relay.dir.path().join("fake-claude.sh"),
+        r#"(sleep 60; kill $$) &
+printf '● @relay:Bob hello from a reply
+
+❯ '
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"transcript was not found"*) exit 5;; esac
+  printf '❯ '
+done
+"#,
+    )
+    .unwrap();
+    let out = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "-n",
+            "Alice",
+            "--profile",
+            "claude",
+            "--",
+        ])
+        .args(["sh", "fake-claude.sh"])
+        .env("HOME", &home)
+        .env_remove("CLAUDE_CONFIG_DIR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tail = &text[text.len().saturating_sub(2000)..];
+    assert_eq!(out.status.code(), Some(5), "{tail}");
+    assert!(
+        text.contains("got: relay: this agent's Claude Code transcript was not found"),
+        "{tail}"
+    );
+    // The directive itself went, from the screen.
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["payload"]["body"], "hello from a reply");
+}
+
 /// Runs the binary in `cwd` with no path overrides, as a user does: the project root decides
 /// where the relay lives (its runtime and data directories are kept under `home`).
 fn in_folder(home: &std::path::Path, cwd: &std::path::Path, args: &[&str]) -> std::process::Output {

@@ -1104,14 +1104,6 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     assert_eq!(bob.prompts().len(), 1);
 }
 
-/// Codex CLI given the same tall reply at once: on the alternate screen it never drew the
-/// reply's first lines and the directive there was lost (issue 19.2); the `codex` profile runs
-/// it inline (`--no-alt-screen`), where every finished line reaches the terminal.
-#[test]
-fn codex_directive_above_a_tall_reply_is_sent_once() {
-    tall_reply_from(Cli::Codex, "Cody");
-}
-
 /// Gemini CLI given the same tall reply at once writes every line of it to the terminal, so
 /// the directive in its first paragraph is read from the screen, once (issue 19.2: what holds
 /// for tall replies, per CLI).

@@ -495,6 +495,13 @@ impl Core {
             // the last screenful of a tall reply is lost, and nothing can tell.
             self.transcript_missing_told = true;
             tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript of this agent's found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
+            // The agent is the sender of what may be lost: it is told once, and how to avoid it.
+            let notice = "relay: this agent's Claude Code transcript was not found, so a @relay: line at the top of a reply taller than the screen is lost if it scrolls away before it is drawn. Keep @relay: lines short and near the end of a reply";
+            if self.notices.send(notice.to_owned()).is_err() {
+                tracing::warn!(
+                    "the notice about the missing transcript could not be queued (wrapper stopping)"
+                );
+            }
         }
         for d in unseen {
             let to = match &d.to {

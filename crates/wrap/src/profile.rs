@@ -284,8 +284,7 @@ impl Profile {
     }
 
     /// The command line to run: `command` with the profile's `args` added, each one the person
-    /// did not give already (the `codex` profile adds `--no-alt-screen`, so that every line of
-    /// a reply reaches the terminal; see its file).
+    /// did not give already (none in the built-in profiles; an override may set them).
     pub fn command(&self, command: &[String]) -> Vec<String> {
         let mut out = command.to_vec();
         for a in &self.args {
