@@ -1246,6 +1246,8 @@ fn claude_code_text_code_block_is_not_sent() {
     assert_eq!(dropped, 3, "the ```text, ```sh and escaped lines:\n{log}");
     bob.wait_replies_done();
     alice.wait_replies_done();
+    alice.wait_all_relayed("Done.");
+    bob.wait_all_relayed("OK.");
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
 }
@@ -1296,6 +1298,9 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     );
     bob.wait_replies_done();
     alice.wait_replies_done();
+    // Both wrappers have relayed all they read (Alice's: from the screen and the transcript).
+    alice.wait_all_relayed("That is all.");
+    bob.wait_all_relayed("OK.");
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
 }
@@ -1342,10 +1347,8 @@ fn tall_reply_from(cli: Cli, name: &str) {
     assert_eq!(d["payload"]["body"], FIRST, "{}", agent.pane());
     bob.ack(&d);
     agent.wait_replies_done();
-    // The reply was drawn to its end before anything more could come from it.
-    wait_for(LONG, "the reply's last line shows", || {
-        agent.pane().contains("That is all.")
-    });
+    // The reply was drawn to its end and the wrapper has relayed all it read of it.
+    agent.wait_all_relayed("That is all.");
     let h = history(&relay);
     assert_eq!(h.len(), 1, "{h:?}");
 }
