@@ -160,6 +160,8 @@ struct Agent<'r> {
     name: String,
     home: PathBuf,
     server: String,
+    /// `pty` or `tmux`: the wrapper's backend.
+    backend: String,
     standin: StandIn,
     /// Kills the terminal's tmux server last (after `Drop` has shown its screen on failure).
     _terminal: PersonTerminal,
@@ -226,6 +228,7 @@ impl<'r> Agent<'r> {
             name: name.to_owned(),
             home,
             server,
+            backend: backend.to_owned(),
             standin,
             _terminal: terminal,
         }
@@ -282,6 +285,102 @@ impl<'r> Agent<'r> {
             self.standin.requests().iter().all(|r| r.finished.is_some())
         });
     }
+
+    /// This agent's wrapper's log (`AGENT_RELAY_LOG=debug`).
+    fn wrap_log(&self) -> String {
+        std::fs::read_to_string(
+            self.relay
+                .data_dir()
+                .join(format!("team/{}/wrap.log", self.name)),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Waits until the agent's screen shows `last` (the end of its last reply) and no busy
+    /// marker (its turn is over), then until its wrapper has read all that output, let it
+    /// settle and relayed every directive in it with its receipt back: the wrapper logs
+    /// `output settled; every directive in it relayed read=N` once per burst of output when
+    /// that is so, `N` the bytes read (tmux: the pane log offset), and `output after a quiet
+    /// spell read=N` when a new burst starts (PTY: before the person's screen shows any of
+    /// it). Whatever the output seen so far could make the wrapper send (a repaint read
+    /// twice, a directive from the transcript) is then stored in the relay's history: this
+    /// event comes after it, so a test can count the history with no observation window.
+    fn wait_all_relayed(&self, last: &str) {
+        self.wait_all_relayed_when(&format!("{last:?}, not busy"), last, |pane| {
+            pane.contains(last)
+                && !pane.contains("esc to interrupt")
+                && !pane.contains("esc to cancel")
+        });
+    }
+
+    /// [`Agent::wait_all_relayed`] once the screen is as `screen` says (`what`); under tmux,
+    /// `last` is text of the output to cover, looked for in the pane log.
+    fn wait_all_relayed_when(&self, what: &str, last: &str, screen: impl Fn(&str) -> bool) {
+        wait_for(
+            LONG,
+            &format!("{}'s screen shows {what}", self.name),
+            || screen(&self.pane()),
+        );
+        let read_of = |line: &str| -> Option<u64> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix("read="))
+                .and_then(|n| n.parse().ok())
+        };
+        const SETTLED: &str = "output settled; every directive in it relayed";
+        if self.backend == "tmux" {
+            // The wrapper reads the pane log, which tmux writes after (or while) it draws
+            // the screen: wait until the log holds what the screen showed, and for a
+            // settled line covering every byte of the log up to there.
+            let pane_log = self
+                .relay
+                .data_dir()
+                .join(format!("team/{}/pane.log", self.name));
+            let mut upto = 0u64;
+            // Claude Code draws a line in pieces (styles, cursor moves for spaces): compare
+            // the printed characters only, without escape sequences and white space.
+            let bare = |b: &[u8]| -> Vec<u8> {
+                printed(b)
+                    .into_iter()
+                    .filter(|c| !c.is_ascii_whitespace())
+                    .collect()
+            };
+            let want = bare(last.as_bytes());
+            wait_for(
+                LONG,
+                &format!("{}'s pane log holds {last:?}", self.name),
+                || {
+                    let bytes = std::fs::read(&pane_log).unwrap_or_default();
+                    upto = bytes.len() as u64;
+                    bare(&bytes).windows(want.len()).any(|w| w == want)
+                },
+            );
+            wait_for(
+                LONG,
+                &format!("{}'s wrapper has relayed all it read", self.name),
+                || {
+                    self.wrap_log()
+                        .lines()
+                        .filter(|l| l.contains(SETTLED))
+                        .any(|l| read_of(l).is_some_and(|n| n >= upto))
+                },
+            );
+        } else {
+            // PTY: every burst's start is logged before its first byte reaches the screen,
+            // so a settled line after the last such start was logged after everything the
+            // screen showed was read.
+            wait_for(
+                LONG,
+                &format!("{}'s wrapper has relayed all it read", self.name),
+                || {
+                    self.wrap_log()
+                        .lines()
+                        .rev()
+                        .find(|l| l.contains(SETTLED) || l.contains("output after a quiet spell"))
+                        .is_some_and(|l| l.contains(SETTLED))
+                },
+            );
+        }
+    }
 }
 
 impl Drop for Agent<'_> {
@@ -311,6 +410,44 @@ impl Drop for Agent<'_> {
         self.tmux(&["kill-server"]);
         kill_leftovers(&self.home);
     }
+}
+
+/// The characters `bytes` print: without ANSI escape sequences (CSI, OSC, DCS and two-byte
+/// ones) and other control characters.
+fn printed(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            0x1b => {
+                i += 1;
+                match bytes.get(i) {
+                    Some(b'[') => {
+                        i += 1;
+                        while i < bytes.len() && !(0x40..=0x7e).contains(&bytes[i]) {
+                            i += 1;
+                        }
+                    }
+                    Some(b']' | b'P' | b'_') => {
+                        while i < bytes.len()
+                            && bytes[i] != 0x07
+                            && !(bytes[i] == b'\\' && bytes[i - 1] == 0x1b)
+                        {
+                            i += 1;
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            c if c < 0x20 || c == 0x7f => i += 1,
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Kills what an agent CLI left running on its own: Codex 0.169 starts a detached
@@ -424,22 +561,44 @@ fn claude_code_instances_converse_through_the_relay() {
         (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
         ("Alice", "Bob", TO_BOB)
     );
-    // Bob is still working: he is asked nothing else, and his wrapper types nothing, however
-    // long that takes (an observation window, not a speed requirement: an idle agent is typed
-    // into within about a second).
+    // Bob is still working: he is asked nothing else, and his wrapper types nothing. Its
+    // injector looks at the screen when the message is due (output quiet, or a recheck):
+    // wait until it has looked, with the message queued, and said "not ready". A wrapper
+    // that typed into a busy agent would type at that moment instead.
     alice.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    let typed_for_bob = format!("id={}", to_bob.3);
+    let mut held = false;
+    wait_for(
+        LONG,
+        "Bob's wrapper looks at the screen for Alice's message",
+        || {
+            let log = bob.wrap_log();
+            let Some(queued) = log.find("a message waits to be typed").filter(|&at| {
+                log[at..]
+                    .lines()
+                    .next()
+                    .is_some_and(|l| l.contains(&typed_for_bob))
+            }) else {
+                return false;
+            };
+            let after = &log[queued..];
+            held = after.contains("not ready for a message why=Busy");
+            held || after.contains("typing a message")
+        },
+    );
+    assert!(
+        held,
+        "typed into a working Claude Code:\n{}",
+        bob.wrap_log()
+    );
     assert!(bob.pane().contains("esc to interrupt"), "{}", bob.pane());
     assert_eq!(bob.prompts(), ["Index the repository"]);
-    let bob_log_text =
-        || std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log")).unwrap_or_default();
-    let typed_for_bob = format!("id={}", to_bob.3);
     assert!(
-        !bob_log_text()
+        !bob.wrap_log()
             .lines()
             .any(|l| l.contains("typing a message") && l.contains(&typed_for_bob)),
         "typed into a working Claude Code:\n{}",
-        bob_log_text()
+        bob.wrap_log()
     );
 
     bob.standin.release();
@@ -489,10 +648,12 @@ fn claude_code_instances_converse_through_the_relay() {
         delivery_status(&relay, &to_bob.3) == "verified"
             && delivery_status(&relay, &to_alice.3) == "verified"
     });
-    // Nothing more trickles in once the last reply is out (a repaint read twice would).
+    // Nothing more trickles in once the last reply is out (a repaint read twice would): each
+    // wrapper has relayed all its agent printed, the last reply included.
     alice.wait_replies_done();
     bob.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    alice.wait_all_relayed("Thanks, noted.");
+    bob.wait_all_relayed("changelog link are missing.");
     assert_eq!(history(&relay).len(), 2);
     assert_eq!(alice.prompts().len(), 2);
     assert_eq!(bob.prompts().len(), 2);
@@ -558,7 +719,8 @@ fn claude_code_instances_converse_under_the_tmux_backend() {
     });
     alice.wait_replies_done();
     bob.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    alice.wait_all_relayed("Thanks, noted.");
+    bob.wait_all_relayed("changelog link are missing.");
     assert_eq!(history(&relay).len(), 2);
     assert_eq!(bob.prompts().len(), 1);
 }
@@ -641,7 +803,9 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     for c in [&alice, &bob, &carol] {
         c.wait_replies_done();
     }
-    std::thread::sleep(Duration::from_secs(2));
+    alice.wait_all_relayed("Done.");
+    bob.wait_all_relayed("OK.");
+    carol.wait_all_relayed("questions to me.");
     assert_eq!(history(&relay).len(), 3);
     assert_eq!(
         (
@@ -707,11 +871,25 @@ fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
     wait_for(LONG, "Alice's directive reaches the relay", || {
         !history(&relay).is_empty()
     });
-    // Well past the quiet time the wrapper waits before typing (an observation window).
-    std::thread::sleep(Duration::from_secs(3));
+    // Alice's wrapper has relayed all she printed: anything the resizes made it read twice
+    // would be in the history now.
+    alice.wait_all_relayed("That is all.");
     let h = history(&relay);
     assert_eq!(h.len(), 1, "sent once despite the resizes: {h:?}");
     assert_eq!((h[0].1.as_str(), h[0].2.as_str()), ("Bob", SLOW_BODY));
+    // Bob's wrapper held the message at the moment it came due (output quiet), for the
+    // person's half-written line: a wrapper that typed over a person would type then.
+    let queued = format!("a message waits to be typed id={}", h[0].3);
+    wait_for(
+        LONG,
+        "Bob's wrapper holds the message for the person",
+        || {
+            let log = bob.wrap_log();
+            log.find(&queued).is_some_and(|at| {
+                log[at..].contains("a message is due; held while a person has a half-written line")
+            })
+        },
+    );
     assert!(bob.prompts().is_empty(), "{:?}", bob.prompts());
     let pane = bob.pane();
     assert!(
@@ -730,7 +908,7 @@ fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
         ]
     );
     bob.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    bob.wait_all_relayed("OK.");
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 2);
 }
@@ -786,7 +964,8 @@ fn converses_with_claude_code(cli: Cli, name: &str) {
     );
     alice.wait_replies_done();
     other.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    alice.wait_all_relayed("OK.");
+    other.wait_all_relayed(&from_it);
     assert_eq!(history(&relay).len(), 2);
     assert_eq!((alice.prompts().len(), other.prompts().len()), (2, 1));
 }
@@ -820,7 +999,9 @@ fn codex_gets_a_message_sent_while_it_starts() {
     let prompts = cody.wait_prompts(1);
     assert_eq!(prompts, [relayed("human", &id, "", body)]);
     cody.wait_replies_done();
-    std::thread::sleep(Duration::from_secs(2));
+    // Its wrapper has relayed all Codex printed, the reply included; the delivery is verified,
+    // so the injector is done with the message: nothing more can be typed from it.
+    cody.wait_all_relayed("Yes, here.");
     assert_eq!(cody.prompts().len(), 1, "asked once");
 }
 
@@ -999,11 +1180,17 @@ fn claude_code_transcript_view_sends_nothing_again() {
     carol.wait_prompts(1);
     alice.wait_replies_done();
     assert_eq!(history(&relay).len(), 2);
+    // After each toggle, once the screen shows the view (the thinking, with its directive,
+    // is drawn only in the transcript view), Alice's wrapper has relayed all it read of the
+    // redraw: anything sent again from it is in the history by then.
+    const THOUGHT: &str = "this thought is not a message";
     for _ in 0..2 {
         alice.tmux(&["send-keys", "C-o"]);
-        std::thread::sleep(Duration::from_secs(3));
+        alice.wait_all_relayed_when("the transcript view", THOUGHT, |p| p.contains(THOUGHT));
+        assert_eq!(history(&relay).len(), 2, "{}", alice.pane());
         alice.tmux(&["send-keys", "C-o"]);
-        std::thread::sleep(Duration::from_secs(3));
+        alice.wait_all_relayed_when("the prompt view", "Done.", |p| !p.contains(THOUGHT));
+        assert_eq!(history(&relay).len(), 2, "{}", alice.pane());
     }
     let h = history(&relay);
     assert_eq!(h.len(), 2, "{h:#?}\n{}", alice.pane());
@@ -1050,6 +1237,8 @@ fn claude_code_text_code_block_is_not_sent() {
     assert_eq!(dropped, 3, "the ```text, ```sh and escaped lines:\n{log}");
     bob.wait_replies_done();
     alice.wait_replies_done();
+    alice.wait_all_relayed("Done.");
+    bob.wait_all_relayed("OK.");
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
 }
@@ -1100,6 +1289,9 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     );
     bob.wait_replies_done();
     alice.wait_replies_done();
+    // Both wrappers have relayed all they read (Alice's: from the screen and the transcript).
+    alice.wait_all_relayed("That is all.");
+    bob.wait_all_relayed("OK.");
     assert_eq!(history(&relay).len(), 1);
     assert_eq!(bob.prompts().len(), 1);
 }
@@ -1138,10 +1330,8 @@ fn tall_reply_from(cli: Cli, name: &str) {
     assert_eq!(d["payload"]["body"], FIRST, "{}", agent.pane());
     bob.ack(&d);
     agent.wait_replies_done();
-    // The reply was drawn to its end before anything more could come from it.
-    wait_for(LONG, "the reply's last line shows", || {
-        agent.pane().contains("That is all.")
-    });
+    // The reply was drawn to its end and the wrapper has relayed all it read of it.
+    agent.wait_all_relayed("That is all.");
     let h = history(&relay);
     assert_eq!(h.len(), 1, "{h:?}");
 }

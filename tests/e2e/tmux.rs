@@ -445,11 +445,16 @@ fn a_restarted_wrapper_picks_up_its_tmux_session_sending_nothing_twice_and_missi
         }
     }
     assert_eq!(h.len(), 2 * rounds + 3 * rounds, "{h:#?}");
-    // One relaying process at a time: running the command again while one runs starts none.
+    // One relaying process at a time: running the command again while one runs starts none
+    // (it says so; the process it would start is spawned before it returns, so there is no
+    // moment to wait for), and the lock still names the running one.
     let before = std::fs::read_to_string(&lock).unwrap();
     let out = rerun(&relay, "Bob");
-    assert!(out.status.success());
-    std::thread::sleep(Duration::from_millis(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("a process already relays for Bob; none started"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_to_string(&lock).unwrap(), before);
     assert!(is_online(&relay, "Bob"));
 }
@@ -665,9 +670,28 @@ fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
     let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
     let first: Value = serde_json::from_str(&first).unwrap();
     let first_id = first["id"].as_str().unwrap().to_owned();
-    // An observation window, not a speed requirement: an idle pane is typed into within a
-    // second.
-    std::thread::sleep(Duration::from_secs(3));
+    // The wrapper looks at the input line when the message is due (output quiet) and finds
+    // the person's text there: it logs that it is not ready. A wrapper that typed over a
+    // person would type at that moment instead.
+    let log = relay.data_dir().join("team/Dana/wrap.log");
+    let queued = format!("a message waits to be typed id={first_id}");
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "the wrapper holds the note for the person",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find(&queued).is_some_and(|at| {
+                text[at..].contains("not ready for a message why=InputNotEmpty")
+                    || text[at..].contains("typing a message")
+            })
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains(&format!("typing a message id={first_id}")),
+        "typed over a person:\n{text}"
+    );
     let pane = tmux.pane(&session);
     assert!(
         !pane.contains("Relay message"),

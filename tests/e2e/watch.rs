@@ -350,16 +350,38 @@ fn watch_filters_by_recipient_and_by_topic() {
             }
         }
     }
-    // What each printed, probes aside, until it has been quiet for a second.
+    // A marker both watches show, ordered after everything that came before: Carol sends it
+    // after her last ACK on the same connection, and Bob acknowledges it after his last ACK
+    // on his. The feed follows the relay's order, so once a watch prints the marker's
+    // acknowledgement it has printed everything the three messages could show.
+    let marker = carol.send_env(
+        "SEND",
+        json!({"to": "Bob", "topic": "build.end"}),
+        json!({"body": "marker"}),
+    );
+    carol.expect("ACK");
+    bob.read_timeout(Duration::from_secs(20));
+    let d = loop {
+        let f = bob.expect("DELIVER");
+        if f["payload"]["body"] == "marker" {
+            break f;
+        }
+        bob.ack(&f);
+    };
+    bob.ack(&d);
+    // What each printed, probes and the marker aside, up to the marker's acknowledgement.
     let drain = |w: &Watcher| -> Vec<Value> {
         let mut out = Vec::new();
-        while let Ok(line) = w.lines.recv_timeout(Duration::from_secs(1)) {
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["body"] != "probe" {
+        loop {
+            let v: Value = serde_json::from_str(&w.next(|_| false)).unwrap();
+            if v["id"] == marker.as_str() {
+                if v["type"] == "acked" {
+                    return out;
+                }
+            } else if v["body"] != "probe" {
                 out.push(v);
             }
         }
-        out
     };
     let bodies = |evs: &[Value]| -> Vec<String> {
         evs.iter()

@@ -419,7 +419,7 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
     let _terminal = person_terminal(
         &relay,
         "relayperson",
-        "{bin} -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'",
+        "AGENT_RELAY_LOG=relay_wrap=debug {bin} -n Frank sh -c 'while IFS= read -r l; do echo \"got: $l\"; done'",
     );
     let tmux = |args: &[&str]| tmux_in(dir, "relayperson", args);
     let pane = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
@@ -444,8 +444,26 @@ fn a_message_waits_for_the_person_to_finish_their_line() {
             .unwrap_or("")
             .to_owned()
     };
-    // Well past the quiet time the wrapper needs before typing: still held back.
-    std::thread::sleep(Duration::from_millis(2000));
+    // The wrapper logs the moment the message came due (output quiet) and was held for the
+    // person's line: a wrapper that typed over a person would type at that moment instead.
+    let log = relay.data_dir().join("team/Frank/wrap.log");
+    let queued = format!("a message waits to be typed id={id}");
+    wait_for(
+        Duration::from_secs(20),
+        "the wrapper holds the message for the person",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find(&queued).is_some_and(|at| {
+                text[at..].contains("a message is due; held while a person has a half-written line")
+                    || text[at..].contains("typing a message")
+            })
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains(&format!("typing a message id={id}")),
+        "typed over the person:\n{text}"
+    );
     assert_eq!(status(), "queued");
     assert!(
         !pane().contains("Relay message"),

@@ -257,7 +257,9 @@ fn tmux_front(
         })?;
         eprintln!("agent-relay: started {name} in tmux session {session}");
     }
-    ensure_relaying(paths, args, cfg, &session, profile, created && args.intro)?;
+    if !ensure_relaying(paths, args, cfg, &session, profile, created && args.intro)? {
+        eprintln!("agent-relay: a process already relays for {name}; none started");
+    }
     if args.detached || !std::io::stdin().is_terminal() {
         eprintln!("agent-relay: {name} runs detached; attach with: agent-relay attach {name}");
         return Ok(0);
@@ -388,7 +390,7 @@ fn pty_lock(cfg: &WrapConfig) -> Option<std::fs::File> {
 }
 
 /// Starts the process that relays for `session`, unless one runs: it holds an exclusive
-/// lock on `team/<name>/relay.lock` for as long as it lives.
+/// lock on `team/<name>/relay.lock` for as long as it lives. Whether one was started.
 fn ensure_relaying(
     paths: &Paths,
     args: &WrapArgs,
@@ -396,10 +398,10 @@ fn ensure_relaying(
     session: &str,
     profile: &str,
     intro: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     // Free: nobody relays; released at once for the process started below to take.
     if try_relay_lock(cfg)?.is_none() {
-        return Ok(());
+        return Ok(false);
     }
     let log_path = cfg.team_dir.join("wrap.log");
     let log = std::fs::OpenOptions::new()
@@ -435,7 +437,7 @@ fn ensure_relaying(
         .process_group(0)
         .spawn()
         .context("cannot start the relaying process")?;
-    Ok(())
+    Ok(true)
 }
 
 /// `agent-relay attach NAME`.

@@ -97,6 +97,12 @@ pub struct Injector<T> {
     blocked: Option<(Instant, NotReady)>,
     /// Output came since the screen last said "not ready": look again once it is quiet.
     changed: bool,
+    /// A message came due (output quiet) while the person had a half-written line, since
+    /// they last submitted or cleared it: held, and not woken up for again.
+    person_held: bool,
+    /// `person_held` became true and the owner was not told yet (see
+    /// [`Injector::take_held_for_person`]).
+    person_held_news: bool,
 }
 
 impl<T> Injector<T> {
@@ -110,6 +116,8 @@ impl<T> Injector<T> {
             person_line: 0,
             blocked: None,
             changed: false,
+            person_held: false,
+            person_held_news: false,
         }
     }
 
@@ -132,11 +140,22 @@ impl<T> Injector<T> {
                 _ => self.person_line += 1,
             }
         }
+        if self.person_line == 0 {
+            self.person_held = false;
+        }
     }
 
     /// Whether the person has a half-written line.
     pub fn person_typing(&self) -> bool {
         self.person_line > 0
+    }
+
+    /// Whether a message came due and was held for the person's half-written line since this
+    /// was last asked: the moment it would have been typed without them. Tests wait for the
+    /// wrapper's log of it to prove that nothing was typed over a person (an event, not an
+    /// observation window).
+    pub fn take_held_for_person(&mut self) -> bool {
+        std::mem::take(&mut self.person_held_news)
     }
 
     /// Queues `text` for typing; `urgent` goes before everything else waiting.
@@ -183,7 +202,7 @@ impl<T> Injector<T> {
         match &self.state {
             State::Typed { at, .. } => Some(*at + self.timing.enter_delay),
             State::Entered { at, .. } => Some(*at + self.timing.verify_after),
-            State::Idle if self.queue.is_empty() || self.person_line > 0 => None,
+            State::Idle if self.queue.is_empty() || self.person_held => None,
             State::Idle => {
                 let quiet = self.last_output + self.timing.quiet;
                 Some(match &self.blocked {
@@ -239,6 +258,13 @@ impl<T> Injector<T> {
             State::Idle => {
                 let due = self.next_deadline()?;
                 if now < due {
+                    return None;
+                }
+                if self.person_line > 0 {
+                    // Due, but never typed over a person: held until they submit or clear
+                    // their line, with no more wake-ups until then.
+                    self.person_held = true;
+                    self.person_held_news = true;
                     return None;
                 }
                 self.changed = false;
@@ -353,11 +379,23 @@ mod tests {
         inj.push("msg".into(), 1, false);
         inj.on_person_input(b"half", ms(0));
         assert_eq!(
+            inj.next_deadline(),
+            Some(ms(500)),
+            "due after the quiet time"
+        );
+        assert!(!inj.take_held_for_person());
+        assert_eq!(
             inj.poll(ms(10_000), look),
             None,
             "never types over a person"
         );
+        assert!(inj.take_held_for_person(), "held at the moment it was due");
+        assert!(!inj.take_held_for_person(), "told once");
         assert_eq!(inj.next_deadline(), None, "nothing to wake up for");
+        assert_eq!(
+            look.looks, 0,
+            "the screen is not asked while a person types"
+        );
         inj.on_person_input(b"\x7f\x7f\x7f", ms(10_000));
         assert_eq!(inj.poll(ms(20_000), look), None, "one character left");
         inj.on_person_input(b"\x7f", ms(20_000));

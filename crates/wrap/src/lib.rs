@@ -281,6 +281,12 @@ struct Core {
     queued: HashSet<String>,
     last_output: Instant,
     settled: bool,
+    /// Bytes of the agent's output read so far (tmux: the pane log offset read to). Logged
+    /// with each burst and each settling, so a test can tell which output an event follows.
+    read: u64,
+    /// Output read since the log last said everything read was settled and relayed
+    /// (see [`Core::tell_if_relayed`]).
+    relayed_told: bool,
     /// tmux: where relaying can resume.
     resume: Option<Resume>,
     /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
@@ -378,6 +384,8 @@ impl Core {
             queued: HashSet::new(),
             last_output: now,
             settled: true,
+            read: 0,
+            relayed_told: false,
             resume: None,
             reported: None,
             burst_start: now,
@@ -597,12 +605,28 @@ impl Core {
         }
     }
 
-    async fn on_output(&mut self, bytes: &[u8], now: Instant) {
-        self.injector.on_output(now);
+    /// `n` bytes of output were read at `now`, the total now `read` (`None`: `n` more than
+    /// before). PTY: called before the bytes are shown to the person, so a test that sees
+    /// them on the screen knows this was logged (see [`Core::tell_if_relayed`]).
+    fn on_read(&mut self, n: usize, read: Option<u64>, now: Instant) {
+        if n == 0 {
+            return;
+        }
+        self.read = read.unwrap_or(self.read + n as u64);
         if self.settled {
             // Output after a quiet spell: a new burst.
             self.burst_start = now;
+            tracing::debug!(read = self.read, "output after a quiet spell");
         }
+        self.relayed_told = false;
+        self.last_output = now;
+        self.settled = false;
+    }
+
+    /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
+    /// them relayed.
+    async fn on_output(&mut self, bytes: &[u8], now: Instant) {
+        self.injector.on_output(now);
         self.last_output = now;
         self.settled = false;
         self.turn_looked = false;
@@ -614,6 +638,7 @@ impl Core {
     /// tmux: bytes of the pane log ending at offset `end`. Texts typed by an earlier wrapper
     /// inside them are noted where they were typed.
     async fn on_pane_output(&mut self, bytes: &[u8], end: u64, now: Instant) {
+        self.on_read(bytes.len(), Some(end), now);
         let mut pos = end - bytes.len() as u64;
         let mut rest = bytes;
         if let Some(r) = &mut self.resume {
@@ -743,6 +768,7 @@ impl Core {
             }
         }
         let urgent = m.payload.urgent;
+        tracing::debug!(id = %m.id, "a message waits to be typed");
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Message(Box::new(m)), urgent);
     }
@@ -796,6 +822,7 @@ impl Core {
             self.end_turn_if_idle(pane);
         }
         self.maybe_checkpoint();
+        self.tell_if_relayed();
         loop {
             let mut look = ProfileLook {
                 profile: &self.cfg.profile,
@@ -880,11 +907,35 @@ impl Core {
                 Action::Done(Item::Notice, _) => {}
             }
         }
+        if self.injector.take_held_for_person() {
+            // The moment a message would have been typed, were no one writing a line.
+            tracing::debug!(
+                waiting = self.injector.pending(),
+                "a message is due; held while a person has a half-written line"
+            );
+        }
         // A message's outcome known: its turn may be over already.
         if let Term::Tmux(pane) = &term {
             self.end_turn_if_idle(pane);
         }
         Ok(())
+    }
+
+    /// Logs, once per burst of output, when everything read has settled and every directive
+    /// in it was relayed and its receipt came back (the transcript looked at once more, for
+    /// Claude Code). Tests wait for this line to prove that nothing more is sent from the
+    /// output read so far: `read` says which output it covers (every byte up to there), and
+    /// an `output after a quiet spell` line (logged before the person sees those bytes)
+    /// says when more came.
+    fn tell_if_relayed(&mut self) {
+        if self.relayed_told || !self.settled || self.transcript_due.is_some() || self.unacked > 0 {
+            return;
+        }
+        self.relayed_told = true;
+        tracing::debug!(
+            read = self.read,
+            "output settled; every directive in it relayed"
+        );
     }
 
     /// tmux: once everything read is settled and every directive in it acknowledged, a
@@ -992,6 +1043,9 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         tokio::select! {
             chunk = output.recv() => {
                 let Some(bytes) = chunk else { break };
+                // Counted before the person sees them: a test that sees them knows the
+                // wrapper has read them (see `Core::tell_if_relayed`).
+                core.on_read(bytes.len(), None, Instant::now());
                 // The person sees exactly what the agent printed.
                 let _ = stdout.write_all(&bytes).and_then(|()| stdout.flush());
                 paste.feed(&bytes);
