@@ -129,65 +129,45 @@ fn a_long_directive_is_taken_whole_or_reported_as_cut() {
 /// never the start of it as if whole.
 #[test]
 fn a_directive_past_the_limit_is_not_sent_and_the_agent_is_told() {
-    let relay = Relay::start();
-    let (_bob, _) = relay.agent("Bob");
-    // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
-    let out = relay.run_wrapped(
-        "Alice",
-        "long.sh",
-        r#"(sleep 60; kill $$) &
-printf '@relay:Bob %s END\n' "$(head -c 40000 /dev/zero | tr '\0' x)"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"was not sent"*) exit 5;; esac
-done
-"#,
+    past_the_limit_is_told(
+        r#"printf '@relay:Bob %s END\n' "$(head -c 40000 /dev/zero | tr '\0' x)""#,
+        "got: relay: your message to Bob was not sent: it is longer than 16384 bytes",
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        &text[text.len().saturating_sub(2000)..]
-    );
-    assert!(
-        text.contains(
-            "got: relay: your message to Bob was not sent: it is longer than 16384 bytes"
-        ),
-        "{}",
-        &text[text.len().saturating_sub(2000)..]
-    );
-    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }
 
 /// A `[[RELAY]]` block past 64 KiB was dropped without a word (issue 19): the agent is told,
 /// and nothing is sent.
 #[test]
 fn a_relay_block_past_the_limit_is_not_sent_and_the_agent_is_told() {
+    past_the_limit_is_told(
+        r#"printf '[[RELAY]]{"to": "Bob", "body": "%s"}[[/RELAY]]\n' "$(head -c 70000 /dev/zero | tr '\0' x)""#,
+        "got: relay: your message to Bob was not sent: it is longer than a [[RELAY]] block may be (65536 bytes, 16384 on one line)",
+    );
+}
+
+/// A wrapped script runs the shell command `print` (printing something too long to send to
+/// Bob), then echoes what is typed into it: it must be told `notice`, and nothing is stored.
+fn past_the_limit_is_told(print: &str, notice: &str) {
     let relay = Relay::start();
     let (_bob, _) = relay.agent("Bob");
-    // The stand-in gives up after 60 s (a hang bound: before the fix no notice came).
+    // The script gives up after 60 s (a hang bound: before the fixes no notice came).
     let out = relay.run_wrapped(
         "Alice",
-        "block.sh",
-        r#"(sleep 60; kill $$) &
-printf '[[RELAY]]{"to": "Bob", "body": "%s"}[[/RELAY]]\n' "$(head -c 70000 /dev/zero | tr '\0' x)"
+        "long.sh",
+        &format!(
+            r#"(sleep 60; kill $$) &
+{print}
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in *"was not sent"*) exit 5;; esac
 done
-"#,
+"#
+        ),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let tail = &text[text.len().saturating_sub(2000)..];
     assert_eq!(out.status.code(), Some(5), "{tail}");
-    assert!(
-        text.contains(
-            "got: relay: your message to Bob was not sent: it is longer than a [[RELAY]] block may be (65536 bytes, 16384 on one line)"
-        ),
-        "{tail}"
-    );
+    assert!(text.contains(notice), "{tail}");
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }

@@ -962,8 +962,24 @@ fn a_person_prompting_a_tmux_agent_starts_a_new_reply_chain_each_time() {
     };
     let profiles = prompt_profile(&relay);
     let profile = [("AGENT_RELAY_PROFILE_DIR", profiles.as_path())];
+    let alice = start_ping_pong(&relay, &profile);
+    let target = format!("={alice}:");
+    let rounds = 7;
+    for i in 1..=rounds {
+        wait_for_alices_prompt(&relay, &tmux, &alice);
+        tmux.run(&["send-keys", "-t", &target, "-l", &format!("go {i}")]);
+        tmux.run(&["send-keys", "-t", &target, "Enter"]);
+        wait_for_answer(&relay, &tmux, &alice, i);
+    }
+    assert_each_ping_starts_a_chain(&relay, rounds);
+}
+
+/// Bob answers every message from Alice with `re: ...`; Alice pings Bob for each `go N` a
+/// person types into her pane. Both run the `generic` profile with `env` (a profile directory).
+/// Alice's session.
+fn start_ping_pong(relay: &Relay, env: &[(&str, &Path)]) -> String {
     start_tmux_agent_with(
-        &relay,
+        relay,
         "Bob",
         r#"while printf '> ' && IFS= read -r line; do
   echo "got: $line"
@@ -971,11 +987,11 @@ fn a_person_prompting_a_tmux_agent_starts_a_new_reply_chain_each_time() {
 done
 "#,
         &["--profile", "generic"],
-        &profile,
+        env,
     );
-    wait_online(&relay, "Bob");
+    wait_online(relay, "Bob");
     let alice = start_tmux_agent_with(
-        &relay,
+        relay,
         "Alice",
         r#"while printf '> ' && IFS= read -r line; do
   echo "got: $line"
@@ -983,46 +999,52 @@ done
 done
 "#,
         &["--profile", "generic"],
-        &profile,
+        env,
     );
-    wait_online(&relay, "Alice");
-    let target = format!("={alice}:");
-    let rounds = 7;
-    for i in 1..=rounds {
-        // The person types once Alice's relaying process has read everything she printed,
-        // her prompt showing (a person reads the answer first).
-        wait_or_dump(&relay, &tmux, "Alice waits at her prompt, all read", || {
-            settled(&relay, "Alice") && tmux.pane(&alice).trim_end().ends_with('>')
-        });
-        tmux.run(&["send-keys", "-t", &target, "-l", &format!("go {i}")]);
-        tmux.run(&["send-keys", "-t", &target, "Enter"]);
-        let answer = format!(": re: ping {i}");
-        wait_or_dump(
-            &relay,
-            &tmux,
-            &format!("Bob's answer {i} reaches Alice"),
-            || {
-                tmux.pane(&alice)
-                    .lines()
-                    .any(|l| l.starts_with("got: Relay message from Bob [") && l.ends_with(&answer))
-            },
-        );
-    }
-    let refused = dead_letters(&relay);
+    wait_online(relay, "Alice");
+    alice
+}
+
+/// The person types once Alice's relaying process has read everything she printed, her
+/// prompt showing (a person reads the answer first).
+fn wait_for_alices_prompt(relay: &Relay, tmux: &Tmux<'_>, alice: &str) {
+    wait_or_dump(relay, tmux, "Alice waits at her prompt, all read", || {
+        settled(relay, "Alice") && tmux.pane(alice).trim_end().ends_with('>')
+    });
+}
+
+/// Until Bob's answer to ping `i` is typed into Alice's pane.
+fn wait_for_answer(relay: &Relay, tmux: &Tmux<'_>, alice: &str, i: usize) {
+    let answer = format!(": re: ping {i}");
+    wait_or_dump(
+        relay,
+        tmux,
+        &format!("Bob's answer {i} reaches Alice"),
+        || {
+            tmux.pane(alice)
+                .lines()
+                .any(|l| l.starts_with("got: Relay message from Bob [") && l.ends_with(&answer))
+        },
+    );
+}
+
+/// Nothing refused, and each of the `rounds` pings started a chain whose answer is its reply
+/// (one hop).
+fn assert_each_ping_starts_a_chain(relay: &Relay, rounds: usize) {
+    let refused = dead_letters(relay);
     assert!(refused.is_empty(), "refused: {refused:#?}");
-    let h = stored(&relay);
+    let h = stored(relay);
     assert_eq!(h.len(), 2 * rounds, "{h:#?}");
     for pair in h.chunks(2) {
         let (ping, pong) = (&pair[0], &pair[1]);
         assert_eq!(ping["from"], "Alice", "{h:#?}");
-        // A ping starts a chain; the answer to it is a reply, one hop.
         assert!(ping["in_reply_to"].is_null(), "{ping:#}");
         assert_eq!(pong["in_reply_to"], ping["id"], "{pong:#}");
     }
 }
 
-/// The same with a profile that does not know the agent's input line (a plain `generic`
-/// script): the wrapper cannot see the turn end on the screen, so it asks tmux whether a
+/// As `a_person_prompting_a_tmux_agent_starts_a_new_reply_chain_each_time`, with a profile
+/// that does not know the agent's input line (a plain `generic` script): the wrapper cannot see the turn end on the screen, so it asks tmux whether a
 /// person pressed a key in the session since it typed the last message. The person types
 /// through a real attached client (`agent-relay attach`); with a budget of 3, the third ping
 /// would be hop 4 of one chain and refused.
@@ -1032,28 +1054,7 @@ fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
     let tmux = Tmux {
         dir: relay.dir.path(),
     };
-    start_tmux_agent(
-        &relay,
-        "Bob",
-        r#"while printf '> ' && IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"Relay message from Alice"*) echo "@relay:Alice re: ${line##*: }"; echo;; esac
-done
-"#,
-        &["--profile", "generic"],
-    );
-    wait_online(&relay, "Bob");
-    let alice = start_tmux_agent(
-        &relay,
-        "Alice",
-        r#"while printf '> ' && IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in "Relay message from"*) ;; go*) echo "@relay:Bob ping ${line#go }"; echo;; esac
-done
-"#,
-        &["--profile", "generic"],
-    );
-    wait_online(&relay, "Alice");
+    let alice = start_ping_pong(&relay, &[]);
     let dir = relay.dir.path();
     let _terminal = crate::wrap::person_terminal(
         &relay,
@@ -1066,9 +1067,7 @@ done
     let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayturns", args);
     let rounds = 4;
     for i in 1..=rounds {
-        wait_or_dump(&relay, &tmux, "Alice waits at her prompt, all read", || {
-            settled(&relay, "Alice") && tmux.pane(&alice).trim_end().ends_with('>')
-        });
+        wait_for_alices_prompt(&relay, &tmux, &alice);
         // tmux keeps a person's last key time in whole seconds: the person types in a later
         // second than the wrapper entered the last message (before which the answer showed).
         let shown = std::time::SystemTime::now()
@@ -1084,28 +1083,9 @@ done
         });
         person(&["send-keys", "-l", &format!("go {i}")]);
         person(&["send-keys", "Enter"]);
-        let answer = format!(": re: ping {i}");
-        wait_or_dump(
-            &relay,
-            &tmux,
-            &format!("Bob's answer {i} reaches Alice"),
-            || {
-                tmux.pane(&alice)
-                    .lines()
-                    .any(|l| l.starts_with("got: Relay message from Bob [") && l.ends_with(&answer))
-            },
-        );
+        wait_for_answer(&relay, &tmux, &alice, i);
     }
-    let refused = dead_letters(&relay);
-    assert!(refused.is_empty(), "refused: {refused:#?}");
-    let h = stored(&relay);
-    assert_eq!(h.len(), 2 * rounds, "{h:#?}");
-    for pair in h.chunks(2) {
-        let (ping, pong) = (&pair[0], &pair[1]);
-        assert_eq!(ping["from"], "Alice", "{h:#?}");
-        assert!(ping["in_reply_to"].is_null(), "{ping:#}");
-        assert_eq!(pong["in_reply_to"], ping["id"], "{pong:#}");
-    }
+    assert_each_ping_starts_a_chain(&relay, rounds);
 }
 
 /// The budget still stops two tmux agents answering each other forever, with the turn

@@ -354,6 +354,15 @@ mod tests {
         t
     }
 
+    /// Claude Code's record of process `pid` running session `id`.
+    fn record(dir: &Path, pid: u32, id: &str) {
+        std::fs::write(
+            dir.join(format!("sessions/{pid}.json")),
+            format!(r#"{{"pid":{pid},"sessionId":"{id}","cwd":"/w"}}"#),
+        )
+        .unwrap();
+    }
+
     const REPLY: &str = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"```text\n@relay:Bob quoted\n```\n\n@relay:Bob said"}]}}"#;
 
     #[test]
@@ -367,11 +376,7 @@ mod tests {
         assert_eq!(t.check(&msg("before")), Origin::Unknown);
         // This process stands for the agent's Claude Code.
         let me = std::process::id();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"s1","cwd":"/w"}}"#),
-        )
-        .unwrap();
+        record(dir.path(), me, "s1");
         let file = folder.join("s1.jsonl");
         // Half a line: not read yet.
         std::fs::write(&file, &REPLY[..20]).unwrap();
@@ -394,31 +399,19 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
         let mut t = transcript(dir.path(), cwd);
         // pid 1 is no descendant of this process.
-        std::fs::write(
-            dir.path().join("sessions/1.json"),
-            r#"{"pid":1,"sessionId":"other","cwd":"/w"}"#,
-        )
-        .unwrap();
+        record(dir.path(), 1, "other");
         std::fs::write(folder.join("other.jsonl"), format!("{REPLY}\n")).unwrap();
         assert_eq!(t.take_unseen(), []);
         assert_eq!(t.check(&msg("said")), Origin::Unknown);
         assert_eq!(t.files(), 0);
         // Found with this agent's own record, in one look: still not read.
         let me = std::process::id();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"mine","cwd":"/w"}}"#),
-        )
-        .unwrap();
+        record(dir.path(), me, "mine");
         assert_eq!(t.take_unseen(), []);
         assert_eq!(t.own, ["mine"]);
         // A session id that is not a plain file name is not followed.
         let me = std::process::id();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"../-w/other","cwd":"/w"}}"#),
-        )
-        .unwrap();
+        record(dir.path(), me, "../-w/other");
         assert_eq!(t.take_unseen(), []);
     }
 
@@ -436,11 +429,7 @@ mod tests {
         let mut t = Transcript::for_claude_in(dir.path(), cwd);
         t.set_agent_pid(std::process::id());
         let me = std::process::id();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"s1","cwd":"/w"}}"#),
-        )
-        .unwrap();
+        record(dir.path(), me, "s1");
         assert_eq!(t.take_unseen(), []);
         std::fs::write(folder.join("s1.jsonl"), format!("{old}\n{REPLY}\n")).unwrap();
         assert_eq!(t.take_unseen(), [msg("said")]);
