@@ -313,6 +313,8 @@ struct Core {
 struct Resume {
     checkpoint: Checkpoint,
     session: String,
+    /// The agent's pane (its control client, shared with the loop).
+    pane: tmux::Pane,
     /// Directives found since the checkpoint, by (to, body): how many.
     seen: std::collections::HashMap<(String, String), u32>,
     /// Bytes of the pane log read.
@@ -1138,6 +1140,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     core.resume = Some(Resume {
         checkpoint,
         session: session.clone(),
+        pane: pane.clone(),
         seen: std::collections::HashMap::new(),
         consumed: checkpoint.offset,
         notes,

@@ -24,6 +24,8 @@ use tokio::sync::mpsc;
 
 use crate::WrapError;
 
+mod control;
+
 /// What the pane-log follower reports.
 #[derive(Debug)]
 pub(crate) enum Tail {
@@ -352,41 +354,78 @@ pub fn attach_command(name: &str) -> Command {
     cmd
 }
 
-/// The agent's pane in a running session.
-#[derive(Debug, Clone)]
+/// The agent's pane in a running session, driven through one long-lived control-mode
+/// client (see [`control`]): started on first use, started again when it ended while the
+/// session lives on (killed, or the wrapper's pipe to it broke).
+#[derive(Clone)]
 pub(crate) struct Pane {
+    session: String,
     target: String,
     buffer: String,
+    control: std::sync::Arc<std::sync::Mutex<Option<control::Control>>>,
+}
+
+impl std::fmt::Debug for Pane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pane")
+            .field("target", &self.target)
+            .finish()
+    }
 }
 
 impl Pane {
     pub(crate) fn new(session: &str) -> Self {
         Self {
-            target: format!("={session}:"),
-            buffer: format!("relay-{session}"),
+            session: session.to_owned(),
+            target: control::quote(&format!("={session}:")),
+            buffer: control::quote(&format!("relay-{session}")),
+            control: std::sync::Arc::default(),
         }
+    }
+
+    /// Runs one command line through the control client; its output as text.
+    fn run(&self, line: &str) -> Result<String, WrapError> {
+        let mut guard = self
+            .control
+            .lock()
+            .map_err(|_| tmux_err("control client", "poisoned"))?;
+        // One more try with a new client when the old one is found gone: a command that
+        // fails for another reason (tmux refuses it) is not run twice.
+        for attempt in 0..2 {
+            let fresh = guard.as_ref().is_none_or(|c| !c.alive());
+            if fresh {
+                if attempt > 0 || guard.is_some() {
+                    tracing::info!(session = %self.session, "the tmux control client ended; attaching a new one");
+                }
+                *guard = Some(control::Control::attach(&self.session)?);
+            }
+            let Some(client) = guard.as_mut() else {
+                break;
+            };
+            match client.run(line) {
+                Ok(out) => return Ok(String::from_utf8_lossy(&out).into_owned()),
+                Err(e) if client.alive() => return Err(e),
+                Err(e) if attempt == 0 && exists(&self.session) => {
+                    tracing::info!(error = %e, "the tmux control client ended mid-command; trying once more");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(tmux_err("control client", "cannot attach"))
     }
 
     /// What the pane shows, with the cursor; and whether it is in copy mode.
     pub(crate) fn screen(&self) -> Result<(ScreenText, bool), WrapError> {
-        let out = tmux(
-            &[
-                "capture-pane",
-                "-p",
-                "-t",
-                &self.target,
-                ";",
-                "display-message",
-                "-p",
-                "-t",
-                &self.target,
-                "#{cursor_y} #{cursor_x} #{pane_in_mode}",
-            ],
-            None,
-        )?;
-        let out = out.trim_end_matches('\n');
-        let (text, last) = out.rsplit_once('\n').unwrap_or(("", out));
-        let mut it = last.split(' ').map(|n| n.parse::<usize>().unwrap_or(0));
+        let text = self.run(&format!("capture-pane -p -t {}", self.target))?;
+        let last = self.run(&format!(
+            "display-message -p -t {} \"#{{cursor_y}} #{{cursor_x}} #{{pane_in_mode}}\"",
+            self.target
+        ))?;
+        let text = text.trim_end_matches('\n');
+        let mut it = last
+            .trim()
+            .split(' ')
+            .map(|n| n.parse::<usize>().unwrap_or(0));
         let (row, col, mode) = (
             it.next().unwrap_or(0),
             it.next().unwrap_or(0),
@@ -398,36 +437,25 @@ impl Pane {
     /// Everything in the pane's history and screen, as text (for finding a message typed by
     /// a wrapper that stopped before recording its outcome).
     pub(crate) fn history(&self) -> Result<String, WrapError> {
-        tmux(
-            &["capture-pane", "-p", "-J", "-S", "-", "-t", &self.target],
-            None,
-        )
+        self.run(&format!("capture-pane -p -J -S - -t {}", self.target))
     }
 
-    /// Types `text` (no Enter), leaving copy mode first: one buffer load and one paste,
+    /// Types `text` (no Enter), leaving copy mode first: one buffer set and one paste,
     /// bracketed when the application asked for bracketed paste.
     pub(crate) fn type_text(&self, text: &str, in_mode: bool) -> Result<(), WrapError> {
         if in_mode {
-            tmux(&["send-keys", "-t", &self.target, "-X", "cancel"], None)?;
+            self.run(&format!("send-keys -t {} -X cancel", self.target))?;
         }
-        tmux(
-            &[
-                "load-buffer",
-                "-b",
-                &self.buffer,
-                "-",
-                ";",
-                "paste-buffer",
-                "-p",
-                "-d",
-                "-r",
-                "-b",
-                &self.buffer,
-                "-t",
-                &self.target,
-            ],
-            Some(text.as_bytes()),
-        )?;
+        // Two lines: tmux answers each command of a `;` list with its own block.
+        self.run(&format!(
+            "set-buffer -b {} {}",
+            self.buffer,
+            control::quote(text)
+        ))?;
+        self.run(&format!(
+            "paste-buffer -p -d -r -b {} -t {}",
+            self.buffer, self.target
+        ))?;
         Ok(())
     }
 
@@ -435,16 +463,10 @@ impl Pane {
     /// seconds since the epoch: tmux's `session_activity`, which keys typed through an
     /// attached client move and the wrapper's own `send-keys`, pastes and resizes do not.
     pub(crate) fn person_activity(&self) -> Result<u64, WrapError> {
-        let out = tmux(
-            &[
-                "display-message",
-                "-p",
-                "-t",
-                &self.target,
-                "#{session_activity}",
-            ],
-            None,
-        )?;
+        let out = self.run(&format!(
+            "display-message -p -t {} \"#{{session_activity}}\"",
+            self.target
+        ))?;
         out.trim()
             .parse()
             .map_err(|_| tmux_err("display-message", format!("session_activity is {out:?}")))
@@ -452,10 +474,10 @@ impl Pane {
 
     /// The process the pane runs (the agent's CLI, or what starts it).
     pub(crate) fn pid(&self) -> Result<u32, WrapError> {
-        let out = tmux(
-            &["display-message", "-p", "-t", &self.target, "#{pane_pid}"],
-            None,
-        )?;
+        let out = self.run(&format!(
+            "display-message -p -t {} \"#{{pane_pid}}\"",
+            self.target
+        ))?;
         out.trim()
             .parse()
             .map_err(|_| tmux_err("display-message", format!("pane_pid is {out:?}")))
@@ -463,7 +485,7 @@ impl Pane {
 
     /// Presses Enter.
     pub(crate) fn enter(&self) -> Result<(), WrapError> {
-        tmux(&["send-keys", "-t", &self.target, "Enter"], None)?;
+        self.run(&format!("send-keys -t {} Enter", self.target))?;
         Ok(())
     }
 }

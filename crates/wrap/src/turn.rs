@@ -74,11 +74,12 @@ impl Core {
         let (Some(since), Some(r)) = (self.chain_activity, &self.resume) else {
             return;
         };
+        // The loop's pane (its control client), not a new one.
+        let pane = r.pane.clone();
         if self.replying_to.is_none() {
             self.chain_activity = None;
             return;
         }
-        let pane = tmux::Pane::new(&r.session);
         match tokio::task::block_in_place(|| pane.person_activity()) {
             Ok(at) if at > since => {
                 self.chain_activity = None;

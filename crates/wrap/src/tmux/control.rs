@@ -1,0 +1,267 @@
+//! One long-lived tmux control-mode client (`tmux -C attach-session`) per wrapped agent: every
+//! command the wrapper gives the agent's pane (type, Enter, leave copy mode, read the screen)
+//! goes down its stdin as one line, and its answer comes back as a `%begin ... %end` (or
+//! `%error`) block on stdout. No process is started per action: under CPU load (the agents
+//! themselves load the machine) starting `tmux` for each command was the wrapper's largest
+//! cost.
+//!
+//! The client is started with `refresh-client -f no-output`: the pane's output reaches the
+//! wrapper through `pane.log`, so tmux need not copy it down this pipe as well.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use crate::WrapError;
+
+/// How long a command may take before the client is taken for stuck (bounds a hang only).
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// A command's answer: its output lines, or tmux's error text.
+type Answer = Result<Vec<u8>, String>;
+
+/// The waiting commands' reply slots, oldest first: tmux answers commands in order.
+type Waiting = Arc<Mutex<VecDeque<mpsc::Sender<Answer>>>>;
+
+fn err(what: &str, e: impl std::fmt::Display) -> WrapError {
+    WrapError::Pty(format!("tmux control client: {what}: {e}"))
+}
+
+/// A running control-mode client attached to one session.
+pub(crate) struct Control {
+    child: Child,
+    stdin: ChildStdin,
+    waiting: Waiting,
+    alive: Arc<AtomicBool>,
+}
+
+impl Control {
+    /// Attaches a control-mode client to session `session` (an exact name).
+    pub(crate) fn attach(session: &str) -> Result<Self, WrapError> {
+        let mut child = Command::new("tmux")
+            .args(["-C", "attach-session", "-t", &format!("={session}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| err("cannot start `tmux -C` (is tmux installed?)", e))?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| err("stdin", "not piped"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| err("stdout", "not piped"))?;
+        let waiting: Waiting = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let (w, a) = (waiting.clone(), alive.clone());
+        std::thread::Builder::new()
+            .name("relay-tmux-control".into())
+            .spawn(move || read_answers(BufReader::new(stdout), &w, &a))
+            .map_err(|e| err("thread", e))?;
+        let mut control = Self {
+            child,
+            stdin,
+            waiting,
+            alive,
+        };
+        // The pane's output is read from `pane.log`: tmux need not send it here too.
+        control.run("refresh-client -f no-output")?;
+        Ok(control)
+    }
+
+    /// Whether the client still runs (tmux ends it when its session or server goes).
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Runs one command line (already quoted, see [`quote`]); its output.
+    pub(crate) fn run(&mut self, line: &str) -> Result<Vec<u8>, WrapError> {
+        // One command per line, no `;` lists: each command gets its own answer block.
+        debug_assert!(!line.contains('\n'), "one command per line");
+        let (tx, rx) = mpsc::channel();
+        {
+            // Queued before it is written: the reader may see the answer at once.
+            let mut waiting = self.waiting.lock().map_err(|_| err("state", "poisoned"))?;
+            waiting.push_back(tx);
+        }
+        let written = self
+            .stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stdin.write_all(b"\n"))
+            .and_then(|()| self.stdin.flush());
+        if let Err(e) = written {
+            self.alive.store(false, Ordering::Release);
+            return Err(err("write", e));
+        }
+        match rx.recv_timeout(ANSWER_WITHIN) {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(msg)) => Err(WrapError::Pty(format!("tmux: {}", msg.trim()))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(err("gone", "the client ended (session or server gone)"))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Answers may now be out of step with commands: this client is done.
+                self.alive.store(false, Ordering::Release);
+                Err(err("no answer", format!("within {ANSWER_WITHIN:?}")))
+            }
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        // Closing stdin detaches the client; killing it covers a stuck one.
+        if let Err(e) = self.child.kill() {
+            tracing::debug!(error = %e, "the tmux control client had already ended");
+        }
+        if let Err(e) = self.child.wait() {
+            tracing::debug!(error = %e, "cannot reap the tmux control client");
+        }
+    }
+}
+
+/// Reads the client's stdout: answers go to the oldest waiting command; the client's end
+/// (`%exit`, or end of file) drops every waiting slot, which tells its command.
+fn read_answers(mut out: impl BufRead, waiting: &Waiting, alive: &AtomicBool) {
+    // The block being read: its command number and whether it answers one of ours (flags 1;
+    // the attach command's own block has flags 0).
+    let mut block: Option<(String, bool)> = None;
+    let mut body = Vec::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match out.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if let Some((num, ours)) = &block {
+            match guard_line(text) {
+                Some((kind @ ("%end" | "%error"), n, _)) if n == num => {
+                    if *ours {
+                        let answer = if kind == "%end" {
+                            Ok(std::mem::take(&mut body))
+                        } else {
+                            Err(String::from_utf8_lossy(&std::mem::take(&mut body)).into_owned())
+                        };
+                        let slot = waiting.lock().ok().and_then(|mut w| w.pop_front());
+                        if let Some(slot) = slot
+                            && slot.send(answer).is_err()
+                        {
+                            tracing::debug!("a tmux answer came after its command gave up");
+                        }
+                    }
+                    body.clear();
+                    block = None;
+                }
+                _ => {
+                    body.extend_from_slice(text);
+                    body.push(b'\n');
+                }
+            }
+            continue;
+        }
+        match guard_line(text) {
+            Some(("%begin", n, flags)) => block = Some((n.to_owned(), flags == "1")),
+            _ if text.starts_with(b"%exit") => break,
+            // Notifications (`%session-changed`, `%window-renamed`, ...): not needed.
+            _ => {}
+        }
+    }
+    alive.store(false, Ordering::Release);
+    if let Ok(mut w) = waiting.lock() {
+        // Dropped slots tell their commands the client is gone.
+        w.clear();
+    }
+}
+
+/// `%begin|%end|%error TIME NUMBER FLAGS` as (keyword, number, flags).
+fn guard_line(line: &[u8]) -> Option<(&str, &str, &str)> {
+    let line = std::str::from_utf8(line).ok()?;
+    let mut it = line.split(' ');
+    let kind = it.next()?;
+    if !matches!(kind, "%begin" | "%end" | "%error") {
+        return None;
+    }
+    let _time = it.next()?;
+    let num = it.next()?;
+    let flags = it.next()?;
+    (it.next().is_none() && num.bytes().all(|b| b.is_ascii_digit())).then_some((kind, num, flags))
+}
+
+/// `s` as one argument of a tmux command line: double-quoted, with what tmux's parser would
+/// read as syntax (`\`, `"`, `$` for environment variables) escaped, and line breaks and
+/// other control characters as octal escapes, so the whole command stays on one line.
+pub(crate) fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\\' | '"' | '$' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                out.push_str(&format!("\\{:03o}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_lines_are_told_from_output_that_looks_like_them() {
+        assert_eq!(
+            guard_line(b"%begin 1795641680 263 0"),
+            Some(("%begin", "263", "0"))
+        );
+        assert_eq!(
+            guard_line(b"%end 1795641680 263 1"),
+            Some(("%end", "263", "1"))
+        );
+        assert_eq!(guard_line(b"%end of the story"), None);
+        assert_eq!(guard_line(b"%output %1 x"), None);
+    }
+
+    #[test]
+    fn answers_go_to_the_commands_that_asked_in_order_and_the_attach_block_to_none() {
+        let stdout = b"%begin 1 10 0\n%end 1 10 0\n%session-changed $0 s\n\
+            %begin 1 11 1\nline one\n%end 1 12 1\n%end 1 11 1\n\
+            %begin 1 13 1\nparse error: unknown command: x\n%error 1 13 1\n%exit\n";
+        let waiting: Waiting = Arc::default();
+        let (a, ra) = mpsc::channel();
+        let (b, rb) = mpsc::channel();
+        let (c, rc) = mpsc::channel::<Answer>();
+        waiting.lock().unwrap().extend([a, b, c]);
+        let alive = AtomicBool::new(true);
+        read_answers(&stdout[..], &waiting, &alive);
+        // A line of output that looks like another block's end is output.
+        assert_eq!(ra.recv().unwrap().unwrap(), b"line one\n%end 1 12 1\n");
+        assert_eq!(
+            rb.recv().unwrap().unwrap_err(),
+            "parse error: unknown command: x\n"
+        );
+        // The client ended before answering the third: its command is told.
+        assert!(rc.recv().is_err());
+        assert!(!alive.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn quoted_text_stays_on_one_line_and_is_read_back_exactly() {
+        // (tmux 3.3a reads this back as the original: checked with `save-buffer`.)
+        let q = quote("a \"b\" $HOME ~ \\ ; c\nd\te");
+        assert!(!q.contains('\n'));
+        assert_eq!(q, r#""a \"b\" \$HOME ~ \\ ; c\012d\011e""#);
+    }
+}
