@@ -300,68 +300,54 @@ impl<'r> Agent<'r> {
     /// marker (its turn is over), then until its wrapper has read all that output, let it
     /// settle and relayed every directive in it with its receipt back: the wrapper logs
     /// `output settled; every directive in it relayed read=N` once per burst of output when
-    /// that is so, `N` the bytes read (tmux: the pane log offset), and `output after a quiet
+    /// that is so, `N` the bytes read, and `output after a quiet
     /// spell read=N` when a new burst starts (PTY: before the person's screen shows any of
     /// it). Whatever the output seen so far could make the wrapper send (a repaint read
     /// twice, a directive from the transcript) is then stored in the relay's history: this
     /// event comes after it, so a test can count the history with no observation window.
     fn wait_all_relayed(&self, last: &str) {
-        self.wait_all_relayed_when(&format!("{last:?}, not busy"), last, |pane| {
+        self.wait_all_relayed_when(&format!("{last:?}, not busy"), |pane| {
             pane.contains(last)
                 && !pane.contains("esc to interrupt")
                 && !pane.contains("esc to cancel")
         });
     }
 
-    /// [`Agent::wait_all_relayed`] once the screen is as `screen` says (`what`); under tmux,
-    /// `last` is text of the output to cover, looked for in the pane log.
-    fn wait_all_relayed_when(&self, what: &str, last: &str, screen: impl Fn(&str) -> bool) {
+    /// [`Agent::wait_all_relayed`] once the screen is as `screen` says (`what`).
+    fn wait_all_relayed_when(&self, what: &str, screen: impl Fn(&str) -> bool) {
         wait_for(
             LONG,
             &format!("{}'s screen shows {what}", self.name),
             || screen(&self.pane()),
         );
-        let read_of = |line: &str| -> Option<u64> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix("read="))
-                .and_then(|n| n.parse().ok())
-        };
         const SETTLED: &str = "output settled; every directive in it relayed";
         if self.backend == "tmux" {
-            // The wrapper reads the pane log, which tmux writes after (or while) it draws
-            // the screen: wait until the log holds what the screen showed, and for a
-            // settled line covering every byte of the log up to there.
-            let pane_log = self
-                .relay
-                .data_dir()
-                .join(format!("team/{}/pane.log", self.name));
-            let mut upto = 0u64;
-            // Claude Code draws a line in pieces (styles, cursor moves for spaces): compare
-            // the printed characters only, without escape sequences and white space.
-            let bare = |b: &[u8]| -> Vec<u8> {
-                printed(b)
-                    .into_iter()
-                    .filter(|c| !c.is_ascii_whitespace())
-                    .collect()
-            };
-            let want = bare(last.as_bytes());
-            wait_for(
-                LONG,
-                &format!("{}'s pane log holds {last:?}", self.name),
-                || {
-                    let bytes = std::fs::read(&pane_log).unwrap_or_default();
-                    upto = bytes.len() as u64;
-                    bare(&bytes).windows(want.len()).any(|w| w == want)
-                },
-            );
+            // The wrapper reads the pane's output from its control-mode client as tmux draws
+            // it; a settled line after the last burst's start, with the wrapper's checkpoint
+            // (saved once all it read is relayed) at the pane's cursor row, comes after it
+            // read what the screen showed.
+            let team = self.relay.data_dir().join(format!("team/{}", self.name));
             wait_for(
                 LONG,
                 &format!("{}'s wrapper has relayed all it read", self.name),
                 || {
-                    self.wrap_log()
-                        .lines()
-                        .filter(|l| l.contains(SETTLED))
-                        .any(|l| read_of(l).is_some_and(|n| n >= upto))
+                    // The pane the person's client shows (as `pane` reads it): the agent's.
+                    let out = self.tmux(&["display-message", "-p", "#{history_size} #{cursor_y}"]);
+                    let row: u64 = String::from_utf8_lossy(&out.stdout)
+                        .split_whitespace()
+                        .map(|n| n.parse::<u64>().unwrap_or(0))
+                        .sum();
+                    let checkpoint =
+                        std::fs::read_to_string(team.join("checkpoint")).unwrap_or_default();
+                    checkpoint.split_whitespace().next() == Some(row.to_string().as_str())
+                        && self
+                            .wrap_log()
+                            .lines()
+                            .rev()
+                            .find(|l| {
+                                l.contains(SETTLED) || l.contains("output after a quiet spell")
+                            })
+                            .is_some_and(|l| l.contains(SETTLED))
                 },
             );
         } else {
@@ -410,44 +396,6 @@ impl Drop for Agent<'_> {
         self.tmux(&["kill-server"]);
         kill_leftovers(&self.home);
     }
-}
-
-/// The characters `bytes` print: without ANSI escape sequences (CSI, OSC, DCS and two-byte
-/// ones) and other control characters.
-fn printed(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            0x1b => {
-                i += 1;
-                match bytes.get(i) {
-                    Some(b'[') => {
-                        i += 1;
-                        while i < bytes.len() && !(0x40..=0x7e).contains(&bytes[i]) {
-                            i += 1;
-                        }
-                    }
-                    Some(b']' | b'P' | b'_') => {
-                        while i < bytes.len()
-                            && bytes[i] != 0x07
-                            && !(bytes[i] == b'\\' && bytes[i - 1] == 0x1b)
-                        {
-                            i += 1;
-                        }
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-            c if c < 0x20 || c == 0x7f => i += 1,
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// Kills what an agent CLI left running on its own: Codex 0.169 starts a detached
@@ -685,13 +633,12 @@ fn claude_code_instances_converse_under_the_tmux_backend() {
     );
     alice.wait_ready();
     bob.wait_ready();
-    // The tmux backend is the one at work: the pane's output is piped to its log.
+    // The tmux backend is the one at work: a checkpoint of the pane's rows, and no file the
+    // pane's output grows.
     for name in ["Alice", "Bob"] {
-        let log = relay.data_dir().join(format!("team/{name}/pane.log"));
-        assert!(
-            std::fs::metadata(&log).is_ok_and(|m| m.len() > 0),
-            "{log:?}"
-        );
+        let team = relay.data_dir().join(format!("team/{name}"));
+        assert!(team.join("checkpoint").exists(), "{team:?}");
+        assert!(!team.join("pane.log").exists(), "{team:?}");
     }
     alice.person_types("Plan the release");
     let alice_prompts = alice.wait_prompts(2);
@@ -1186,10 +1133,10 @@ fn claude_code_transcript_view_sends_nothing_again() {
     const THOUGHT: &str = "this thought is not a message";
     for _ in 0..2 {
         alice.tmux(&["send-keys", "C-o"]);
-        alice.wait_all_relayed_when("the transcript view", THOUGHT, |p| p.contains(THOUGHT));
+        alice.wait_all_relayed_when("the transcript view", |p| p.contains(THOUGHT));
         assert_eq!(history(&relay).len(), 2, "{}", alice.pane());
         alice.tmux(&["send-keys", "C-o"]);
-        alice.wait_all_relayed_when("the prompt view", "Done.", |p| !p.contains(THOUGHT));
+        alice.wait_all_relayed_when("the prompt view", |p| !p.contains(THOUGHT));
         assert_eq!(history(&relay).len(), 2, "{}", alice.pane());
     }
     let h = history(&relay);

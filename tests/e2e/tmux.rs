@@ -781,11 +781,23 @@ fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
         "the person sees Dana's session",
         || screen().contains("I am Dana"),
     );
-    let clients = tmux.run(&["list-clients", "-t", &format!("={session}")]);
+    // The person's terminal, and the wrapper's control-mode client (which draws nothing).
+    let clients = tmux.run(&[
+        "list-clients",
+        "-t",
+        &format!("={session}"),
+        "-F",
+        "#{client_control_mode}",
+    ]);
+    let mut modes: Vec<String> = String::from_utf8_lossy(&clients.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    modes.sort();
     assert_eq!(
-        String::from_utf8_lossy(&clients.stdout).lines().count(),
-        1,
-        "one client attached to Dana's session"
+        modes,
+        ["0", "1"],
+        "one person's client and one control client attached to Dana's session"
     );
     // A message arrives while the person watches: typed in, seen on their screen.
     relay.cli(&["send", "Dana", "hello while you watch"]);
@@ -923,13 +935,33 @@ fn prompt_profile(relay: &Relay) -> std::path::PathBuf {
     profiles
 }
 
-/// Whether agent `name`'s relaying process has read and settled everything its pane printed
-/// (its checkpoint, saved once output went quiet, is at the end of the pane log).
+/// Whether agent `name`'s relaying process has read and settled everything its pane printed:
+/// its checkpoint (saved once output went quiet, every directive relayed) is at the row the
+/// pane's cursor is on.
 fn settled(relay: &Relay, name: &str) -> bool {
     let team = relay.data_dir().join("team").join(name);
-    let log = std::fs::metadata(team.join("pane.log")).map_or(0, |m| m.len());
     let checkpoint = std::fs::read_to_string(team.join("checkpoint")).unwrap_or_default();
-    checkpoint.split_whitespace().next() == Some(log.to_string().as_str())
+    let session = session_of(relay, name);
+    let out = Command::new("tmux")
+        .env("TMUX_TMPDIR", relay.dir.path())
+        .env_remove("TMUX")
+        .args([
+            "display-message",
+            "-p",
+            "-t",
+            &format!("={session}:"),
+            "#{history_size} #{cursor_y}",
+        ])
+        .output()
+        .expect("tmux runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row: u64 = text
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().unwrap_or(0))
+        .sum();
+    // No pane log or other file grows while the agent runs.
+    assert!(!team.join("pane.log").exists());
+    checkpoint.split_whitespace().next() == Some(row.to_string().as_str())
 }
 
 /// Every stored message, oldest first, as JSON.
@@ -1154,4 +1186,100 @@ done
     }
     // Ann heard nothing more.
     assert_eq!(count(&tmux.pane(&ann), "got: Relay message from Ben"), 1);
+}
+
+/// The wrapper's control-mode client (`tmux -C`, its one pipe to the pane) is killed while
+/// the agent runs: the relaying process attaches a new one and reads the pane on from its
+/// checkpoint. A directive the agent prints after that is relayed once, a message for it is
+/// typed once, and the relaying process keeps its connection to the relay throughout.
+#[test]
+fn a_killed_control_client_is_replaced_and_nothing_is_lost_or_doubled() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    drop(relay.agent("Carol"));
+    let bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
+    wait_online(&relay, "Bob");
+    let control_clients = || -> Vec<i32> {
+        let out = tmux.run(&[
+            "list-clients",
+            "-t",
+            &format!("={bob}"),
+            "-F",
+            "#{client_control_mode} #{client_pid}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("1 "))
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    ok_stdout(&relay.cli(&["send", "Bob", "before"]));
+    wait_or_dump(&relay, &tmux, "Bob answers the first message", || {
+        history(&relay).iter().any(|(_, _, b)| b == "ack before")
+    });
+    let old = control_clients();
+    assert_eq!(old.len(), 1, "one control client: {old:?}");
+    signal_pid(old[0], rustix::process::Signal::Kill);
+    wait_or_dump(&relay, &tmux, "a new control client is attached", || {
+        let now = control_clients();
+        now.len() == 1 && now[0] != old[0]
+    });
+    // A person makes Bob print a directive; a message arrives for him.
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        &format!("={bob}:"),
+        "-l",
+        "person:after kill",
+    ]);
+    tmux.run(&["send-keys", "-t", &format!("={bob}:"), "Enter"]);
+    ok_stdout(&relay.cli(&["send", "Bob", "after"]));
+    wait_or_dump(&relay, &tmux, "both answers are relayed", || {
+        let h = history(&relay);
+        h.iter().any(|(_, _, b)| b == "ack after kill")
+            && h.iter().any(|(_, _, b)| b == "ack after")
+    });
+    wait_or_dump(&relay, &tmux, "everything read is settled", || {
+        settled(&relay, "Bob")
+    });
+    let h = history(&relay);
+    for body in ["ack before", "ack after kill", "ack after"] {
+        let n = h.iter().filter(|(f, _, b)| f == "Bob" && b == body).count();
+        assert_eq!(n, 1, "{body:?} relayed {n} times: {h:#?}");
+    }
+    let pane = tmux.pane(&bob);
+    for typed in ["]: before", "]: after"] {
+        let n = pane
+            .lines()
+            .filter(|l| l.starts_with("got: Relay message from human [") && l.ends_with(typed))
+            .count();
+        assert_eq!(n, 1, "{typed:?} typed {n} times:\n{pane}");
+    }
+    assert!(is_online(&relay, "Bob"));
+}
+
+/// The tmux server dies under a relaying process: it ends (the agent's exit status unknown,
+/// which it says) instead of waiting for a session that will never come back, and the relay
+/// sees the agent go offline.
+#[test]
+fn a_dead_tmux_server_ends_the_relaying_process_with_a_reason() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let _bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
+    wait_online(&relay, "Bob");
+    let killed = tmux.run(&["kill-server"]);
+    assert!(killed.status.success(), "{killed:?}");
+    let log = relay.data_dir().join("team/Bob/wrap.log");
+    wait_for(
+        Duration::from_secs(20),
+        "the relaying process says the agent's status is unknown",
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ended without an exit status")),
+    );
+    wait_for(Duration::from_secs(20), "Bob is seen offline", || {
+        !is_online(&relay, "Bob")
+    });
 }

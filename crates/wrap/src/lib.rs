@@ -2,7 +2,7 @@
 //! it, relays the directives it prints, and types in the messages it receives.
 //!
 //! ```text
-//! agent output ──► PTY / tmux pipe-pane ──► person's terminal (PTY: mirrored unchanged)
+//! agent output ──► PTY / tmux %output ─────► person's terminal (PTY: mirrored unchanged)
 //!                                      └──► relay_parse::Parser ──► directives ──► Client::send
 //! Client DELIVER ──► format::injected_text ──► inject::Injector (profile: quiet, prompt empty,
 //!                    no spinner or dialog, no person mid-line) ──► type, Enter, verify ──► ACK
@@ -281,7 +281,7 @@ struct Core {
     queued: HashSet<String>,
     last_output: Instant,
     settled: bool,
-    /// Bytes of the agent's output read so far (tmux: the pane log offset read to). Logged
+    /// Bytes of the agent's output read so far by this wrapper. Logged
     /// with each burst and each settling, so a test can tell which output an event follows.
     read: u64,
     /// Output read since the log last said everything read was settled and relayed
@@ -317,11 +317,8 @@ struct Resume {
     pane: tmux::Pane,
     /// Directives found since the checkpoint, by (to, body): how many.
     seen: std::collections::HashMap<(String, String), u32>,
-    /// Bytes of the pane log read.
-    consumed: u64,
-    /// Texts earlier wrappers typed, by the pane log offset where typing began: re-reading
-    /// the log, the parser is told about each at that point, as it was the first time.
-    notes: std::collections::VecDeque<(u64, String)>,
+    /// Output was read since the checkpoint was saved.
+    dirty: bool,
 }
 
 impl Core {
@@ -637,32 +634,45 @@ impl Core {
         }
     }
 
-    /// tmux: bytes of the pane log ending at offset `end`. Texts typed by an earlier wrapper
-    /// inside them are noted where they were typed.
-    async fn on_pane_output(&mut self, bytes: &[u8], end: u64, now: Instant) {
-        self.on_read(bytes.len(), Some(end), now);
-        let mut pos = end - bytes.len() as u64;
-        let mut rest = bytes;
+    /// tmux: bytes the pane printed.
+    async fn on_pane_output(&mut self, bytes: &[u8], now: Instant) {
+        self.on_read(bytes.len(), None, now);
         if let Some(r) = &mut self.resume {
-            r.consumed = end;
+            r.dirty = true;
         }
-        while let Some(r) = &mut self.resume {
-            let Some((at, _)) = r.notes.front() else {
-                break;
-            };
-            if *at >= pos + rest.len() as u64 {
-                break;
-            }
-            let cut = usize::try_from(at.saturating_sub(pos)).unwrap_or(0);
-            let Some((_, text)) = r.notes.pop_front() else {
-                break;
-            };
-            self.on_output(&rest[..cut], now).await;
+        self.on_output(bytes, now).await;
+    }
+
+    /// tmux: reads what a snapshot of the pane holds (see [`tmux::Pane::snapshot`]), with a
+    /// new parser: the rows earlier wrappers read, with what they make the parser find
+    /// dropped (it was relayed), then the texts typed since the checkpoint noted (their echo
+    /// is no directive), then the rows no wrapper read, whose directives are relayed with the
+    /// ids they would have had (the relay drops those sent already).
+    async fn resync(&mut self, snap: tmux::Snapshot, now: Instant) {
+        let mut parser = Parser::new(self.cfg.profile.parse.clone());
+        parser.set_rows(usize::from(snap.rows));
+        self.parser = parser;
+        let Some(r) = &mut self.resume else {
+            return;
+        };
+        r.seen.clear();
+        let typed = self.log.typed_since(r.checkpoint.offset);
+        if !snap.seen.is_empty() {
+            self.parser.feed(&snap.seen);
+            let dropped = self.parser.finish();
+            tracing::debug!(
+                directives = dropped.len(),
+                "rows above the checkpoint read again (relayed before)"
+            );
+        }
+        for (_, text) in typed {
             self.parser.note_injected(&text);
-            pos += cut as u64;
-            rest = &rest[cut..];
         }
-        self.on_output(rest, now).await;
+        tracing::debug!(
+            bytes = snap.unseen.len(),
+            "reading what the pane shows since the checkpoint"
+        );
+        self.on_pane_output(&snap.unseen, now).await;
     }
 
     /// A message arrived for this agent.
@@ -849,7 +859,7 @@ impl Core {
                         // Recorded before the first byte: a restarted wrapper will not type
                         // it again.
                         let recorded = match &self.resume {
-                            Some(r) => self.log.started_at(&m.id, r.consumed, &text),
+                            Some(r) => self.log.started_at(&m.id, r.checkpoint.offset, &text),
                             None => self.log.started(&m.id),
                         };
                         if let Err(e) = recorded {
@@ -946,11 +956,20 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        if !self.settled || self.unacked > 0 || r.consumed <= r.checkpoint.offset {
+        if !self.settled || self.unacked > 0 || !r.dirty {
             return;
         }
+        // The cursor's row: everything above it was read and relayed (the output is quiet).
+        let row = match tokio::task::block_in_place(|| r.pane.row()) {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");
+                return;
+            }
+        };
+        r.dirty = false;
         r.checkpoint = Checkpoint {
-            offset: r.consumed,
+            offset: row,
             at_ms: now_ms(),
         };
         r.seen.clear();
@@ -1105,13 +1124,13 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
 /// Relays for an agent running in tmux session `session` (created by [`tmux::create`])
 /// until the agent exits; returns its exit status. Stopping this process leaves the agent
 /// running: run again, it picks the session up where the last one stopped, sending nothing
-/// twice (see [`state::Checkpoint`]) and missing nothing the agent printed meanwhile.
+/// twice (see [`state::Checkpoint`]) and missing nothing the agent printed meanwhile that
+/// tmux's history still holds.
 ///
 /// # Errors
-/// [`WrapError`] when the relay cannot be reached at start or the pane log cannot be read.
+/// [`WrapError`] when the relay cannot be reached at start or the session cannot be attached.
 pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapError> {
     let client = connect(&cfg).await?;
-    tmux::ensure_pipe(&session, &cfg.team_dir)?;
     let mut checkpoint = Checkpoint::load(&cfg.team_dir);
     if checkpoint.at_ms == 0 {
         // The first relaying process for this session: ids it derives carry this time.
@@ -1120,15 +1139,22 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
             .save(&cfg.team_dir)
             .map_err(|e| WrapError::State(format!("cannot save the checkpoint: {e}")))?;
     }
-    let mut output = tmux::follow(session.clone(), cfg.team_dir.clone(), checkpoint.offset)?;
-    let pane = tmux::Pane::new(&session);
+    let (pane, mut output) = match tmux::Pane::attach(&session) {
+        Ok(attached) => attached,
+        // Gone before it could be attached (the agent exited at once, or the session or the
+        // server was killed): as if it had gone while attached.
+        Err(e) if !session_lives(&session) => {
+            tracing::info!(error = %e, "the session is gone before it could be attached");
+            client.close().await;
+            return read_exit(&cfg.team_dir)
+                .await
+                .ok_or(WrapError::ExitUnknown { session });
+        }
+        Err(e) => return Err(e),
+    };
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-    let rows = pane
-        .screen()
-        .map(|(s, _)| u16::try_from(s.lines.len().max(24)).unwrap_or(40))
-        .unwrap_or(40);
-    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, 40)?;
     core.set_agent_pid(match pane.pid() {
         Ok(pid) => Some(pid),
         Err(e) => {
@@ -1136,15 +1162,19 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
             None
         }
     });
-    let notes = core.log.typed_since(checkpoint.offset).into();
     core.resume = Some(Resume {
         checkpoint,
         session: session.clone(),
         pane: pane.clone(),
         seen: std::collections::HashMap::new(),
-        consumed: checkpoint.offset,
-        notes,
+        dirty: false,
     });
+    // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
+    if let Err(e) = resync(&mut core, &pane, &mut output).await
+        && session_lives(&session)
+    {
+        return Err(e);
+    }
     use tokio::signal::unix::{SignalKind, signal};
     let mut term =
         signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
@@ -1152,12 +1182,31 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     let code = loop {
         let wake = core.next_wake();
         tokio::select! {
-            tail = output.recv() => match tail {
-                Some(tmux::Tail::Output(bytes, end)) => {
-                    core.on_pane_output(&bytes, end, Instant::now()).await;
+            note = output.recv() => match note {
+                Some(tmux::Note::Output(bytes)) => {
+                    core.on_pane_output(&bytes, Instant::now()).await;
                 }
-                Some(tmux::Tail::Exited(code)) => break code,
-                None => break None,
+                // The control client ended: the session is gone (the agent exited, a person
+                // killed it, the tmux server died), or only the client (killed), and a new one
+                // reads on from the checkpoint.
+                Some(tmux::Note::Gone) | None => {
+                    if !tokio::task::block_in_place(|| session_lives(&session)) {
+                        break read_exit(&core.cfg.team_dir).await;
+                    }
+                    tracing::warn!("the tmux control client ended while the session lives: attaching a new one and reading the pane from the checkpoint");
+                    // Failing with the session gone meanwhile, the new client's end (or the
+                    // closed channel) comes next and is handled above.
+                    let again = match pane.reattach() {
+                        Ok(()) => resync(&mut core, &pane, &mut output).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = again {
+                        if tokio::task::block_in_place(|| session_lives(&session)) {
+                            return Err(e);
+                        }
+                        break read_exit(&core.cfg.team_dir).await;
+                    }
+                }
             },
             ev = core.client.next_event(), if relay_open => match ev {
                 Some(Event::Message(m)) => core.on_message(m, Some(&pane)).await,
@@ -1183,19 +1232,63 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         core.report_terminal("tmux", Instant::now()).await;
     };
     tracing::info!(?code, "the agent exited; ending its session");
-    // The hook may not have written it (see `tmux::watch_exit`); `wrap` reads it.
-    let exit_file = core.cfg.team_dir.join("exit");
-    if let (Some(c), false) = (code, exit_file.exists())
-        && let Err(e) = state::write_atomically(&exit_file, format!("{c}\n").as_bytes())
-    {
-        // The attached front then reports the status unknown (a failure), not a success.
-        tracing::warn!(error = %e, path = %exit_file.display(), "cannot write the agent's exit status");
-    }
     core.maybe_checkpoint();
     core.finish().await;
     tmux::kill(&session);
     // Unknown is not success: a killed session must not pass for an agent that exited 0.
     code.ok_or(WrapError::ExitUnknown { session })
+}
+
+/// Reads the pane afresh into `core` (a wrapper attaching, or its control client attached
+/// again): output the old client passed on before the snapshot is in the snapshot.
+async fn resync(
+    core: &mut Core,
+    pane: &tmux::Pane,
+    output: &mut mpsc::UnboundedReceiver<tmux::Note>,
+) -> Result<(), WrapError> {
+    let from = core.resume.as_ref().map(|r| r.checkpoint.offset);
+    let snap = tokio::task::block_in_place(|| pane.snapshot(from))?;
+    // What came before the capture's answer is on the captured screen already.
+    let mut gone = false;
+    while let Ok(note) = output.try_recv() {
+        gone |= matches!(note, tmux::Note::Gone);
+    }
+    core.resync(snap, Instant::now()).await;
+    if gone {
+        // The old client's end, read past above: the new client is live (its own end comes
+        // on the channel when it ends).
+        tracing::debug!("an earlier control client's end was read during the snapshot");
+    }
+    Ok(())
+}
+
+/// Whether tmux session `session` still exists, asked up to three times a tenth of a second
+/// apart: ending the relaying (and the session) on one failed `has-session` under a loaded
+/// machine would end an agent that runs on.
+fn session_lives(session: &str) -> bool {
+    for attempt in 0..3 {
+        if tmux::exists(session) {
+            return true;
+        }
+        if attempt < 2 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    false
+}
+
+/// The agent's exit status, from `<team dir>/exit`: written by the session's shell just before
+/// it ends, so it is there by the time the session is gone, unless the session was killed.
+/// A moment is given for a write still under way.
+async fn read_exit(team_dir: &std::path::Path) -> Option<i32> {
+    let exit = team_dir.join("exit");
+    for _ in 0..10 {
+        if let Ok(text) = std::fs::read_to_string(&exit) {
+            return text.trim().parse().ok();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 #[cfg(test)]

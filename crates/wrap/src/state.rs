@@ -6,7 +6,7 @@
 //!   (`D <id> <state>`), each appended and flushed in one write.
 //! - `inbox.md` (with `--inbox`): every message for the agent, for it to read if typing ever
 //!   fails; rewritten atomically (temporary file, then rename).
-//! - `checkpoint` (tmux backend): how far the pane log has been read with every directive
+//! - `checkpoint` (tmux backend): down to which pane row the output has been read with every directive
 //!   in it relayed.
 
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub struct InjectedLog {
     ids: HashMap<String, Typed>,
     order: std::collections::VecDeque<String>,
     lines: usize,
-    /// Texts typed, with the pane log's length when typing began (tmux).
+    /// Texts typed, with the checkpoint's pane row when typing began (tmux).
     typed_at: Vec<(u64, String)>,
 }
 
@@ -140,8 +140,8 @@ impl InjectedLog {
         Ok(())
     }
 
-    /// Like [`InjectedLog::started`], also recording the text and the pane log's length
-    /// `at` when typing began, so that a wrapper re-reading the log from before that point
+    /// Like [`InjectedLog::started`], also recording the text and the checkpoint's pane row
+    /// `at` when typing began, so that a wrapper re-reading the pane from before that point
     /// knows the echo of `text` for what it is (see [`InjectedLog::typed_since`]).
     ///
     /// # Errors
@@ -169,7 +169,7 @@ impl InjectedLog {
         Ok(())
     }
 
-    /// The texts typed at or after pane log offset `from`, oldest first, as recorded by
+    /// The texts typed at or after checkpoint row `from`, oldest first, as recorded by
     /// earlier wrappers.
     pub fn typed_since(&self, from: u64) -> Vec<(u64, String)> {
         let mut v: Vec<_> = self
@@ -301,11 +301,12 @@ fn rfc3339(ms: u64) -> String {
         )
 }
 
-/// How far the tmux pane log has been relayed: bytes read with every directive in them sent
-/// and acknowledged, and the key that makes directive ids repeatable from there.
+/// How far the tmux pane has been relayed: the pane row (counted from the oldest row of its
+/// history) above which every directive was sent and acknowledged, and the key that makes
+/// directive ids repeatable from there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Checkpoint {
-    /// Bytes of the pane log read.
+    /// The pane row (`#{history_size}` + `#{cursor_y}` when it was saved).
     pub offset: u64,
     /// Unix ms when this checkpoint was taken; directive ids found after it are derived from
     /// it, so a wrapper that restarts here sends the same ids again (and the relay drops them

@@ -1,39 +1,36 @@
 //! The tmux backend: the agent runs in its own tmux session, which a person can attach to
 //! and leave at will while relaying goes on.
 //!
-//! - Output is streamed, never polled: `pipe-pane` appends everything the pane prints to
-//!   `<team dir>/pane.log` (the `cat` it starts belongs to tmux, so nothing is missed while
-//!   no wrapper runs), and a thread follows the file with inotify.
-//! - The agent runs under a one-line shell that writes its exit status to `<team dir>/exit`;
-//!   the session ends with the agent, and the relaying process (woken by the file, or by a
-//!   pidfd on the pane's process) says goodbye to the relay.
-//! - The screen is read with one `capture-pane` only when a message is about to be typed
-//!   or checked, and text goes in with `load-buffer` + `paste-buffer -p` (tmux sends it as
-//!   a bracketed paste when the application asked for that), Enter with `send-keys`.
+//! - The wrapper attaches one long-lived control-mode client (`tmux -C`, see [`control`]) to
+//!   the session: the pane's output arrives on it as `%output` notifications, and every
+//!   command (paste, Enter, leave copy mode, read the screen) goes down the same pipe. No
+//!   process is started per action, and nothing is written to disk while the agent runs.
+//! - The agent runs under a one-line shell that writes its exit status to `<team dir>/exit`
+//!   (a few bytes); the session ends with the agent, tmux ends the control client, and the
+//!   relaying process reads the status and says goodbye to the relay.
+//! - What the pane printed while no wrapper ran is read back once, when a wrapper attaches,
+//!   from tmux's own history (`capture-pane`, see [`Pane::snapshot`]).
 //!
-//! tmux is driven through its command line (`std::process::Command`), one process per
-//! command group: the `tmux_interface` crate is a builder over the very same calls and
-//! cannot pipe a buffer through stdin, which `load-buffer -` needs.
+//! `tmux_interface` is not used: its control-mode parser (`ControlModeLine::control_mode_line`)
+//! takes a `&str` line and returns `Response::Output { value: String }` with the octal escapes
+//! left in, and a pane's output is bytes (tmux cuts `%output` notifications anywhere, inside
+//! a UTF-8 character too), so it cannot carry them; and its command builder's text form
+//! (`TmuxCommand`'s `Display`, `to_vec`) joins arguments with spaces and no quoting for tmux's
+//! own command parser, which a control-mode pipe needs (a message holds spaces, quotes, `;`,
+//! `$`, line breaks). The three command lines the wrapper sends are written here.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use relay_parse::ScreenText;
 use tokio::sync::mpsc;
 
+pub(crate) use control::Note;
+
 use crate::WrapError;
 
 mod control;
-
-/// What the pane-log follower reports.
-#[derive(Debug)]
-pub(crate) enum Tail {
-    /// Bytes the pane printed; the log's offset after them.
-    Output(Vec<u8>, u64),
-    /// The agent exited (its status when tmux knew it), or the session is gone.
-    Exited(Option<i32>),
-}
 
 fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux {what}: {e}"))
@@ -123,13 +120,12 @@ pub struct NewSession<'a> {
     pub rows: u16,
     /// Size.
     pub cols: u16,
-    /// The agent's directory of wrapper files (`pane.log`, `exit`).
+    /// The agent's directory of wrapper files (`exit`, `checkpoint`).
     pub team_dir: &'a Path,
 }
 
-/// Starts the agent in a new detached session, with its output piped to `pane.log` and its
-/// exit status kept in `exit`, in one tmux command group so that not a byte of the agent's
-/// first output is missed.
+/// Starts the agent in a new detached session, with its exit status kept in `exit`. What it
+/// prints before a wrapper attaches is read from the pane's history (see [`Pane::snapshot`]).
 ///
 /// # Errors
 /// tmux is missing or refuses (a session of that name exists, say).
@@ -145,15 +141,20 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
             )));
         }
     }
-    let log = s.team_dir.join("pane.log");
     let exit = s.team_dir.join("exit");
-    // A new session starts a new log and checkpoint: offsets in them refer to this session.
-    for stale in [&log, &exit, &s.team_dir.join("checkpoint")] {
-        let _ = std::fs::remove_file(stale);
+    // A new session starts a new checkpoint: its rows refer to this session. (`pane.log` is
+    // what versions that piped the pane to a file left.)
+    for stale in [
+        &exit,
+        &s.team_dir.join("checkpoint"),
+        &s.team_dir.join("pane.log"),
+    ] {
+        match std::fs::remove_file(stale) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(tmux_err("stale file", format!("{}: {e}", stale.display()))),
+        }
     }
-    std::fs::File::create(&log).map_err(|e| tmux_err("pane log", e))?;
-    // Every command names the session's window (`=name:`): an exact match, never a prefix.
-    let pane = format!("={}:", s.name);
     let (cols, rows) = (s.cols.to_string(), s.rows.to_string());
     let cwd = s.cwd.to_string_lossy();
     let mut args: Vec<String> = [
@@ -195,18 +196,6 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     args.push(env_file.to_string_lossy().into_owned());
     args.push(exit.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
-    args.extend(
-        [
-            ";",
-            "pipe-pane",
-            "-O",
-            "-t",
-            &pane,
-            &format!("exec cat >> {}", sh_quote(&log.to_string_lossy())),
-        ]
-        .iter()
-        .map(|a| (*a).to_owned()),
-    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     if let Err(e) = tmux(&args, None) {
         // No session will read it.
@@ -307,36 +296,6 @@ fn write_env_file(team_dir: &Path, extra: &[(String, String)]) -> Result<PathBuf
     Ok(path)
 }
 
-/// Makes sure the pane's output still goes to `pane.log` (a tmux server restored from a
-/// snapshot, or a pipe someone closed). Only when no pipe is open: `pipe-pane` always closes
-/// the pane's current pipe first (even with `-o`, which then opens none), and a gap between
-/// two pipes would lose output.
-///
-/// # Errors
-/// tmux refuses.
-pub fn ensure_pipe(name: &str, team_dir: &Path) -> Result<(), WrapError> {
-    let pane = format!("={name}:");
-    let open = tmux(
-        &["display-message", "-p", "-t", &pane, "#{pane_pipe}"],
-        None,
-    )?;
-    if open.trim() == "1" {
-        return Ok(());
-    }
-    let log = team_dir.join("pane.log");
-    tmux(
-        &[
-            "pipe-pane",
-            "-O",
-            "-t",
-            &pane,
-            &format!("exec cat >> {}", sh_quote(&log.to_string_lossy())),
-        ],
-        None,
-    )?;
-    Ok(())
-}
-
 /// Ends session `name`.
 pub fn kill(name: &str) {
     let _ = tmux(&["kill-session", "-t", &format!("={name}")], None);
@@ -355,14 +314,22 @@ pub fn attach_command(name: &str) -> Command {
 }
 
 /// The agent's pane in a running session, driven through one long-lived control-mode
-/// client (see [`control`]): started on first use, started again when it ended while the
-/// session lives on (killed, or the wrapper's pipe to it broke).
+/// client (see [`control`]): attached by [`Pane::attach`], attached again (by the loop, see
+/// [`Pane::reattach`]) when it ended while the session lives on.
 #[derive(Clone)]
 pub(crate) struct Pane {
     session: String,
     target: String,
     buffer: String,
-    control: std::sync::Arc<std::sync::Mutex<Option<control::Control>>>,
+    client: std::sync::Arc<std::sync::Mutex<Client>>,
+}
+
+/// The control client and where its notes go.
+struct Client {
+    control: Option<control::Control>,
+    notes: mpsc::UnboundedSender<Note>,
+    /// The agent's pane (`%N`), once known: other panes' output is not the agent's.
+    pane_id: Option<String>,
 }
 
 impl std::fmt::Debug for Pane {
@@ -373,45 +340,166 @@ impl std::fmt::Debug for Pane {
     }
 }
 
+/// The screen and history of a pane, read at once when a wrapper attaches (see
+/// [`Pane::snapshot`]).
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// Rows a previous wrapper read and relayed (above its checkpoint, on the screen): fed to
+    /// the parser so that its screen is whole, with what they make it find dropped.
+    pub(crate) seen: Vec<u8>,
+    /// Rows no wrapper has read: from the checkpoint (or the session's start) to the end of
+    /// the screen, then the cursor put where tmux has it.
+    pub(crate) unseen: Vec<u8>,
+    /// Screen height.
+    pub(crate) rows: u16,
+}
+
 impl Pane {
-    pub(crate) fn new(session: &str) -> Self {
-        Self {
+    /// Attaches a control client to session `session`; the pane's output and the client's
+    /// end arrive on the returned channel.
+    ///
+    /// # Errors
+    /// tmux cannot be started or the session is gone.
+    pub(crate) fn attach(
+        session: &str,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Note>), WrapError> {
+        let (notes, rx) = mpsc::unbounded_channel();
+        let pane = Self {
             session: session.to_owned(),
             target: control::quote(&format!("={session}:")),
             buffer: control::quote(&format!("relay-{session}")),
-            control: std::sync::Arc::default(),
+            client: std::sync::Arc::new(std::sync::Mutex::new(Client {
+                control: None,
+                notes,
+                pane_id: None,
+            })),
+        };
+        pane.reattach()?;
+        Ok((pane, rx))
+    }
+
+    /// Attaches a new control client (the last one ended), its output to the same channel.
+    ///
+    /// # Errors
+    /// tmux cannot be started or the session is gone.
+    pub(crate) fn reattach(&self) -> Result<(), WrapError> {
+        let mut c = self
+            .client
+            .lock()
+            .map_err(|_| tmux_err("control client", "poisoned"))?;
+        c.control = None;
+        let mut control =
+            control::Control::attach(&self.session, c.pane_id.clone(), c.notes.clone())?;
+        if c.pane_id.is_none() {
+            let id = control.run(&format!(
+                "display-message -p -t {} \"#{{pane_id}}\"",
+                self.target
+            ))?;
+            let id = String::from_utf8_lossy(&id).trim().to_owned();
+            // Output until now was passed on from any pane of the session; the first client
+            // is replaced by one that knows the agent's pane.
+            c.pane_id = Some(id.clone());
+            control = control::Control::attach(&self.session, Some(id), c.notes.clone())?;
         }
+        c.control = Some(control);
+        Ok(())
     }
 
     /// Runs one command line through the control client; its output as text.
     fn run(&self, line: &str) -> Result<String, WrapError> {
-        let mut guard = self
-            .control
+        let mut c = self
+            .client
             .lock()
             .map_err(|_| tmux_err("control client", "poisoned"))?;
-        // One more try with a new client when the old one is found gone: a command that
-        // fails for another reason (tmux refuses it) is not run twice.
-        for attempt in 0..2 {
-            let fresh = guard.as_ref().is_none_or(|c| !c.alive());
-            if fresh {
-                if attempt > 0 || guard.is_some() {
-                    tracing::info!(session = %self.session, "the tmux control client ended; attaching a new one");
-                }
-                *guard = Some(control::Control::attach(&self.session)?);
-            }
-            let Some(client) = guard.as_mut() else {
-                break;
+        let Some(control) = c.control.as_mut().filter(|c| c.alive()) else {
+            // The loop attaches a new one when it hears of the end (`Note::Gone`).
+            return Err(tmux_err("control client", "ended"));
+        };
+        Ok(String::from_utf8_lossy(&control.run(line)?).into_owned())
+    }
+
+    /// Reads the pane's screen and, from row `from` of its history on (counted from the
+    /// oldest row tmux ever kept, see [`Pane::row`]; `None`: all of it), what no wrapper
+    /// read. With colours (`-e`), as the parser reads them from live output.
+    pub(crate) fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
+        let info = self.run(&format!(
+            "display-message -p -t {} \"#{{history_size}} #{{cursor_y}} #{{cursor_x}} #{{pane_height}}\"",
+            self.target
+        ))?;
+        let n: Vec<i64> = info
+            .split_whitespace()
+            .map(|n| n.parse().unwrap_or(0))
+            .collect();
+        let [history, cy, cx, height] = n[..] else {
+            return Err(tmux_err(
+                "display-message",
+                format!("pane state is {info:?}"),
+            ));
+        };
+        // The checkpoint's row on the screen (negative: in the history).
+        let at = from.map_or(-history, |f| i64::try_from(f).unwrap_or(i64::MAX) - history);
+        let capture = |start: i64, end: &str, join: bool| -> Result<Vec<u8>, WrapError> {
+            let start = if start <= -history {
+                "-".to_owned()
+            } else {
+                start.to_string()
             };
-            match client.run(line) {
-                Ok(out) => return Ok(String::from_utf8_lossy(&out).into_owned()),
-                Err(e) if client.alive() => return Err(e),
-                Err(e) if attempt == 0 && exists(&self.session) => {
-                    tracing::info!(error = %e, "the tmux control client ended mid-command; trying once more");
-                }
-                Err(e) => return Err(e),
+            let out = self.run(&format!(
+                "capture-pane -p -e {}-S {start} -E {end} -t {}",
+                if join { "-J " } else { "" },
+                self.target
+            ))?;
+            Ok(out.into_bytes())
+        };
+        let lines = |text: Vec<u8>, last: bool| -> Vec<u8> {
+            // Rows as the terminal would draw them: CR LF between rows.
+            let text = String::from_utf8_lossy(&text).into_owned();
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            let mut out = text.replace('\n', "\r\n").into_bytes();
+            if !last {
+                out.extend_from_slice(b"\r\n");
+            }
+            out
+        };
+        let mut snap = Snapshot {
+            rows: u16::try_from(height).unwrap_or(40),
+            ..Snapshot::default()
+        };
+        if at < 0 {
+            // Rows of the history no wrapper read (wrapped rows joined: final, whole lines),
+            // then the whole screen.
+            if history > 0 {
+                snap.unseen = lines(capture(at, "-1", true)?, false);
+            }
+            snap.unseen.extend(lines(capture(0, "-", false)?, true));
+        } else {
+            if at > 0 {
+                snap.seen = lines(capture(0, &(at.min(height) - 1).to_string(), false)?, false);
+            }
+            if at < height {
+                snap.unseen = lines(capture(at, "-", false)?, true);
             }
         }
-        Err(tmux_err("control client", "cannot attach"))
+        snap.unseen
+            .extend_from_slice(format!("\x1b[{};{}H", cy + 1, cx + 1).as_bytes());
+        Ok(snap)
+    }
+
+    /// The row the cursor is on, counted from the oldest row in the pane's history: where a
+    /// restarted wrapper starts reading (see [`Pane::snapshot`]).
+    pub(crate) fn row(&self) -> Result<u64, WrapError> {
+        let out = self.run(&format!(
+            "display-message -p -t {} \"#{{history_size}} #{{cursor_y}}\"",
+            self.target
+        ))?;
+        let mut it = out.split_whitespace().map(str::parse::<u64>);
+        match (it.next(), it.next()) {
+            (Some(Ok(h)), Some(Ok(y))) => Ok(h + y),
+            _ => Err(tmux_err(
+                "display-message",
+                format!("pane rows are {out:?}"),
+            )),
+        }
     }
 
     /// What the pane shows, with the cursor; and whether it is in copy mode.
@@ -488,163 +576,6 @@ impl Pane {
         self.run(&format!("send-keys -t {} Enter", self.target))?;
         Ok(())
     }
-}
-
-/// Follows `<team_dir>/pane.log` from `offset`, and `<team_dir>/exit`, on a thread woken by
-/// inotify: no timer, no wake-up while the agent prints nothing.
-///
-/// # Errors
-/// inotify or the log cannot be opened.
-pub(crate) fn follow(
-    session: String,
-    team_dir: PathBuf,
-    offset: u64,
-) -> Result<mpsc::Receiver<Tail>, WrapError> {
-    use rustix::fs::inotify;
-    let fd = inotify::init(inotify::CreateFlags::CLOEXEC).map_err(|e| tmux_err("inotify", e))?;
-    // Watch the directory: the log is appended to, the exit file is renamed in.
-    inotify::add_watch(
-        &fd,
-        &team_dir,
-        inotify::WatchFlags::MODIFY
-            | inotify::WatchFlags::CLOSE_WRITE
-            | inotify::WatchFlags::MOVED_TO,
-    )
-    .map_err(|e| tmux_err("inotify watch", e))?;
-    let log_path = team_dir.join("pane.log");
-    let mut log = std::fs::File::open(&log_path).map_err(|e| tmux_err("pane log", e))?;
-    log.seek(SeekFrom::Start(offset))
-        .map_err(|e| tmux_err("pane log", e))?;
-    let (tx, rx) = mpsc::channel(64);
-    watch_exit(&session, &team_dir, tx.clone())?;
-    std::thread::Builder::new()
-        .name("relay-tmux-tail".into())
-        .spawn(move || {
-            let mut pos = offset;
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut events = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut reader = inotify::Reader::new(&fd, &mut events);
-            loop {
-                // Everything appended so far.
-                loop {
-                    match log.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => {
-                            pos += n as u64;
-                            if tx
-                                .blocking_send(Tail::Output(buf[..n].to_vec(), pos))
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot read the pane log");
-                            let _ = tx.blocking_send(Tail::Exited(None));
-                            return;
-                        }
-                    }
-                }
-                if let Ok(text) = std::fs::read_to_string(team_dir.join("exit")) {
-                    let _ = tx.blocking_send(Tail::Exited(text.trim().parse().ok()));
-                    return;
-                }
-                // Block until something changes in the directory.
-                match reader.next() {
-                    Ok(ev) => {
-                        let closed = ev.events().contains(inotify::ReadFlags::CLOSE_WRITE)
-                            && ev.file_name().is_some_and(|n| n.to_bytes() == b"pane.log");
-                        // The pipe's writer went away: the pane (or the server) is gone,
-                        // or someone closed the pipe, which is opened again.
-                        if closed && exists(&session) {
-                            if let Err(e) = ensure_pipe(&session, &team_dir) {
-                                tracing::warn!(error = %e, "cannot reopen the pane's pipe");
-                            }
-                        } else if closed {
-                            // Read what is left, then report.
-                            let mut rest = Vec::new();
-                            if log.read_to_end(&mut rest).is_ok() && !rest.is_empty() {
-                                pos += rest.len() as u64;
-                                let _ = tx.blocking_send(Tail::Output(rest, pos));
-                            }
-                            let code = std::fs::read_to_string(team_dir.join("exit"))
-                                .ok()
-                                .and_then(|t| t.trim().parse().ok());
-                            let _ = tx.blocking_send(Tail::Exited(code));
-                            return;
-                        }
-                    }
-                    Err(e) if e == rustix::io::Errno::INTR => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "inotify failed");
-                        let _ = tx.blocking_send(Tail::Exited(None));
-                        return;
-                    }
-                }
-            }
-        })
-        .map_err(|e| tmux_err("thread", e))?;
-    Ok(rx)
-}
-
-/// Reports the agent's exit through `tx` once the pane's process ends, even if the `exit`
-/// file never comes (the session killed from outside): a thread waits on a pidfd of the
-/// pane's process (no polling), then gives the file a moment to arrive.
-fn watch_exit(session: &str, team_dir: &Path, tx: mpsc::Sender<Tail>) -> Result<(), WrapError> {
-    use rustix::event::{PollFd, PollFlags, poll};
-    use rustix::process::{Pid, PidfdFlags, pidfd_open};
-    let pane = format!("={session}:");
-    let info = tmux(
-        &[
-            "display-message",
-            "-p",
-            "-t",
-            &pane,
-            "#{pane_pid} #{pane_dead}",
-        ],
-        None,
-    )?;
-    let mut it = info.split_whitespace();
-    let pid = it
-        .next()
-        .and_then(|p| p.parse::<i32>().ok())
-        .and_then(Pid::from_raw);
-    let already_dead = it.next() == Some("1");
-    let fd = match pid {
-        Some(pid) if !already_dead => pidfd_open(pid, PidfdFlags::empty()).ok(),
-        _ => None,
-    };
-    let exit_file = team_dir.join("exit");
-    std::thread::Builder::new()
-        .name("relay-tmux-exit".into())
-        .spawn(move || {
-            if let Some(fd) = fd {
-                loop {
-                    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-                    match poll(&mut fds, -1) {
-                        Ok(_) => break,
-                        Err(e) if e == rustix::io::Errno::INTR => {}
-                        Err(_) => return,
-                    }
-                }
-            } else if !already_dead {
-                // No pidfd (an old kernel): the exit file and the pipe are all there is.
-                return;
-            }
-            // The status, from the exit file, if it comes within a second (the shell writes
-            // it just before it ends).
-            for _ in 0..20 {
-                if let Ok(text) = std::fs::read_to_string(&exit_file) {
-                    let _ = tx.blocking_send(Tail::Exited(text.trim().parse().ok()));
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            let _ = tx.blocking_send(Tail::Exited(None));
-        })
-        .map_err(|e| tmux_err("thread", e))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! themselves load the machine) starting `tmux` for each command was the wrapper's largest
 //! cost.
 //!
-//! The client is started with `refresh-client -f no-output`: the pane's output reaches the
-//! wrapper through `pane.log`, so tmux need not copy it down this pipe as well.
+//! The same pipe brings the pane's output: tmux sends what the pane prints as `%output %ID
+//! DATA` notifications, DATA with every byte below 32 and `\` as a three-digit octal escape.
+//! They are decoded here and passed on unchanged (split UTF-8 sequences and escape sequences
+//! included: the parser takes any chunking).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -30,22 +32,39 @@ fn err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux control client: {what}: {e}"))
 }
 
+/// Where the client's reader passes what it learns for the wrapper's loop.
+#[derive(Debug)]
+pub(crate) enum Note {
+    /// Bytes the pane printed.
+    Output(Vec<u8>),
+    /// The client ended: its session or the tmux server went away, or it was killed.
+    Gone,
+}
+
 /// A running control-mode client attached to one session.
 pub(crate) struct Control {
     child: Child,
     stdin: ChildStdin,
     waiting: Waiting,
     alive: Arc<AtomicBool>,
+    /// Set when the wrapper ends this client itself: its end is then no news for the loop.
+    retired: Arc<AtomicBool>,
 }
 
 impl Control {
-    /// Attaches a control-mode client to session `session` (an exact name).
-    pub(crate) fn attach(session: &str) -> Result<Self, WrapError> {
+    /// Attaches a control-mode client to session `session` (an exact name); the output of
+    /// its pane `pane` (a `%N` id; any pane's while `None`) goes to `notes`, and so does the
+    /// client's end.
+    pub(crate) fn attach(
+        session: &str,
+        pane: Option<String>,
+        notes: tokio::sync::mpsc::UnboundedSender<Note>,
+    ) -> Result<Self, WrapError> {
         let mut child = Command::new("tmux")
             .args(["-C", "attach-session", "-t", &format!("={session}")])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| err("cannot start `tmux -C` (is tmux installed?)", e))?;
         let stdin = child
@@ -58,20 +77,37 @@ impl Control {
             .ok_or_else(|| err("stdout", "not piped"))?;
         let waiting: Waiting = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
-        let (w, a) = (waiting.clone(), alive.clone());
+        let stderr = child.stderr.take();
+        let retired = Arc::new(AtomicBool::new(false));
+        let (w, a, r) = (waiting.clone(), alive.clone(), retired.clone());
         std::thread::Builder::new()
             .name("relay-tmux-control".into())
-            .spawn(move || read_answers(BufReader::new(stdout), &w, &a))
+            .spawn(move || {
+                read_answers(BufReader::new(stdout), &w, &a, pane.as_deref(), &notes);
+                if r.load(Ordering::Acquire) {
+                    return;
+                }
+                // Why tmux ended it, when it says (read once it has ended: a few lines).
+                let mut why = String::new();
+                if let Some(mut e) = stderr {
+                    use std::io::Read;
+                    if let Err(err) = e.read_to_string(&mut why) {
+                        tracing::debug!(error = %err, "cannot read the tmux control client's errors");
+                    }
+                }
+                tracing::info!(stderr = %why.trim(), "the tmux control client ended");
+                if notes.send(Note::Gone).is_err() {
+                    tracing::debug!("the tmux control client ended after the wrapper's loop");
+                }
+            })
             .map_err(|e| err("thread", e))?;
-        let mut control = Self {
+        Ok(Self {
             child,
             stdin,
             waiting,
             alive,
-        };
-        // The pane's output is read from `pane.log`: tmux need not send it here too.
-        control.run("refresh-client -f no-output")?;
-        Ok(control)
+            retired,
+        })
     }
 
     /// Whether the client still runs (tmux ends it when its session or server goes).
@@ -115,6 +151,7 @@ impl Control {
 
 impl Drop for Control {
     fn drop(&mut self) {
+        self.retired.store(true, Ordering::Release);
         // Closing stdin detaches the client; killing it covers a stuck one.
         if let Err(e) = self.child.kill() {
             tracing::debug!(error = %e, "the tmux control client had already ended");
@@ -125,9 +162,16 @@ impl Drop for Control {
     }
 }
 
-/// Reads the client's stdout: answers go to the oldest waiting command; the client's end
-/// (`%exit`, or end of file) drops every waiting slot, which tells its command.
-fn read_answers(mut out: impl BufRead, waiting: &Waiting, alive: &AtomicBool) {
+/// Reads the client's stdout: answers go to the oldest waiting command, pane `pane`'s output
+/// to `notes`; the client's end (`%exit`, or end of file) drops every waiting slot, which
+/// tells its command.
+fn read_answers(
+    mut out: impl BufRead,
+    waiting: &Waiting,
+    alive: &AtomicBool,
+    pane: Option<&str>,
+    notes: &tokio::sync::mpsc::UnboundedSender<Note>,
+) {
     // The block being read: its command number and whether it answers one of ours (flags 1;
     // the attach command's own block has flags 0).
     let mut block: Option<(String, bool)> = None;
@@ -166,6 +210,19 @@ fn read_answers(mut out: impl BufRead, waiting: &Waiting, alive: &AtomicBool) {
             }
             continue;
         }
+        if let Some(rest) = text.strip_prefix(b"%output ") {
+            let (id, data) = match rest.iter().position(|&b| b == b' ') {
+                Some(i) => (&rest[..i], &rest[i + 1..]),
+                None => (rest, &[][..]),
+            };
+            if pane.is_none_or(|p| p.as_bytes() == id)
+                && notes.send(Note::Output(unescape(data))).is_err()
+            {
+                // The loop has ended: nothing reads the pane any more.
+                break;
+            }
+            continue;
+        }
         match guard_line(text) {
             Some(("%begin", n, flags)) => block = Some((n.to_owned(), flags == "1")),
             _ if text.starts_with(b"%exit") => break,
@@ -178,6 +235,29 @@ fn read_answers(mut out: impl BufRead, waiting: &Waiting, alive: &AtomicBool) {
         // Dropped slots tell their commands the client is gone.
         w.clear();
     }
+}
+
+/// `%output` data as the bytes the pane printed: `\ooo` is the byte of octal `ooo`.
+fn unescape(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        let octal = data
+            .get(i + 1..i + 4)
+            .filter(|d| data[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(u8::try_from(v).unwrap_or(u8::MAX));
+                i += 4;
+            }
+            None => {
+                out.push(data[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// `%begin|%end|%error TIME NUMBER FLAGS` as (keyword, number, flags).
@@ -245,7 +325,8 @@ mod tests {
         let (c, rc) = mpsc::channel::<Answer>();
         waiting.lock().unwrap().extend([a, b, c]);
         let alive = AtomicBool::new(true);
-        read_answers(&stdout[..], &waiting, &alive);
+        let (notes, _) = tokio::sync::mpsc::unbounded_channel();
+        read_answers(&stdout[..], &waiting, &alive, None, &notes);
         // A line of output that looks like another block's end is output.
         assert_eq!(ra.recv().unwrap().unwrap(), b"line one\n%end 1 12 1\n");
         assert_eq!(
@@ -255,6 +336,33 @@ mod tests {
         // The client ended before answering the third: its command is told.
         assert!(rc.recv().is_err());
         assert!(!alive.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn pane_output_is_decoded_and_only_the_agents_pane_is_passed_on() {
+        let stdout = "%output %1 a\\134b\\015\\012\\033[1m\u{e9}\n\
+            %begin 1 5 1\n%output %1 not output: inside a block\n%end 1 5 1\n\
+            %output %2 other pane\n%output %1 \n%output %1 end\\012\n";
+        let waiting: Waiting = Arc::default();
+        let (a, ra) = mpsc::channel();
+        waiting.lock().unwrap().push_back(a);
+        let (notes, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        read_answers(
+            stdout.as_bytes(),
+            &waiting,
+            &AtomicBool::new(true),
+            Some("%1"),
+            &notes,
+        );
+        let mut got = Vec::new();
+        while let Ok(Note::Output(b)) = rx.try_recv() {
+            got.push(b);
+        }
+        assert_eq!(got, ["a\\b\r\n\x1b[1m\u{e9}".as_bytes(), b"", b"end\n"]);
+        assert_eq!(
+            ra.recv().unwrap().unwrap(),
+            b"%output %1 not output: inside a block\n"
+        );
     }
 
     #[test]
