@@ -194,41 +194,19 @@ enum Term<'a> {
     Tmux(&'a tmux::Pane),
 }
 
-/// The screen seen through a profile, for the injector.
+/// The screen seen through a profile, for the injector: the parser's own screen model, fed by
+/// the agent's output on both backends (one screen: nothing is captured to decide).
 struct ProfileLook<'a> {
     profile: &'a Profile,
-    source: LookSource<'a>,
-    /// tmux: the pane was in copy mode when last captured.
-    in_mode: bool,
+    parser: &'a Parser,
     /// The agent has been seen started (its profile's start-up screen gone) at least once:
     /// from then on that screen's rule no longer applies (see [`Profile::starting`]).
     started: &'a mut bool,
 }
 
-enum LookSource<'a> {
-    Parser(&'a Parser),
-    Tmux(&'a tmux::Pane),
-}
-
 impl ProfileLook<'_> {
     fn screen(&mut self) -> Option<ScreenText> {
-        match &self.source {
-            LookSource::Parser(p) => Some(p.screen()),
-            LookSource::Tmux(pane) => {
-                // A capture takes a few milliseconds; the loop's runtime has other threads.
-                let got = tokio::task::block_in_place(|| pane.screen());
-                match got {
-                    Ok((screen, in_mode)) => {
-                        self.in_mode = in_mode;
-                        Some(screen)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the pane");
-                        None
-                    }
-                }
-            }
-        }
+        Some(self.parser.screen())
     }
 }
 
@@ -734,8 +712,9 @@ impl Core {
                     // Typed; if the wrapper stopped before its Enter, the text still waits
                     // in the input line: submit it now.
                     if let Some(p) = pane {
-                        let waiting = tokio::task::block_in_place(|| p.screen())
-                            .is_ok_and(|(s, _)| !self.cfg.profile.submitted(&s, &text));
+                        // The parser's screen: read afresh from the pane when this wrapper
+                        // attached.
+                        let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
                             if let Err(e) = tokio::task::block_in_place(|| p.enter()) {
@@ -830,25 +809,20 @@ impl Core {
             self.send_from_transcript().await;
             tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
-        if let Term::Tmux(pane) = &term {
-            self.end_turn_if_idle(pane);
+        if let Term::Tmux(_) = &term {
+            self.end_turn_if_idle();
         }
         self.maybe_checkpoint();
         self.tell_if_relayed();
         loop {
             let mut look = ProfileLook {
                 profile: &self.cfg.profile,
-                source: match &term {
-                    Term::Pty(..) => LookSource::Parser(&self.parser),
-                    Term::Tmux(pane) => LookSource::Tmux(pane),
-                },
-                in_mode: false,
+                parser: &self.parser,
                 started: &mut self.started,
             };
             let Some(action) = self.injector.poll(now, &mut look) else {
                 break;
             };
-            let in_mode = look.in_mode;
             tracing::trace!(?action, "injector");
             match action {
                 Action::Type(text) => {
@@ -873,7 +847,7 @@ impl Core {
                     match &mut term {
                         Term::Pty(pty, paste) => pty.write(paste.wrap(&text)).await?,
                         Term::Tmux(pane) => {
-                            tokio::task::block_in_place(|| pane.type_text(&text, in_mode))?;
+                            tokio::task::block_in_place(|| pane.type_text(&text))?;
                         }
                     }
                 }
@@ -927,8 +901,8 @@ impl Core {
             );
         }
         // A message's outcome known: its turn may be over already.
-        if let Term::Tmux(pane) = &term {
-            self.end_turn_if_idle(pane);
+        if let Term::Tmux(_) = &term {
+            self.end_turn_if_idle();
         }
         Ok(())
     }

@@ -23,7 +23,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use relay_parse::ScreenText;
 use tokio::sync::mpsc;
 
 pub(crate) use control::Note;
@@ -388,20 +387,26 @@ impl Pane {
             .lock()
             .map_err(|_| tmux_err("control client", "poisoned"))?;
         c.control = None;
-        let mut control =
-            control::Control::attach(&self.session, c.pane_id.clone(), c.notes.clone())?;
         if c.pane_id.is_none() {
-            let id = control.run(&format!(
-                "display-message -p -t {} \"#{{pane_id}}\"",
-                self.target
-            ))?;
-            let id = String::from_utf8_lossy(&id).trim().to_owned();
-            // Output until now was passed on from any pane of the session; the first client
-            // is replaced by one that knows the agent's pane.
-            c.pane_id = Some(id.clone());
-            control = control::Control::attach(&self.session, Some(id), c.notes.clone())?;
+            // Asked once, before the client exists, so that from its first `%output` on only
+            // the agent's pane is read.
+            let id = tmux(
+                &[
+                    "display-message",
+                    "-p",
+                    "-t",
+                    &format!("={}:", self.session),
+                    "#{pane_id}",
+                ],
+                None,
+            )?;
+            c.pane_id = Some(id.trim().to_owned());
         }
-        c.control = Some(control);
+        c.control = Some(control::Control::attach(
+            &self.session,
+            c.pane_id.clone(),
+            c.notes.clone(),
+        )?);
         Ok(())
     }
 
@@ -502,36 +507,21 @@ impl Pane {
         }
     }
 
-    /// What the pane shows, with the cursor; and whether it is in copy mode.
-    pub(crate) fn screen(&self) -> Result<(ScreenText, bool), WrapError> {
-        let text = self.run(&format!("capture-pane -p -t {}", self.target))?;
-        let last = self.run(&format!(
-            "display-message -p -t {} \"#{{cursor_y}} #{{cursor_x}} #{{pane_in_mode}}\"",
-            self.target
-        ))?;
-        let text = text.trim_end_matches('\n');
-        let mut it = last
-            .trim()
-            .split(' ')
-            .map(|n| n.parse::<usize>().unwrap_or(0));
-        let (row, col, mode) = (
-            it.next().unwrap_or(0),
-            it.next().unwrap_or(0),
-            it.next().unwrap_or(0),
-        );
-        Ok((ScreenText::from_text(text, row, col), mode != 0))
-    }
-
     /// Everything in the pane's history and screen, as text (for finding a message typed by
     /// a wrapper that stopped before recording its outcome).
     pub(crate) fn history(&self) -> Result<String, WrapError> {
         self.run(&format!("capture-pane -p -J -S - -t {}", self.target))
     }
 
-    /// Types `text` (no Enter), leaving copy mode first: one buffer set and one paste,
-    /// bracketed when the application asked for bracketed paste.
-    pub(crate) fn type_text(&self, text: &str, in_mode: bool) -> Result<(), WrapError> {
-        if in_mode {
+    /// Types `text` (no Enter), leaving copy mode first (a person scrolling back; keys would
+    /// drive the copy mode, not the agent): one buffer set and one paste, bracketed when the
+    /// application asked for bracketed paste.
+    pub(crate) fn type_text(&self, text: &str) -> Result<(), WrapError> {
+        let mode = self.run(&format!(
+            "display-message -p -t {} \"#{{pane_in_mode}}\"",
+            self.target
+        ))?;
+        if mode.trim() != "0" {
             self.run(&format!("send-keys -t {} -X cancel", self.target))?;
         }
         // Two lines: tmux answers each command of a `;` list with its own block.

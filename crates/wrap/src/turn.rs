@@ -26,7 +26,7 @@ impl Core {
     /// tmux: ends the reply chain if the agent's turn for the message typed last is over.
     /// The pane is looked at once per quiet spell, only while a chain is open and no typing of
     /// the wrapper's is under way (its own text in the input line is not a turn's end).
-    pub(crate) fn end_turn_if_idle(&mut self, pane: &tmux::Pane) {
+    pub(crate) fn end_turn_if_idle(&mut self) {
         if self.replying_to.is_none()
             || self.turn_looked
             || !self.settled
@@ -36,17 +36,11 @@ impl Core {
             return;
         }
         self.turn_looked = true;
-        match tokio::task::block_in_place(|| pane.screen()) {
-            Ok((screen, _)) if self.cfg.profile.waiting_for_input(&screen) => {
-                if let Some((id, _)) = self.replying_to.take() {
-                    tracing::debug!(%id, "the agent's turn is over: what it prints next starts a new reply chain");
-                }
-            }
-            Ok(_) => {}
-            // The chain stays open: a reply counted as one is the safe side of the budget.
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the pane to see whether the agent's turn is over")
-            }
+        // The parser's screen, fed by the pane's output: nothing is captured.
+        if self.cfg.profile.waiting_for_input(&self.parser.screen())
+            && let Some((id, _)) = self.replying_to.take()
+        {
+            tracing::debug!(%id, "the agent's turn is over: what it prints next starts a new reply chain");
         }
     }
 }

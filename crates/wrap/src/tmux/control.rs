@@ -43,8 +43,10 @@ pub(crate) enum Note {
 
 /// A running control-mode client attached to one session.
 pub(crate) struct Control {
-    child: Child,
-    stdin: ChildStdin,
+    /// Taken when dropped (see `Drop`).
+    child: Option<Child>,
+    /// Taken when dropped: closing it detaches the client.
+    stdin: Option<ChildStdin>,
     waiting: Waiting,
     alive: Arc<AtomicBool>,
     /// Set when the wrapper ends this client itself: its end is then no news for the loop.
@@ -102,8 +104,8 @@ impl Control {
             })
             .map_err(|e| err("thread", e))?;
         Ok(Self {
-            child,
-            stdin,
+            child: Some(child),
+            stdin: Some(stdin),
             waiting,
             alive,
             retired,
@@ -125,11 +127,13 @@ impl Control {
             let mut waiting = self.waiting.lock().map_err(|_| err("state", "poisoned"))?;
             waiting.push_back(tx);
         }
-        let written = self
-            .stdin
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(err("write", "the client is closed"));
+        };
+        let written = stdin
             .write_all(line.as_bytes())
-            .and_then(|()| self.stdin.write_all(b"\n"))
-            .and_then(|()| self.stdin.flush());
+            .and_then(|()| stdin.write_all(b"\n"))
+            .and_then(|()| stdin.flush());
         if let Err(e) = written {
             self.alive.store(false, Ordering::Release);
             return Err(err("write", e));
@@ -152,12 +156,22 @@ impl Control {
 impl Drop for Control {
     fn drop(&mut self) {
         self.retired.store(true, Ordering::Release);
-        // Closing stdin detaches the client; killing it covers a stuck one.
-        if let Err(e) = self.child.kill() {
-            tracing::debug!(error = %e, "the tmux control client had already ended");
-        }
-        if let Err(e) = self.child.wait() {
-            tracing::debug!(error = %e, "cannot reap the tmux control client");
+        // Closing its stdin detaches the client, which then exits: it is not killed, since
+        // tmux 3.3a's server was seen to crash (SIGSEGV) when control clients with output
+        // pending were killed. It is reaped off the loop.
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        drop(self.stdin.take());
+        let reaped = std::thread::Builder::new()
+            .name("relay-tmux-reap".into())
+            .spawn(move || {
+                if let Err(e) = child.wait() {
+                    tracing::debug!(error = %e, "cannot reap the tmux control client");
+                }
+            });
+        if let Err(e) = reaped {
+            tracing::debug!(error = %e, "cannot start a thread to reap the tmux control client");
         }
     }
 }
