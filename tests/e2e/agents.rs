@@ -1304,6 +1304,15 @@ fn gemini_directive_above_a_tall_reply_is_sent_once() {
     tall_reply_from(Cli::Gemini, "Gemma");
 }
 
+/// Codex CLI, which the wrapper runs inline (`--no-alt-screen`), writes every line of the same
+/// tall reply above its input box: the directive in its first paragraph is read from the
+/// screen, once. On the alternate screen (Codex's default) that line was never drawn and the
+/// directive was lost (issue 19.2).
+#[test]
+fn codex_directive_above_a_tall_reply_is_sent_once() {
+    tall_reply_from(Cli::Codex, "Cody");
+}
+
 fn tall_reply_from(cli: Cli, name: &str) {
     const FIRST: &str = "The summary is at the top, the details follow.";
     let relay = Relay::start();
