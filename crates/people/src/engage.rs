@@ -1,0 +1,311 @@
+//! Which agent a person's chat message is for (pure), after seed 004's engage modes:
+//!
+//! - a reply to a message the bot relayed answers the agent that sent it (threaded to it);
+//! - `@Name text` (a mention) reaches agent `Name`, in every mode;
+//! - otherwise the chat's engage mode decides: `mention` drops it; `mention-sticky` sends it to
+//!   the agent this chat last talked with (a mention or a relayed message starts that session);
+//!   `pattern` sends it to the configured agent when the text matches the pattern (`.` always).
+//!
+//! Sender scope comes first: `known` lets only declared people through; `all` also lets any
+//! member of a configured group chat through, speaking as the person that chat belongs to.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+/// How a message that names no agent is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngageMode {
+    /// Matching the pattern engages the configured agent.
+    Pattern,
+    /// Only a mention (or a reply) reaches an agent.
+    #[default]
+    Mention,
+    /// A mention, or the agent the chat last talked with.
+    MentionSticky,
+}
+
+/// Whose messages are relayed at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SenderScope {
+    /// Only the Telegram user ids of declared people.
+    #[default]
+    Known,
+    /// Anyone in a configured group chat (the chat's person speaks for them).
+    All,
+}
+
+/// The engage rules of one bot.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// The mode.
+    pub mode: EngageMode,
+    /// With [`EngageMode::Pattern`]: the pattern and the agent it engages.
+    pub pattern: Option<(regex::Regex, String)>,
+    /// The sender scope.
+    pub senders: SenderScope,
+}
+
+/// A chat message, as far as routing cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incoming<'a> {
+    /// Telegram user id of the sender.
+    pub user: i64,
+    /// The chat it was written in.
+    pub chat: i64,
+    /// Its text.
+    pub text: &'a str,
+    /// The relayed message it replies to, if it replies to one the bot sent: (agent, id, thread).
+    pub reply_to: Option<(&'a str, &'a str, Option<&'a str>)>,
+}
+
+/// What to do with a chat message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Send as `person` to `to`.
+    Send {
+        /// The person it is from.
+        person: String,
+        /// The agent.
+        to: String,
+        /// The body.
+        body: String,
+        /// The relayed message it answers.
+        in_reply_to: Option<String>,
+        /// Its thread.
+        thread: Option<String>,
+    },
+    /// Refused: the sender may not reach agents (nothing is stored).
+    Refuse(String),
+    /// Not for any agent under the chat's engage mode (dropped).
+    Ignore,
+}
+
+/// The routing state of one bot: who is who, and each chat's sticky agent.
+#[derive(Debug, Clone)]
+pub struct Router {
+    rules: Rules,
+    /// Telegram user id → person name.
+    people: HashMap<i64, String>,
+    /// Group chat id → the person who speaks for its members (scope `all`).
+    groups: HashMap<i64, String>,
+    sticky: HashMap<i64, String>,
+}
+
+impl Router {
+    /// Rules, declared people (user id, name) and group chats (chat id, person).
+    pub fn new(rules: Rules, people: HashMap<i64, String>, groups: HashMap<i64, String>) -> Self {
+        Self {
+            rules,
+            people,
+            groups,
+            sticky: HashMap::new(),
+        }
+    }
+
+    /// The person a Telegram user id belongs to.
+    pub fn person(&self, user: i64) -> Option<&str> {
+        self.people.get(&user).map(String::as_str)
+    }
+
+    /// Notes that `agent` wrote into `chat` (a relayed message): the sticky session.
+    pub fn note_relayed(&mut self, chat: i64, agent: &str) {
+        self.sticky.insert(chat, agent.to_owned());
+    }
+
+    /// Decides where `m` goes.
+    pub fn decide(&mut self, m: &Incoming<'_>) -> Decision {
+        let person = match (self.people.get(&m.user), self.rules.senders) {
+            (Some(p), _) => p.clone(),
+            (None, SenderScope::All) => match self.groups.get(&m.chat) {
+                Some(p) => p.clone(),
+                None => {
+                    return Decision::Refuse(format!(
+                        "Telegram user {} is not a declared person",
+                        m.user
+                    ));
+                }
+            },
+            (None, SenderScope::Known) => {
+                return Decision::Refuse(format!(
+                    "Telegram user {} is not a declared person",
+                    m.user
+                ));
+            }
+        };
+        let text = m.text.trim();
+        if let Some((agent, id, thread)) = m.reply_to {
+            self.sticky.insert(m.chat, agent.to_owned());
+            return Decision::Send {
+                person,
+                to: agent.to_owned(),
+                body: text.to_owned(),
+                in_reply_to: Some(id.to_owned()),
+                thread: thread.map(str::to_owned),
+            };
+        }
+        if let Some((agent, rest)) = mention(text) {
+            self.sticky.insert(m.chat, agent.to_owned());
+            return Decision::Send {
+                person,
+                to: agent.to_owned(),
+                body: rest.to_owned(),
+                in_reply_to: None,
+                thread: None,
+            };
+        }
+        let to = match self.rules.mode {
+            EngageMode::Mention => None,
+            EngageMode::MentionSticky => self.sticky.get(&m.chat).cloned(),
+            EngageMode::Pattern => self
+                .rules
+                .pattern
+                .as_ref()
+                .filter(|(re, _)| re.is_match(text))
+                .map(|(_, agent)| agent.clone()),
+        };
+        match to {
+            Some(to) => Decision::Send {
+                person,
+                to,
+                body: text.to_owned(),
+                in_reply_to: None,
+                thread: None,
+            },
+            None => Decision::Ignore,
+        }
+    }
+}
+
+/// `@Name rest` → (`Name`, `rest`) when `Name` is a valid agent name. A bot mention such as
+/// `@my_bot` is not an agent name only when it is not valid; agents named like the bot should
+/// not exist.
+pub fn mention(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix('@')?;
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == ':' || c == ',')
+        .unwrap_or(rest.len());
+    let name = &rest[..end];
+    relay_protocol::validate_agent_name(name).ok()?;
+    let body = rest[end..].trim_start_matches([':', ',']).trim();
+    Some((name, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(mode: EngageMode, senders: SenderScope) -> Router {
+        let pattern = Some((regex::Regex::new("(?i)deploy").unwrap(), "Ops".to_owned()));
+        Router::new(
+            Rules {
+                mode,
+                pattern,
+                senders,
+            },
+            HashMap::from([(7, "human".to_owned())]),
+            HashMap::from([(-100, "team".to_owned())]),
+        )
+    }
+
+    fn msg(user: i64, chat: i64, text: &str) -> Incoming<'_> {
+        Incoming {
+            user,
+            chat,
+            text,
+            reply_to: None,
+        }
+    }
+
+    fn to(d: &Decision) -> Option<&str> {
+        match d {
+            Decision::Send { to, .. } => Some(to),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_mention_reaches_the_agent_in_every_mode() {
+        for mode in [
+            EngageMode::Mention,
+            EngageMode::MentionSticky,
+            EngageMode::Pattern,
+        ] {
+            let mut r = router(mode, SenderScope::Known);
+            let d = r.decide(&msg(7, -100, "@Alice: please rebase"));
+            assert_eq!(
+                d,
+                Decision::Send {
+                    person: "human".into(),
+                    to: "Alice".into(),
+                    body: "please rebase".into(),
+                    in_reply_to: None,
+                    thread: None
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn a_reply_answers_the_agent_that_sent_the_relayed_message() {
+        let mut r = router(EngageMode::Mention, SenderScope::Known);
+        let mut m = msg(7, 7, "yes, go ahead");
+        m.reply_to = Some(("Alice", "01ABC", Some("T1")));
+        assert_eq!(
+            r.decide(&m),
+            Decision::Send {
+                person: "human".into(),
+                to: "Alice".into(),
+                body: "yes, go ahead".into(),
+                in_reply_to: Some("01ABC".into()),
+                thread: Some("T1".into())
+            }
+        );
+    }
+
+    #[test]
+    fn engage_modes_decide_unaddressed_messages() {
+        let mut r = router(EngageMode::Mention, SenderScope::Known);
+        r.decide(&msg(7, 7, "@Alice hi"));
+        assert_eq!(r.decide(&msg(7, 7, "and then?")), Decision::Ignore);
+
+        let mut r = router(EngageMode::MentionSticky, SenderScope::Known);
+        assert_eq!(r.decide(&msg(7, 7, "anyone?")), Decision::Ignore);
+        r.decide(&msg(7, 7, "@Alice hi"));
+        assert_eq!(to(&r.decide(&msg(7, 7, "and then?"))), Some("Alice"));
+        r.note_relayed(7, "Bob");
+        assert_eq!(to(&r.decide(&msg(7, 7, "you?"))), Some("Bob"));
+
+        let mut r = router(EngageMode::Pattern, SenderScope::Known);
+        assert_eq!(to(&r.decide(&msg(7, 7, "please Deploy now"))), Some("Ops"));
+        assert_eq!(r.decide(&msg(7, 7, "hello")), Decision::Ignore);
+    }
+
+    #[test]
+    fn sender_scope_refuses_unknown_users() {
+        let mut r = router(EngageMode::Mention, SenderScope::Known);
+        assert!(matches!(
+            r.decide(&msg(99, -100, "@Alice hi")),
+            Decision::Refuse(_)
+        ));
+        let mut r = router(EngageMode::Mention, SenderScope::All);
+        assert!(matches!(
+            r.decide(&msg(99, 99, "@Alice hi")),
+            Decision::Refuse(_)
+        ));
+        let d = r.decide(&msg(99, -100, "@Alice hi"));
+        assert!(
+            matches!(&d, Decision::Send { person, .. } if person == "team"),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn mentions_need_a_valid_agent_name() {
+        assert_eq!(mention("@Alice, look"), Some(("Alice", "look")));
+        assert_eq!(mention("@Al\u{1b}ce hi"), None);
+        assert_eq!(mention("hi @Alice"), None);
+    }
+}
