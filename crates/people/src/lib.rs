@@ -245,9 +245,11 @@ impl Hub {
             let Some(s) = all.get_mut(adapter) else {
                 return;
             };
-            let before = (s.state.clone(), s.last_error.clone());
+            let before = s.clone();
             f(s);
-            before != (s.state.clone(), s.last_error.clone())
+            // Written on every change: changes come with messages to and from people and
+            // with adapter failures, never with agents' own traffic.
+            before != *s
         };
         if changed {
             self.write_status();
