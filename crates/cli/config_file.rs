@@ -329,6 +329,20 @@ mod tests {
             e.starts_with("/p/config.toml:2:12: [profiles.claude] quiet_ms"),
             "{e}"
         );
+        // People and adapters (relay_people::config) name their line too.
+        let e = err("[up]\nmax-hops = 3\n\n[people.human]\ntelegram = 1\ncolour = 2\n");
+        assert!(
+            e.starts_with("/p/config.toml:6:1: unknown field `colour`"),
+            "{e}"
+        );
+        let e = err(
+            "[people.human]\ntelegram = 1\n[adapters.telegram]\ntoken_file = \"t\"\nengage = \"always\"\n",
+        );
+        assert!(
+            e.starts_with("/p/config.toml:5:10: unknown variant `always`")
+                && e.contains("mention-sticky"),
+            "{e}"
+        );
         let e = err("[profiles.claude]\nprompt = \"(\"\n");
         assert!(
             e.starts_with("/p/config.toml:2:10: [profiles.claude] prompt"),

@@ -168,6 +168,11 @@ fn an_unknown_telegram_user_is_refused_and_nothing_is_stored() {
         !relay.log().contains("rm -rf"),
         "a refused text is not logged"
     );
+    // The person at the terminal is the same person: `send` (as `human` by default) is not
+    // refused while the person's adapters connection holds the name.
+    ok_stdout(&relay.cli(&["send", "Alice", "typed at the terminal"]));
+    let deliver = alice.expect("DELIVER");
+    assert_eq!(deliver["from"], "human");
 }
 
 /// The token file must be private: a world-readable one stops `up`, naming the file and the
