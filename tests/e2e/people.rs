@@ -133,6 +133,11 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     assert_eq!(state["received"], 2, "{state}");
     // The bot token is in no log and on no command line.
     assert!(!relay.log().contains("SECRET-bot-token"));
+    // The dashboard's API shows the same.
+    let (port, token) = crate::support::dashboard(&relay);
+    let shown = crate::support::api(port, &token, "/api/adapters");
+    assert_eq!(shown["adapters"][0]["name"], "telegram", "{shown}");
+    assert_eq!(shown["adapters"][0]["state"], "connected", "{shown}");
     let listing = ok_stdout(&relay.cli(&["adapters"]));
     assert!(listing.starts_with("telegram  connected"), "{listing}");
 }
