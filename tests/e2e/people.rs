@@ -68,7 +68,7 @@ fn adapter(relay: &Relay, name: &str) -> Value {
 
 /// A wrapped agent asks `human` a question; the bot sends it to the person's Telegram chat;
 /// the person answers by replying to it; the agent gets the answer typed in once, as a message
-/// from `human` in reply to its question. A later mention reaches the agent too (its arrival
+/// from `human` in reply to its question. A later mention in a group reaches the agent too (its arrival
 /// is what shows nothing else was typed in between).
 #[test]
 fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
@@ -106,7 +106,8 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
         "yes, delete it",
         Some(question.message_id),
     );
-    let done = tg.say(PERSON_TG, PERSON_TG, "@Alice all done", None);
+    // In a group the bot is in, a mention reaches the agent named.
+    let done = tg.say(PERSON_TG, -1001, "@Alice all done", None);
     let (code, out) = output_of(alice);
     assert_eq!(code, 0, "{out}");
     assert!(tg.handled(done));

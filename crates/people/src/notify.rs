@@ -135,7 +135,8 @@ impl Notifier {
                 if self.is_person(&from) {
                     // The person answered (or wrote first): nothing waits on them from `to`.
                     self.waiting.remove(&(from, to));
-                } else if self.is_person(&to) {
+                } else if self.is_person(&to) && from != "relay" {
+                    // (The relay's own notices expect no answer.)
                     self.waiting.entry((to, from)).or_insert((now, id, false));
                 }
             }
@@ -340,6 +341,7 @@ mod tests {
             id: "01HZZZZZZZABCDEFGH".into(),
         };
         n.hear(msg("Alice", "human"), 0);
+        n.hear(msg("relay", "human"), 0);
         n.hear(msg("Bob", "human"), 0);
         n.hear(msg("human", "Bob"), 1_000);
         let told = n.tick(60_000);
