@@ -57,8 +57,9 @@ pub struct Incoming<'a> {
     pub chat: i64,
     /// Its text.
     pub text: &'a str,
-    /// The relayed message it replies to, if it replies to one the bot sent: (agent, id, thread).
-    pub reply_to: Option<(&'a str, &'a str, Option<&'a str>)>,
+    /// The relayed message it replies to, if it replies to one the bot sent: (agent, id,
+    /// thread); the id and thread are unknown for a message relayed before a restart.
+    pub reply_to: Option<(&'a str, Option<&'a str>, Option<&'a str>)>,
 }
 
 /// What to do with a chat message.
@@ -142,7 +143,7 @@ impl Router {
                 person,
                 to: agent.to_owned(),
                 body: text.to_owned(),
-                in_reply_to: Some(id.to_owned()),
+                in_reply_to: id.map(str::to_owned),
                 thread: thread.map(str::to_owned),
             };
         }
@@ -177,6 +178,16 @@ impl Router {
             None => Decision::Ignore,
         }
     }
+}
+
+/// The agent a message the bot relayed came from, read from its text (`Alice [5DZ82MJ3]: ...`,
+/// the form [`crate::Hub`] sends): for a reply to a message relayed before the daemon restarted,
+/// whose id the bot no longer remembers.
+pub fn relayed_from(text: &str) -> Option<&str> {
+    let (name, rest) = text.split_once(" [")?;
+    rest.split_once("]: ")?;
+    relay_protocol::validate_agent_name(name).ok()?;
+    (name != "relay").then_some(name)
 }
 
 /// `@Name rest` → (`Name`, `rest`) when `Name` is a valid agent name. A bot mention such as
@@ -252,7 +263,7 @@ mod tests {
     fn a_reply_answers_the_agent_that_sent_the_relayed_message() {
         let mut r = router(EngageMode::Mention, SenderScope::Known);
         let mut m = msg(7, 7, "yes, go ahead");
-        m.reply_to = Some(("Alice", "01ABC", Some("T1")));
+        m.reply_to = Some(("Alice", Some("01ABC"), Some("T1")));
         assert_eq!(
             r.decide(&m),
             Decision::Send {
@@ -300,6 +311,13 @@ mod tests {
             matches!(&d, Decision::Send { person, .. } if person == "team"),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn the_sender_of_a_relayed_message_is_read_from_its_text() {
+        assert_eq!(relayed_from("Alice [5DZ82MJ3]: may I?"), Some("Alice"));
+        assert_eq!(relayed_from("relay: Dora has been blocked"), None);
+        assert_eq!(relayed_from("just text [x]: y"), None);
     }
 
     #[test]

@@ -607,18 +607,25 @@ impl Hub {
         let (Some(user), Some(text)) = (m.from.as_ref().map(|u| u.id), m.text.as_deref()) else {
             return;
         };
-        let reply_to = m.reply_to_message.as_ref().and_then(|r| {
+        let original = m.reply_to_message.as_deref();
+        let reply_to = original.and_then(|r| {
             lock(&self.inner.relayed)
                 .get(&(m.chat.id, r.message_id))
                 .cloned()
         });
+        // Not remembered (relayed before a restart): its text still names the agent.
+        let from_text = original
+            .and_then(|r| r.text.as_deref())
+            .and_then(engage::relayed_from);
         let decision = lock(&self.inner.engage).decide(&engage::Incoming {
             user,
             chat: m.chat.id,
             text,
-            reply_to: reply_to
-                .as_ref()
-                .map(|(a, id, t)| (a.as_str(), id.as_str(), t.as_deref())),
+            reply_to: match (&reply_to, from_text) {
+                (Some((a, id, t)), _) => Some((a.as_str(), Some(id.as_str()), t.as_deref())),
+                (None, Some(agent)) => Some((agent, None, None)),
+                (None, None) => None,
+            },
         });
         match decision {
             engage::Decision::Send {
@@ -630,7 +637,8 @@ impl Hub {
             } => {
                 let mut out = Outgoing::new(to.clone(), body);
                 // The update's identity makes a re-read update a duplicate, not a second message.
-                out.id = Some(format!("tg-{}-{}", m.chat.id.unsigned_abs(), m.message_id));
+                // (A group's id is negative: `tg-100-5` and `tg100-5` are different chats.)
+                out.id = Some(format!("tg{}-{}", m.chat.id, m.message_id));
                 out.payload.in_reply_to = in_reply_to;
                 out.payload.thread = thread;
                 match self.send_as(&person, out).await {
@@ -783,4 +791,54 @@ fn rand_draw() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     f64::from(n % 1000) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_notifier_hears_blocked_states_single_messages_and_dead_letters() {
+        let state = |state, why: Option<&str>| RelayEvent::AgentState {
+            ts: 1,
+            agent: "Dora".into(),
+            backend: "pty".into(),
+            state,
+            why: why.map(str::to_owned),
+        };
+        assert_eq!(
+            heard(&state(TerminalState::Blocked, Some("dialog open: allow?"))),
+            Some(notify::Heard::AgentState {
+                agent: "Dora".into(),
+                blocked: Some("dialog open: allow?".into())
+            })
+        );
+        assert_eq!(
+            heard(&state(TerminalState::Busy, Some("printing"))),
+            Some(notify::Heard::AgentState {
+                agent: "Dora".into(),
+                blocked: None
+            })
+        );
+        let refused = |code: &str| RelayEvent::Refused {
+            ts: 1,
+            id: "m1".into(),
+            from: "Alice".into(),
+            code: code.into(),
+            reason: "why".into(),
+        };
+        assert!(matches!(
+            heard(&refused("rate_limited")),
+            Some(notify::Heard::Dead { .. })
+        ));
+        assert_eq!(heard(&refused("unknown_target")), None, "not dead-lettered");
+        let acked = RelayEvent::Acked {
+            ts: 1,
+            id: "m2".into(),
+            pos: 3,
+            recipient: "human".into(),
+            state: relay_protocol::DeliveryStatus::Failed,
+        };
+        assert!(matches!(heard(&acked), Some(notify::Heard::Dead { from, .. }) if from == "human"));
+    }
 }
