@@ -17,6 +17,7 @@
 //! api = "https://api.telegram.org"
 //! engage = "mention"          # pattern | mention | mention-sticky
 //! senders = "known"           # known | all
+//! ignored = "drop"            # drop | accumulate (handed to the next engaging message)
 //! ```
 //!
 //! Read from the file's text with spans, so every error names its line and column. Secrets
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::engage::{EngageMode, SenderScope};
+use crate::engage::{EngageMode, IgnoredPolicy, SenderScope};
 use crate::notify::NoticeKind;
 
 /// A configuration error, with the byte offset it is about (the caller turns it into a line).
@@ -89,6 +90,8 @@ pub struct Telegram {
     pub pattern: Option<(String, String)>,
     /// Sender scope.
     pub senders: SenderScope,
+    /// Ignored-message policy.
+    pub ignored: IgnoredPolicy,
     /// Long-poll timeout (seconds).
     pub poll_timeout_s: u64,
 }
@@ -160,6 +163,8 @@ struct TelegramToml {
     agent: Option<Spanned<String>>,
     #[serde(default)]
     senders: SenderScope,
+    #[serde(default)]
+    ignored: IgnoredPolicy,
     poll_timeout_s: Option<u64>,
 }
 
@@ -299,6 +304,7 @@ pub fn parse(text: &str, root: &Path, home: Option<&Path>) -> Result<PeopleConfi
             engage: t.engage,
             pattern,
             senders: t.senders,
+            ignored: t.ignored,
             poll_timeout_s: t.poll_timeout_s.unwrap_or(25).min(50),
         });
     } else if let Some((name, _)) = doc.people.iter().find(|(_, p)| p.telegram.is_some()) {

@@ -6,6 +6,9 @@
 //!   the agent this chat last talked with (a mention or a relayed message starts that session);
 //!   `pattern` sends it to the configured agent when the text matches the pattern (`.` always).
 //!
+//! A message that engages no agent is dropped, or, with the `accumulate` policy, kept (bounded)
+//! and handed over as context with the chat's next message that does.
+//!
 //! Sender scope comes first: `known` lets only declared people through; `all` also lets any
 //! member of a configured group chat through, speaking as the person that chat belongs to.
 
@@ -46,7 +49,27 @@ pub struct Rules {
     pub pattern: Option<(regex::Regex, String)>,
     /// The sender scope.
     pub senders: SenderScope,
+    /// What becomes of a message that engages no agent.
+    pub ignored: IgnoredPolicy,
 }
+
+/// What becomes of a chat message that engages no agent (seed 004's ignored-message policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IgnoredPolicy {
+    /// Dropped.
+    #[default]
+    Drop,
+    /// Kept (the last [`ACCUMULATED`] per chat) and handed, as context before its text, to
+    /// the next message from that chat that engages an agent.
+    Accumulate,
+}
+
+/// Unaddressed messages kept per chat under [`IgnoredPolicy::Accumulate`].
+pub const ACCUMULATED: usize = 20;
+
+/// Characters kept of each accumulated message.
+const ACCUMULATED_CHARS: usize = 500;
 
 /// A chat message, as far as routing cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +116,8 @@ pub struct Router {
     /// Group chat id → the person who speaks for its members (scope `all`).
     groups: HashMap<i64, String>,
     sticky: HashMap<i64, String>,
+    /// Chat → unaddressed messages kept (accumulate policy).
+    kept: HashMap<i64, std::collections::VecDeque<String>>,
 }
 
 impl Router {
@@ -103,6 +128,7 @@ impl Router {
             people,
             groups,
             sticky: HashMap::new(),
+            kept: HashMap::new(),
         }
     }
 
@@ -137,45 +163,59 @@ impl Router {
             }
         };
         let text = m.text.trim();
-        if let Some((agent, id, thread)) = m.reply_to {
-            self.sticky.insert(m.chat, agent.to_owned());
-            return Decision::Send {
-                person,
-                to: agent.to_owned(),
-                body: text.to_owned(),
-                in_reply_to: id.map(str::to_owned),
-                thread: thread.map(str::to_owned),
-            };
+        let (to, body, in_reply_to, thread) = if let Some((agent, id, thread)) = m.reply_to {
+            (
+                Some(agent.to_owned()),
+                text,
+                id.map(str::to_owned),
+                thread.map(str::to_owned),
+            )
+        } else if let Some((agent, rest)) = mention(text) {
+            (Some(agent.to_owned()), rest, None, None)
+        } else {
+            (self.engaged(m.chat, text), text, None, None)
+        };
+        let Some(to) = to else {
+            if self.rules.ignored == IgnoredPolicy::Accumulate {
+                let kept = self.kept.entry(m.chat).or_default();
+                if kept.len() == ACCUMULATED {
+                    kept.pop_front();
+                }
+                kept.push_back(text.chars().take(ACCUMULATED_CHARS).collect());
+            }
+            return Decision::Ignore;
+        };
+        self.sticky.insert(m.chat, to.clone());
+        let body = match self.kept.remove(&m.chat) {
+            Some(kept) if !kept.is_empty() => {
+                let lines: Vec<String> = kept.into_iter().map(|k| format!("- {k}")).collect();
+                format!(
+                    "(earlier in this chat, addressed to no agent:\n{})\n{body}",
+                    lines.join("\n")
+                )
+            }
+            _ => body.to_owned(),
+        };
+        Decision::Send {
+            person,
+            to,
+            body,
+            in_reply_to,
+            thread,
         }
-        if let Some((agent, rest)) = mention(text) {
-            self.sticky.insert(m.chat, agent.to_owned());
-            return Decision::Send {
-                person,
-                to: agent.to_owned(),
-                body: rest.to_owned(),
-                in_reply_to: None,
-                thread: None,
-            };
-        }
-        let to = match self.rules.mode {
+    }
+
+    /// The agent a message naming none engages under the chat's engage mode.
+    fn engaged(&self, chat: i64, text: &str) -> Option<String> {
+        match self.rules.mode {
             EngageMode::Mention => None,
-            EngageMode::MentionSticky => self.sticky.get(&m.chat).cloned(),
+            EngageMode::MentionSticky => self.sticky.get(&chat).cloned(),
             EngageMode::Pattern => self
                 .rules
                 .pattern
                 .as_ref()
                 .filter(|(re, _)| re.is_match(text))
                 .map(|(_, agent)| agent.clone()),
-        };
-        match to {
-            Some(to) => Decision::Send {
-                person,
-                to,
-                body: text.to_owned(),
-                in_reply_to: None,
-                thread: None,
-            },
-            None => Decision::Ignore,
         }
     }
 }
@@ -215,6 +255,7 @@ mod tests {
                 mode,
                 pattern,
                 senders,
+                ignored: IgnoredPolicy::Drop,
             },
             HashMap::from([(7, "human".to_owned())]),
             HashMap::from([(-100, "team".to_owned())]),
@@ -292,6 +333,33 @@ mod tests {
         let mut r = router(EngageMode::Pattern, SenderScope::Known);
         assert_eq!(to(&r.decide(&msg(7, 7, "please Deploy now"))), Some("Ops"));
         assert_eq!(r.decide(&msg(7, 7, "hello")), Decision::Ignore);
+    }
+
+    #[test]
+    fn accumulated_messages_go_with_the_next_engaging_one() {
+        let mut r = router(EngageMode::Mention, SenderScope::Known);
+        r.rules.ignored = IgnoredPolicy::Accumulate;
+        assert_eq!(r.decide(&msg(7, 7, "the build is red")), Decision::Ignore);
+        assert_eq!(r.decide(&msg(7, 7, "since 10:00")), Decision::Ignore);
+        let Decision::Send { body, to, .. } = r.decide(&msg(7, 7, "@Bob can you look?")) else {
+            panic!("not sent");
+        };
+        assert_eq!(to, "Bob");
+        assert_eq!(
+            body,
+            "(earlier in this chat, addressed to no agent:\n- the build is red\n- since 10:00)\ncan you look?"
+        );
+        let Decision::Send { body, .. } = r.decide(&msg(7, 7, "@Bob thanks")) else {
+            panic!("not sent");
+        };
+        assert_eq!(body, "thanks", "handed over once");
+        for i in 0..30 {
+            r.decide(&msg(7, 7, &format!("chatter {i}")));
+        }
+        let Decision::Send { body, .. } = r.decide(&msg(7, 7, "@Bob x")) else {
+            panic!("not sent");
+        };
+        assert_eq!(body.lines().count(), ACCUMULATED + 2, "bounded");
     }
 
     #[test]

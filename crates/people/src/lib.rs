@@ -182,6 +182,7 @@ impl Hub {
                         mode: t.engage,
                         pattern,
                         senders: t.senders,
+                        ignored: t.ignored,
                     },
                     t.groups.clone().into_iter().collect(),
                 )
@@ -192,6 +193,7 @@ impl Hub {
                     mode: engage::EngageMode::Mention,
                     pattern: None,
                     senders: engage::SenderScope::Known,
+                    ignored: engage::IgnoredPolicy::Drop,
                 },
                 HashMap::new(),
             ),
