@@ -432,3 +432,61 @@ fn a_webhook_round_trip_is_signed_both_ways_and_forgeries_store_nothing() {
         "{state}"
     );
 }
+
+/// A webhook that keeps failing is behind the relay's circuit breaker: each message is tried
+/// `attempts` times and then dead-lettered (its sender told); after `--breaker-failures` such
+/// failures the person's circuit opens, and what is sent next waits in the store, not POSTed.
+#[test]
+fn a_webhook_that_keeps_failing_opens_the_circuit_and_messages_wait() {
+    let hook = WebhookStandIn::start().unwrap();
+    hook.answer_with(&[500, 500, 500, 500]);
+    let mut relay = Relay::unstarted();
+    relay.set_args(&["--breaker-failures", "2", "--breaker-cooldown-ms", "60000"]);
+    secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
+    configure(
+        &relay,
+        &format!(
+            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\nattempts = 2\nbackoff_ms = 10\n",
+            hook.url()
+        ),
+    );
+    relay.spawn();
+    wait_online(&relay, "ops");
+    let (mut alice, _) = relay.agent("Alice");
+    for i in 0..2 {
+        alice.send("ops", &format!("will fail {i}"));
+        alice.expect("ACK");
+        let told = alice.expect("DELIVER");
+        assert_eq!(told["from"], "relay", "{told}");
+        alice.ack(&told);
+    }
+    assert_eq!(hook.posts().len(), 4, "two attempts each");
+    wait_for(Duration::from_secs(20), "circuit open", || {
+        relay.log().contains("circuit open")
+    });
+    let waits = alice.send("ops", "waits for the circuit");
+    alice.expect("ACK");
+    let pending = || {
+        let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "ops")
+            .unwrap()["pending"]
+            .as_u64()
+            .unwrap()
+    };
+    wait_for(Duration::from_secs(20), "the message waits for ops", || {
+        pending() == 1
+    });
+    assert_eq!(
+        hook.posts().len(),
+        4,
+        "nothing more POSTed while the circuit is open"
+    );
+    let read: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["read", &waits, "--json"]))).unwrap();
+    assert_eq!(read["deliveries"][0]["status"], "queued", "{read}");
+    let dlq = ok_stdout(&relay.cli(&["dlq", "--json"]));
+    assert_eq!(dlq.matches("will fail").count(), 2, "{dlq}");
+}
