@@ -109,6 +109,9 @@ pub(crate) enum Cmd {
     Dlq(DlqArgs),
     /// Access rules: which agent may send to which (applied without a restart).
     Rules(RulesArgs),
+    /// List the people adapters (webhook, Telegram) of the running relay with their state:
+    /// connected, failing and the last error, and what each sent, received and refused.
+    Adapters(JsonArg),
     /// Follow the relay live, one line per event: agents connecting, messages sent, delivered,
     /// acknowledged, refused, expired. Runs until interrupted.
     Watch(WatchArgs),

@@ -14,6 +14,7 @@ mod faults;
 mod hardening;
 mod newcomer;
 mod parse;
+mod people;
 mod protocol;
 pub(crate) mod safety;
 mod shells;

@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+mod adapters;
 mod bench;
 mod config;
 mod doctor;
@@ -68,6 +69,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Config(args) => config::run(&paths, args.json),
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
+        // Reads the state file the daemon keeps.
+        Cmd::Adapters(args) => adapters::run(&paths, args.json),
         Cmd::Wrap(mut args) => {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
@@ -124,6 +127,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Stop(_)
                     | Cmd::Parse(_)
                     | Cmd::Rules(_)
+                    | Cmd::Adapters(_)
                     | Cmd::Config(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)

@@ -14,6 +14,7 @@
 pub mod gemini;
 pub mod messages;
 pub mod openai;
+pub mod people;
 pub mod script;
 
 use std::net::SocketAddr;
