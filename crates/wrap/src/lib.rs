@@ -1035,6 +1035,8 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
+    core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(pty.pid());
     let mut relay_open = true;
     let mut stdout = std::io::stdout();
@@ -1079,6 +1081,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
                 core.parser.set_rows(usize::from(r));
+                core.parser.set_cols(usize::from(c));
             }
             // Only when something is due (unread output, a queued message): an idle agent
             // costs the wrapper no wake-ups.
