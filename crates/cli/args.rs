@@ -116,6 +116,9 @@ pub(crate) enum Cmd {
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
+    /// Serve the relay to an agent as MCP tools over stdio (relay_send, relay_inbox,
+    /// relay_read, relay_agents, relay_search): `claude mcp add relay -- agent-relay mcp --name Alice`.
+    Mcp(crate::cmd::mcp::McpArgs),
     /// Print a shell completion script: `source <(agent-relay completions bash)` in ~/.bashrc,
     /// `agent-relay completions zsh > ~/.zfunc/_agent-relay`, or
     /// `agent-relay completions fish > ~/.config/fish/completions/agent-relay.fish`.

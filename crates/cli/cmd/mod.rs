@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod doctor;
+pub(crate) mod mcp;
 pub(crate) mod parse;
 mod query;
 pub(crate) mod rules;
@@ -54,6 +55,11 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Stop(args) => stop::stop(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Its own runtime; stdout is the MCP channel.
+        Cmd::Mcp(args) => {
+            init_logging("warn");
+            mcp::run(&paths, &args)
+        }
         // Generated from the command definitions: always what this binary accepts.
         Cmd::Completions(args) => {
             let mut cmd = crate::args::command();
@@ -123,6 +129,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Down(_)
                     | Cmd::Stop(_)
                     | Cmd::Parse(_)
+                    | Cmd::Mcp(_)
                     | Cmd::Rules(_)
                     | Cmd::Config(_)
                     | Cmd::Wrap(_)
