@@ -23,7 +23,7 @@ const LONG: Duration = Duration::from_secs(90);
 
 /// The agent CLIs these tests run, at the versions `scripts/install-agents` pins.
 #[derive(Clone, Copy, Debug)]
-enum Cli {
+pub(crate) enum Cli {
     Claude,
     Codex,
     Gemini,
@@ -67,7 +67,7 @@ impl Cli {
 
     /// The executable: `$AGENT_RELAY_<CLI>`, else where `scripts/install-agents` puts it.
     /// Missing, the test fails saying how to install it.
-    fn path(self) -> PathBuf {
+    pub(crate) fn path(self) -> PathBuf {
         let (package, version, exe, var, arg) = self.install();
         if let Some(p) = std::env::var_os(var) {
             let p = PathBuf::from(p);
@@ -97,7 +97,7 @@ impl Cli {
 
     /// Writes the CLI's configuration into `home` for a returning user who trusts `work` and
     /// talks to `url`; returns the environment to start it with.
-    fn setup(self, home: &Path, work: &Path, url: &str) -> String {
+    pub(crate) fn setup(self, home: &Path, work: &Path, url: &str) -> String {
         match self {
             Self::Claude => {
                 let approved = &KEY[KEY.len() - 20..];

@@ -248,3 +248,116 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     assert_eq!(h.as_array().unwrap().len(), 2, "{h:#}");
 }
+
+/// Claude Code in print mode (`claude -p PROMPT`), in a fresh HOME under `dir`, talking to
+/// `standin`, with `args` before the prompt; waits for it to exit and returns its output.
+pub(crate) fn claude_print(
+    relay: &Relay,
+    standin: &relay_standin::StandIn,
+    args: &[&str],
+    prompt: &str,
+) -> std::process::Output {
+    let dir = relay.dir.path();
+    let (home, work) = (dir.join("home-print"), dir.join("work-print"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
+    let mut cmd = Command::new(crate::agents::Cli::Claude.path());
+    for pair in env.split_whitespace() {
+        let (k, v) = pair.split_once('=').unwrap();
+        cmd.env(k, v.trim_matches('\''));
+    }
+    let out = cmd
+        .env("HOME", &home)
+        .env("AGENT_RELAY_SOCKET", &relay.socket)
+        .env("AGENT_RELAY_DATA_DIR", relay.data_dir())
+        .current_dir(&work)
+        .args(args)
+        .args(["-p", prompt])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "claude -p failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Real Claude Code with the relay's MCP server (`--mcp-config`, as `claude mcp add` would
+/// write it): the model calls relay_send with a 40-line code block; Bob gets it once, byte
+/// for byte, and Claude Code hands the relay's ACK back to the model as the tool result.
+#[test]
+fn claude_code_sends_through_the_mcp_server_exactly_once() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let body = code_block();
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
+            "mcp__relay__relay_send",
+            &serde_json::json!({"to": "Bob", "body": body}),
+        ),
+        relay_standin::Rule::contains("check the relay", "Checking.")
+            .calling("mcp__relay__relay_inbox", &serde_json::json!({})),
+    ]))
+    .unwrap();
+    let config = serde_json::json!({"mcpServers": {"relay": {
+        "type": "stdio",
+        "command": BIN,
+        "args": ["mcp", "--name", "Alice"],
+        "env": {
+            "AGENT_RELAY_SOCKET": &relay.socket,
+            "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+        },
+    }}});
+    let config = config.to_string();
+    let args = [
+        "--mcp-config",
+        &config,
+        "--strict-mcp-config",
+        "--allowedTools",
+        "mcp__relay__relay_send,mcp__relay__relay_inbox",
+    ];
+    claude_print(&relay, &standin, &args, "send Bob the fix");
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "Alice");
+    assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
+    bob.ack(&d);
+    // The tool result Claude Code sent back to the model is the relay's receipt.
+    let results: Vec<String> = standin
+        .requests()
+        .iter()
+        .flat_map(|r| {
+            r.body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|m| m["content"].as_array().into_iter().flatten())
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| b["content"].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("ACK [") && r.contains("accepted")),
+        "{results:?}"
+    );
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let h = h.as_array().unwrap();
+    assert_eq!(h.len(), 1, "sent once: {h:#?}");
+    assert_eq!(h[0]["body"].as_str().unwrap(), body);
+
+    // Bob answers while Alice's session is closed; her next session reads it with relay_inbox.
+    let answer = "Thanks. Two nits:\n  - rename x0\n      (it shadows)";
+    bob.send("Alice", answer);
+    let ack = bob.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    claude_print(&relay, &standin, &args, "check the relay");
+    let last = standin.requests().last().unwrap().body.to_string();
+    let want = serde_json::to_string(&format!("from Bob to Alice:\n{answer}")).unwrap();
+    assert!(last.contains(want.trim_matches('"')), "{last}");
+}
