@@ -361,3 +361,89 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     let want = serde_json::to_string(&format!("from Bob to Alice:\n{answer}")).unwrap();
     assert!(last.contains(want.trim_matches('"')), "{last}");
 }
+
+/// `agent-relay [WRAP_ARGS] -n Alice CLAUDE -p PROMPT`: real Claude Code wrapped by the
+/// shorthand, in print mode (it answers once and exits, and the wrapper with it), working in
+/// `work` (a folder under the relay's directory), talking to `standin`.
+fn wrapped_claude_print(
+    relay: &Relay,
+    standin: &relay_standin::StandIn,
+    wrap_args: &[&str],
+    work: &str,
+) {
+    let dir = relay.dir.path();
+    let (home, work) = (dir.join(format!("home-{work}")), dir.join(work));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
+    let mut cmd = relay.command();
+    for pair in env.split_whitespace() {
+        let (k, v) = pair.split_once('=').unwrap();
+        cmd.env(k, v.trim_matches('\''));
+    }
+    let claude = crate::agents::Cli::Claude.path();
+    let out = cmd
+        .env("HOME", &home)
+        .env("AGENT_RELAY_BACKEND", "pty")
+        .current_dir(&work)
+        .args(wrap_args)
+        .args(["-n", "Alice"])
+        .arg(&claude)
+        .args(["-p", "hello there"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The system prompt of the conversation turn Claude Code sent for "hello there".
+fn system_prompt_of_the_turn(standin: &relay_standin::StandIn) -> String {
+    let turn = standin
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.user_text.contains("hello there") && r.kind == relay_standin::Kind::Main)
+        .expect("Claude Code asked about the prompt");
+    relay_standin::messages::system_text(&turn.body)
+}
+
+#[test]
+fn claude_code_is_taught_its_name_the_syntax_and_the_other_agents_unless_told_not_to() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let standin = relay_standin::StandIn::start(relay_standin::Script::default()).unwrap();
+
+    wrapped_claude_print(&relay, &standin, &[], "work");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(
+        system.contains("Your name on the relay is Alice.")
+            && system.contains("Other agents on the relay when you started: Bob.")
+            && system.contains("@relay:Bob Please review auth.ts"),
+        "{system}"
+    );
+
+    wrapped_claude_print(&relay, &standin, &["--no-teach"], "work");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(!system.contains("agent-relay"), "{system}");
+
+    // The project's own text replaces the built-in one.
+    let work = relay.dir.path().join("work-own");
+    std::fs::create_dir_all(work.join(".agent-relay")).unwrap();
+    std::fs::write(
+        work.join(".agent-relay/teach.md"),
+        "House rules for {name}: talk to {agents} with @relay:NAME.\n",
+    )
+    .unwrap();
+    wrapped_claude_print(&relay, &standin, &[], "work-own");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(
+        system.contains("House rules for Alice: talk to Bob with @relay:NAME.")
+            && !system.contains("Your name on the relay is"),
+        "{system}"
+    );
+}

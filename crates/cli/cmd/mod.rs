@@ -9,6 +9,7 @@ mod query;
 pub(crate) mod rules;
 mod send;
 pub(crate) mod stop;
+pub(crate) mod teach;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -78,6 +79,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
+            args.no_teach |= cli.no_teach;
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
@@ -93,6 +95,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 max_body: 2000,
                 inbox: false,
                 intro: false,
+                no_teach: cli.no_teach,
                 serve_tmux: None,
                 command,
             };
