@@ -681,13 +681,18 @@ impl Core {
             self.ack(&m, DeliveryState::Failed).await;
             return;
         }
-        let text = self.form.apply(&format::injected_text(
+        // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
+        // quoted line.
+        let lines = self.cfg.profile.multiline && self.form == format::Form::Plain;
+        let text = format::injected_text(
             &m.from,
             &m.id,
             m.payload.thread.as_deref(),
             &m.payload.body,
             self.cfg.max_body,
-        ));
+            lines,
+        );
+        let text = if lines { text } else { self.form.apply(&text) };
         // Never typed twice: a message this terminal was given before (a replay after a
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
