@@ -448,39 +448,47 @@ fn claude_code_is_taught_its_name_the_syntax_and_the_other_agents_unless_told_no
     );
 }
 
-/// A 40-line code block with indentation, sent to a wrapped Claude Code, reaches its model's
-/// request byte for byte: typed as one bracketed paste with its lines (the `claude` profile's
-/// `multiline`), submitted once.
-#[test]
-fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
+/// A 40-line code block with indentation, sent to a wrapped agent CLI, reaches its model's
+/// request byte for byte: typed as one bracketed paste with its lines (the profile's
+/// `multiline`), submitted once. Returns the prompt the model was given.
+fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
     let relay = Relay::start();
-    let bob = crate::agents::Agent::claude(&relay, "Bob", relay_standin::Script::default());
-    bob.wait_ready();
+    let agent =
+        crate::agents::Agent::start(&relay, cli, name, relay_standin::Script::default());
+    agent.wait_ready();
     let body = code_block();
-    let out = relay.cli(&["send", "Bob", &body, "--json"]);
+    let out = relay.cli(&["send", name, &body, "--json"]);
     let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
     let id = v["id"].as_str().unwrap().to_owned();
-    let prompts = bob.wait_prompts(1);
+    let prompts = agent.wait_prompts(1);
     let short = &id[id.len() - 8..];
     // Claude Code 2.1.328 hands a long paste to the model inside its own
     // `<pasted_content id="...">` tags; between them, the text is exactly what was typed.
     let expected = format!("Relay message from human [{short}]:\n{body}");
     let inner = prompts[0]
-        .split_once("\">\n")
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
         .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
         .map_or(prompts[0].as_str(), |(inner, _)| inner);
-    assert_eq!(
-        inner, expected,
-        "the prompt Claude Code sent: {:?}",
-        prompts[0]
-    );
-    bob.wait_replies_done();
-    bob.wait_all_relayed("OK.");
-    assert_eq!(bob.prompts().len(), 1, "submitted once");
+    assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[0]);
+    agent.wait_replies_done();
+    agent.wait_all_relayed("OK.");
+    assert_eq!(agent.prompts().len(), 1, "submitted once");
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    assert_eq!(
-        h.as_array().unwrap().len(),
-        1,
-        "nothing of the echo relayed: {h:#}"
-    );
+    assert_eq!(h.as_array().unwrap().len(), 1, "nothing of the echo relayed: {h:#}");
+}
+
+#[test]
+fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Claude, "Bob");
+}
+
+#[test]
+fn codex_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Codex, "Cody");
+}
+
+#[test]
+fn gemini_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
 }
