@@ -453,8 +453,7 @@ fn claude_code_is_taught_its_name_the_syntax_and_the_other_agents_unless_told_no
 /// `multiline`), submitted once. Returns the prompt the model was given.
 fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
     let relay = Relay::start();
-    let agent =
-        crate::agents::Agent::start(&relay, cli, name, relay_standin::Script::default());
+    let agent = crate::agents::Agent::start(&relay, cli, name, relay_standin::Script::default());
     agent.wait_ready();
     let body = code_block();
     let out = relay.cli(&["send", name, &body, "--json"]);
@@ -475,7 +474,11 @@ fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
     agent.wait_all_relayed("OK.");
     assert_eq!(agent.prompts().len(), 1, "submitted once");
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    assert_eq!(h.as_array().unwrap().len(), 1, "nothing of the echo relayed: {h:#}");
+    assert_eq!(
+        h.as_array().unwrap().len(),
+        1,
+        "nothing of the echo relayed: {h:#}"
+    );
 }
 
 #[test]
@@ -491,4 +494,106 @@ fn codex_gets_a_40_line_code_block_byte_for_byte() {
 #[test]
 fn gemini_gets_a_40_line_code_block_byte_for_byte() {
     code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
+}
+
+fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
+    let out = relay
+        .command()
+        .current_dir(dir)
+        .arg("hooks")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    ok_stdout(&out)
+}
+
+/// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
+/// kept; twice is once); `hooks uninstall claude` gives the file back byte for byte, or, when
+/// the person changed it since, takes out only the relay's hook; with no file before, none after.
+#[test]
+fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().join("proj");
+    std::fs::create_dir_all(dir.join(".claude")).unwrap();
+    let file = dir.join(".claude/settings.json");
+    let original = "{\n  \"permissions\": {\"allow\": [\"Bash(ls)\"]},\n  \"hooks\": {\n    \"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"notify-send done\"}]}]\n  },\n  \"model\": \"opus\"\n}\n";
+    std::fs::write(&file, original).unwrap();
+    hooks(&relay, &dir, &["install", "claude"]);
+    hooks(&relay, &dir, &["install", "claude"]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["model"], "opus");
+    assert_eq!(v["permissions"]["allow"][0], "Bash(ls)");
+    let commands: Vec<&str> = v["hooks"]["Stop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["hooks"].as_array().unwrap())
+        .map(|h| h["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    assert_eq!(commands[0], "notify-send done");
+    assert!(
+        commands[1].ends_with("agent-relay' hooks stop"),
+        "{commands:?}"
+    );
+    hooks(&relay, &dir, &["uninstall", "claude"]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+
+    // Changed by the person while installed: only the relay's hook goes.
+    hooks(&relay, &dir, &["install", "claude"]);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    v["theme"] = "dark".into();
+    std::fs::write(&file, v.to_string()).unwrap();
+    hooks(&relay, &dir, &["uninstall", "claude"]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let mut want: Value = serde_json::from_str(original).unwrap();
+    want["theme"] = "dark".into();
+    assert_eq!(v, want);
+
+    // No settings before: none after.
+    let empty = relay.dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    hooks(&relay, &empty, &["install", "claude"]);
+    assert!(empty.join(".claude/settings.json").exists());
+    hooks(&relay, &empty, &["uninstall", "claude"]);
+    assert!(!empty.join(".claude/settings.json").exists());
+}
+
+/// The Stop hook door: real Claude Code (print mode, no wrapper) with the relay's Stop hook
+/// installed ends its turn; the hook hands it Bob's waiting message, multi-line, as the
+/// reason it goes on with: the model is asked with it, without any typing, once.
+#[test]
+fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
+    let relay = Relay::start();
+    // Alice is known to the relay (offline): Bob's message waits for her.
+    drop(relay.agent("Alice"));
+    let (mut bob, _) = relay.agent("Bob");
+    let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
+    let id = bob.send("Alice", body);
+    bob.expect("ACK");
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
+    ]))
+    .unwrap();
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(&relay, &work, &["install", "claude"]);
+    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
+    // Code's own settings give it to its hooks), the relay from the environment claude_print
+    // sets.
+    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    let asked: Vec<String> = standin.prompts();
+    let short = &id[id.len() - 8..];
+    let with_it: Vec<&String> = asked
+        .iter()
+        .filter(|p| p.contains(&format!("Relay message from Bob [{short}]:\n{body}")))
+        .collect();
+    assert_eq!(
+        with_it.len(),
+        1,
+        "{asked:#?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod doctor;
+pub(crate) mod hooks;
 pub(crate) mod mcp;
 pub(crate) mod parse;
 mod query;
@@ -56,6 +57,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Stop(args) => stop::stop(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Edits a file, or answers Claude Code's hook (its own small runtime).
+        Cmd::Hooks(args) => hooks::run(&paths, &args),
         // Its own runtime; stdout is the MCP channel.
         Cmd::Mcp(args) => {
             init_logging("warn");
@@ -133,6 +136,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Stop(_)
                     | Cmd::Parse(_)
                     | Cmd::Mcp(_)
+                    | Cmd::Hooks(_)
                     | Cmd::Rules(_)
                     | Cmd::Config(_)
                     | Cmd::Wrap(_)
