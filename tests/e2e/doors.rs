@@ -597,3 +597,47 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A wrapped agent's own MCP server (same name) is the same agent: it sends through the
+/// wrapper's connection (its door), not as a second identity the relay would refuse.
+#[test]
+fn an_mcp_server_under_a_wrapper_of_the_same_name_sends_through_the_wrapper() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let mut alice = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "-n",
+            "Alice",
+            "--",
+            "sh",
+            "-c",
+            "sleep 60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    crate::wrap::wait_online(&relay, "Alice");
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let body = "from the wrapped agent's tool:\n    indented";
+    let (err, ack) = mcp.tool("relay_send", serde_json::json!({"to": "Bob", "body": body}));
+    assert!(
+        !err && ack.starts_with("ACK [") && ack.contains("accepted"),
+        "{ack}"
+    );
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (d["from"].as_str(), d["payload"]["body"].as_str()),
+        (Some("Alice"), Some(body))
+    );
+    bob.ack(&d);
+    // The wrapper keeps the name: Alice is online once, as the wrapped agent.
+    let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
+    assert!(agents.contains("Alice (you) — online, sh"), "{agents}");
+    drop(mcp);
+    alice.kill().unwrap();
+    alice.wait().unwrap();
+}

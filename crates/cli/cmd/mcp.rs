@@ -50,10 +50,15 @@ pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(serve(paths.socket.clone(), args.name.clone()))
+    let door = paths
+        .data_dir
+        .join("team")
+        .join(&args.name)
+        .join(relay_wrap::DOOR_SOCKET);
+    rt.block_on(serve(paths.socket.clone(), args.name.clone(), door))
 }
 
-async fn serve(socket: PathBuf, name: String) -> anyhow::Result<()> {
+async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<()> {
     let (agent, reader) = match hold_name(&socket, &name).await? {
         Some((client, reader)) => (Some(client), Some(reader)),
         None => (None, None),
@@ -61,6 +66,7 @@ async fn serve(socket: PathBuf, name: String) -> anyhow::Result<()> {
     let server = RelayMcp {
         socket,
         name,
+        door,
         agent,
         seen_pos: Arc::new(AtomicI64::new(0)),
         tool_router: RelayMcp::tool_router(),
@@ -175,6 +181,9 @@ struct SearchParams {
 struct RelayMcp {
     socket: PathBuf,
     name: String,
+    /// The wrapper's door (`relay_wrap` `door.rs`): under a wrapper that holds the name, sends
+    /// go through the wrapper's connection.
+    door: PathBuf,
     /// The agent's own connection, when this server holds the name: only it may send as the
     /// agent.
     agent: Option<Arc<Client>>,
@@ -221,6 +230,53 @@ impl RelayMcp {
     /// next call.
     async fn client(&self) -> Result<Client, ClientError> {
         Client::connect(ClientConfig::tool(self.socket.clone(), self.name.clone())).await
+    }
+
+    /// Sends through the wrapper that holds the name: one JSON line each way.
+    async fn door_send(&self, to: &str, msg: Outgoing) -> CallToolResult {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let request = serde_json::json!({
+            "to": to,
+            "body": msg.payload.body,
+            "topic": msg.topic,
+            "thread": msg.payload.thread,
+            "urgent": msg.payload.urgent,
+        });
+        let exchange = async {
+            let stream = tokio::net::UnixStream::connect(&self.door).await?;
+            let (read, mut write) = stream.into_split();
+            write.write_all(format!("{request}\n").as_bytes()).await?;
+            let mut line = String::new();
+            tokio::io::BufReader::new(read).read_line(&mut line).await?;
+            std::io::Result::Ok(line)
+        };
+        let line = match exchange.await {
+            Ok(l) => l,
+            Err(e) => return failed(format!("not sent: cannot reach the wrapper's door: {e}")),
+        };
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if let Some(id) = v["id"].as_str() {
+            let n = v["recipients"]
+                .as_u64()
+                .map(|n| format!(", {n} recipient{}", if n == 1 { "" } else { "s" }))
+                .unwrap_or_default();
+            return text(format!(
+                "ACK [{}] to {}: {}{n}",
+                for_terminal(id),
+                for_terminal(to),
+                for_terminal(v["status"].as_str().unwrap_or("accepted"))
+            ));
+        }
+        if let Some(code) = v["nack"].as_str() {
+            return failed(format!(
+                "NACK {code}: not sent: {}",
+                for_terminal(v["reason"].as_str().unwrap_or(""))
+            ));
+        }
+        failed(format!(
+            "not sent: {}",
+            for_terminal(v["error"].as_str().unwrap_or("no answer from the wrapper"))
+        ))
     }
 
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
@@ -270,6 +326,7 @@ impl RelayMcp {
         };
         let res = match &self.agent {
             Some(agent) => agent.send(msg).await,
+            None if self.door.exists() => return self.door_send(&p.to, msg).await,
             None => match self.client().await {
                 Ok(client) => {
                     let res = client.send(msg).await;

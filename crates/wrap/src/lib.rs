@@ -12,12 +12,15 @@
 //! screens recorded from the real CLIs; [`run_pty`] and [`serve_tmux`] are the I/O shells
 //! around them and are tested end to end with the real binary.
 
+mod door;
 pub mod format;
 pub mod inject;
 pub mod profile;
 mod pty;
 pub mod state;
 pub mod tmux;
+/// The door's socket file name in the team directory (see `door.rs`).
+pub use door::SOCKET as DOOR_SOCKET;
 mod transcript;
 mod turn;
 
@@ -784,6 +787,27 @@ impl Core {
             .push(self.form.apply(notice), Item::Notice, false);
     }
 
+    /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
+    /// agent's connection; the receipt goes back to the tool.
+    async fn door_send(&mut self, req: door::Request) {
+        match self.client.send_nowait(req.msg).await {
+            Ok((id, pending)) => {
+                tracing::debug!(%id, "sending for the agent's own tool");
+                let reply = req.reply;
+                tokio::spawn(async move {
+                    if reply.send(pending.wait().await).is_err() {
+                        tracing::debug!(%id, "the tool left before its receipt");
+                    }
+                });
+            }
+            Err(e) => {
+                if req.reply.send(Err(e)).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
+        }
+    }
+
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
     /// (its driver is gone): the relay will deliver the message again to the next connection
     /// under this name, and `injected.log` keeps it from being typed twice then.
@@ -1043,6 +1067,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(pty.pid());
+    let mut door = door::open(&core.cfg.team_dir);
     let mut relay_open = true;
     let mut stdout = std::io::stdout();
     loop {
@@ -1058,6 +1083,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 paste.feed(&bytes);
                 core.on_output(&bytes, Instant::now()).await;
             }
+            Some(req) = door.recv() => core.door_send(req).await,
             ev = core.client.next_event(), if relay_open => match ev {
                 Some(Event::Message(m)) => core.on_message(m, None).await,
                 Some(other) => tracing::debug!(?other, "relay event"),
@@ -1154,6 +1180,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     let mut term =
         signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
     let mut relay_open = true;
+    let mut door = door::open(&core.cfg.team_dir);
     let code = loop {
         let wake = core.next_wake();
         tokio::select! {
@@ -1164,6 +1191,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
                 Some(tmux::Tail::Exited(code)) => break code,
                 None => break None,
             },
+            Some(req) = door.recv() => core.door_send(req).await,
             ev = core.client.next_event(), if relay_open => match ev {
                 Some(Event::Message(m)) => core.on_message(m, Some(&pane)).await,
                 Some(other) => tracing::debug!(?other, "relay event"),
