@@ -10,6 +10,7 @@ mod config;
 mod crash;
 mod daemon_core;
 mod dashboard;
+mod doors;
 mod faults;
 mod hardening;
 mod newcomer;
