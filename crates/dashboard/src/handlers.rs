@@ -360,28 +360,6 @@ pub(crate) async fn events(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wrappers_report_decides_the_state_and_blocked_wins() {
-        let report = |state| TerminalReport {
-            backend: "pty".into(),
-            state,
-            why: None,
-        };
-        assert_eq!(state_of(None, 0), "idle");
-        assert_eq!(state_of(None, 2), "busy");
-        assert_eq!(state_of(Some(&report(TerminalState::Idle)), 0), "idle");
-        assert_eq!(state_of(Some(&report(TerminalState::Busy)), 0), "busy");
-        assert_eq!(
-            state_of(Some(&report(TerminalState::Blocked)), 3),
-            "blocked"
-        );
-    }
-}
-
 /// `GET /api/adapters`: each people adapter with its state (connected, failing, last error).
 pub(crate) async fn adapters(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let list = app
@@ -427,4 +405,26 @@ pub(crate) async fn webhook(
         Json(answer),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrappers_report_decides_the_state_and_blocked_wins() {
+        let report = |state| TerminalReport {
+            backend: "pty".into(),
+            state,
+            why: None,
+        };
+        assert_eq!(state_of(None, 0), "idle");
+        assert_eq!(state_of(None, 2), "busy");
+        assert_eq!(state_of(Some(&report(TerminalState::Idle)), 0), "idle");
+        assert_eq!(state_of(Some(&report(TerminalState::Busy)), 0), "busy");
+        assert_eq!(
+            state_of(Some(&report(TerminalState::Blocked)), 3),
+            "blocked"
+        );
+    }
 }
