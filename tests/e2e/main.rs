@@ -11,6 +11,7 @@ mod crash;
 mod daemon_core;
 mod dashboard;
 mod faults;
+mod federation;
 mod hardening;
 mod newcomer;
 mod parse;

@@ -1,0 +1,319 @@
+//! Federation (issue 16): relays on separate "hosts" (each its own socket, data directory and
+//! daemon process) joined through real `nats-server` processes with JetStream on file storage
+//! in temporary directories. Agents on each relay talk across nodes; every message is
+//! delivered exactly once, through NATS outages, a server of a three-server cluster killed
+//! mid-flow, and kill -9 of relays and NATS servers at random.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Raw, Relay, UNLIMITED, ok_stdout, wait_for};
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real `nats-server` with JetStream (file storage in a temporary directory), killed when
+/// dropped. Restarting it keeps its port and its storage: the same server coming back.
+pub struct Nats {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub name: String,
+    /// `--cluster`/`--routes` arguments when it is one server of a cluster.
+    cluster: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Nats {
+    /// One server alone.
+    pub fn start() -> Self {
+        let mut n = Self::unstarted("n0", Vec::new());
+        n.spawn();
+        n
+    }
+
+    /// `count` servers routed to each other as one JetStream cluster.
+    pub fn cluster(count: usize) -> Vec<Self> {
+        let routes: Vec<u16> = (0..count).map(|_| free_port()).collect();
+        let all = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut servers: Vec<Self> = routes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Self::unstarted(
+                    &format!("n{i}"),
+                    vec![
+                        "--cluster_name".into(),
+                        "relaytest".into(),
+                        "--cluster".into(),
+                        format!("nats://127.0.0.1:{p}"),
+                        "--routes".into(),
+                        all.clone(),
+                    ],
+                )
+            })
+            .collect();
+        for s in &mut servers {
+            s.spawn();
+        }
+        servers
+    }
+
+    fn unstarted(name: &str, cluster: Vec<String>) -> Self {
+        Self {
+            dir: tempfile::Builder::new().prefix("nats").tempdir().unwrap(),
+            port: free_port(),
+            name: name.into(),
+            cluster,
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (or restarts) the server and waits until it accepts clients.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .unwrap();
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-n", &self.name, "-js", "-sd"])
+            .arg(self.dir.path().join("js"))
+            .args(&self.cluster)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server is installed (scripts/test installs it from Debian)");
+        self.child = Some(child);
+        wait_for(
+            Duration::from_secs(20),
+            "nats-server accepts clients",
+            || TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        );
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "---- nats-server {} log (last lines) ----\n{}",
+                self.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// A relay (its own directory and socket: its own "host") joined to `cluster` as `node`.
+pub fn node(cluster: &str, node: &str) -> Relay {
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", cluster, "--node", node]);
+    Relay::start_with(&args)
+}
+
+/// `status --json`'s federation object.
+pub fn federation(relay: &Relay) -> Value {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    v["federation"].clone()
+}
+
+/// `agents --json` as name -> row.
+pub fn agents(relay: &Relay) -> HashMap<String, Value> {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap().to_owned(), a.clone()))
+        .collect()
+}
+
+/// Waits until `relay` lists `name` as an agent of `node`.
+pub fn wait_listed(relay: &Relay, name: &str, on: &str) {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{name} listed on node {on}"),
+        || agents(relay).get(name).is_some_and(|a| a["node"] == on),
+    );
+}
+
+/// Reads DELIVERs on `c` (acknowledging each) until one with body `marker` arrives; returns
+/// the ids of those before it, in order. The marker is sent after everything else by the same
+/// sender, and a sender's messages arrive in order: whatever came twice has come by then.
+pub fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        let f = c.expect("DELIVER");
+        c.ack(&f);
+        if f["payload"]["body"] == marker {
+            return ids;
+        }
+        ids.push(f["id"].as_str().unwrap().to_owned());
+    }
+}
+
+/// Asserts that `ids` are exactly `want`, each once.
+pub fn exactly_once(ids: &[String], want: &[String], what: &str) {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for id in ids {
+        *counts.entry(id).or_default() += 1;
+    }
+    let doubled: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    let lost: Vec<_> = want
+        .iter()
+        .filter(|w| !counts.contains_key(w.as_str()))
+        .collect();
+    eprintln!(
+        "{what}: {} sent, {} received, {} lost, {} doubled",
+        want.len(),
+        ids.len(),
+        lost.len(),
+        doubled.len()
+    );
+    assert!(
+        lost.is_empty() && doubled.is_empty(),
+        "{what}: lost {lost:?}, doubled {doubled:?}"
+    );
+    assert_eq!(ids.len(), want.len(), "{what}: {ids:?}");
+}
+
+/// Sends `n` numbered messages from `c` to `to`, each ACKed; returns their ids.
+pub fn send_many(c: &mut Raw, to: &str, n: usize, tag: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = c.send_env(
+            "SEND",
+            json!({"to": to}),
+            json!({"kind": "message", "body": format!("{tag} {i}")}),
+        );
+        let ack = c.expect("ACK");
+        assert_eq!(ack["payload"]["ack_id"], id.as_str(), "{ack}");
+        assert!(
+            ack["payload"]["status"] == "accepted" || ack["payload"]["status"] == "queued",
+            "{ack}"
+        );
+        ids.push(id);
+    }
+    ids
+}
+
+/// Sends the marker that ends a run of messages to `to`.
+pub fn send_marker(c: &mut Raw, to: &str, marker: &str) {
+    c.send_env(
+        "SEND",
+        json!({"to": to}),
+        json!({"kind": "message", "body": marker}),
+    );
+    c.expect("ACK");
+}
+
+#[test]
+fn two_relays_exchange_messages_both_ways_each_delivered_once() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    // The directory: each relay lists the other's agent with its node.
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    assert_eq!(agents(&a)["Alice"]["node"], "hostA");
+    let to_bob = send_many(&mut alice, "Bob", 50, "a2b");
+    send_marker(&mut alice, "Bob", "a2b end");
+    exactly_once(
+        &read_until_marker(&mut bob, "a2b end"),
+        &to_bob,
+        "Alice@hostA -> Bob@hostB",
+    );
+    let to_alice = send_many(&mut bob, "Alice", 50, "b2a");
+    send_marker(&mut bob, "Alice", "b2a end");
+    exactly_once(
+        &read_until_marker(&mut alice, "b2a end"),
+        &to_alice,
+        "Bob@hostB -> Alice@hostA",
+    );
+    // Both links up, nothing left to publish.
+    wait_for(Duration::from_secs(20), "backlog 0 on both", || {
+        [&a, &b].iter().all(|r| {
+            let f = federation(r);
+            f["link"] == "connected" && f["backlog"] == 0
+        })
+    });
+    let out = ok_stdout(&a.cli(&["status"]));
+    assert!(
+        out.contains("federation: node hostA") && out.contains("link connected"),
+        "{out}"
+    );
+    drop(nats);
+}
+
+#[test]
+fn while_nats_is_down_messages_wait_in_the_outbox_and_go_when_it_returns() {
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    // Accepted while NATS is away: stored here (the outbox), the sender's ACK as always.
+    let ids = send_many(&mut alice, "Bob", 20, "while down");
+    send_marker(&mut alice, "Bob", "down end");
+    wait_for(Duration::from_secs(20), "status shows the backlog", || {
+        federation(&a)["backlog"].as_u64() == Some(21)
+    });
+    let out = ok_stdout(&a.cli(&["status"]));
+    assert!(out.contains("backlog 21"), "{out}");
+    nats.spawn();
+    exactly_once(
+        &read_until_marker(&mut bob, "down end"),
+        &ids,
+        "sent while NATS was down",
+    );
+    wait_for(Duration::from_secs(20), "backlog 0 and link up", || {
+        let f = federation(&a);
+        f["link"] == "connected" && f["backlog"] == 0
+    });
+}
