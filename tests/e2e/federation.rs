@@ -317,3 +317,190 @@ fn while_nats_is_down_messages_wait_in_the_outbox_and_go_when_it_returns() {
         f["link"] == "connected" && f["backlog"] == 0
     });
 }
+
+/// The next frame that is not a PING (answered).
+fn next_frame(c: &mut Raw) -> Value {
+    loop {
+        let f = c.read().expect("connection open");
+        if f["type"] == "PING" {
+            c.send_env("PONG", json!({}), json!({}));
+        } else {
+            return f;
+        }
+    }
+}
+
+/// Reads one DELIVER (answering PINGs), acknowledges it and returns it.
+fn next_deliver(c: &mut Raw) -> Value {
+    let f = c.expect("DELIVER");
+    c.ack(&f);
+    f
+}
+
+#[test]
+fn three_relays_broadcasts_and_topics_reach_every_node_once() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let c = node(&nats.url(), "hostC");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    let (mut carol, _) = c.agent("Carol");
+    let (mut dave, _) = c.agent("Dave");
+    let id = dave.send_env("SUBSCRIBE", json!({"topic": "build.*"}), json!({}));
+    assert_eq!(dave.expect("ACK")["payload"]["ack_id"], id.as_str());
+    for (relay, here) in [(&a, "hostA"), (&b, "hostB"), (&c, "hostC")] {
+        for (name, on) in [
+            ("Alice", "hostA"),
+            ("Bob", "hostB"),
+            ("Carol", "hostC"),
+            ("Dave", "hostC"),
+        ] {
+            if on != here {
+                wait_listed(relay, name, on);
+            }
+        }
+    }
+    // Dave's subscription reached the other nodes' stand-ins.
+    for relay in [&a, &b] {
+        wait_for(Duration::from_secs(30), "Dave's topics everywhere", || {
+            agents(relay)["Dave"]["topics"] == json!(["build.*"])
+        });
+    }
+    // A topic message from hostB: only Dave subscribed. (Senders send before anything is
+    // sent to them: a raw connection reads its ACK next.)
+    let tid = bob.send_env(
+        "SEND",
+        json!({"topic": "build.linux"}),
+        json!({"kind": "message", "body": "built"}),
+    );
+    bob.expect("ACK");
+    send_marker(&mut bob, "Dave", "end from Bob");
+    // A broadcast from hostA: once to each agent of the other nodes.
+    let bid = alice.send_env(
+        "SEND",
+        json!({"to": "*"}),
+        json!({"kind": "message", "body": "to everyone"}),
+    );
+    alice.expect("ACK");
+    // Then markers, direct, to each agent: what came twice came before them.
+    for to in ["Bob", "Carol", "Dave"] {
+        send_marker(&mut alice, to, "end from Alice");
+    }
+    let got_bob = {
+        let f = next_deliver(&mut bob);
+        assert_eq!(
+            (f["id"].as_str(), f["from"].as_str()),
+            (Some(bid.as_str()), Some("Alice"))
+        );
+        assert_eq!(f["to"], "*");
+        read_until_marker(&mut bob, "end from Alice")
+    };
+    assert!(got_bob.is_empty(), "Bob got more: {got_bob:?}");
+    let f = next_deliver(&mut carol);
+    assert_eq!(f["id"], bid.as_str());
+    assert!(read_until_marker(&mut carol, "end from Alice").is_empty());
+    // Dave: the broadcast, the topic message and both markers, each once, in any order
+    // between senders.
+    let mut seen = Vec::new();
+    let mut ends = 0;
+    while ends < 2 {
+        let f = next_deliver(&mut dave);
+        let body = f["payload"]["body"].as_str().unwrap().to_owned();
+        if body.starts_with("end from") {
+            ends += 1;
+        } else {
+            seen.push(f["id"].as_str().unwrap().to_owned());
+        }
+    }
+    seen.sort();
+    let mut want = vec![bid, tid.clone()];
+    want.sort();
+    assert_eq!(seen, want, "Dave");
+    // Alice was not subscribed: the topic message never reached hostA's Alice. Her next
+    // delivery is one sent after it.
+    send_marker(&mut bob, "Alice", "after the topic");
+    let f = next_deliver(&mut alice);
+    assert_eq!(f["payload"]["body"], "after the topic", "{f}");
+}
+
+#[test]
+fn the_same_name_on_two_nodes_is_refused_never_merged() {
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (_bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    // Bob is hostB's: a HELLO as Bob on hostA is refused like any name in use.
+    let mut impostor = a.connect();
+    impostor.send_env("HELLO", json!({}), json!({"agent": "Bob"}));
+    let err = impostor.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "name_in_use", "{err}");
+    // Two agents take the same name while the nodes cannot see each other: when NATS is back,
+    // the first claim keeps it and the other node reports a conflict.
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "links down", || {
+        federation(&a)["link"] != "connected" && federation(&b)["link"] != "connected"
+    });
+    let (mut eve_a, _) = a.agent("Eve");
+    let (mut eve_b, _) = b.agent("Eve");
+    nats.spawn();
+    let (winner, loser) = {
+        let mut found = None;
+        wait_for(
+            Duration::from_secs(30),
+            "one node reports the conflict",
+            || {
+                let fa = federation(&a);
+                let fb = federation(&b);
+                let has = |f: &Value| {
+                    f["conflicts"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|x| x["name"] == "Eve"))
+                };
+                found = match (has(&fa), has(&fb)) {
+                    (true, false) => Some(("hostB", "hostA")),
+                    (false, true) => Some(("hostA", "hostB")),
+                    (true, true) => panic!("both nodes lost the name: {fa} {fb}"),
+                    (false, false) => None,
+                };
+                found.is_some()
+            },
+        );
+        found.unwrap()
+    };
+    let (loser_relay, loser_eve) = if loser == "hostA" {
+        (&a, &mut eve_a)
+    } else {
+        (&b, &mut eve_b)
+    };
+    let row = &agents(loser_relay)["Eve"];
+    assert_eq!(row["conflict_with_node"], winner, "{row}");
+    let out = ok_stdout(&loser_relay.cli(&["agents"]));
+    assert!(
+        out.contains("conflict") && out.contains(&format!("held by node {winner}")),
+        "{out}"
+    );
+    let out = ok_stdout(&loser_relay.cli(&["status"]));
+    assert!(out.contains("name conflict: Eve is held by node"), "{out}");
+    // The losing Eve's message to another node is not passed off as the other Eve's: it
+    // fails here, a dead letter, and she is told.
+    let other = if loser == "hostA" { "Bob" } else { "Alice" };
+    if other == "Alice" {
+        let (_alice, _) = a.agent("Alice");
+        wait_listed(&b, "Alice", "hostA");
+    }
+    let id = loser_eve.send(other, "who am I");
+    loop {
+        let f = next_frame(loser_eve);
+        if f["type"] == "DELIVER" {
+            assert_eq!(f["from"], "relay", "{f}");
+            assert_eq!(f["payload"]["in_reply_to"], id.as_str(), "{f}");
+            assert_eq!(
+                f["payload"]["data"]["relay_notice"]["code"], "failed",
+                "{f}"
+            );
+            break;
+        }
+    }
+}

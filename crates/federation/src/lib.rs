@@ -572,7 +572,6 @@ async fn standin(
 ) {
     let mut cfg = ClientConfig::agent(&socket, &name);
     cfg.cli = Some(core::standin_cli(&node));
-    cfg.topics = topics;
     // Every re-delivery must reach the publisher: after a crash it is re-published (and
     // deduplicated by JetStream), never assumed done.
     cfg.dedupe = false;
@@ -590,6 +589,14 @@ async fn standin(
             return;
         }
     };
+    // Subscribed here (the client keeps them for its reconnections): the daemon routes a
+    // topic message to this node's stand-in as to the agent itself.
+    for t in topics {
+        if let Err(e) = client.subscribe(t.clone()).await {
+            tracing::warn!(%name, topic = %t, error = %e, "federation: stand-in cannot subscribe; restarted");
+            return;
+        }
+    }
     tracing::debug!(%name, %node, "federation: stand-in connected");
     loop {
         tokio::select! {
