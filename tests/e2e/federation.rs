@@ -168,11 +168,15 @@ pub fn agents(relay: &Relay) -> HashMap<String, Value> {
 
 /// Waits until `relay` lists `name` as an agent of `node`.
 pub fn wait_listed(relay: &Relay, name: &str, on: &str) {
-    wait_for(
-        Duration::from_secs(30),
-        &format!("{name} listed on node {on}"),
-        || agents(relay).get(name).is_some_and(|a| a["node"] == on),
-    );
+    wait_listed_within(relay, name, on, Duration::from_secs(30));
+}
+
+/// [`wait_listed`] with a longer bound: a new JetStream cluster elects a leader for each
+/// stream and consumer, which takes seconds each on a busy machine.
+pub fn wait_listed_within(relay: &Relay, name: &str, on: &str, limit: Duration) {
+    wait_for(limit, &format!("{name} listed on node {on}"), || {
+        agents(relay).get(name).is_some_and(|a| a["node"] == on)
+    });
 }
 
 /// Reads DELIVERs on `c` (acknowledging each) until one with body `marker` arrives; returns
@@ -503,4 +507,51 @@ fn the_same_name_on_two_nodes_is_refused_never_merged() {
             break;
         }
     }
+}
+
+/// The `--cluster` value naming every server of `servers`.
+fn urls(servers: &[Nats]) -> String {
+    servers.iter().map(Nats::url).collect::<Vec<_>>().join(",")
+}
+
+/// A relay joined to a three-server cluster, stream and directory on all three.
+fn clustered(servers: &[Nats], name: &str) -> Relay {
+    let all = urls(servers);
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", &all, "--node", name, "--cluster-replicas", "3"]);
+    // Raw test agents answer PINGs only while they read: the cluster's first minute must
+    // not close them.
+    args.extend(["--heartbeat-ms", "60000"]);
+    Relay::start_with(&args)
+}
+
+#[test]
+fn a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing() {
+    let mut servers = Nats::cluster(3);
+    let a = clustered(&servers, "hostA");
+    let b = clustered(&servers, "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    // JetStream elects its leaders first: the relays join when it answers.
+    wait_listed_within(&a, "Bob", "hostB", Duration::from_secs(120));
+    wait_listed_within(&b, "Alice", "hostA", Duration::from_secs(120));
+    let mut ids = send_many(&mut alice, "Bob", 40, "before");
+    // One server goes, mid-flow: whichever each relay was connected to, the other two keep
+    // the stream (quorum) and the relays reconnect to them.
+    servers[0].kill9();
+    ids.extend(send_many(&mut alice, "Bob", 40, "after"));
+    send_marker(&mut alice, "Bob", "cluster end");
+    exactly_once(
+        &read_until_marker(&mut bob, "cluster end"),
+        &ids,
+        "Alice@hostA -> Bob@hostB across a NATS server's death",
+    );
+    let back = send_many(&mut bob, "Alice", 40, "reply");
+    send_marker(&mut bob, "Alice", "reply end");
+    exactly_once(
+        &read_until_marker(&mut alice, "reply end"),
+        &back,
+        "Bob@hostB -> Alice@hostA with two servers of three",
+    );
+    assert!(!servers[0].running());
 }
