@@ -555,3 +555,210 @@ fn a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing() {
     );
     assert!(!servers[0].running());
 }
+
+const FAULT_MESSAGES: usize = 300;
+const FAULT_ROUNDS: usize = 20;
+
+/// One agent of the fault test: sends `n` messages to `other` at a random pace, then an END
+/// once every SEND has its receipt; receives (acknowledging) until it has the other's END and
+/// `n` distinct messages. Returns (ids sent, ids received in order, repeats included).
+async fn fault_agent(
+    socket: std::path::PathBuf,
+    me: &'static str,
+    other: &'static str,
+    n: usize,
+    seed: u64,
+    mut go: tokio::sync::watch::Receiver<bool>,
+) -> (Vec<String>, Vec<String>) {
+    use rand::{Rng, SeedableRng};
+    use relay_client::{Client, ClientConfig, Event, Outgoing};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut client = Client::connect(ClientConfig::agent(socket, me))
+        .await
+        .unwrap();
+    // Connected (so the directory lists it); sending starts once both nodes list both.
+    go.wait_for(|g| *g).await.unwrap();
+    let (mut sent, mut received) = (Vec::new(), Vec::new());
+    let mut receipts = Vec::new();
+    let mut waiting: Option<tokio::task::JoinHandle<()>> = None;
+    let (mut end_sent, mut got_end) = (false, false);
+    let mut next = tokio::time::Instant::now();
+    loop {
+        let distinct = received
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if end_sent && got_end && distinct >= n {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next), if sent.len() < n => {
+                let (id, r) = client
+                    .send_nowait(Outgoing::new(other, format!("{me} {}", sent.len())))
+                    .await
+                    .unwrap();
+                sent.push(id);
+                receipts.push(r);
+                next = tokio::time::Instant::now() + Duration::from_millis(rng.gen_range(2..60));
+                if sent.len() == n {
+                    let all = std::mem::take(&mut receipts);
+                    // The client re-sends whatever a killed relay did not acknowledge.
+                    waiting = Some(tokio::spawn(async move {
+                        for r in all {
+                            r.wait().await.expect("every SEND is accepted in the end");
+                        }
+                    }));
+                }
+            }
+            done = async { waiting.as_mut().unwrap().await }, if waiting.is_some() && !end_sent => {
+                done.unwrap();
+                waiting = None;
+                let (_, r) = client.send_nowait(Outgoing::new(other, "END")).await.unwrap();
+                tokio::spawn(async move { r.wait().await.expect("END accepted") });
+                end_sent = true;
+            }
+            ev = client.next_event() => match ev {
+                Some(Event::Message(m)) => {
+                    if m.from == other {
+                        if m.payload.body == "END" {
+                            got_end = true;
+                        } else {
+                            received.push(m.id.clone());
+                        }
+                    }
+                    client.ack(&m, None).await.unwrap();
+                }
+                Some(_) => {}
+                None => panic!("{me}'s client stopped"),
+            },
+        }
+    }
+    client.close().await;
+    (sent, received)
+}
+
+#[test]
+fn kill9_of_relays_and_nats_servers_at_random_loses_and_doubles_nothing() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    // Printed so that a failure can be replayed with AGENT_RELAY_FAULT_SEED.
+    eprintln!("federation fault-injection seed: {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut servers = Nats::cluster(3);
+    let mut relays = [clustered(&servers, "hostA"), clustered(&servers, "hostB")];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Both agents known everywhere before the exchange (the directory is not what this tests).
+    let (sa, sb) = (relays[0].socket.clone(), relays[1].socket.clone());
+    let (go, ready) = tokio::sync::watch::channel(false);
+    let alice = rt.spawn(fault_agent(
+        sa,
+        "Alice",
+        "Bob",
+        FAULT_MESSAGES,
+        seed ^ 1,
+        ready.clone(),
+    ));
+    let bob = rt.spawn(fault_agent(
+        sb,
+        "Bob",
+        "Alice",
+        FAULT_MESSAGES,
+        seed ^ 2,
+        ready,
+    ));
+    wait_listed_within(&relays[0], "Bob", "hostB", Duration::from_secs(120));
+    wait_listed_within(&relays[1], "Alice", "hostA", Duration::from_secs(120));
+    go.send(true).unwrap();
+    let mut victims = Vec::new();
+    for _ in 0..FAULT_ROUNDS {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(100..700)));
+        let v = rng.gen_range(0..5);
+        let down = Duration::from_millis(rng.gen_range(0..400));
+        if v < 2 {
+            relays[v].kill9();
+            std::thread::sleep(down);
+            relays[v].spawn();
+            victims.push(format!("relay host{}", ["A", "B"][v]));
+        } else {
+            servers[v - 2].kill9();
+            std::thread::sleep(down);
+            servers[v - 2].spawn();
+            victims.push(format!("nats n{}", v - 2));
+        }
+    }
+    eprintln!("killed -9 in turn: {}", victims.join(", "));
+    let ((a_sent, a_got), (b_sent, b_got)) = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), async {
+            (alice.await.unwrap(), bob.await.unwrap())
+        })
+        .await
+        .expect("every message arrives within 5 minutes of the last kill")
+    });
+    let dead: usize = relays
+        .iter()
+        .map(|r| {
+            let v: Value =
+                serde_json::from_str(&ok_stdout(&r.cli(&["dlq", "list", "--all", "--json"])))
+                    .unwrap();
+            v["dead_letters"].as_array().unwrap().len()
+        })
+        .sum();
+    eprintln!("dead letters: {dead}");
+    assert_eq!(dead, 0, "nothing was refused or expired in this run");
+    exactly_once(&b_got, &a_sent, "Alice@hostA -> Bob@hostB under kill -9");
+    exactly_once(&a_got, &b_sent, "Bob@hostB -> Alice@hostA under kill -9");
+}
+
+/// SEND `body` to `to` answering `in_reply_to`; returns (id, the ACK or NACK frame).
+fn reply(c: &mut Raw, to: &str, body: &str, in_reply_to: &str) -> (String, Value) {
+    let id = c.send_env(
+        "SEND",
+        json!({"to": to}),
+        json!({"kind": "message", "body": body, "in_reply_to": in_reply_to}),
+    );
+    let f = next_frame(c);
+    assert_eq!(f["payload"]["ack_id"], id.as_str(), "{f}");
+    (id, f)
+}
+
+#[test]
+fn a_hop_budget_is_not_reset_by_crossing_nodes() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let with = |n: &str| {
+        let mut a: Vec<&str> = UNLIMITED.to_vec();
+        a.extend(["--cluster", url.as_str(), "--node", n, "--max-hops", "2"]);
+        Relay::start_with(&a)
+    };
+    let a = with("hostA");
+    let b = with("hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // A chain that crosses nodes at every hop: 0 (a new message), 1, 2, then 3 is one too many.
+    let m0 = alice.send("Bob", "start");
+    alice.expect("ACK");
+    let d0 = next_deliver(&mut bob);
+    assert_eq!(d0["id"], m0.as_str());
+    let (m1, ack) = reply(&mut bob, "Alice", "hop 1", &m0);
+    assert_eq!(ack["type"], "ACK", "{ack}");
+    let d1 = next_deliver(&mut alice);
+    assert_eq!(d1["payload"]["budget"]["hops"], 1, "{d1}");
+    let (m2, ack) = reply(&mut alice, "Bob", "hop 2", &m1);
+    assert_eq!(ack["type"], "ACK", "{ack}");
+    let d2 = next_deliver(&mut bob);
+    assert_eq!(d2["id"], m2.as_str());
+    // hostB counted the hops of a chain that came from hostA: 2, as hostA did.
+    assert_eq!(d2["payload"]["budget"]["hops"], 2, "{d2}");
+    let (_, nack) = reply(&mut bob, "Alice", "hop 3", &m2);
+    assert_eq!(nack["type"], "NACK", "{nack}");
+    assert_eq!(nack["payload"]["code"], "budget_exceeded", "{nack}");
+}
