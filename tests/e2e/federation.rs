@@ -762,3 +762,78 @@ fn a_hop_budget_is_not_reset_by_crossing_nodes() {
     assert_eq!(nack["type"], "NACK", "{nack}");
     assert_eq!(nack["payload"]["code"], "budget_exceeded", "{nack}");
 }
+
+#[test]
+fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
+    use std::process::Stdio;
+    let nats = Nats::start();
+    let url = nats.url();
+    let with = |n: &str| {
+        let mut a: Vec<&str> = UNLIMITED.to_vec();
+        a.extend(["--cluster", url.as_str(), "--node", n, "--max-hops", "3"]);
+        Relay::start_with(&a)
+    };
+    let a = with("hostA");
+    let b = with("hostB");
+    // Scripted agents under the real wrapper, one per node, each answering the other.
+    std::fs::write(
+        a.dir.path().join("ann.sh"),
+        crate::safety::answering_agent("Ben"),
+    )
+    .unwrap();
+    std::fs::write(
+        b.dir.path().join("ben.sh"),
+        crate::safety::answering_agent("Ann"),
+    )
+    .unwrap();
+    let spawn = |relay: &Relay, name: &str, script: &str| {
+        relay
+            .command()
+            .args(["wrap", "--no-input", "-n", name, "--", "sh", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut ann = spawn(&a, "Ann", "ann.sh");
+    let ben = spawn(&b, "Ben", "ben.sh");
+    wait_listed(&a, "Ben", "hostB");
+    wait_listed(&b, "Ann", "hostA");
+    // A person on hostA starts it. Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben: each crosses the
+    // nodes; Ben's answer would be hop 4: refused on hostB and typed into Ben's terminal.
+    ok_stdout(&a.cli(&["send", "Ann", "please sync with Ben"]));
+    let (ben_code, ben_out) = crate::wrap::output_of(ben);
+    assert_eq!(ben_code, 5, "{ben_out}");
+    assert!(
+        ben_out.contains("got: Relay message from Ann")
+            && ben_out.contains("acknowledged 2")
+            && ben_out.contains("got: relay: your message to Ann was not sent")
+            && ben_out.contains("the limit is 3"),
+        "{ben_out}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ann.id() as i32).unwrap(),
+        rustix::process::Signal::Term,
+    )
+    .unwrap();
+    ann.wait().unwrap();
+    // Each message of the chain is stored once on each node, with the hops it had there.
+    let hist = |r: &Relay| -> Vec<Value> {
+        serde_json::from_str::<Value>(&ok_stdout(&r.cli(&["history", "--json"])))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["from"] == "Ann" || m["from"] == "Ben")
+            .cloned()
+            .collect()
+    };
+    let (ha, hb) = (hist(&a), hist(&b));
+    assert_eq!(ha.len(), 3, "{ha:?}");
+    let ids = |h: &[Value]| h.iter().map(|m| m["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&ha), ids(&hb), "the same three messages on both nodes");
+    let dl: Value = serde_json::from_str(&ok_stdout(&b.cli(&["dlq", "list", "--json"]))).unwrap();
+    let dl = dl["dead_letters"].as_array().unwrap();
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0]["code"], "budget_exceeded");
+}
