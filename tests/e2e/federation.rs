@@ -714,6 +714,9 @@ fn kill9_of_relays_and_nats_servers_at_random_loses_and_doubles_nothing() {
     assert_eq!(dead, 0, "nothing was refused or expired in this run");
     exactly_once(&b_got, &a_sent, "Alice@hostA -> Bob@hostB under kill -9");
     exactly_once(&a_got, &b_sent, "Bob@hostB -> Alice@hostA under kill -9");
+    // And in the order each was sent (one sender, one recipient: one stream).
+    assert_eq!(b_got, a_sent, "Alice's messages reached Bob out of order");
+    assert_eq!(a_got, b_sent, "Bob's messages reached Alice out of order");
 }
 
 /// SEND `body` to `to` answering `in_reply_to`; returns (id, the ACK or NACK frame).

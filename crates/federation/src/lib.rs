@@ -164,8 +164,9 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
         received: AtomicU64::new(0),
         cell,
     });
+    let mut resume_from = None;
     let (kv, consumer) = loop {
-        match setup(&shared, &opts).await {
+        match setup(&shared, &opts, &mut resume_from).await {
             Ok(x) => break x,
             Err(e) => {
                 tracing::warn!(error = %e, "federation: NATS not ready; retrying");
@@ -199,7 +200,17 @@ fn set_cell(cell: &Cell, f: impl FnOnce(&mut FederationStatus)) {
 }
 
 /// Creates (or finds) the stream, this node's durable consumer and the directory bucket.
-async fn setup(sh: &Shared, opts: &Options) -> Result<(kv::Store, PullConsumer), String> {
+///
+/// The consumer is made anew at every start, from the first message this node had not
+/// acknowledged (`resume_from`, kept across retries): messages a crashed relay had taken but
+/// not stored come again first and in order, instead of after the ack wait behind newer
+/// ones (which would break a sender's order). What it had stored comes again too and is a
+/// `duplicate` here.
+async fn setup(
+    sh: &Shared,
+    opts: &Options,
+    resume_from: &mut Option<u64>,
+) -> Result<(kv::Store, PullConsumer), String> {
     let replicas = if opts.replicas > 0 {
         opts.replicas
     } else {
@@ -224,11 +235,31 @@ async fn setup(sh: &Shared, opts: &Options) -> Result<(kv::Store, PullConsumer),
         .get_stream(core::STREAM)
         .await
         .map_err(|e| format!("stream: {e}"))?;
+    let durable = core::consumer(&sh.me);
+    if resume_from.is_none() {
+        match stream.consumer_info(&durable).await {
+            Ok(info) => {
+                *resume_from = Some(info.ack_floor.stream_sequence + 1);
+                stream
+                    .delete_consumer(&durable)
+                    .await
+                    .map_err(|e| format!("consumer: {e}"))?;
+            }
+            Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
+                *resume_from = Some(1);
+            }
+            Err(e) => return Err(format!("consumer: {e}")),
+        }
+    }
+    let start_sequence = resume_from.unwrap_or(1);
     let consumer: PullConsumer = stream
         .get_or_create_consumer(
-            &core::consumer(&sh.me),
+            &durable,
             jetstream::consumer::pull::Config {
-                durable_name: Some(core::consumer(&sh.me)),
+                durable_name: Some(durable.clone()),
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence,
+                },
                 filter_subject: core::subject(&sh.me),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(10),
