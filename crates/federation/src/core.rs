@@ -253,7 +253,6 @@ pub fn standin_node(cli: Option<&str>) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    #![expect(clippy::unwrap_used, reason = "tests")]
     use super::*;
     use relay_protocol::Kind;
 
