@@ -840,3 +840,34 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     assert_eq!(dl.len(), 1, "{dl:?}");
     assert_eq!(dl[0]["code"], "budget_exceeded");
 }
+
+#[test]
+fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // `agent-relay send` is a client connection named "human" on each host.
+    ok_stdout(&a.cli(&["send", "Bob", "from the person on hostA"]));
+    let f = next_deliver(&mut bob);
+    assert_eq!(
+        (f["from"].as_str(), f["payload"]["body"].as_str()),
+        (Some("human"), Some("from the person on hostA")),
+        "{f}"
+    );
+    // hostB's own person is not locked out by the name the other host's person used.
+    ok_stdout(&b.cli(&["send", "Alice", "from the person on hostB"]));
+    ok_stdout(&b.cli(&["send", "Bob", "local, from the person on hostB"]));
+    let f = next_deliver(&mut alice);
+    assert_eq!(f["payload"]["body"], "from the person on hostB", "{f}");
+    let f = next_deliver(&mut bob);
+    assert_eq!(
+        f["payload"]["body"], "local, from the person on hostB",
+        "{f}"
+    );
+    // A person is no agent of the federation.
+    assert!(!agents(&b).contains_key("human"));
+}

@@ -100,6 +100,11 @@ pub struct Wire {
     pub topic: Option<String>,
     /// The payload as delivered on the origin node.
     pub payload: Send,
+    /// The sender is a tool or a person (`agent-relay send`: a client connection), not an
+    /// agent: the far node sends it through a client connection, which never holds the name
+    /// (so its own `send` under the same name keeps working).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool: bool,
 }
 
 /// One agent in the directory (the value under its name).
@@ -212,13 +217,15 @@ pub struct Delivered<'a> {
 
 /// Decides whether a delivery to a stand-in goes out. `remote_sender` is true when `from` is
 /// a stand-in here (an agent of another node) or the relay itself; `conflict` when `from` is
-/// a local agent whose name another node holds.
+/// a local agent whose name another node holds; `tool` when `from` is no agent here at all
+/// (a client connection: a person's `send`, a script).
 pub fn forward(
     me: &str,
     node: &str,
     d: Delivered<'_>,
     remote_sender: bool,
     conflict: bool,
+    tool: bool,
 ) -> Forward {
     if remote_sender || d.from.eq_ignore_ascii_case("relay") {
         return Forward::Skip;
@@ -237,6 +244,7 @@ pub fn forward(
             to: Some(d.to.to_owned()).filter(|t| !t.is_empty()),
             topic: d.topic.map(str::to_owned),
             payload: d.payload.clone(),
+            tool,
         }),
     }
 }
@@ -340,7 +348,7 @@ mod tests {
             topic: None,
             payload: &p,
         };
-        match forward("n1", "n2", d, false, false) {
+        match forward("n1", "n2", d, false, false, false) {
             Forward::Publish {
                 subject: s,
                 msg_id: m,
@@ -356,10 +364,17 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(forward("n1", "n2", d, true, false), Forward::Skip);
-        assert_eq!(forward("n1", "n2", d, false, true), Forward::Refuse);
+        assert_eq!(forward("n1", "n2", d, true, false, false), Forward::Skip);
+        assert_eq!(forward("n1", "n2", d, false, true, false), Forward::Refuse);
         let relay = Delivered { from: "relay", ..d };
-        assert_eq!(forward("n1", "n2", relay, false, false), Forward::Skip);
+        assert_eq!(
+            forward("n1", "n2", relay, false, false, false),
+            Forward::Skip
+        );
+        match forward("n1", "n2", d, false, false, true) {
+            Forward::Publish { wire, .. } => assert!(wire.tool),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -97,6 +97,9 @@ struct Shared {
     remote: RwLock<HashSet<String>>,
     /// Local agents whose name another node holds.
     conflicts: RwLock<HashSet<String>>,
+    /// Every agent this relay knows that is its own (online or not): a sender not among them
+    /// (and no stand-in) is a tool.
+    agents: RwLock<HashSet<String>>,
     published: AtomicU64,
     received: AtomicU64,
     cell: Cell,
@@ -109,6 +112,20 @@ impl Shared {
 
     fn is_conflict(&self, name: &str) -> bool {
         self.conflicts.read().is_ok_and(|r| r.contains(name))
+    }
+
+    fn is_local_agent(&self, name: &str) -> bool {
+        self.agents.read().is_ok_and(|r| r.contains(name))
+    }
+
+    fn set_local_agents(&self, agents: &[relay_protocol::query::AgentInfo]) {
+        if let Ok(mut a) = self.agents.write() {
+            *a = agents
+                .iter()
+                .filter(|a| core::standin_node(a.cli.as_deref()).is_none())
+                .map(|a| a.name.clone())
+                .collect();
+        }
     }
 }
 
@@ -160,6 +177,7 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
         js,
         remote: RwLock::new(HashSet::new()),
         conflicts: RwLock::new(HashSet::new()),
+        agents: RwLock::new(HashSet::new()),
         published: AtomicU64::new(0),
         received: AtomicU64::new(0),
         cell,
@@ -362,6 +380,8 @@ async fn manage(
     mut inbound: mpsc::Receiver<Inbound>,
 ) {
     let mut standins: HashMap<String, Standin> = HashMap::new();
+    // Client connections for tools of other nodes (never recipients, never holding a name).
+    let mut tools: HashMap<String, Standin> = HashMap::new();
     let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -374,12 +394,17 @@ async fn manage(
                 let Some(m) = m else { return };
                 let from = m.wire.from.clone();
                 let node = m.wire.origin.clone();
-                // A sender the directory has not shown here yet: its stand-in starts now.
-                if !standins.contains_key(&from) {
+                let map = if m.wire.tool { &mut tools } else { &mut standins };
+                // A sender the directory has not shown here yet (or a tool): its stand-in
+                // starts now.
+                if map.get(&from).is_none_or(|s| s.task.is_finished()) {
                     let topics = directory.get(&from).map(|e| e.topics.clone()).unwrap_or_default();
-                    standins.insert(from.clone(), spawn_standin(&sh, &opts, &from, &node, topics));
+                    map.insert(
+                        from.clone(),
+                        spawn_standin(&sh, &opts, &from, &node, topics, m.wire.tool),
+                    );
                 }
-                if let Some(s) = standins.get(&from)
+                if let Some(s) = map.get(&from)
                     && let Err(mpsc::error::SendError(m)) = s.tx.send(m).await
                 {
                     // The stand-in ended (its name is taken here): JetStream gives the
@@ -419,6 +444,7 @@ async fn sync(
             return;
         }
     };
+    sh.set_local_agents(&agents);
     let mut backlog = 0u64;
     let mut locals = Vec::new();
     for a in &agents {
@@ -492,9 +518,11 @@ async fn sync(
     // (the name became local here) are stopped.
     standins.retain(|name, s| {
         let keep = !s.task.is_finished()
-            && wanted
-                .get(name.as_str())
-                .is_some_and(|e| e.node == s.node && e.topics == s.topics);
+            && match wanted.get(name.as_str()) {
+                Some(e) => e.node == s.node && e.topics == s.topics,
+                // Started for a sender the directory does not list yet: kept until it does.
+                None => !directory.contains_key(name) && !local_names.contains(name),
+            };
         if !keep {
             s.task.abort();
         }
@@ -504,7 +532,7 @@ async fn sync(
         if !standins.contains_key(*name) {
             standins.insert(
                 (*name).to_owned(),
-                spawn_standin(sh, opts, name, &e.node, e.topics.clone()),
+                spawn_standin(sh, opts, name, &e.node, e.topics.clone(), false),
             );
         }
     }
@@ -572,6 +600,7 @@ fn spawn_standin(
     name: &str,
     node: &str,
     topics: Vec<String>,
+    tool: bool,
 ) -> Standin {
     let (tx, rx) = mpsc::channel(1024);
     let task = tokio::spawn(standin(
@@ -580,6 +609,7 @@ fn spawn_standin(
         name.to_owned(),
         node.to_owned(),
         topics.clone(),
+        tool,
         rx,
     ));
     Standin {
@@ -599,9 +629,17 @@ async fn standin(
     name: String,
     node: String,
     topics: Vec<String>,
+    tool: bool,
     mut inbound: mpsc::Receiver<Inbound>,
 ) {
-    let mut cfg = ClientConfig::agent(&socket, &name);
+    let mut cfg = if tool {
+        // A tool of another node: a client connection, which never holds the name.
+        let mut c = ClientConfig::tool(&socket, &name);
+        c.reconnect = true;
+        c
+    } else {
+        ClientConfig::agent(&socket, &name)
+    };
     cfg.cli = Some(core::standin_cli(&node));
     // Every re-delivery must reach the publisher: after a crash it is re-published (and
     // deduplicated by JetStream), never assumed done.
@@ -634,6 +672,23 @@ async fn standin(
             ev = client.next_event() => {
                 let Some(ev) = ev else { return };
                 if let Event::Message(d) = ev {
+                    let remote = sh.is_remote(&d.from);
+                    // A sender that is neither remote nor a known agent here: asked again
+                    // (an agent's HELLO comes before its SENDs, so a fresh list has it).
+                    let mut is_tool = !remote && !sh.is_local_agent(&d.from);
+                    if is_tool {
+                        match client.query(QueryRequest::Agents).await {
+                            Ok(QueryResult::Agents { agents }) => {
+                                sh.set_local_agents(&agents);
+                                is_tool = !sh.is_local_agent(&d.from);
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::debug!(error = %e, "federation: stand-in cannot list agents; its delivery comes again");
+                                return;
+                            }
+                        }
+                    }
                     let decision = core::forward(
                         &sh.me,
                         &node,
@@ -644,8 +699,9 @@ async fn standin(
                             topic: d.topic.as_deref(),
                             payload: &d.payload,
                         },
-                        sh.is_remote(&d.from),
+                        remote,
                         sh.is_conflict(&d.from),
+                        is_tool,
                     );
                     let state = match decision {
                         Forward::Skip => None,
@@ -685,6 +741,14 @@ async fn standin(
                                     sh.received.fetch_add(1, Ordering::Relaxed);
                                     if let Err(e) = m.msg.double_ack().await {
                                         tracing::debug!(error = %e, "federation: ack to JetStream lost; the redelivery will be a duplicate here");
+                                    }
+                                }
+                                Err(ClientError::Rejected { code: relay_protocol::NackCode::Forbidden, reason }) if tool => {
+                                    // A tool's name held by an agent here: only that agent
+                                    // speaks as it. Not stored, and said.
+                                    tracing::warn!(%reason, "federation: a tool's message from another node refused here: an agent of this node has its name");
+                                    if let Err(e) = m.msg.ack().await {
+                                        tracing::debug!(error = %e, "federation: ack to JetStream lost");
                                     }
                                 }
                                 Err(ClientError::Rejected { code, reason }) => {
