@@ -379,39 +379,52 @@ async fn manage(
     tool: Client,
     mut inbound: mpsc::Receiver<Inbound>,
 ) {
-    let mut standins: HashMap<String, Standin> = HashMap::new();
+    let standins: Arc<tokio::sync::Mutex<HashMap<String, Standin>>> = Arc::default();
     // Client connections for tools of other nodes (never recipients, never holding a name).
     let mut tools: HashMap<String, Standin> = HashMap::new();
-    let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                sync(&sh, &opts, &kv, &tool, &mut directory, &mut standins).await;
+    // The directory pass (KV reads, a query of the local relay) runs on its own task: inbound
+    // messages never wait for it.
+    {
+        let (sh, opts, standins) = (sh.clone(), opts.clone(), standins.clone());
+        tokio::spawn(async move {
+            let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                sync(&sh, &opts, &kv, &tool, &mut directory, &standins).await;
             }
-            m = inbound.recv() => {
-                let Some(m) = m else { return };
-                let from = m.wire.from.clone();
-                let node = m.wire.origin.clone();
-                let map = if m.wire.tool { &mut tools } else { &mut standins };
-                // A sender the directory has not shown here yet (or a tool): its stand-in
-                // starts now.
-                if map.get(&from).is_none_or(|s| s.task.is_finished()) {
-                    let topics = directory.get(&from).map(|e| e.topics.clone()).unwrap_or_default();
-                    map.insert(
-                        from.clone(),
-                        spawn_standin(&sh, &opts, &from, &node, topics, m.wire.tool),
-                    );
-                }
-                if let Some(s) = map.get(&from)
-                    && let Err(mpsc::error::SendError(m)) = s.tx.send(m).await
-                {
-                    // The stand-in ended (its name is taken here): JetStream gives the
-                    // message again later.
-                    nak(&m.msg, "its sender's stand-in is not running").await;
-                }
+        });
+    }
+    while let Some(m) = inbound.recv().await {
+        let from = m.wire.from.clone();
+        let node = m.wire.origin.clone();
+        let tx = if m.wire.tool {
+            if tools.get(&from).is_none_or(|s| s.task.is_finished()) {
+                tools.insert(
+                    from.clone(),
+                    spawn_standin(&sh, &opts, &from, &node, Vec::new(), true),
+                );
             }
+            tools.get(&from).map(|s| s.tx.clone())
+        } else {
+            let mut map = standins.lock().await;
+            // A sender the directory has not shown here yet: its stand-in starts now (the
+            // directory pass gives it its topics later).
+            if map.get(&from).is_none_or(|s| s.task.is_finished()) {
+                map.insert(
+                    from.clone(),
+                    spawn_standin(&sh, &opts, &from, &node, Vec::new(), false),
+                );
+            }
+            map.get(&from).map(|s| s.tx.clone())
+        };
+        if let Some(tx) = tx
+            && let Err(mpsc::error::SendError(m)) = tx.send(m).await
+        {
+            // The stand-in ended (its name is taken here): JetStream gives the message
+            // again later.
+            nak(&m.msg, "its sender's stand-in is not running").await;
         }
     }
 }
@@ -434,7 +447,7 @@ async fn sync(
     kv: &kv::Store,
     tool: &Client,
     directory: &mut BTreeMap<String, Entry>,
-    standins: &mut HashMap<String, Standin>,
+    standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
 ) {
     let agents = match tool.query(QueryRequest::Agents).await {
         Ok(QueryResult::Agents { agents }) => agents,
@@ -516,6 +529,7 @@ async fn sync(
     let wanted = core::standins(&sh.me, directory, &local_names);
     // Stand-ins whose agent moved or changed topics are restarted; those no longer wanted
     // (the name became local here) are stopped.
+    let mut standins = standins.lock().await;
     standins.retain(|name, s| {
         let keep = !s.task.is_finished()
             && match wanted.get(name.as_str()) {
