@@ -607,6 +607,12 @@ pub(crate) struct BenchArgs {
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
+    /// Measure across nodes of a federation: start two private relays joined through these
+    /// NATS servers (nats://HOST:PORT, JetStream on), senders on one and receivers on the
+    /// other, so every message is stored, published, consumed and stored again before it is
+    /// delivered (docs/FEDERATION.md).
+    #[arg(long, value_name = "URLS")]
+    pub(crate) cluster: Option<String>,
     /// Instead: measure a wrapped agent's directive reaching another wrapped agent's terminal
     /// (printed → first byte typed), with both agents under this backend; -n messages, one
     /// every --interval-ms.

@@ -12,6 +12,7 @@ mod daemon_core;
 mod dashboard;
 mod doors;
 mod faults;
+mod federation;
 mod hardening;
 mod newcomer;
 mod parse;

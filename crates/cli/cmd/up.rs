@@ -481,6 +481,11 @@ fn foreground(
         },
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
+    let federation = federation_options(paths, args)?;
+    if federation.is_some() {
+        cfg.federation = Some(relay_daemon::FederationCell::default());
+    }
+    let cell = cfg.federation.clone();
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
     // to one core, and delivers less (docs/PERFORMANCE.md).
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -500,6 +505,15 @@ fn foreground(
         relay_daemon::run_with(listener, store, cfg, kind, shutdown, |handle| {
             if let Some(hub) = &people {
                 hub.start(&handle);
+            }
+            // The link speaks to this daemon over its socket, bound by now (connections wait
+            // in the backlog until the accept loop starts).
+            if let (Some(opts), Some(cell)) = (federation, cell) {
+                tokio::spawn(async move {
+                    if let Err(e) = relay_federation::run(opts, cell).await {
+                        tracing::error!(error = %e, "the federation link stopped");
+                    }
+                });
             }
             if let Some((bound, token)) = dashboard {
                 tokio::spawn(async move {
@@ -525,6 +539,51 @@ fn foreground(
     result?;
     tracing::info!("relay daemon stopped");
     Ok(())
+}
+
+/// The federation link's options when `--cluster` is set (`None`: nothing extra runs).
+fn federation_options(
+    paths: &Paths,
+    args: &UpSettings,
+) -> anyhow::Result<Option<relay_federation::Options>> {
+    if args.cluster.trim().is_empty() {
+        return Ok(None);
+    }
+    let node = if args.node.is_empty() {
+        host_node_name()
+    } else {
+        args.node.clone()
+    };
+    relay_federation::core::validate_node(&node).map_err(|e| crate::exit::usage(e.to_string()))?;
+    let path = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+    Ok(Some(relay_federation::Options {
+        cluster: args.cluster.clone(),
+        node,
+        socket: paths.socket.clone(),
+        creds: path(&args.cluster_creds),
+        ca: path(&args.cluster_ca),
+        retention: Duration::from_secs(args.cluster_retention.max(1)),
+        replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
+    }))
+}
+
+/// The host name as a node name: characters a NATS subject token cannot hold become `-`.
+fn host_node_name() -> String {
+    // Linux; elsewhere (or unreadable) the node is called `node` unless --node says.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim();
+    let name: String = host
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if name.is_empty() { "node".into() } else { name }
 }
 
 /// Binds the dashboard's port and writes its URL (0600) for `up` and `status` to show. A
