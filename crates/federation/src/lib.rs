@@ -281,7 +281,12 @@ async fn setup(
                 filter_subject: core::subject(&sh.me),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(10),
-                max_ack_pending: 4096,
+                // One at a time: the next message comes only once this one is stored here and
+                // acknowledged. With more in flight, a delivery lost with a NATS server that
+                // died came again only after the ack wait, behind later messages of the same
+                // sender: out of order (seen in
+                // `a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing`).
+                max_ack_pending: 1,
                 ..Default::default()
             },
         )
