@@ -69,6 +69,9 @@ pub(crate) struct Cli {
     /// With an agent command and tmux: start it and return without attaching.
     #[arg(long)]
     pub(crate) detached: bool,
+    /// With an agent command: do not teach the agent the relay at start (see `wrap --help`).
+    #[arg(long)]
+    pub(crate) no_teach: bool,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,
@@ -109,6 +112,9 @@ pub(crate) enum Cmd {
     Dlq(DlqArgs),
     /// Access rules: which agent may send to which (applied without a restart).
     Rules(RulesArgs),
+    /// List the people adapters (webhook, Telegram) of the running relay with their state:
+    /// connected, failing and the last error, and what each sent, received and refused.
+    Adapters(JsonArg),
     /// Follow the relay live, one line per event: agents connecting, messages sent, delivered,
     /// acknowledged, refused, expired. Runs until interrupted.
     Watch(WatchArgs),
@@ -116,6 +122,12 @@ pub(crate) enum Cmd {
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
+    /// Claude Code hooks as a door: `hooks install claude` adds a Stop hook that hands waiting
+    /// relay messages to the model at the end of its turn; `hooks uninstall claude` removes it.
+    Hooks(crate::cmd::hooks::HooksArgs),
+    /// Serve the relay to an agent as MCP tools over stdio (relay_send, relay_inbox,
+    /// relay_read, relay_agents, relay_search): `claude mcp add relay -- agent-relay mcp --name Alice`.
+    Mcp(crate::cmd::mcp::McpArgs),
     /// Print a shell completion script: `source <(agent-relay completions bash)` in ~/.bashrc,
     /// `agent-relay completions zsh > ~/.zfunc/_agent-relay`, or
     /// `agent-relay completions fish > ~/.config/fish/completions/agent-relay.fish`.
@@ -528,6 +540,12 @@ pub(crate) struct WrapArgs {
     /// name, the @relay: syntax, how messages arrive). tmux: only when the session is new.
     #[arg(long)]
     pub(crate) intro: bool,
+    /// Do not teach the agent the relay at start. By default Claude Code gets its name, the
+    /// @relay: syntax and the other agents with --append-system-prompt, and Codex CLI with
+    /// -c developer_instructions=... (Gemini CLI has no such flag: use --intro); the text is
+    /// .agent-relay/teach.md in the project when it exists, else the built-in one.
+    #[arg(long)]
+    pub(crate) no_teach: bool,
     /// Internal: relay for an existing tmux session (started by `wrap --backend tmux`).
     #[arg(long, hide = true, value_name = "SESSION")]
     pub(crate) serve_tmux: Option<String>,
@@ -589,6 +607,12 @@ pub(crate) struct BenchArgs {
     /// Give up waiting for deliveries after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
+    /// Measure across nodes of a federation: start two private relays joined through these
+    /// NATS servers (nats://HOST:PORT, JetStream on), senders on one and receivers on the
+    /// other, so every message is stored, published, consumed and stored again before it is
+    /// delivered (docs/FEDERATION.md).
+    #[arg(long, value_name = "URLS")]
+    pub(crate) cluster: Option<String>,
     /// Instead: measure a wrapped agent's directive reaching another wrapped agent's terminal
     /// (printed → first byte typed), with both agents under this backend; -n messages, one
     /// every --interval-ms.

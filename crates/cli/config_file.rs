@@ -8,6 +8,12 @@
 //!
 //! [profiles.claude]      # any field of a wrapper profile, named as in profiles/*.toml
 //! quiet_ms = 800
+//!
+//! [people.human]         # a person reached through adapters (relay_people::config)
+//! telegram = 123456789
+//!
+//! [adapters.telegram]    # the adapters: webhook, telegram
+//! token_file = "~/.config/agent-relay/telegram.token"
 //! ```
 //!
 //! Everything is checked when the file is read: an unknown table or key, or a value of the
@@ -38,6 +44,8 @@ pub(crate) struct ConfigFile {
     pub(crate) up: BTreeMap<&'static str, (Value, usize)>,
     /// `[profiles.NAME]`: each profile's fields, in the file's order.
     pub(crate) profiles: BTreeMap<String, ProfileTable>,
+    /// `[people.NAME]` and `[adapters.*]`: who is reached through which adapter.
+    pub(crate) people: relay_people::PeopleConfig,
 }
 
 /// One `[profiles.NAME]` table.
@@ -68,6 +76,11 @@ struct Doc {
     up: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
     #[serde(default)]
     profiles: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+    // Read, with their own spans, by `relay_people::config::parse`.
+    #[serde(default, rename = "people")]
+    _people: Option<toml::Value>,
+    #[serde(default, rename = "adapters")]
+    _adapters: Option<toml::Value>,
 }
 
 /// Line and column (from 1) of byte offset `at` in `text`.
@@ -129,9 +142,9 @@ pub(crate) fn parse(text: &str, path: &Path, shown: String) -> anyhow::Result<Co
     };
     let doc: Doc = toml::from_str(text).map_err(|e| {
         let message = e.message().trim_end().replace(
-            "expected `up` or `profiles`",
-            "expected [up] (the settings of `agent-relay up`) or [profiles.NAME] (wrapper \
-             profile fields); see `agent-relay config --help`",
+            "expected one of `up`, `profiles`, `people`, `adapters`",
+            "expected [up] (the settings of `agent-relay up`), [profiles.NAME] (wrapper \
+             profile fields), [people.NAME] or [adapters.webhook|telegram]; see `agent-relay config --help`",
         );
         at(e.span().map_or(0, |s| s.start), message)
     })?;
@@ -220,11 +233,23 @@ pub(crate) fn parse(text: &str, path: &Path, shown: String) -> anyhow::Result<Co
         }
         profiles.insert(pname.clone(), table);
     }
+    // Relative file names in [adapters.*] are the project's: the directory holding
+    // `.agent-relay/`, or the file's own directory for a file named by AGENT_RELAY_CONFIG.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let root = if dir.ends_with(".agent-relay") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let people = relay_people::config::parse(text, root, home.as_deref())
+        .map_err(|e| at(e.offset, e.message))?;
     Ok(ConfigFile {
         path: path.to_path_buf(),
         shown,
         up,
         profiles,
+        people,
     })
 }
 
@@ -302,6 +327,20 @@ mod tests {
         let e = err("[profiles.claude]\nquiet_ms = \"x\"\n");
         assert!(
             e.starts_with("/p/config.toml:2:12: [profiles.claude] quiet_ms"),
+            "{e}"
+        );
+        // People and adapters (relay_people::config) name their line too.
+        let e = err("[up]\nmax-hops = 3\n\n[people.human]\ntelegram = 1\ncolour = 2\n");
+        assert!(
+            e.starts_with("/p/config.toml:6:1: unknown field `colour`"),
+            "{e}"
+        );
+        let e = err(
+            "[people.human]\ntelegram = 1\n[adapters.telegram]\ntoken_file = \"t\"\nengage = \"always\"\n",
+        );
+        assert!(
+            e.starts_with("/p/config.toml:5:10: unknown variant `always`")
+                && e.contains("mention-sticky"),
             "{e}"
         );
         let e = err("[profiles.claude]\nprompt = \"(\"\n");

@@ -30,6 +30,8 @@ pub(crate) enum Kind {
     Switch,
     /// `NAME=N` pairs: the option repeated; an array of strings in the file.
     Pairs,
+    /// Free text (a URL, a name, a path), checked by this function; empty means unset.
+    Text(fn(&str) -> Result<(), String>),
 }
 
 /// A setting's value, as read by its [`Kind`].
@@ -91,7 +93,7 @@ impl std::fmt::Debug for Setting {
 }
 
 /// Every setting of `up`, in `--help` order.
-pub(crate) static SETTINGS: [Setting; 15] = [
+pub(crate) static SETTINGS: [Setting; 21] = [
     Setting {
         name: "storage",
         env: Some("AGENT_RELAY_STORAGE_TYPE"),
@@ -245,7 +247,89 @@ pub(crate) static SETTINGS: [Setting; 15] = [
         get: |s| Value::Bool(s.no_dashboard),
         set: |s, v| s.no_dashboard = v == Value::Bool(true),
     },
+    Setting {
+        name: "cluster",
+        env: Some("AGENT_RELAY_CLUSTER"),
+        value_name: "URLS",
+        help: "Join a federation of relays through these NATS servers (JetStream on): \
+               nats://HOST:PORT, comma-separated (docs/FEDERATION.md). Unset: this relay is \
+               alone and nothing extra runs.",
+        kind: Kind::Text(check_cluster),
+        get: |s| Value::Word(s.cluster.clone()),
+        set: |s, v| s.cluster = v.word().to_owned(),
+    },
+    Setting {
+        name: "node",
+        env: Some("AGENT_RELAY_NODE"),
+        value_name: "NAME",
+        help: "This relay's name in the federation (letters, digits, - and _); unset: the \
+               host name.",
+        kind: Kind::Text(check_node),
+        get: |s| Value::Word(s.node.clone()),
+        set: |s, v| s.node = v.word().to_owned(),
+    },
+    Setting {
+        name: "cluster-creds",
+        env: Some("AGENT_RELAY_CLUSTER_CREDS"),
+        value_name: "FILE",
+        help: "A NATS credentials file (.creds: user JWT and NKey seed) for --cluster.",
+        kind: Kind::Text(|_| Ok(())),
+        get: |s| Value::Word(s.cluster_creds.clone()),
+        set: |s, v| s.cluster_creds = v.word().to_owned(),
+    },
+    Setting {
+        name: "cluster-ca",
+        env: Some("AGENT_RELAY_CLUSTER_CA"),
+        value_name: "FILE",
+        help: "A CA certificate (PEM) the NATS servers' TLS certificates are checked against; \
+               TLS is then required.",
+        kind: Kind::Text(|_| Ok(())),
+        get: |s| Value::Word(s.cluster_ca.clone()),
+        set: |s, v| s.cluster_ca = v.word().to_owned(),
+    },
+    Setting {
+        name: "cluster-retention",
+        env: None,
+        value_name: "SECS",
+        help: "How long NATS keeps a message for a node that is down: seconds, or a duration \
+               (7d). A node away longer misses what was sent to it meanwhile.",
+        kind: Kind::Secs,
+        get: |s| Value::Num(s.cluster_retention),
+        set: |s, v| s.cluster_retention = v.num(),
+    },
+    Setting {
+        name: "cluster-replicas",
+        env: None,
+        value_name: "N",
+        help: "Copies NATS keeps of the federation's stream and directory (0: as many as the \
+               cluster has servers, at most 3).",
+        kind: Kind::Count(5),
+        get: |s| Value::Num(s.cluster_replicas),
+        set: |s, v| s.cluster_replicas = v.num(),
+    },
 ];
+
+fn check_cluster(text: &str) -> Result<(), String> {
+    for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let rest = ["nats://", "tls://", "ws://", "wss://"]
+            .iter()
+            .find_map(|p| url.strip_prefix(p))
+            .unwrap_or(url);
+        if rest.is_empty() || rest.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "{url:?} is not a NATS server URL (nats://HOST:PORT)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_node(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    relay_federation::core::validate_node(text).map_err(|e| e.to_string())
+}
 
 fn u32_of(v: &Value) -> u32 {
     u32::try_from(v.num()).unwrap_or(u32::MAX)
@@ -288,6 +372,7 @@ impl Setting {
             Kind::Count(max) => format!("a whole number from 0 to {max}, without quotes"),
             Kind::Switch => "true or false".into(),
             Kind::Pairs => "an array of \"NAME=N\" strings, e.g. [\"ci-bot=1000\"]".into(),
+            Kind::Text(_) => "a string".into(),
         }
     }
 
@@ -316,6 +401,7 @@ impl Setting {
                 .map(crate::args::parse_override)
                 .collect::<Result<Vec<_>, _>>()
                 .map(Value::Pairs),
+            Kind::Text(check) => check(text).map(|()| Value::Word(text.to_owned())),
         }
     }
 
@@ -332,6 +418,7 @@ impl Setting {
             }
             (Kind::Secs | Kind::Ms, toml::Value::String(s)) => self.parse_text(s),
             (Kind::Switch, toml::Value::Boolean(b)) => Ok(Value::Bool(*b)),
+            (Kind::Text(_), toml::Value::String(s)) => self.parse_text(s),
             (Kind::Pairs, toml::Value::Array(items)) => items
                 .iter()
                 .map(|item| match item {
@@ -370,6 +457,15 @@ pub(crate) struct UpSettings {
     pub(crate) rate_overrides: Vec<(String, u32)>,
     pub(crate) dashboard_port: u16,
     pub(crate) no_dashboard: bool,
+    /// NATS URLs; empty: no federation.
+    pub(crate) cluster: String,
+    /// Empty: the host name.
+    pub(crate) node: String,
+    pub(crate) cluster_creds: String,
+    pub(crate) cluster_ca: String,
+    /// Seconds.
+    pub(crate) cluster_retention: u64,
+    pub(crate) cluster_replicas: u64,
 }
 
 /// The defaults: the daemon's own (`relay_daemon::defaults`), the store's durability and the
@@ -394,6 +490,12 @@ impl Default for UpSettings {
             rate_overrides: Vec::new(),
             dashboard_port: relay_dashboard::DEFAULT_PORT,
             no_dashboard: false,
+            cluster: String::new(),
+            node: String::new(),
+            cluster_creds: String::new(),
+            cluster_ca: String::new(),
+            cluster_retention: 7 * 24 * 3600,
+            cluster_replicas: 0,
         }
     }
 }
@@ -407,6 +509,8 @@ impl UpSettings {
             match s.get(self) {
                 Value::Bool(true) => args.push(format!("--{}", s.name)),
                 Value::Bool(false) => {}
+                // An unset text setting (no federation, say) is left out.
+                Value::Word(w) if w.is_empty() => {}
                 Value::Pairs(pairs) => {
                     for (name, n) in pairs {
                         args.push(format!("--{}", s.name));

@@ -23,7 +23,7 @@ const LONG: Duration = Duration::from_secs(90);
 
 /// The agent CLIs these tests run, at the versions `scripts/install-agents` pins.
 #[derive(Clone, Copy, Debug)]
-enum Cli {
+pub(crate) enum Cli {
     Claude,
     Codex,
     Gemini,
@@ -67,7 +67,7 @@ impl Cli {
 
     /// The executable: `$AGENT_RELAY_<CLI>`, else where `scripts/install-agents` puts it.
     /// Missing, the test fails saying how to install it.
-    fn path(self) -> PathBuf {
+    pub(crate) fn path(self) -> PathBuf {
         let (package, version, exe, var, arg) = self.install();
         if let Some(p) = std::env::var_os(var) {
             let p = PathBuf::from(p);
@@ -97,7 +97,7 @@ impl Cli {
 
     /// Writes the CLI's configuration into `home` for a returning user who trusts `work` and
     /// talks to `url`; returns the environment to start it with.
-    fn setup(self, home: &Path, work: &Path, url: &str) -> String {
+    pub(crate) fn setup(self, home: &Path, work: &Path, url: &str) -> String {
         match self {
             Self::Claude => {
                 let approved = &KEY[KEY.len() - 20..];
@@ -155,7 +155,7 @@ impl Cli {
 }
 
 /// One agent CLI under the relay, in its own tmux terminal, with its own stand-in.
-struct Agent<'r> {
+pub(crate) struct Agent<'r> {
     relay: &'r Relay,
     name: String,
     home: PathBuf,
@@ -169,7 +169,7 @@ struct Agent<'r> {
 
 impl<'r> Agent<'r> {
     /// Claude Code under the relay.
-    fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
+    pub(crate) fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
         Self::start(relay, Cli::Claude, name, script)
     }
 
@@ -182,7 +182,7 @@ impl<'r> Agent<'r> {
 
     /// Starts `agent-relay wrap -n NAME --profile P -- CLI` in a fresh terminal, with a private
     /// HOME set up as a returning user (no onboarding, trusted folder, approved key).
-    fn start(relay: &'r Relay, cli: Cli, name: &str, script: Script) -> Self {
+    pub(crate) fn start(relay: &'r Relay, cli: Cli, name: &str, script: Script) -> Self {
         Self::start_on(relay, cli, name, script, "pty")
     }
 
@@ -243,7 +243,7 @@ impl<'r> Agent<'r> {
     }
 
     /// Until the agent is connected to the relay and Claude Code shows its empty input box.
-    fn wait_ready(&self) {
+    pub(crate) fn wait_ready(&self) {
         wait_online(self.relay, &self.name);
         wait_for(
             LONG,
@@ -267,12 +267,12 @@ impl<'r> Agent<'r> {
     }
 
     /// The conversation turns Claude Code sent so far: what this agent was asked, in order.
-    fn prompts(&self) -> Vec<String> {
+    pub(crate) fn prompts(&self) -> Vec<String> {
         self.standin.prompts()
     }
 
     /// Waits until `n` turns were asked; returns them.
-    fn wait_prompts(&self, n: usize) -> Vec<String> {
+    pub(crate) fn wait_prompts(&self, n: usize) -> Vec<String> {
         wait_for(LONG, &format!("{} is asked {n} prompts", self.name), || {
             self.prompts().len() >= n
         });
@@ -280,7 +280,7 @@ impl<'r> Agent<'r> {
     }
 
     /// Waits until every reply this agent was given has been streamed out in full.
-    fn wait_replies_done(&self) {
+    pub(crate) fn wait_replies_done(&self) {
         wait_for(LONG, &format!("{}'s replies are out", self.name), || {
             self.standin.requests().iter().all(|r| r.finished.is_some())
         });
@@ -305,7 +305,7 @@ impl<'r> Agent<'r> {
     /// it). Whatever the output seen so far could make the wrapper send (a repaint read
     /// twice, a directive from the transcript) is then stored in the relay's history: this
     /// event comes after it, so a test can count the history with no observation window.
-    fn wait_all_relayed(&self, last: &str) {
+    pub(crate) fn wait_all_relayed(&self, last: &str) {
         self.wait_all_relayed_when(&format!("{last:?}, not busy"), |pane| {
             pane.contains(last)
                 && !pane.contains("esc to interrupt")
@@ -1249,6 +1249,15 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
 #[test]
 fn gemini_directive_above_a_tall_reply_is_sent_once() {
     tall_reply_from(Cli::Gemini, "Gemma");
+}
+
+/// Codex CLI, which the wrapper runs inline (`--no-alt-screen`), writes every line of the same
+/// tall reply above its input box: the directive in its first paragraph is read from the
+/// screen, once. On the alternate screen (Codex's default) that line was never drawn and the
+/// directive was lost (issue 19.2).
+#[test]
+fn codex_directive_above_a_tall_reply_is_sent_once() {
+    tall_reply_from(Cli::Codex, "Cody");
 }
 
 fn tall_reply_from(cli: Cli, name: &str) {

@@ -734,7 +734,7 @@ fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
 
 /// An agent (a shell script under the real wrapper) that answers every relayed message from
 /// `peer`, as agents left alone do, and stops only when the relay refuses it.
-fn answering_agent(peer: &str) -> String {
+pub(crate) fn answering_agent(peer: &str) -> String {
     format!(
         r#"n=0
 while IFS= read -r line; do

@@ -47,6 +47,7 @@ impl Drop for PrivateDaemon {
 fn start_private(
     storage: &str,
     durability: crate::args::DurabilityKind,
+    extra: &[String],
 ) -> anyhow::Result<(PathBuf, PrivateDaemon)> {
     let dir = tempfile::Builder::new().prefix("relay-bench").tempdir()?;
     let socket = dir.path().join("r.sock");
@@ -57,6 +58,7 @@ fn start_private(
         .args(["--durability", durability.as_str()])
         // A load generator is a flood by design: the private daemon has no rate limits.
         .args(["--rate-limit", "0", "--pair-rate-limit", "0"])
+        .args(extra)
         .env("AGENT_RELAY_DATA_DIR", dir.path())
         .env("AGENT_RELAY_SOCKET", &socket)
         .env_remove("AGENT_RELAY_STORAGE_PATH")
@@ -75,6 +77,38 @@ fn start_private(
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok((socket, daemon))
+}
+
+/// Waits until the sending node lists every receiver as an agent of the other node (its
+/// stand-in is connected): before that a SEND to it would be refused as unknown.
+async fn wait_for_standins(
+    socket: &std::path::Path,
+    names: &[String],
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<()> {
+    use relay_protocol::query::{QueryRequest, QueryResult};
+    let tool =
+        relay_client::Client::connect(relay_client::ClientConfig::tool(socket, "bench")).await?;
+    loop {
+        if let QueryResult::Agents { agents } = tool.query(QueryRequest::Agents).await? {
+            let remote = agents
+                .iter()
+                .filter(|a| {
+                    a.online && relay_federation::core::standin_node(a.cli.as_deref()).is_some()
+                })
+                .filter(|a| names.contains(&a.name))
+                .count();
+            if remote == names.len() {
+                tool.close().await;
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the receivers did not appear on the sending node (is JetStream on at the --cluster servers?)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Peak resident memory of a process, in KiB (Linux).
@@ -110,14 +144,41 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         "--bytes must be at least 24 (the body carries a timestamp)"
     );
     anyhow::ensure!(args.window >= 1, "--window must be at least 1");
-    let (socket, daemon) = match &args.target {
-        Some(s) => (s.clone(), None),
-        None => {
-            let (s, d) = start_private(args.storage.as_str(), args.durability)?;
-            (s, Some(d))
+    let (s_count, r_count, n) = (args.senders, args.receivers, args.messages);
+    // Names unique to this run: a federation's directory keeps a name for the node that
+    // first held it, and an earlier run's receivers may still be in it.
+    let tag = if args.cluster.is_some() {
+        format!("-{}", std::process::id())
+    } else {
+        String::new()
+    };
+    let receiver_names: Vec<String> = (0..r_count).map(|r| format!("bench-r{r}{tag}")).collect();
+    let (socket, daemon, far) = match (&args.target, &args.cluster) {
+        (Some(_), Some(_)) => anyhow::bail!("--cluster starts its own relays: leave out --target"),
+        (Some(s), None) => (s.clone(), None, None),
+        (None, None) => {
+            let (s, d) = start_private(args.storage.as_str(), args.durability, &[])?;
+            (s, Some(d), None)
+        }
+        (None, Some(cluster)) => {
+            let node = |side: &str| {
+                vec![
+                    "--cluster".to_owned(),
+                    cluster.clone(),
+                    "--node".to_owned(),
+                    format!("bench{tag}-{side}"),
+                    "--no-dashboard".to_owned(),
+                ]
+            };
+            let (near, d) = start_private(args.storage.as_str(), args.durability, &node("send"))?;
+            let (far, f) = start_private(args.storage.as_str(), args.durability, &node("recv"))?;
+            (near, Some(d), Some((far, f)))
         }
     };
-    let (s_count, r_count, n) = (args.senders, args.receivers, args.messages);
+    // Senders on `socket`; receivers on the far node when federated.
+    let receiver_socket = far
+        .as_ref()
+        .map_or_else(|| socket.clone(), |(s, _)| s.clone());
     // Sender i sends its j-th message to receiver (i + j) % R.
     let per_sender: Vec<usize> = (0..s_count)
         .map(|i| n / s_count + usize::from(i < n % s_count))
@@ -133,12 +194,25 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
 
     let mut receivers = Vec::with_capacity(r_count);
     for (r, &want) in expected.iter().enumerate() {
-        receivers.push(wire::receiver(socket.clone(), r, want, base, deadline, args.acks).await?);
+        receivers.push(
+            wire::receiver(
+                receiver_socket.clone(),
+                receiver_names[r].clone(),
+                want,
+                base,
+                deadline,
+                args.acks,
+            )
+            .await?,
+        );
+    }
+    if far.is_some() {
+        wait_for_standins(&socket, &receiver_names, deadline).await?;
     }
     let start = Instant::now();
     let plan = std::sync::Arc::new(wire::SendPlan {
         socket: socket.clone(),
-        receivers: std::sync::Arc::new((0..r_count).map(|r| format!("bench-r{r}")).collect()),
+        receivers: std::sync::Arc::new(receiver_names.clone()),
         bytes: args.bytes,
         window: args.window,
         period: (args.rate > 0).then(|| Duration::from_secs_f64(s_count as f64 / args.rate as f64)),
@@ -178,6 +252,8 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let rss = daemon.as_ref().and_then(|d| peak_rss_kib(d.child.id()));
     let storage = if args.target.is_some() {
         "external".to_owned()
+    } else if args.cluster.is_some() {
+        format!("{} on two nodes through NATS", args.storage.as_str())
     } else {
         args.storage.as_str().to_owned()
     };
@@ -238,6 +314,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
         }
     }
     drop(daemon);
+    drop(far);
     if lost > 0 || duplicates > 0 || sent.accepted < n {
         anyhow::bail!(
             "bench failed: {} of {n} accepted, {lost} lost, {duplicates} duplicated",

@@ -1,13 +1,17 @@
 //! One module per subcommand; `run` dispatches.
 
+mod adapters;
 mod bench;
 mod config;
 mod doctor;
+pub(crate) mod hooks;
+pub(crate) mod mcp;
 pub(crate) mod parse;
 mod query;
 pub(crate) mod rules;
 mod send;
 pub(crate) mod stop;
+pub(crate) mod teach;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -54,6 +58,13 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Stop(args) => stop::stop(&paths, &args),
         // Pure: no daemon, no runtime.
         Cmd::Parse(args) => parse::run(&args),
+        // Edits a file, or answers Claude Code's hook (its own small runtime).
+        Cmd::Hooks(args) => hooks::run(&paths, &args),
+        // Its own runtime; stdout is the MCP channel.
+        Cmd::Mcp(args) => {
+            init_logging("warn");
+            mcp::run(&paths, &args)
+        }
         // Generated from the command definitions: always what this binary accepts.
         Cmd::Completions(args) => {
             let mut cmd = crate::args::command();
@@ -68,10 +79,13 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         Cmd::Config(args) => config::run(&paths, args.json),
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
+        // Reads the state file the daemon keeps.
+        Cmd::Adapters(args) => adapters::run(&paths, args.json),
         Cmd::Wrap(mut args) => {
             args.name = args.name.or(cli.name);
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
+            args.no_teach |= cli.no_teach;
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
@@ -87,6 +101,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 max_body: 2000,
                 inbox: false,
                 intro: false,
+                no_teach: cli.no_teach,
                 serve_tmux: None,
                 command,
             };
@@ -123,7 +138,10 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Down(_)
                     | Cmd::Stop(_)
                     | Cmd::Parse(_)
+                    | Cmd::Mcp(_)
+                    | Cmd::Hooks(_)
                     | Cmd::Rules(_)
+                    | Cmd::Adapters(_)
                     | Cmd::Config(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)

@@ -16,6 +16,11 @@ pub(crate) struct ParseArgs {
     /// position the cursor on absolute rows, such as Claude Code after a resize.
     #[arg(long, value_name = "N")]
     pub(crate) rows: Option<usize>,
+    /// Width of the terminal the output was written for. A TUI that breaks long lines itself
+    /// (claude, codex, gemini) is read with it to tell a wrapped row from a new line
+    /// (default: unknown, a row at the directive's indentation is taken as wrapped).
+    #[arg(long, value_name = "N")]
+    pub(crate) cols: Option<usize>,
     /// Raw terminal bytes to read, e.g. a PTY capture (default: standard input).
     pub(crate) file: Option<std::path::PathBuf>,
 }
@@ -43,6 +48,9 @@ pub(crate) fn run(args: &ParseArgs) -> anyhow::Result<()> {
     let mut parser = relay_parse::Parser::new(profile);
     if let Some(rows) = args.rows {
         parser.set_rows(rows);
+    }
+    if let Some(cols) = args.cols {
+        parser.set_cols(cols);
     }
     let mut buf = vec![0u8; 64 * 1024];
     loop {

@@ -171,6 +171,28 @@ pub(crate) async fn status(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         Some(url) => line(format!("  dashboard: {}", field(&url)))?,
         None => line("  dashboard: off")?,
     }
+    if let Some(f) = &s.federation {
+        line(format!(
+            "  federation: node {} via {}: link {}, backlog {} (waiting to be published), {} published, {} received, {} agents on other nodes",
+            field(&f.node),
+            field(&f.cluster),
+            field(&f.link),
+            f.backlog,
+            f.published,
+            f.received,
+            f.remote.len()
+        ))?;
+        if let Some(e) = &f.error {
+            line(format!("  federation error: {}", field(e)))?;
+        }
+        for c in &f.conflicts {
+            line(format!(
+                "  name conflict: {} is held by node {}; the agent here is refused in the federation (reconnect it under another name)",
+                field(&c.name),
+                field(&c.node)
+            ))?;
+        }
+    }
     Ok(())
 }
 
@@ -179,6 +201,14 @@ pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     let QueryResult::Agents { agents } = ask(paths, QueryRequest::Agents).await? else {
         anyhow::bail!("unexpected answer to agents")
     };
+    // A federated relay: every agent's node, and remote agents' state as their node says.
+    let federation = match ask(paths, QueryRequest::Status).await? {
+        QueryResult::Status(s) => s.federation,
+        _ => None,
+    };
+    if let Some(f) = federation {
+        return federated_agents(agents, &f, as_json);
+    }
     if as_json {
         return json(&agents);
     }
@@ -200,6 +230,85 @@ pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
             a.pending,
             format_utc(a.last_seen),
             field(&a.topics.join(","))
+        ))?;
+    }
+    Ok(())
+}
+
+/// `agents` on a relay started with `--cluster`: a NODE column (and `node` in JSON); an
+/// agent of another node shows as its node last said (here it has a stand-in, always
+/// connected), and a local agent whose name another node holds is marked.
+fn federated_agents(
+    agents: Vec<relay_protocol::query::AgentInfo>,
+    f: &relay_protocol::query::FederationStatus,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let remote: std::collections::HashMap<&str, &relay_protocol::query::RemoteAgent> =
+        f.remote.iter().map(|r| (r.name.as_str(), r)).collect();
+    let conflict: std::collections::HashMap<&str, &str> = f
+        .conflicts
+        .iter()
+        .map(|c| (c.name.as_str(), c.node.as_str()))
+        .collect();
+    let rows: Vec<(relay_protocol::query::AgentInfo, String, Option<&str>)> = agents
+        .into_iter()
+        .filter(|a| {
+            // A stand-in whose agent left the directory is not an agent of the federation.
+            relay_federation::core::standin_node(a.cli.as_deref()).is_none()
+                || remote.contains_key(a.name.as_str())
+        })
+        .map(|mut a| {
+            let c = conflict.get(a.name.as_str()).copied();
+            let node = match remote.get(a.name.as_str()) {
+                Some(r) => {
+                    a.online = r.online;
+                    r.node.clone()
+                }
+                None => f.node.clone(),
+            };
+            (a, node, c)
+        })
+        .collect();
+    if as_json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(a, node, c)| {
+                let mut v = serde_json::to_value(a).unwrap_or_default();
+                v["node"] = serde_json::json!(node);
+                if let Some(owner) = c {
+                    v["conflict_with_node"] = serde_json::json!(owner);
+                }
+                v
+            })
+            .collect();
+        return json(&v);
+    }
+    line(format!(
+        "{:<20} {:<12} {:<8} {:<14} {:>7}  {:<19}  TOPICS",
+        "NAME", "NODE", "STATE", "CLI", "WAITING", "LAST SEEN (UTC)"
+    ))?;
+    for (a, node, c) in rows {
+        let state = match c {
+            Some(_) => "conflict",
+            None if a.online => "online",
+            None => "offline",
+        };
+        line(format!(
+            "{:<20} {:<12} {:<8} {:<14} {:>7}  {:<19}  {}{}",
+            field(&a.name),
+            field(&node),
+            state,
+            a.cli
+                .as_deref()
+                .map_or_else(|| "-".into(), |c| one_line(c, 40)),
+            a.pending,
+            format_utc(a.last_seen),
+            field(&a.topics.join(",")),
+            c.map(|o| format!(
+                "  (name held by node {}: refused in the federation)",
+                field(o)
+            ))
+            .unwrap_or_default()
         ))?;
     }
     Ok(())

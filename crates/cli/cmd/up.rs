@@ -50,7 +50,7 @@ fn try_lock(pid_file: &Path) -> anyhow::Result<Option<PidLock>> {
 }
 
 /// The pid of the running daemon, if one holds the lock.
-fn running_pid(paths: &Paths) -> anyhow::Result<Option<u32>> {
+pub(crate) fn running_pid(paths: &Paths) -> anyhow::Result<Option<u32>> {
     if !paths.pid_file.exists() {
         return Ok(None);
     }
@@ -201,10 +201,16 @@ fn print_running(
 /// and the project's configuration file they make the relay's settings, and those not left
 /// to their default must match the running relay's, if one runs (settings apply at start).
 pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<()> {
-    let (resolved, _) = crate::settings::for_project(paths, flags)?;
+    let (resolved, file) = crate::settings::for_project(paths, flags)?;
     let settings = &resolved.settings;
+    let people = file.map(|f| f.people).unwrap_or_default();
     if args.foreground {
-        return foreground(paths, settings);
+        return foreground(paths, settings, people);
+    }
+    // The adapters' secret files are checked here too, so a bad one is reported by `up`
+    // itself rather than found in the background daemon's log.
+    if !people.is_empty() {
+        relay_people::Hub::new(people, paths.socket.clone(), None)?;
     }
     match start_background(paths, settings)? {
         Started::Already(pid) => {
@@ -214,6 +220,10 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
         Started::Now(pid) => print_running(paths, pid, false, args, settings),
     }
 }
+
+/// The file in the data directory where the daemon keeps its adapters' state
+/// (`agent-relay adapters` reads it).
+pub(crate) const ADAPTERS_FILE: &str = "adapters.json";
 
 /// The file in the data directory where the daemon records the settings it started with.
 fn settings_file(paths: &Paths) -> std::path::PathBuf {
@@ -401,7 +411,11 @@ fn log_tail(path: &Path, from: u64) -> String {
 }
 
 /// Runs the daemon in this process until SIGTERM or SIGINT.
-fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
+fn foreground(
+    paths: &Paths,
+    args: &UpSettings,
+    people: relay_people::PeopleConfig,
+) -> anyhow::Result<()> {
     // Everything the daemon creates (database, WAL, shared memory, agents.json, ...) is for
     // this user only, whatever the mode of the directory it is in: message bodies are private.
     // Set before any file is created; the daemon starts no other programs, so no one else
@@ -426,6 +440,16 @@ fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
     writeln!(lock.file, "{}", std::process::id())?;
     lock.file.flush()?;
     write_settings(paths, args)?;
+    // Secrets are read (and refused when others can read them) before anything listens.
+    let people = if people.is_empty() {
+        None
+    } else {
+        Some(relay_people::Hub::new(
+            people,
+            paths.socket.clone(),
+            Some(paths.data_dir.join(ADAPTERS_FILE)),
+        )?)
+    };
     // Bound before the socket, so that whoever waits for the socket finds the URL file.
     let dashboard = start_dashboard(paths, args);
     let store: Box<dyn Store> = match args.storage {
@@ -457,6 +481,11 @@ fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
         },
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
+    let federation = federation_options(paths, args)?;
+    if federation.is_some() {
+        cfg.federation = Some(relay_daemon::FederationCell::default());
+    }
+    let cell = cfg.federation.clone();
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
     // to one core, and delivers less (docs/PERFORMANCE.md).
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -474,9 +503,23 @@ fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
             "relay daemon listening"
         );
         relay_daemon::run_with(listener, store, cfg, kind, shutdown, |handle| {
+            if let Some(hub) = &people {
+                hub.start(&handle);
+            }
+            // The link speaks to this daemon over its socket, bound by now (connections wait
+            // in the backlog until the accept loop starts).
+            if let (Some(opts), Some(cell)) = (federation, cell) {
+                tokio::spawn(async move {
+                    if let Err(e) = relay_federation::run(opts, cell).await {
+                        tracing::error!(error = %e, "the federation link stopped");
+                    }
+                });
+            }
             if let Some((bound, token)) = dashboard {
                 tokio::spawn(async move {
-                    if let Err(e) = relay_dashboard::serve(bound.listener, token, handle).await {
+                    if let Err(e) =
+                        relay_dashboard::serve_with(bound.listener, token, handle, people).await
+                    {
                         tracing::error!(error = %e, "the dashboard stopped");
                     }
                 });
@@ -486,6 +529,7 @@ fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
     });
     for file in [
         dashboard_file(paths),
+        paths.data_dir.join(ADAPTERS_FILE),
         settings_file(paths),
         paths.pid_file.clone(),
     ] {
@@ -495,6 +539,51 @@ fn foreground(paths: &Paths, args: &UpSettings) -> anyhow::Result<()> {
     result?;
     tracing::info!("relay daemon stopped");
     Ok(())
+}
+
+/// The federation link's options when `--cluster` is set (`None`: nothing extra runs).
+fn federation_options(
+    paths: &Paths,
+    args: &UpSettings,
+) -> anyhow::Result<Option<relay_federation::Options>> {
+    if args.cluster.trim().is_empty() {
+        return Ok(None);
+    }
+    let node = if args.node.is_empty() {
+        host_node_name()
+    } else {
+        args.node.clone()
+    };
+    relay_federation::core::validate_node(&node).map_err(|e| crate::exit::usage(e.to_string()))?;
+    let path = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+    Ok(Some(relay_federation::Options {
+        cluster: args.cluster.clone(),
+        node,
+        socket: paths.socket.clone(),
+        creds: path(&args.cluster_creds),
+        ca: path(&args.cluster_ca),
+        retention: Duration::from_secs(args.cluster_retention.max(1)),
+        replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
+    }))
+}
+
+/// The host name as a node name: characters a NATS subject token cannot hold become `-`.
+fn host_node_name() -> String {
+    // Linux; elsewhere (or unreadable) the node is called `node` unless --node says.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim();
+    let name: String = host
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if name.is_empty() { "node".into() } else { name }
 }
 
 /// Binds the dashboard's port and writes its URL (0600) for `up` and `status` to show. A

@@ -45,6 +45,7 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
         "-n" | "--name" => args.name.is_none(),
         a if a.starts_with("--name=") => args.name.is_none(),
         "--intro" => !args.intro,
+        "--no-teach" => !args.no_teach,
         _ => false,
     });
     let Some(at) = misplaced else {
@@ -93,6 +94,9 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
     }
     if args.intro {
         fixed.push_str(" --intro");
+    }
+    if args.no_teach {
+        fixed.push_str(" --no-teach");
     }
     fixed.push_str(&format!(" {}", words(&moved)));
     let cli = relay_protocol::text::one_line(cli, 80);
@@ -178,9 +182,23 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         None if args.inbox => Some(team_dir.clone()),
         None => None,
     };
+    // Taught at start through the CLI's own mechanism (`cmd/teach.rs`).
+    let mut command = profile.command(&args.command);
+    // The process relaying for a tmux session gets the command already taught. Gemini CLI
+    // documents no flag for extra instructions (its GEMINI_SYSTEM_MD replaces the whole system
+    // prompt): it is taught only by `--intro`, a typed note.
+    if !args.no_teach
+        && args.serve_tmux.is_none()
+        && matches!(profile_name.as_str(), "claude" | "codex")
+    {
+        let text = crate::cmd::teach::text(paths, &name)?;
+        if let Some(extra) = crate::cmd::teach::args(&profile_name, &command, &text) {
+            command.extend(extra);
+        }
+    }
     let cfg = WrapConfig {
         name,
-        command: profile.command(&args.command),
+        command,
         profile,
         socket: paths.socket.clone(),
         max_body: args.max_body.max(1),
@@ -257,7 +275,7 @@ fn tmux_front(
         })?;
         eprintln!("agent-relay: started {name} in tmux session {session}");
     }
-    if !ensure_relaying(paths, args, cfg, &session, profile, created && args.intro)? {
+    if !ensure_relaying(paths, args, cfg, &session, profile, created && cfg.intro)? {
         eprintln!("agent-relay: a process already relays for {name}; none started");
     }
     if args.detached || !std::io::stdin().is_terminal() {

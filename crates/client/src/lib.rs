@@ -278,6 +278,16 @@ impl PendingReceipt {
     }
 }
 
+/// The events of a [`Client`], taken with [`Client::take_events`].
+pub struct Events(mpsc::Receiver<Event>);
+
+impl Events {
+    /// The next event; `None` once the client has stopped for good.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.0.recv().await
+    }
+}
+
 /// A connected client. Dropping it closes the connection (without BYE); prefer
 /// [`Client::close`].
 pub struct Client {
@@ -452,6 +462,14 @@ impl Client {
     /// The next event; `None` once the client has stopped for good.
     pub async fn next_event(&mut self) -> Option<Event> {
         self.events.recv().await
+    }
+
+    /// Hands the events over to their own reader, so that one task takes deliveries while
+    /// others send and query through a shared `&Client` (the MCP server does). Events must
+    /// still be read: the connection waits while 1024 are unread. After this,
+    /// [`Client::next_event`] returns `None`.
+    pub fn take_events(&mut self) -> Events {
+        Events(std::mem::replace(&mut self.events, mpsc::channel(1).1))
     }
 
     /// Says BYE and closes. Unacknowledged SENDs are abandoned (their receipts fail).

@@ -104,7 +104,13 @@ pub struct Config {
     pub breaker_failures: u32,
     /// How long an open circuit waits before trying one message (doubling while probes fail).
     pub breaker_cooldown: Duration,
+    /// The federation link's state, kept by `relay-federation` when the relay was started
+    /// with `--cluster`, shown by `status`.
+    pub federation: Option<FederationCell>,
 }
+
+/// Where the federation link keeps its state for `status` to read (read only when asked).
+pub type FederationCell = Arc<std::sync::Mutex<Option<relay_protocol::query::FederationStatus>>>;
 
 impl Config {
     /// Defaults for a daemon listening on `socket_path`.
@@ -128,6 +134,7 @@ impl Config {
             rules_file: None,
             breaker_failures: defaults::BREAKER_FAILURES,
             breaker_cooldown: defaults::BREAKER_COOLDOWN,
+            federation: None,
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg

@@ -449,6 +449,10 @@ impl Router {
                     rules,
                     rules_error,
                     delivery: delivery.map(|d| *d),
+                    federation: self.cfg.federation.as_ref().and_then(|f| match f.lock() {
+                        Ok(g) => g.clone().map(Box::new),
+                        Err(_) => None,
+                    }),
                 })
             }
             (QueryKind::Agents, Some(QueryResult::Agents { mut agents })) => {

@@ -236,6 +236,21 @@ async function loadDead() {
 }
 const loadDeadSoon = coalesced(() => loadDead().catch(() => {}), 300);
 
+// ---- people adapters (shown only when the project declares people) ----
+async function loadAdapters() {
+  const { adapters } = await api('/api/adapters');
+  $('#adapters tbody').replaceChildren(...adapters.map((a) => el('tr', {},
+    el('td', {}, el('b', {}, a.name)),
+    el('td', {}, el('span', { class: `state ${a.state === 'connected' ? 'idle' : a.state === 'failing' ? 'blocked' : 'busy'}` }, a.state)),
+    el('td', {}, a.people.join(', ')),
+    el('td', { class: 'num' }, fmt(a.sent)),
+    el('td', { class: 'num' }, fmt(a.received)),
+    el('td', { class: 'num', title: 'bad signature, replay, unknown sender' }, fmt(a.refused)),
+    el('td', { class: 'hint' }, a.last_error || ''),
+  )));
+  $('#adapters-card').hidden = adapters.length === 0;
+}
+
 // ---- figures and chart ----
 function percentile(sorted, p) { return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] : null; }
 function drawFigures() {
@@ -342,7 +357,7 @@ function reloadSoon() {
 async function loadSnapshot() {
   const { messages } = await api('/api/messages', { limit: 100 });
   for (const m of messages) addToFlow(m, false);
-  await Promise.all([loadAgents(), loadStats(), loadDead()]);
+  await Promise.all([loadAgents(), loadStats(), loadDead(), loadAdapters()]);
 }
 
 function connect() {
@@ -358,4 +373,5 @@ function connect() {
 }
 
 setInterval(() => renderAgents(agentsCache), 30000); // keeps "last seen … ago" true without asking
+setInterval(() => { if (!$('#adapters-card').hidden) loadAdapters().catch(() => {}); }, 5000); // adapters' state has no live event
 connect();

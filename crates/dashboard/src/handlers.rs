@@ -360,6 +360,53 @@ pub(crate) async fn events(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
+/// `GET /api/adapters`: each people adapter with its state (connected, failing, last error).
+pub(crate) async fn adapters(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let list = app
+        .people
+        .as_ref()
+        .map(|p| p.adapters())
+        .unwrap_or_default();
+    Json(json!({ "adapters": list }))
+}
+
+/// `POST /hooks/webhook`: a signed message from a person. Only the dashboard's own host is
+/// served (as for every request), then the signature and timestamp decide; a refused request
+/// stores nothing.
+pub(crate) async fn webhook(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if !crate::auth::loopback_host(text("host"), app.port) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            Json(json!({"error": "this server answers only to its own loopback address"})),
+        )
+            .into_response();
+    }
+    let Some(people) = &app.people else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "no webhook adapter is configured"})),
+        )
+            .into_response();
+    };
+    let (status, answer) = people
+        .inbound_webhook(
+            text(relay_people::sign::TIMESTAMP_HEADER),
+            text(relay_people::sign::SIGNATURE_HEADER),
+            &body,
+        )
+        .await;
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Json(answer),
+    )
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,6 +91,8 @@ pub(crate) struct App {
     pub(crate) samples: Mutex<Samples>,
     /// The latest counters; streams send them on when they change.
     pub(crate) totals: watch::Receiver<(Totals, Option<Rate>)>,
+    /// The people adapters, when any are configured.
+    pub(crate) people: Option<relay_people::Hub>,
 }
 
 /// Serves the dashboard on `listener` until the daemon stops.
@@ -101,6 +103,20 @@ pub async fn serve(
     listener: std::net::TcpListener,
     token: String,
     daemon: Handle,
+) -> std::io::Result<()> {
+    serve_with(listener, token, daemon, None).await
+}
+
+/// [`serve`], with the people adapters: `/api/adapters` lists them, and `POST /hooks/webhook`
+/// takes signed webhook requests (authenticated by their signature, not the token).
+///
+/// # Errors
+/// An I/O error from the listener.
+pub async fn serve_with(
+    listener: std::net::TcpListener,
+    token: String,
+    daemon: Handle,
+    people: Option<relay_people::Hub>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let port = listener.local_addr()?.port();
@@ -114,6 +130,7 @@ pub async fn serve(
         daemon: daemon.clone(),
         samples: Mutex::new(samples),
         totals: totals_rx,
+        people,
     });
     tokio::spawn(sample(app.clone(), totals_tx));
     let router = Router::new()
@@ -128,7 +145,11 @@ pub async fn serve(
         .route("/api/stats", get(handlers::stats))
         .route("/api/events", get(handlers::events))
         .route("/metrics", get(handlers::prometheus))
+        .route("/api/adapters", get(handlers::adapters))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
+        // Outside the token guard: a webhook sender has the shared secret, not the token.
+        // The handler checks the host, then the signature, before reading anything else.
+        .merge(Router::new().route("/hooks/webhook", post(handlers::webhook)))
         .with_state(app);
     let stop = daemon.clone();
     axum::serve(listener, router)

@@ -235,6 +235,7 @@ mod tests {
             rules: 0,
             rules_error: None,
             delivery: None,
+            federation: None,
         };
         let text = prometheus(&t, &s);
         assert!(text.contains("# TYPE agent_relay_messages_accepted_total counter\nagent_relay_messages_accepted_total 7\n"));

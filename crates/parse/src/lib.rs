@@ -214,6 +214,14 @@ impl Parser {
         self.screen.set_rows(rows);
     }
 
+    /// Tells the parser the terminal's width. A TUI that lays out its own lines (the
+    /// profile's [`Profile::hard_wraps`]) breaks a long line into rows; a row that filled the
+    /// width is joined to the next with a space, while a line the program wrote keeps its
+    /// line break in a directive's body. Without it, every such row may be a wrapped one.
+    pub fn set_cols(&mut self, cols: usize) {
+        self.scanner.set_cols(cols);
+    }
+
     /// Reads a chunk of terminal output and returns the directives that became final.
     ///
     /// Any chunking of the same bytes, followed by [`Parser::finish`], gives the same

@@ -10,6 +10,9 @@ pub struct Profile {
     code_by_colour: bool,
     claude_transcript: bool,
     busy_markers: &'static [&'static str],
+    /// The program breaks long lines into rows itself (a TUI laying out text at the
+    /// terminal's width), so a row that fills the width may continue on the next one.
+    hard_wraps: bool,
 }
 
 /// What agent TUIs show near their input while they work.
@@ -26,6 +29,7 @@ impl Profile {
             code_by_colour: false,
             claude_transcript: false,
             busy_markers: AGENT_BUSY,
+            hard_wraps: false,
         }
     }
 
@@ -36,6 +40,7 @@ impl Profile {
             code_by_colour: false,
             claude_transcript: false,
             busy_markers: &[],
+            hard_wraps: false,
         }
     }
 
@@ -51,6 +56,7 @@ impl Profile {
             code_by_colour: true,
             claude_transcript: true,
             busy_markers: &["esc to interrupt"],
+            hard_wraps: true,
         }
     }
 
@@ -62,6 +68,7 @@ impl Profile {
             code_by_colour: true,
             claude_transcript: false,
             busy_markers: AGENT_BUSY,
+            hard_wraps: true,
         }
     }
 
@@ -74,6 +81,7 @@ impl Profile {
             code_by_colour: false,
             claude_transcript: false,
             busy_markers: AGENT_BUSY,
+            hard_wraps: true,
         }
     }
 
@@ -124,6 +132,13 @@ impl Profile {
     /// Whether text shown in an explicit foreground colour counts as code.
     pub fn code_by_colour(&self) -> bool {
         self.code_by_colour
+    }
+
+    /// Whether the program breaks long lines into rows itself (Claude Code, Codex, Gemini
+    /// lay out their replies at the terminal's width), so that a row filling the width is
+    /// continued, without a line break, on the next one.
+    pub fn hard_wraps(&self) -> bool {
+        self.hard_wraps
     }
 }
 

@@ -48,7 +48,14 @@ enum Pending {
     None,
     Inline {
         found: Found,
+        /// The directive's line start (its leading whitespace; a TUI's `● ` is on the line):
+        /// a line indented deeper, or a list item at least as deep, continues it.
         indent: usize,
+        /// Column where the directive's text starts (after decoration): the lines of its body
+        /// keep their indentation relative to it.
+        text_col: usize,
+        /// Length in cells of the last row read into it, to tell a row the TUI wrapped.
+        last_len: usize,
     },
     /// The echo of text the relay injected: swallowed like a directive's continuation.
     Echo {
@@ -73,7 +80,22 @@ pub(crate) struct Scanner {
     pending: Pending,
     block: Option<Block>,
     injected: VecDeque<String>,
+    /// The terminal's width, when the wrapper or `parse --cols` said it.
+    cols: Option<usize>,
 }
+
+/// How a line continues a directive's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// A new line of the body (deeper indentation, a list item): the line break is kept.
+    Line,
+    /// The rest of a row the TUI wrapped: joined with a space, as it was written.
+    Wrap,
+}
+
+/// Cells a TUI may leave free at the right edge when it wraps (its margins and padding, and
+/// a word that did not fit): a row this close to the width is taken as wrapped.
+const WRAP_SLACK: usize = 8;
 
 /// What a line looks like, computed once.
 struct Shape<'a> {
@@ -309,7 +331,33 @@ impl Scanner {
             pending: Pending::None,
             block: None,
             injected: VecDeque::new(),
+            cols: None,
         }
+    }
+
+    /// The terminal's width, for telling rows a TUI wrapped from lines it wrote.
+    pub(crate) fn set_cols(&mut self, cols: usize) {
+        self.cols = Some(cols);
+    }
+
+    /// Whether a row of `last_len` cells followed by `s` is one line the TUI wrapped: the
+    /// next row's first word would not have fitted after it.
+    fn wrapped(&self, last_len: usize, s: &Shape<'_>) -> bool {
+        if !self.profile.hard_wraps() {
+            // The terminal wraps for the program; the screen keeps such a line as one row.
+            return false;
+        }
+        let Some(width) = self.cols else {
+            // Width unknown: any row may have been wrapped (the rule before widths were known).
+            return true;
+        };
+        let word = s
+            .text
+            .trim_start_matches(is_margin)
+            .chars()
+            .take_while(|c| !c.is_whitespace())
+            .count();
+        last_len + 1 + word + WRAP_SLACK > width
     }
 
     /// Bytes held between lines (for the memory bound).
@@ -475,7 +523,9 @@ impl Scanner {
             };
             self.pending = Pending::Inline {
                 found,
-                indent: s.rest_idx,
+                indent: s.indent,
+                text_col: s.rest_idx,
+                last_len: line.text.chars().count(),
             };
         }
     }
@@ -490,40 +540,75 @@ impl Scanner {
             return false;
         }
         let s = shape(&line.text);
-        !self.may_continue(line, &s, is_prompt(s.text))
+        self.join(line, &s, is_prompt(s.text)).is_none()
     }
 
-    /// Whether `line` may continue what is pending (a directive or an echo).
-    fn may_continue(&self, line: &CommittedLine, s: &Shape<'_>, prompt: bool) -> bool {
-        let indent = match &self.pending {
-            Pending::None => return false,
-            Pending::Inline { indent, .. } | Pending::Echo { indent } => *indent,
+    /// How `line` continues what is pending (a directive or an echo), if it does.
+    ///
+    /// A directive's body goes on with a line indented deeper than where the directive
+    /// starts, a list item at least as deep, or the rest of a row the TUI wrapped; a line at
+    /// the directive's own indentation is the text after it (`@relay:Bob hi` then `Done.`
+    /// sends `hi`).
+    fn join(&self, line: &CommittedLine, s: &Shape<'_>, prompt: bool) -> Option<Join> {
+        let (indent, last_len) = match &self.pending {
+            Pending::None => return None,
+            Pending::Inline {
+                indent, last_len, ..
+            } => (*indent, Some(*last_len)),
+            Pending::Echo { indent } => (*indent, None),
         };
-        let echo = matches!(self.pending, Pending::Echo { .. });
-        if echo && !self.injected.is_empty() {
-            // The wrapper told us what it typed: only pieces of that text (a TUI wrapping the
-            // echoed prompt) continue the echo. A plain agent's answer on the very next line
-            // is its own output, and may be a directive.
-            return !s.blank && s.indent >= indent && self.is_injected_echo(s.rest);
-        }
-        !(s.blank
+        let Some(last_len) = last_len else {
+            // An echo of injected text.
+            if !self.injected.is_empty() {
+                // The wrapper told us what it typed: only pieces of that text (a TUI wrapping
+                // the echoed prompt) continue the echo. A plain agent's answer on the very
+                // next line is its own output, and may be a directive.
+                let echo = !s.blank && s.indent >= indent && self.is_injected_echo(s.rest);
+                return echo.then_some(Join::Wrap);
+            }
+            let ends = s.blank
+                || prompt
+                || is_marker_line(s.text)
+                || s.indent < indent
+                || is_echo_start(s.rest)
+                || self.is_code_at(line, s.indent);
+            return (!ends).then_some(Join::Wrap);
+        };
+        if s.blank
             || prompt
             || is_marker_line(s.text)
             || s.indent < indent
-            || (!echo && (starts_directive(s.rest) || s.rest.starts_with(OPEN_BLOCK)))
+            || starts_directive(s.rest)
+            || s.rest.starts_with(OPEN_BLOCK)
             || is_echo_start(s.rest)
-            || self.is_code_at(line, s.indent))
+            || self.is_code_at(line, s.indent)
+        {
+            return None;
+        }
+        if self.wrapped(last_len, s) {
+            Some(Join::Wrap)
+        } else if s.indent > indent || is_list_item(s.text) {
+            Some(Join::Line)
+        } else {
+            None
+        }
     }
 
     /// Appends `line` to the pending directive if it continues it; true if it did.
     fn continues(&mut self, line: &CommittedLine, s: &Shape<'_>, prompt: bool) -> bool {
-        if !self.may_continue(line, s, prompt) {
+        let Some(join) = self.join(line, s, prompt) else {
             return false;
-        }
-        let list = is_list_item(s.text);
-        let Pending::Inline { found, .. } = &mut self.pending else {
+        };
+        let Pending::Inline {
+            found,
+            text_col,
+            last_len,
+            ..
+        } = &mut self.pending
+        else {
             return true; // an echo swallows its continuation lines
         };
+        *last_len = line.text.chars().count();
         let mut text = s.text.trim_matches(is_margin);
         for (alias, _) in ALIASES {
             if let Some(after) = text.strip_prefix('\\') {
@@ -535,14 +620,26 @@ impl Scanner {
         if line.overflow {
             found.directive.truncated = true;
         }
+        // A new line keeps its indentation relative to the directive's start (code, nested
+        // lists); a wrapped row's indentation is only the TUI's layout.
+        let deeper = match join {
+            Join::Line => s.indent.saturating_sub(*text_col),
+            Join::Wrap => 0,
+        };
         let body = &mut found.directive.body;
-        if body.len() + text.len() + 1 > MAX_BODY {
+        if body.len() + deeper + text.len() + 1 > MAX_BODY {
             // Past the limit: the rest still belongs to this directive (it is not a new
             // paragraph), but is not kept; the directive is reported as cut.
             found.directive.truncated = true;
             return true;
         }
-        body.push(if list { '\n' } else { ' ' });
+        match join {
+            Join::Line => {
+                body.push('\n');
+                body.extend(std::iter::repeat_n(' ', deeper));
+            }
+            Join::Wrap => body.push(' '),
+        }
         body.push_str(text);
         true
     }
@@ -687,21 +784,107 @@ mod tests {
         assert!(scan(&["@relay:Bob"]).is_empty());
     }
 
+    fn scan_tui(profile: Profile, cols: usize, lines: &[&str]) -> Vec<Directive> {
+        let mut s = Scanner::new(profile);
+        s.set_cols(cols);
+        let mut out = Vec::new();
+        for (i, text) in lines.iter().enumerate() {
+            let line = CommittedLine {
+                row: i as u64,
+                text: (*text).to_string(),
+                code: Vec::new(),
+                seen: false,
+                overflow: false,
+            };
+            s.line(&line, i as u64, &mut out);
+        }
+        s.flush(&mut out);
+        out.into_iter().map(|f| f.directive).collect()
+    }
+
     #[test]
-    fn continuation_lines_keep_the_indentation() {
+    fn rows_a_tui_wrapped_are_joined_with_a_space() {
+        // Claude Code at 60 columns breaks the line itself; the row filled the width.
         let lines = [
-            "● @relay:Bob Please review the auth module, especially",
-            "  the token refresh path.",
+            "● @relay:Bob Please review the auth module, especially the",
+            "  token refresh path.",
             "",
             "  Next paragraph.",
         ];
         assert_eq!(
-            scan(&lines),
+            scan_tui(Profile::claude(), 60, &lines),
             [msg(
                 "Bob",
                 "Please review the auth module, especially the token refresh path."
             )]
         );
+        // A directive in a later paragraph, wrapped at its own indentation.
+        let lines = [
+            "  @relay:Bob Please review the auth module, especially the",
+            "  token refresh path.",
+            "  Done.",
+        ];
+        assert_eq!(
+            scan_tui(Profile::claude(), 60, &lines),
+            [msg(
+                "Bob",
+                "Please review the auth module, especially the token refresh path."
+            )]
+        );
+    }
+
+    #[test]
+    fn a_line_at_the_directives_own_indentation_ends_it() {
+        assert_eq!(scan(&["@relay:Bob hi", "Done."]), [msg("Bob", "hi")]);
+        assert_eq!(scan(&["  @relay:Bob hi", "  Done."]), [msg("Bob", "hi")]);
+        // A short row is not a wrapped one, even in a TUI.
+        assert_eq!(
+            scan_tui(Profile::codex(), 100, &["  @relay:Bob hi", "  Done."]),
+            [msg("Bob", "hi")]
+        );
+        // Under a TUI's bullet the text is deeper than the line start: it continues, as a line.
+        assert_eq!(
+            scan_tui(
+                Profile::claude(),
+                100,
+                &["● @relay:Bob hi", "  Done.", "Next."]
+            ),
+            [msg("Bob", "hi\nDone.")]
+        );
+    }
+
+    #[test]
+    fn deeper_lines_continue_with_their_line_breaks_and_indentation() {
+        let lines = [
+            "@relay:Bob run this:",
+            "    fn main() {",
+            "        println!(\"hi\");",
+            "    }",
+            "Done.",
+        ];
+        assert_eq!(
+            scan(&lines),
+            [msg(
+                "Bob",
+                "run this:\n    fn main() {\n        println!(\"hi\");\n    }"
+            )]
+        );
+        let lines = ["● @relay:Bob two lines:", "    second", "Done."];
+        assert_eq!(
+            scan_tui(Profile::claude(), 100, &lines),
+            [msg("Bob", "two lines:\n  second")]
+        );
+    }
+
+    #[test]
+    fn a_list_item_under_a_directive_continues_it() {
+        let lines = ["@relay:Bob Please check:", "- auth.ts", "* db.ts", "Done."];
+        assert_eq!(
+            scan(&lines),
+            [msg("Bob", "Please check:\n- auth.ts\n* db.ts")]
+        );
+        let lines = ["@relay:Bob steps:", "1. build", "2) test", "done"];
+        assert_eq!(scan(&lines), [msg("Bob", "steps:\n1. build\n2) test")]);
     }
 
     #[test]
@@ -734,8 +917,11 @@ mod tests {
     #[test]
     fn escaped_directive_is_not_one_and_loses_its_backslash_in_a_body() {
         assert!(scan(&["\\@relay:Bob hi"]).is_empty());
-        let lines = ["@relay:Bob write this:", "\\@relay:Carol hello"];
-        assert_eq!(scan(&lines), [msg("Bob", "write this: @relay:Carol hello")]);
+        let lines = ["@relay:Bob write this:", "  \\@relay:Carol hello"];
+        assert_eq!(
+            scan(&lines),
+            [msg("Bob", "write this:\n  @relay:Carol hello")]
+        );
     }
 
     #[test]
@@ -949,7 +1135,7 @@ mod tests {
         ];
         assert_eq!(
             scan(&lines),
-            [msg("Bob", "inside a box and its second line")]
+            [msg("Bob", "inside a box\n  and its second line")]
         );
     }
 

@@ -125,6 +125,12 @@ pub(crate) struct Screen {
     faint: bool,
     /// The main screen while the alternate screen is shown.
     saved_main: Option<(VecDeque<Row>, u64, usize, usize)>,
+    /// The scrolling region set by DECSTBM (`ESC [ top ; bottom r`), as screen rows (first,
+    /// last), when it is not the whole screen. Codex CLI drawn inline (`--no-alt-screen`)
+    /// writes its history above its input box this way: line feeds at the region's bottom
+    /// scroll only the region, and reverse index at its top scrolls it down, while the box
+    /// below stays where it is.
+    region: Option<(usize, usize)>,
     /// What happened, in order: committed rows and repaints.
     pub(crate) out: Vec<Event>,
     /// Whether the vte parser is surely in its ground state with no UTF-8 character pending
@@ -146,13 +152,19 @@ impl Screen {
             code_fg: false,
             faint: false,
             saved_main: None,
+            region: None,
             out: Vec::new(),
             ground: true,
         }
     }
 
     pub(crate) fn set_rows(&mut self, rows: usize) {
-        self.rows = rows.clamp(1, MAX_ROWS);
+        let rows = rows.clamp(1, MAX_ROWS);
+        if rows != self.rows {
+            // A resized terminal (tmux, xterm) resets its scrolling region to the whole screen.
+            self.region = None;
+        }
+        self.rows = rows;
         self.trim_top();
     }
 
@@ -303,11 +315,93 @@ impl Screen {
     }
 
     fn line_feed(&mut self) {
+        if let Some((top, bottom)) = self.region {
+            if self.cur_row == bottom {
+                self.scroll_up(top, bottom, 1);
+                return;
+            }
+            if self.cur_row > bottom {
+                // Below the region nothing scrolls: the cursor stops at the last row.
+                let target = (self.cur_row + 1).min(self.rows - 1);
+                self.set_row(target);
+                return;
+            }
+        }
         self.cur_row += 1;
         while self.grid.len() <= self.cur_row {
             self.grid.push_back(Row::default());
         }
         self.trim_top();
+    }
+
+    /// Reverse index (`ESC M`): up one row, or at the top of the scrolling region, the
+    /// region scrolls down by one.
+    fn reverse_index(&mut self) {
+        match self.region {
+            Some((top, bottom)) if self.cur_row == top => self.scroll_down(top, bottom, 1),
+            _ => self.move_up(1),
+        }
+    }
+
+    fn fill_to(&mut self, row: usize) {
+        while self.grid.len() <= row {
+            self.grid.push_back(Row::default());
+        }
+    }
+
+    /// Scrolls screen rows `top..=bottom` up by `n`: blank rows come in at `bottom`. Rows that
+    /// leave the top of the screen are final, as when the whole screen scrolls; rows that
+    /// leave a region starting lower are gone (erased). Rows below the region stay put.
+    fn scroll_up(&mut self, top: usize, bottom: usize, n: usize) {
+        let n = n.min(bottom + 1 - top);
+        self.fill_to(bottom);
+        for _ in 0..n {
+            if top == 0 {
+                if let Some(mut row) = self.grid.pop_front() {
+                    Self::commit(&mut self.out, &mut row, self.base);
+                }
+                self.base += 1;
+            } else {
+                self.grid.remove(top);
+                self.repaint(self.base + top as u64);
+            }
+            self.grid.insert(bottom, Row::default());
+        }
+        if self.grid.len() > bottom + 1 {
+            // The rows below kept their places on the screen, so their numbers moved on:
+            // they may show again what they showed.
+            self.repaint(self.base + bottom as u64 + 1);
+        }
+    }
+
+    /// Deletes `n` rows at screen row `at` inside the region ending at `bottom`: the rows under
+    /// them move up, blank rows come in at `bottom`. Deleted rows are gone (erased), even at
+    /// the top of the screen: unlike scrolling, deleting does not make history.
+    fn delete_rows(&mut self, at: usize, bottom: usize, n: usize) {
+        let n = n.min(bottom + 1 - at);
+        self.fill_to(bottom);
+        for _ in 0..n {
+            self.grid.remove(at);
+            self.grid.insert(bottom, Row::default());
+        }
+        self.repaint(self.base + at as u64);
+    }
+
+    /// Scrolls screen rows `top..=bottom` down by `n`: blank rows come in at `top`, rows
+    /// pushed past `bottom` are gone (erased).
+    fn scroll_down(&mut self, top: usize, bottom: usize, n: usize) {
+        let n = n.min(bottom + 1 - top);
+        self.fill_to(bottom);
+        for _ in 0..n {
+            self.grid.remove(bottom);
+            self.grid.insert(top, Row::default());
+        }
+        self.repaint(self.base + top as u64);
+    }
+
+    /// The scrolling region rows, whole screen when none is set.
+    fn margins(&self) -> (usize, usize) {
+        self.region.unwrap_or((0, self.rows - 1))
     }
 
     fn move_up(&mut self, n: usize) {
@@ -505,6 +599,37 @@ impl Screen {
                     row.cells.truncate(MAX_COLS);
                     row.cells.shrink_to(MAX_COLS);
                 }
+            }
+            'L' | 'M' if self.region.is_some() => {
+                // Inside the region, lines are inserted or deleted within it; outside,
+                // terminals ignore both.
+                let (top, bottom) = self.margins();
+                if (top..=bottom).contains(&self.cur_row) {
+                    let n = a.get(0, 1);
+                    if action == 'L' {
+                        self.scroll_down(self.cur_row, bottom, n);
+                    } else {
+                        self.delete_rows(self.cur_row, bottom, n);
+                    }
+                }
+            }
+            'r' => {
+                let top = a.get(0, 1) - 1;
+                let bottom = a.get(1, self.rows).min(self.rows) - 1;
+                if top < bottom {
+                    self.region = (top > 0 || bottom < self.rows - 1).then_some((top, bottom));
+                    // DECSTBM homes the cursor.
+                    self.set_row(0);
+                    self.cur_col = 0;
+                }
+            }
+            'S' => {
+                let (top, bottom) = self.margins();
+                self.scroll_up(top, bottom, a.get(0, 1));
+            }
+            'T' => {
+                let (top, bottom) = self.margins();
+                self.scroll_down(top, bottom, a.get(0, 1));
             }
             'L' => {
                 let n = a.get(0, 1).min(self.rows);
@@ -751,7 +876,7 @@ impl vte::Perform for Screen {
             return;
         }
         match byte {
-            b'M' => self.move_up(1),
+            b'M' => self.reverse_index(),
             b'D' => self.line_feed(),
             b'E' => {
                 self.line_feed();
@@ -766,6 +891,7 @@ impl vte::Perform for Screen {
             b'c' => {
                 self.code_fg = false;
                 self.faint = false;
+                self.region = None;
                 self.clear_all();
             }
             _ => {}
@@ -912,5 +1038,79 @@ mod tests {
     #[test]
     fn utf8_is_kept() {
         assert_eq!(run("● héllo ❯".as_bytes()), ["● héllo ❯"]);
+    }
+
+    /// Feeds `bytes` to a screen of `rows` rows and returns it, without committing.
+    fn screen(rows: usize, bytes: &[u8]) -> Screen {
+        let mut s = Screen::new(rows);
+        let mut p = vte::Parser::new();
+        for b in bytes {
+            p.advance(&mut s, *b);
+        }
+        s
+    }
+
+    /// Codex CLI inline: history goes into a region above the input box; each line feed at the
+    /// region's bottom scrolls only the region, the box below stays, and what leaves the top
+    /// of the screen is final, in order.
+    #[test]
+    fn a_scrolling_region_scrolls_above_a_box_that_stays() {
+        // Rows 1-3 are history, rows 4-5 the box ("› input", "status").
+        let mut bytes = b"\x1b[4;1H\xe2\x80\xba input\x1b[5;1Hstatus".to_vec();
+        for i in 1..=5 {
+            bytes.extend_from_slice(format!("\x1b[1;3r\x1b[3;1H\r\nline {i}\x1b[r").as_bytes());
+        }
+        let mut s = screen(5, &bytes);
+        let (rows, ..) = s.visible();
+        assert_eq!(rows, ["line 3", "line 4", "line 5", "› input", "status"]);
+        assert_eq!(
+            lines(&s.out)
+                .iter()
+                .map(|l| &l.text[..])
+                .collect::<Vec<_>>(),
+            ["", "", "", "line 1", "line 2"],
+            "what scrolled off the top is final"
+        );
+        s.out.clear();
+        s.commit_all();
+        let texts: Vec<String> = lines(&s.out).into_iter().map(|l| l.text).collect();
+        assert_eq!(texts, ["line 3", "line 4", "line 5", "› input", "status"]);
+    }
+
+    /// Reverse index at the region's top scrolls it down: the row pushed past its bottom is
+    /// gone, rows outside it stay (how Codex moves its box down before writing history).
+    #[test]
+    fn reverse_index_at_the_regions_top_scrolls_it_down() {
+        let s = screen(5, b"a\r\nb\r\nc\r\nd\r\ne\x1b[2;4r\x1b[2;1H\x1bM\x1bMx");
+        let (rows, row, col) = s.visible();
+        assert_eq!(rows, ["a", "x", "", "b", "e"]);
+        assert_eq!((row, col), (1, 1));
+    }
+
+    /// Inside a region, insert and delete lines move only the region's rows; outside it they
+    /// do nothing. SU and SD scroll the region.
+    #[test]
+    fn insert_delete_and_scroll_stay_inside_the_region() {
+        let base = b"a\r\nb\r\nc\r\nd\r\ne\x1b[2;4r";
+        let s = screen(5, &[&base[..], b"\x1b[2;1H\x1b[L"].concat());
+        assert_eq!(s.visible().0, ["a", "", "b", "c", "e"]);
+        let s = screen(5, &[&base[..], b"\x1b[2;1H\x1b[M"].concat());
+        assert_eq!(s.visible().0, ["a", "c", "d", "", "e"]);
+        let s = screen(5, &[&base[..], b"\x1b[5;1H\x1b[L"].concat());
+        assert_eq!(s.visible().0, ["a", "b", "c", "d", "e"]);
+        let s = screen(5, &[&base[..], b"\x1b[2S"].concat());
+        assert_eq!(s.visible().0, ["a", "d", "", "", "e"]);
+        let s = screen(5, &[&base[..], b"\x1b[T"].concat());
+        assert_eq!(s.visible().0, ["a", "", "b", "c", "e"]);
+    }
+
+    /// Below the region a line feed on the last row scrolls nothing; `ESC [ r` and a resize
+    /// give the whole screen back.
+    #[test]
+    fn below_the_region_nothing_scrolls_and_the_region_can_be_reset() {
+        let s = screen(3, b"a\r\nb\r\nc\x1b[1;2r\x1b[3;1H\r\nz");
+        assert_eq!(s.visible().0, ["a", "b", "z"]);
+        let s = screen(3, b"a\r\nb\r\nc\x1b[1;2r\x1b[r\x1b[3;1H\r\nz");
+        assert_eq!(s.visible().0, ["b", "c", "z"]);
     }
 }

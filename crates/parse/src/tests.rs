@@ -243,7 +243,8 @@ fn a_clear_screen_ends_an_open_fence() {
 
 #[test]
 fn a_directive_cut_by_a_clear_is_reported_whole_from_the_reprint() {
-    let mut p = Parser::new(Profile::generic());
+    // A TUI that wraps its own rows, width unknown: the indented rows are the rest of the line.
+    let mut p = Parser::new(Profile::claude());
     p.set_rows(3);
     // The head scrolls out (final); the continuation is still live when the screen clears.
     let mut out = p.feed(b"@relay:Bob one two\r\n  three four\r\n\r\n");
@@ -284,12 +285,12 @@ fn settle_reads_nothing_while_the_agent_shows_it_is_working() {
 #[test]
 fn settle_keeps_a_directive_open_while_its_next_line_is_still_being_written() {
     let mut p = Parser::new(Profile::generic());
-    let mut out = p.feed(b"  @relay:Bob one\r\n  two");
+    let mut out = p.feed(b"  @relay:Bob one\r\n    two");
     out.extend(p.settle());
     assert!(out.is_empty());
     out.extend(p.feed(b" three\r\n\r\n"));
     out.extend(p.settle());
-    assert_eq!(bodies(&out), ["Bob:one two three"]);
+    assert_eq!(bodies(&out), ["Bob:one\n  two three"]);
 }
 
 #[test]

@@ -413,3 +413,76 @@ proptest! {
         }
     }
 }
+
+/// What the screen model shows must be what a real terminal shows, or readiness and the check
+/// that a typed message was submitted read the wrong rows. `NAME.screens.txt` holds what tmux
+/// showed (`capture-pane`, and the cursor) after being fed the capture up to given offsets,
+/// resized where the capture was: blocks of `@@ offset=N rows=R cursor=ROW,COL` and R rows.
+/// Codex CLI drawn inline (`codex-inline`, `--no-alt-screen`) writes its history through a
+/// scrolling region above its input box: a model without scrolling regions showed the box
+/// rows scrambled.
+#[test]
+fn screens_match_what_a_real_terminal_showed() {
+    let mut checked = 0;
+    for f in fixtures() {
+        let Ok(text) = std::fs::read_to_string(f.path.with_extension("screens.txt")) else {
+            continue;
+        };
+        // (offset, rows, cursor, the rows tmux showed)
+        type Block = (usize, usize, (usize, usize), Vec<String>);
+        let mut blocks: Vec<Block> = Vec::new();
+        for line in text.lines() {
+            if let Some(head) = line.strip_prefix("@@ ") {
+                let field = |k: &str| {
+                    head.split(' ')
+                        .find_map(|kv| kv.strip_prefix(k))
+                        .unwrap_or_else(|| panic!("{}: no {k} in {head}", f.name()))
+                };
+                let (r, c) = field("cursor=").split_once(',').expect("cursor=ROW,COL");
+                blocks.push((
+                    field("offset=").parse().expect("offset"),
+                    field("rows=").parse().expect("rows"),
+                    (r.parse().expect("row"), c.parse().expect("col")),
+                    Vec::new(),
+                ));
+            } else if let Some(b) = blocks.last_mut() {
+                b.3.push(line.to_owned());
+            }
+        }
+        let mut parser = Parser::new(f.profile.clone());
+        let mut at = 0;
+        for (offset, rows, cursor, expected) in blocks {
+            // Feed read by read, resizing where the capture did, as the wrapper would.
+            let mut cuts: Vec<usize> = f.reads.iter().map(|r| r.0).collect();
+            cuts.extend(f.sizes.iter().map(|s| s.0));
+            cuts.push(offset);
+            cuts.sort_unstable();
+            cuts.dedup();
+            let from = at;
+            for cut in cuts.into_iter().filter(|&c| c > from && c <= offset) {
+                if let Some(&(_, r)) = f.sizes.iter().rev().find(|s| s.0 <= at) {
+                    parser.set_rows(r);
+                }
+                parser.feed(&f.bytes[at..cut]);
+                at = cut;
+            }
+            let screen = parser.screen();
+            let mut got = screen.lines.clone();
+            got.resize(rows, String::new());
+            assert_eq!(
+                got.join("\n"),
+                expected.join("\n"),
+                "{} at byte {offset}",
+                f.name()
+            );
+            assert_eq!(
+                (screen.cursor_row, screen.cursor_col),
+                cursor,
+                "{} cursor at byte {offset}",
+                f.name()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "no screens were checked");
+}

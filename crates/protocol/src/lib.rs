@@ -36,6 +36,11 @@ pub use names::{
 pub use status::DeliveryStatus;
 pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 
+/// The `cli` a person's connection gives in HELLO (`relay-people`: a person reached through
+/// adapters). A tool may send as a connected person (the person at the terminal is that same
+/// person), never as a connected agent.
+pub const PERSON_CLI: &str = "person";
+
 /// Characters in a [`short_id`].
 pub const SHORT_ID_LEN: usize = 8;
 

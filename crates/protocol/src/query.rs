@@ -198,6 +198,47 @@ pub struct StatusInfo {
     /// Delivery counts and latencies (absent from older daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryFigures>,
+    /// The link to the federation, when the relay was started with `--cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub federation: Option<Box<FederationStatus>>,
+}
+
+/// How a relay started with `--cluster` sees the federation (docs/FEDERATION.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FederationStatus {
+    /// This relay's node name.
+    pub node: String,
+    /// The NATS servers it was given.
+    pub cluster: String,
+    /// `connected`, `connecting` or `disconnected`.
+    pub link: String,
+    /// Messages for agents on other nodes stored here and not yet published (the outbox).
+    pub backlog: u64,
+    /// Messages published to other nodes since the relay started.
+    pub published: u64,
+    /// Messages received from other nodes and stored here since the relay started.
+    pub received: u64,
+    /// Agents on other nodes, as the directory has them.
+    #[serde(default)]
+    pub remote: Vec<RemoteAgent>,
+    /// Names connected here that the directory gives to another node: refused in the
+    /// federation (their messages to other nodes fail, and nobody elsewhere reaches them).
+    #[serde(default)]
+    pub conflicts: Vec<RemoteAgent>,
+    /// The last error talking to NATS, if the link is not up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An agent of the federation's directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteAgent {
+    /// Its name.
+    pub name: String,
+    /// The node that holds the name.
+    pub node: String,
+    /// Connected to its node, as that node last said.
+    pub online: bool,
 }
 
 /// RESULT payload, tagged by `what` like the question.

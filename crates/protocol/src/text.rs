@@ -116,6 +116,22 @@ pub fn typed(text: &str) -> String {
         .collect()
 }
 
+/// Like [`typed`], but the line breaks stay (`\r\n` and `\r` become `\n`) and so do tabs: for
+/// text that goes in as one bracketed paste, which a CLI that takes a multi-line paste reads
+/// as one prompt. Every other control character is dropped.
+#[must_use]
+pub fn typed_lines(text: &str) -> String {
+    text.replace("\r\n", "\n")
+        .chars()
+        .filter_map(|c| match c {
+            '\r' => Some('\n'),
+            '\n' | '\t' => Some(c),
+            c if is_dangerous(c) => None,
+            c => Some(c),
+        })
+        .collect()
+}
+
 /// Escapes what serde_json writes raw but a terminal interprets: DEL and the C1 controls (and
 /// the bidi overrides and line separators [`for_terminal`] escapes). In JSON text these can only
 /// occur inside strings, where `\u00XX` means the same character, so the result parses to the

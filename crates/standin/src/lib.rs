@@ -14,6 +14,7 @@
 pub mod gemini;
 pub mod messages;
 pub mod openai;
+pub mod people;
 pub mod script;
 
 use std::net::SocketAddr;
@@ -317,6 +318,7 @@ async fn handle(
             delay: Duration::ZERO,
             hold: false,
             thinking: None,
+            tool_use: None,
         }),
         Kind::CountTokens | Kind::Other => None,
     };
@@ -371,19 +373,25 @@ async fn handle(
         let answer = match wire {
             Wire::Gemini { .. } => gemini::reply_message(&choice.reply),
             // Codex always streams; a plain message is the closest answer otherwise.
-            Wire::Anthropic | Wire::OpenAi => messages::reply_message(&model, &choice.reply),
+            Wire::Anthropic | Wire::OpenAi => {
+                messages::reply_message(&model, &choice.reply, choice.tool_use.as_ref())
+            }
         };
         return axum::Json(answer).into_response();
     }
     // The first event goes out at once (the agent shows its spinner), then the hold and the
     // rule's delay, then the text paced like a model streaming.
     let frames: Vec<(bool, String)> = match wire {
-        Wire::Anthropic => {
-            messages::reply_events(&model, choice.thinking.as_deref(), &choice.reply, chunk)
-                .into_iter()
-                .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
-                .collect()
-        }
+        Wire::Anthropic => messages::reply_events(
+            &model,
+            choice.thinking.as_deref(),
+            &choice.reply,
+            choice.tool_use.as_ref(),
+            chunk,
+        )
+        .into_iter()
+        .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
+        .collect(),
         // (Thinking is streamed on the Anthropic API only.)
         Wire::OpenAi => openai::reply_events(&model, &choice.reply, chunk)
             .into_iter()

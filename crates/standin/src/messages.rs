@@ -63,14 +63,31 @@ fn tokens(text: &str) -> usize {
     text.len().div_ceil(4).max(1)
 }
 
-/// The whole reply as one non-streaming message.
-pub fn reply_message(model: &str, text: &str) -> Value {
-    message(
-        model,
-        json!([{"type": "text", "text": text}]),
-        json!("end_turn"),
-        tokens(text),
-    )
+/// The id of the stand-in's tool call (one per reply).
+const TOOL_USE_ID: &str = "toolu_standin";
+
+/// The input of a scripted tool call, as a JSON value (an object; `{}` if the text is not
+/// one).
+fn tool_input(json: &str) -> Value {
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}))
+}
+
+/// The whole reply as one non-streaming message; with `tool`, a tool call (name, input JSON)
+/// after the text, and `stop_reason: tool_use`.
+pub fn reply_message(model: &str, text: &str, tool: Option<&(String, String)>) -> Value {
+    let mut content = vec![json!({"type": "text", "text": text})];
+    let stop = match tool {
+        Some((name, input)) => {
+            content.push(json!({"type": "tool_use", "id": TOOL_USE_ID, "name": name,
+                                "input": tool_input(input)}));
+            "tool_use"
+        }
+        None => "end_turn",
+    };
+    message(model, Value::Array(content), json!(stop), tokens(text))
 }
 
 /// The reply as a stream: `message_start`, then (with `thinking`) a thinking block
@@ -82,6 +99,7 @@ pub fn reply_events(
     model: &str,
     thinking: Option<&str>,
     text: &str,
+    tool: Option<&(String, String)>,
     chunk: usize,
 ) -> Vec<(&'static str, Value)> {
     let mut events = vec![(
@@ -121,10 +139,32 @@ pub fn reply_events(
         index += 1;
     }
     block(index, "text", "text", text, "text_delta");
+    let mut stop = "end_turn";
+    if let Some((name, input)) = tool {
+        // A tool call: its input streams as JSON text (`input_json_delta`), all at once.
+        index += 1;
+        events.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": TOOL_USE_ID, "name": name,
+                                     "input": {}}}),
+        ));
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta",
+                             "partial_json": tool_input(input).to_string()}}),
+        ));
+        events.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        stop = "tool_use";
+    }
     events.push((
         "message_delta",
         json!({"type": "message_delta",
-               "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+               "delta": {"stop_reason": stop, "stop_sequence": null},
                "usage": {"output_tokens": tokens(text)}}),
     ));
     events.push(("message_stop", json!({"type": "message_stop"})));
@@ -167,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_streamed_reply_carries_the_whole_text_in_order() {
-        let events = reply_events("m", None, "héllo wörld", 4);
+        let events = reply_events("m", None, "héllo wörld", None, 4);
         let names: Vec<&str> = events.iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
@@ -196,7 +236,7 @@ mod tests {
 
     #[test]
     fn a_thinking_block_comes_first_with_its_signature() {
-        let events = reply_events("m", Some("hmm"), "ok", 8);
+        let events = reply_events("m", Some("hmm"), "ok", None, 8);
         let blocks: Vec<(String, i64)> = events
             .iter()
             .filter(|(n, _)| *n == "content_block_start")
@@ -225,7 +265,7 @@ mod tests {
     fn sse_frames_are_one_line_of_json_each() {
         let s = sse("content_block_delta", &json!({"t": "a\nb"}));
         assert_eq!(s, "event: content_block_delta\ndata: {\"t\":\"a\\nb\"}\n\n");
-        let m = reply_message("m", "done");
+        let m = reply_message("m", "done", None);
         assert_eq!(m["content"][0]["text"], "done");
         assert_eq!(m["stop_reason"], "end_turn");
     }

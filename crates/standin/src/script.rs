@@ -40,6 +40,9 @@ pub struct Rule {
     pub hold: bool,
     /// A thinking block streamed before the reply (Anthropic API only).
     pub thinking: Option<String>,
+    /// A tool call after the reply's text (Anthropic API only): the tool's name and its input
+    /// as JSON text. The agent runs the tool and sends its result as the next user message.
+    pub tool_use: Option<(String, String)>,
 }
 
 impl Rule {
@@ -52,6 +55,7 @@ impl Rule {
             delay: Duration::ZERO,
             hold: false,
             thinking: None,
+            tool_use: None,
         }
     }
 
@@ -68,6 +72,7 @@ impl Rule {
             delay: Duration::ZERO,
             hold: false,
             thinking: None,
+            tool_use: None,
         })
     }
 
@@ -89,6 +94,14 @@ impl Rule {
     #[must_use]
     pub fn thinking(mut self, thought: &str) -> Self {
         self.thinking = Some(thought.to_owned());
+        self
+    }
+
+    /// The same rule, calling tool `name` with `input` after its text (Anthropic API only;
+    /// for an MCP tool Claude Code's name is `mcp__SERVER__TOOL`).
+    #[must_use]
+    pub fn calling(mut self, name: &str, input: &serde_json::Value) -> Self {
+        self.tool_use = Some((name.to_owned(), input.to_string()));
         self
     }
 
@@ -135,6 +148,8 @@ pub struct Choice {
     pub hold: bool,
     /// A thinking block before the reply.
     pub thinking: Option<String>,
+    /// A tool call after the reply: (name, input as JSON text).
+    pub tool_use: Option<(String, String)>,
 }
 
 impl Script {
@@ -158,6 +173,7 @@ impl Script {
                     delay: Duration::ZERO,
                     hold: false,
                     thinking: None,
+                    tool_use: None,
                 },
                 |r| Choice {
                     rule: Some(r.name.clone()),
@@ -165,6 +181,7 @@ impl Script {
                     delay: r.delay,
                     hold: r.hold,
                     thinking: r.thinking.clone(),
+                    tool_use: r.tool_use.clone(),
                 },
             )
     }

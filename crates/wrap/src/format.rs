@@ -1,6 +1,6 @@
 //! How a delivered message becomes text typed into an agent's terminal.
 
-use relay_protocol::text::typed;
+use relay_protocol::text::{typed, typed_lines};
 
 /// Programs that read commands from their terminal: whatever is typed into one is run, so it is
 /// given text only as a [`Form::ShellNoOp`].
@@ -120,17 +120,30 @@ pub fn shell_no_op(text: &str) -> String {
 /// on that. A body longer than `max_body` characters is cut, with a hint to read the rest. The
 /// line starts with `Relay message from`, which the parser never reads as a directive, so its
 /// echo cannot be relayed again. (For a shell, it is then put in a [`Form::ShellNoOp`].)
+///
+/// With `lines` (a CLI that takes a multi-line bracketed paste as one prompt, see
+/// [`crate::profile::Profile::multiline`]), a body of several lines keeps them, and its
+/// indentation, after a line of its own: `Relay message from Alice [5DZ82MJ3]:` then the
+/// body; only control characters are dropped (see [`relay_protocol::text::typed_lines`]).
+/// Without, a body of several lines is flattened and the text says so, with where the exact
+/// text is.
 pub fn injected_text(
     from: &str,
     id: &str,
     thread: Option<&str>,
     body: &str,
     max_body: usize,
+    lines: bool,
 ) -> String {
     let id = typed(id);
     let from = typed(from);
     let short = relay_protocol::short_id(&id);
-    let body = typed(body);
+    let multi = body.trim_end().contains(['\n', '\r']);
+    let body = if lines && multi {
+        typed_lines(body)
+    } else {
+        typed(body)
+    };
     let clean: String = body.chars().take(max_body).collect();
     // `clean` is a prefix of `body`: shorter means cut.
     let cut = clean.len() < body.len();
@@ -146,12 +159,17 @@ pub fn injected_text(
             format!(" (thread {t})")
         })
         .unwrap_or_default();
+    let sep = if lines && multi { "\n" } else { " " };
     let mut text = format!(
-        "Relay message from {from} [{short}]{thread}: {}",
+        "Relay message from {from} [{short}]{thread}:{sep}{}",
         clean.trim_end()
     );
     if cut {
         text.push_str(&format!(" … (truncated; full text: agent-relay read {id})"));
+    } else if multi && !lines {
+        text.push_str(&format!(
+            " (its line breaks are shown as spaces here; exact text: agent-relay read {id})"
+        ));
     }
     text
 }
@@ -189,12 +207,13 @@ impl PasteMode {
         self.on
     }
 
-    /// `text` as the agent should receive it: bracketed when it asked for that.
+    /// `text` as the agent should receive it: bracketed when it asked for that. Unbracketed,
+    /// a line break would submit what comes before it: they become spaces.
     pub fn wrap(&self, text: &str) -> Vec<u8> {
         if self.on {
             [b"\x1b[200~", text.as_bytes(), b"\x1b[201~"].concat()
         } else {
-            text.as_bytes().to_vec()
+            text.replace('\n', " ").into_bytes()
         }
     }
 }
@@ -226,12 +245,13 @@ mod tests {
                 "01JB2K7Q4ZXYZ",
                 None,
                 "Can you review auth.ts?",
-                1000
+                1000,
+                false
             ),
             "Relay message from Alice [K7Q4ZXYZ]: Can you review auth.ts?"
         );
         assert_eq!(
-            injected_text("Bob", "m7", Some("t1"), "ok", 1000),
+            injected_text("Bob", "m7", Some("t1"), "ok", 1000, false),
             "Relay message from Bob [m7] (thread t1): ok"
         );
         // Two ULIDs of the same second differ only at the end: both ids are shown by it.
@@ -241,7 +261,8 @@ mod tests {
                 "01M80TF75ZPNAE1B5DZ82MJ3M2",
                 Some("01M80TF6Q3XABCDE12345678XY"),
                 "ok",
-                1000
+                1000,
+                false
             ),
             "Relay message from Carol [Z82MJ3M2] (thread 345678XY): ok"
         );
@@ -249,9 +270,26 @@ mod tests {
 
     #[test]
     fn control_characters_never_reach_the_terminal() {
-        let t = injected_text("A", "x", None, "a\u{1b}[2J\u{7}b\r\nc\u{1b}]0;t\u{7}", 1000);
+        let t = injected_text(
+            "A",
+            "x",
+            None,
+            "a\u{1b}[2J\u{7}b\r\nc\u{1b}]0;t\u{7}",
+            1000,
+            false,
+        );
         assert!(!t.chars().any(char::is_control), "{t:?}");
-        assert!(t.ends_with("a[2Jb  c]0;t"), "{t:?}");
+        assert!(t.contains("a[2Jb  c]0;t (its line breaks"), "{t:?}");
+        let t = injected_text(
+            "A",
+            "x",
+            None,
+            "a\u{1b}[2J\u{7}b\r\nc\u{1b}]0;t\u{7}",
+            1000,
+            true,
+        );
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.ends_with(":\na[2Jb\nc]0;t"), "{t:?}");
     }
 
     /// The daemon refuses such ids; the wrapper cleans them anyway (defence in depth): an id
@@ -272,6 +310,7 @@ mod tests {
                 Some("th\rread\u{9b}"),
                 &"x".repeat(50),
                 10,
+                false,
             );
             assert!(t.contains("agent-relay read"), "{t:?}");
             assert!(
@@ -280,7 +319,7 @@ mod tests {
                 "{id:?} gave {t:?}"
             );
         }
-        let t = injected_text("A", "q\rtouch FILE\r#", None, &"x".repeat(50), 10);
+        let t = injected_text("A", "q\rtouch FILE\r#", None, &"x".repeat(50), 10, false);
         assert!(
             t.starts_with("Relay message from A [h FILE #]: ")
                 && t.ends_with("agent-relay read q touch FILE #)"),
@@ -344,8 +383,30 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_line_body_keeps_its_lines_where_the_cli_takes_them_and_says_so_where_not() {
+        let body = "Fix:\n\n```rust\nfn main() {\n\tlet x = 1;\n    call(x);\n}\n```\n";
+        assert_eq!(
+            injected_text("Alice", "01JB2K7Q4ZXYZ", None, body, 1000, true),
+            format!("Relay message from Alice [K7Q4ZXYZ]:\n{}", body.trim_end())
+        );
+        assert_eq!(
+            injected_text("Alice", "01JB2K7Q4ZXYZ", None, body, 1000, false),
+            "Relay message from Alice [K7Q4ZXYZ]: Fix:  ```rust fn main() {  let x = 1;     call(x); } ``` \
+             (its line breaks are shown as spaces here; exact text: agent-relay read 01JB2K7Q4ZXYZ)"
+        );
+        // One line stays one line, with or without.
+        assert_eq!(
+            injected_text("Bob", "m7", None, "ok\n", 1000, true),
+            "Relay message from Bob [m7]: ok"
+        );
+        // Not bracketed, a line break would submit: it is a space then.
+        let p = PasteMode::default();
+        assert_eq!(p.wrap("a\nb"), b"a b");
+    }
+
+    #[test]
     fn long_bodies_are_cut_with_a_hint() {
-        let t = injected_text("A", "01ABCDEFGHJK", None, &"x".repeat(50), 10);
+        let t = injected_text("A", "01ABCDEFGHJK", None, &"x".repeat(50), 10, false);
         assert!(t.contains(&format!("{} …", "x".repeat(10))), "{t}");
         assert!(t.ends_with("agent-relay read 01ABCDEFGHJK)"), "{t}");
     }
@@ -358,6 +419,7 @@ mod tests {
             None,
             "@relay:Bob do it\n@relay:* all",
             1000,
+            false,
         );
         let mut p = relay_parse::Parser::new(relay_parse::Profile::generic());
         let mut found = p.feed(format!("{text}\r\n").as_bytes());

@@ -12,12 +12,15 @@
 //! screens recorded from the real CLIs; [`run_pty`] and [`serve_tmux`] are the I/O shells
 //! around them and are tested end to end with the real binary.
 
+mod door;
 pub mod format;
 pub mod inject;
 pub mod profile;
 mod pty;
 pub mod state;
 pub mod tmux;
+/// The door's socket file name in the team directory (see `door.rs`).
+pub use door::SOCKET as DOOR_SOCKET;
 mod transcript;
 mod turn;
 
@@ -671,13 +674,18 @@ impl Core {
             self.ack(&m, DeliveryState::Failed).await;
             return;
         }
-        let text = self.form.apply(&format::injected_text(
+        // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
+        // quoted line.
+        let lines = self.cfg.profile.multiline && self.form == format::Form::Plain;
+        let text = format::injected_text(
             &m.from,
             &m.id,
             m.payload.thread.as_deref(),
             &m.payload.body,
             self.cfg.max_body,
-        ));
+            lines,
+        );
+        let text = if lines { text } else { self.form.apply(&text) };
         // Never typed twice: a message this terminal was given before (a replay after a
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
@@ -768,6 +776,27 @@ impl Core {
     fn push_notice(&mut self, notice: &str) {
         self.injector
             .push(self.form.apply(notice), Item::Notice, false);
+    }
+
+    /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
+    /// agent's connection; the receipt goes back to the tool.
+    async fn door_send(&mut self, req: door::Request) {
+        match self.client.send_nowait(req.msg).await {
+            Ok((id, pending)) => {
+                tracing::debug!(%id, "sending for the agent's own tool");
+                let reply = req.reply;
+                tokio::spawn(async move {
+                    if reply.send(pending.wait().await).is_err() {
+                        tracing::debug!(%id, "the tool left before its receipt");
+                    }
+                });
+            }
+            Err(e) => {
+                if req.reply.send(Err(e)).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
+        }
     }
 
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
@@ -1030,7 +1059,10 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
+    core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(pty.pid());
+    let mut door = door::open(&core.cfg.team_dir);
     let mut relay_open = true;
     let mut stdout = std::io::stdout();
     loop {
@@ -1046,6 +1078,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 paste.feed(&bytes);
                 core.on_output(&bytes, Instant::now()).await;
             }
+            Some(req) = door.recv() => core.door_send(req).await,
             ev = core.client.next_event(), if relay_open => match ev {
                 Some(Event::Message(m)) => core.on_message(m, None).await,
                 Some(other) => tracing::debug!(?other, "relay event"),
@@ -1074,6 +1107,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
                 let (r, c) = terminal_size();
                 pty.resize(r, c)?;
                 core.parser.set_rows(usize::from(r));
+                core.parser.set_cols(usize::from(c));
             }
             // Only when something is due (unread output, a queued message): an idle agent
             // costs the wrapper no wake-ups.
@@ -1153,6 +1187,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     let mut term =
         signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
     let mut relay_open = true;
+    let mut door = door::open(&core.cfg.team_dir);
     let code = loop {
         let wake = core.next_wake();
         tokio::select! {
@@ -1182,6 +1217,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
                     }
                 }
             },
+            Some(req) = door.recv() => core.door_send(req).await,
             ev = core.client.next_event(), if relay_open => match ev {
                 Some(Event::Message(m)) => core.on_message(m, Some(&pane)).await,
                 Some(other) => tracing::debug!(?other, "relay event"),

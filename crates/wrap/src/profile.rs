@@ -66,6 +66,7 @@ pub struct Overrides {
     starting: Option<Vec<String>>,
     tested_versions: Option<Vec<String>>,
     args: Option<Vec<String>>,
+    multiline: Option<bool>,
 }
 
 /// The profile files' own name for their fields, kept for the code that reads them.
@@ -91,7 +92,8 @@ impl Overrides {
             placeholders,
             starting,
             tested_versions,
-            args
+            args,
+            multiline
         );
     }
 }
@@ -136,6 +138,9 @@ pub struct Profile {
     /// Arguments the wrapper adds to the CLI's command line, each unless it is there already
     /// (see [`Profile::command`]).
     args: Vec<String>,
+    /// The CLI takes a bracketed paste of several lines as one prompt (measured per CLI): a
+    /// message's body is typed with its lines. Otherwise it is flattened to one line.
+    pub multiline: bool,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -280,6 +285,7 @@ impl Profile {
             starting: regexes(f.starting)?,
             tested_versions: f.tested_versions.unwrap_or_default(),
             args: f.args.unwrap_or_default(),
+            multiline: f.multiline.unwrap_or(false),
         })
     }
 

@@ -254,12 +254,12 @@ async fn send_loop(
     Ok(())
 }
 
-/// Receiver `bench-r{r}`: takes `want` distinct messages, acknowledging them as `acks` says
+/// Receiver `name` (`bench-r{r}`): takes `want` distinct messages, acknowledging them as `acks` says
 /// (a wrapper's `verified` ACK per message, one cumulative ACK per read, or a plain v1 ACK per
 /// message), and measures latency from the send time in each body.
 pub(super) async fn receiver(
     socket: std::path::PathBuf,
-    r: usize,
+    name: String,
     want: usize,
     base: Instant,
     deadline: tokio::time::Instant,
@@ -267,7 +267,6 @@ pub(super) async fn receiver(
 ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<ReceiverResult>>> {
     let per_message = acks != AckMode::Lean;
     let state = (acks == AckMode::Wrapper).then_some("verified");
-    let name = format!("bench-r{r}");
     let (mut stream, mut buf) = connect(&socket, &name, "agent", 1024).await?;
     let task = tokio::spawn(async move {
         let hasher = std::collections::hash_map::RandomState::new();

@@ -128,7 +128,7 @@ impl Drop for Cleanup {
 pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let backend = args.wrap.unwrap_or(Backend::Pty);
     let n = args.messages.min(100_000);
-    let (socket, daemon) = super::start_private(args.storage.as_str(), args.durability)?;
+    let (socket, daemon) = super::start_private(args.storage.as_str(), args.durability, &[])?;
     let dir = tempfile::Builder::new()
         .prefix("relay-wrapbench")
         .tempdir()?;

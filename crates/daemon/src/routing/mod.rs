@@ -749,11 +749,12 @@ impl Core {
         }
         // A tool (`send --from NAME`) may not speak as an agent that is connected: only that
         // agent's own connection does, so a message shown as from Alice is from Alice.
+        // A person's adapters connection is the exception: the person at the terminal who
+        // runs `agent-relay send` is that person.
         if conn.role == Role::Client
-            && self
-                .agents
-                .get(&conn.name)
-                .is_some_and(|a| a.online.is_some())
+            && self.agents.get(&conn.name).is_some_and(|a| {
+                a.online.is_some() && a.cli.as_deref() != Some(relay_protocol::PERSON_CLI)
+            })
         {
             let reason = format!(
                 "{name} is a connected agent, and only its own connection speaks as it; send as yourself (agent-relay send --from YOUR_NAME ...) or print the directive in {name}'s terminal",

@@ -254,16 +254,19 @@ fn codex_still_starting_shows_its_logo() {
 fn profile_args_are_added_unless_given() {
     let mut codex = Profile::builtin("codex").unwrap();
     let cmd = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-    // The built-in profiles add nothing.
-    assert_eq!(
-        codex.command(&cmd(&["codex", "-m", "o3"])),
-        cmd(&["codex", "-m", "o3"])
-    );
-    codex.args = cmd(&["--no-alt-screen"]);
+    // The built-in codex profile runs it inline (a tall reply's first lines reach the screen).
     assert_eq!(
         codex.command(&cmd(&["codex", "-m", "o3"])),
         cmd(&["codex", "-m", "o3", "--no-alt-screen"])
     );
+    let claude = Profile::builtin("claude").unwrap();
+    assert_eq!(claude.command(&cmd(&["claude"])), cmd(&["claude"]));
+    codex.args = cmd(&["--search"]);
+    assert_eq!(
+        codex.command(&cmd(&["codex", "-m", "o3"])),
+        cmd(&["codex", "-m", "o3", "--search"])
+    );
+    codex.args = cmd(&["--no-alt-screen"]);
     // Given already: not twice.
     assert_eq!(
         codex.command(&cmd(&["codex", "--no-alt-screen"])),

@@ -1,0 +1,389 @@
+//! The pure decisions of the federation, no I/O: names of subjects and buckets, the
+//! deduplication id of a publish, what a message looks like between nodes, who holds a name in
+//! the directory, and whether a delivery to a stand-in is published to another node.
+
+use std::collections::BTreeMap;
+
+use relay_protocol::Send;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The JetStream stream every node's messages go through (one subject per node).
+pub const STREAM: &str = "AGENT_RELAY";
+/// Subjects are `agent-relay.node.<node>`.
+pub const SUBJECT_PREFIX: &str = "agent-relay.node";
+/// The KV bucket of the directory: key = agent name, value = [`Entry`].
+pub const BUCKET: &str = "agent_relay_directory";
+/// The `cli` a stand-in for a remote agent says in its HELLO: `remote@<node>`.
+pub const STANDIN_CLI_PREFIX: &str = "remote@";
+/// The name of the link's own tool connection (role `client`: never a recipient).
+pub const TOOL_NAME: &str = "federation";
+
+/// A node name that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "node name {0:?}: use 1 to 64 ASCII letters, digits, `-` or `_` (it is a NATS subject token)"
+)]
+pub struct BadNode(pub String);
+
+/// Checks a node name: it becomes one token of a NATS subject and of a consumer name, so no
+/// `.`, `*`, `>` or space.
+///
+/// # Errors
+/// [`BadNode`].
+pub fn validate_node(node: &str) -> Result<(), BadNode> {
+    let ok = !node.is_empty()
+        && node.len() <= 64
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(BadNode(node.to_owned()))
+    }
+}
+
+/// The servers of a `--cluster` value: comma-separated URLs, blanks dropped.
+pub fn servers(cluster: &str) -> Vec<String> {
+    cluster
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The subject a node consumes.
+pub fn subject(node: &str) -> String {
+    format!("{SUBJECT_PREFIX}.{node}")
+}
+
+/// The durable consumer of a node.
+pub fn consumer(node: &str) -> String {
+    format!("node-{node}")
+}
+
+/// The `Nats-Msg-Id` of the message `(from, id)` published to `node`: the same for every
+/// re-publish (after a crash, a lost PubAck, or one stand-in per recipient of a broadcast on
+/// that node), so JetStream keeps one copy. The node is part of it because one stream holds
+/// every node's subject and deduplicates across all of them.
+pub fn msg_id(from: &str, id: &str, node: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [from, id, node] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A message between nodes: what the far node's SEND needs, and where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Wire {
+    /// Format version (1).
+    pub v: u32,
+    /// The node the sender is on.
+    pub origin: String,
+    /// Sender (an agent of `origin`).
+    pub from: String,
+    /// The SEND id: the DELIVER id on the far node too.
+    pub id: String,
+    /// Recipient as addressed (`*` for a broadcast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The payload as delivered on the origin node.
+    pub payload: Send,
+    /// The sender is a tool or a person (`agent-relay send`: a client connection), not an
+    /// agent: the far node sends it through a client connection, which never holds the name
+    /// (so its own `send` under the same name keeps working).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool: bool,
+}
+
+/// One agent in the directory (the value under its name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The node that holds the name.
+    pub node: String,
+    /// Connected to that node (as it last said).
+    pub online: bool,
+    /// Topic patterns it subscribed to: its stand-ins subscribe to the same on other nodes.
+    #[serde(default)]
+    pub topics: Vec<String>,
+}
+
+/// An agent of this node, as the local relay lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Local {
+    /// Name.
+    pub name: String,
+    /// Connected now.
+    pub online: bool,
+    /// Subscriptions.
+    pub topics: Vec<String>,
+}
+
+/// What to do with a local agent's directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Nobody holds the name: create the entry (only if still absent: the first holder keeps
+    /// a name, DESIGN.md §11).
+    Create(Entry),
+    /// Ours, and changed: write it.
+    Update(Entry),
+    /// Ours and as it is.
+    Keep,
+    /// Another node holds the name: this agent is refused in the federation.
+    Conflict {
+        /// The node that holds it.
+        owner: String,
+    },
+}
+
+/// Decides about a local agent's entry given the directory's current one.
+pub fn claim(me: &str, local: &Local, existing: Option<&Entry>) -> Claim {
+    let mut topics = local.topics.clone();
+    topics.sort();
+    let want = Entry {
+        node: me.to_owned(),
+        online: local.online,
+        topics,
+    };
+    match existing {
+        None => Claim::Create(want),
+        Some(e) if e.node != me => Claim::Conflict {
+            owner: e.node.clone(),
+        },
+        Some(e) if *e == want => Claim::Keep,
+        Some(_) => Claim::Update(want),
+    }
+}
+
+/// The stand-ins this node should hold: every directory entry of another node, except names
+/// an agent of this node already has (a conflict: never merged into one).
+pub fn standins<'a>(
+    me: &str,
+    directory: &'a BTreeMap<String, Entry>,
+    local_names: &std::collections::BTreeSet<String>,
+) -> BTreeMap<&'a str, &'a Entry> {
+    directory
+        .iter()
+        .filter(|(name, e)| e.node != me && !local_names.contains(*name))
+        .map(|(name, e)| (name.as_str(), e))
+        .collect()
+}
+
+/// What a stand-in does with a message delivered to it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Forward {
+    /// Publish to the recipient's node, then acknowledge locally.
+    Publish {
+        /// Subject.
+        subject: String,
+        /// `Nats-Msg-Id`.
+        msg_id: String,
+        /// Body (boxed: the other variants are empty).
+        wire: Box<Wire>,
+    },
+    /// Acknowledge without publishing: the message came from another node, whose relay
+    /// published it to every node that needs it (publishing it again would echo it back).
+    Skip,
+    /// The sender's name is held by another node (a conflict): report the delivery failed,
+    /// so it is a dead letter here and its sender is told.
+    Refuse,
+}
+
+/// A message delivered to the stand-in of an agent of `node`.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivered<'a> {
+    /// Sender.
+    pub from: &'a str,
+    /// Message id.
+    pub id: &'a str,
+    /// As addressed.
+    pub to: &'a str,
+    /// Topic.
+    pub topic: Option<&'a str>,
+    /// Payload.
+    pub payload: &'a Send,
+}
+
+/// Decides whether a delivery to a stand-in goes out. `remote_sender` is true when `from` is
+/// a stand-in here (an agent of another node) or the relay itself; `conflict` when `from` is
+/// a local agent whose name another node holds; `tool` when `from` is no agent here at all
+/// (a client connection: a person's `send`, a script).
+pub fn forward(
+    me: &str,
+    node: &str,
+    d: Delivered<'_>,
+    remote_sender: bool,
+    conflict: bool,
+    tool: bool,
+) -> Forward {
+    if remote_sender || d.from.eq_ignore_ascii_case("relay") {
+        return Forward::Skip;
+    }
+    if conflict {
+        return Forward::Refuse;
+    }
+    Forward::Publish {
+        subject: subject(node),
+        msg_id: msg_id(d.from, d.id, node),
+        wire: Box::new(Wire {
+            v: 1,
+            origin: me.to_owned(),
+            from: d.from.to_owned(),
+            id: d.id.to_owned(),
+            to: Some(d.to.to_owned()).filter(|t| !t.is_empty()),
+            topic: d.topic.map(str::to_owned),
+            payload: d.payload.clone(),
+            tool,
+        }),
+    }
+}
+
+/// The `cli` a stand-in reports, and back: the node of a stand-in's `cli`.
+pub fn standin_cli(node: &str) -> String {
+    format!("{STANDIN_CLI_PREFIX}{node}")
+}
+
+/// The node a stand-in's `cli` names, if it is one.
+pub fn standin_node(cli: Option<&str>) -> Option<&str> {
+    cli.and_then(|c| c.strip_prefix(STANDIN_CLI_PREFIX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_protocol::Kind;
+
+    fn payload() -> Send {
+        Send {
+            kind: Kind::Message,
+            body: "hi".into(),
+            data: None,
+            thread: None,
+            in_reply_to: None,
+            budget: None,
+            urgent: false,
+        }
+    }
+
+    #[test]
+    fn node_names_are_subject_tokens() {
+        assert!(validate_node("laptop-1_b").is_ok());
+        for bad in ["", "a.b", "a*", "a>", "a b", &"x".repeat(65)] {
+            assert!(validate_node(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn msg_id_is_stable_and_distinct_per_node() {
+        assert_eq!(msg_id("A", "1", "n"), msg_id("A", "1", "n"));
+        assert_ne!(msg_id("A", "1", "n"), msg_id("A", "1", "m"));
+        // Length-prefixed: ("AB","1") and ("A","B1") differ.
+        assert_ne!(msg_id("AB", "1", "n"), msg_id("A", "B1", "n"));
+        assert_eq!(msg_id("A", "1", "n").len(), 32);
+    }
+
+    #[test]
+    fn first_holder_keeps_a_name() {
+        let l = Local {
+            name: "Bob".into(),
+            online: true,
+            topics: vec!["b".into(), "a".into()],
+        };
+        let Claim::Create(e) = claim("n1", &l, None) else {
+            panic!()
+        };
+        assert_eq!(e.topics, vec!["a", "b"]);
+        assert_eq!(claim("n1", &l, Some(&e)), Claim::Keep);
+        let other = Entry {
+            node: "n2".into(),
+            ..e.clone()
+        };
+        assert_eq!(
+            claim("n1", &l, Some(&other)),
+            Claim::Conflict { owner: "n2".into() }
+        );
+        let off = Entry {
+            online: false,
+            ..e.clone()
+        };
+        assert_eq!(claim("n1", &l, Some(&off)), Claim::Update(e));
+    }
+
+    #[test]
+    fn standins_skip_own_and_conflicting_names() {
+        let e = |n: &str| Entry {
+            node: n.into(),
+            online: true,
+            topics: vec![],
+        };
+        let dir: BTreeMap<String, Entry> = [
+            ("A".to_owned(), e("n1")),
+            ("B".to_owned(), e("n2")),
+            ("C".to_owned(), e("n2")),
+        ]
+        .into();
+        let local = ["C".to_owned()].into();
+        let s = standins("n1", &dir, &local);
+        assert_eq!(s.keys().copied().collect::<Vec<_>>(), vec!["B"]);
+    }
+
+    #[test]
+    fn only_local_senders_are_published() {
+        let p = payload();
+        let d = Delivered {
+            from: "Alice",
+            id: "m1",
+            to: "*",
+            topic: None,
+            payload: &p,
+        };
+        match forward("n1", "n2", d, false, false, false) {
+            Forward::Publish {
+                subject: s,
+                msg_id: m,
+                wire,
+            } => {
+                assert_eq!(s, "agent-relay.node.n2");
+                assert_eq!(m, msg_id("Alice", "m1", "n2"));
+                assert_eq!(wire.to.as_deref(), Some("*"));
+                assert_eq!(wire.origin, "n1");
+                let back: Wire =
+                    serde_json::from_slice(&serde_json::to_vec(&wire).unwrap()).unwrap();
+                assert_eq!(back, *wire);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(forward("n1", "n2", d, true, false, false), Forward::Skip);
+        assert_eq!(forward("n1", "n2", d, false, true, false), Forward::Refuse);
+        let relay = Delivered { from: "relay", ..d };
+        assert_eq!(
+            forward("n1", "n2", relay, false, false, false),
+            Forward::Skip
+        );
+        match forward("n1", "n2", d, false, false, true) {
+            Forward::Publish { wire, .. } => assert!(wire.tool),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn standin_cli_round_trips() {
+        assert_eq!(standin_node(Some(&standin_cli("n2"))), Some("n2"));
+        assert_eq!(standin_node(Some("claude")), None);
+        assert_eq!(
+            servers(" nats://a:1, ,nats://b:2"),
+            vec!["nats://a:1", "nats://b:2"]
+        );
+    }
+}

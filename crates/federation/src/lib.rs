@@ -1,0 +1,827 @@
+//! agent-relay federation (issue 16): relays on several hosts joined through NATS JetStream.
+//!
+//! Each relay stays the authority for its own agents, its own store and its own deliveries.
+//! The link this crate runs next to the daemon (`agent-relay up --cluster URL --node NAME`)
+//! adds, over the daemon's own socket and protocol:
+//!
+//! - **the directory**: every local agent is claimed in a JetStream KV bucket (the first node to
+//!   claim a name keeps it), and every agent of another node gets a *stand-in* here: an agent
+//!   connection under its name (`cli: remote@<node>`, its topics subscribed). The stand-in
+//!   holds the name, so a local HELLO under it is refused `name_in_use`, and `agents` lists it
+//!   with its node;
+//! - **out**: the local store delivers a message for a remote agent to its stand-in, like to any
+//!   agent, once committed (the sender's ACK already meant durable: the store is the outbox).
+//!   The stand-in publishes it to the target node's subject with `Nats-Msg-Id` derived from
+//!   (from, id, node) and acknowledges the DELIVER only after JetStream's PubAck; until then
+//!   it stays unacknowledged in the store, and is replayed after any crash;
+//! - **in**: a durable pull consumer per node takes its subject's messages and SENDs each one
+//!   through the stand-in of its sender, with the original id; JetStream's message is
+//!   acknowledged only after the local relay's ACK (stored, or `duplicate`: the store's
+//!   (from, id) dedupe catches every redelivery).
+//!
+//! The decisions are in [`core`] (pure); this file is the I/O around them. docs/FEDERATION.md
+//! has the design, the guarantees and their limits.
+
+pub mod core;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
+use futures_util::StreamExt;
+use relay_client::{Client, ClientConfig, ClientError, Event, Outgoing};
+use relay_protocol::query::{FederationStatus, QueryRequest, QueryResult, RemoteAgent};
+use relay_protocol::{DeliveryState, ErrorCode};
+use tokio::sync::mpsc;
+
+use crate::core::{Claim, Entry, Forward, Local, Wire};
+
+/// Where the link keeps its state for the daemon's `status` (the daemon's `FederationCell`).
+pub type Cell = Arc<Mutex<Option<FederationStatus>>>;
+
+/// How to join the federation.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--cluster`: comma-separated NATS URLs.
+    pub cluster: String,
+    /// `--node`: this relay's name in the federation.
+    pub node: String,
+    /// The local daemon's socket.
+    pub socket: PathBuf,
+    /// A NATS credentials file (`.creds`: JWT and NKey seed).
+    pub creds: Option<PathBuf>,
+    /// A CA certificate file (PEM): TLS is required and the servers are checked against it.
+    pub ca: Option<PathBuf>,
+    /// How long JetStream keeps a message no node has consumed (a node down that long misses
+    /// it: it is the limit of "a node that was down receives what was sent meanwhile").
+    pub retention: Duration,
+    /// Replicas of the stream and the bucket; 0: min(3, servers the cluster advertises).
+    pub replicas: usize,
+}
+
+/// Why the link cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FederationError {
+    /// The node name is not usable.
+    #[error(transparent)]
+    Node(#[from] core::BadNode),
+    /// `--cluster` has no URL.
+    #[error("--cluster names no NATS server (expected nats://HOST:PORT[,nats://HOST:PORT...])")]
+    NoServers,
+    /// The credentials file could not be read.
+    #[error("cannot read the NATS credentials file {path}: {source}")]
+    Creds {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NATS client refused the options (a bad URL, say).
+    #[error("cannot connect to NATS: {0}")]
+    Connect(String),
+}
+
+/// What every task of the link shares.
+struct Shared {
+    me: String,
+    cluster: String,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    /// Names with a stand-in here: agents of other nodes. A delivery from one of them is
+    /// never published again (its own node published it to every node).
+    remote: RwLock<HashSet<String>>,
+    /// Local agents whose name another node holds.
+    conflicts: RwLock<HashSet<String>>,
+    /// Every agent this relay knows that is its own (online or not): a sender not among them
+    /// (and no stand-in) is a tool.
+    agents: RwLock<HashSet<String>>,
+    published: AtomicU64,
+    received: AtomicU64,
+    cell: Cell,
+}
+
+impl Shared {
+    fn is_remote(&self, name: &str) -> bool {
+        self.remote.read().is_ok_and(|r| r.contains(name))
+    }
+
+    fn is_conflict(&self, name: &str) -> bool {
+        self.conflicts.read().is_ok_and(|r| r.contains(name))
+    }
+
+    fn is_local_agent(&self, name: &str) -> bool {
+        self.agents.read().is_ok_and(|r| r.contains(name))
+    }
+
+    fn set_local_agents(&self, agents: &[relay_protocol::query::AgentInfo]) {
+        if let Ok(mut a) = self.agents.write() {
+            *a = agents
+                .iter()
+                .filter(|a| core::standin_node(a.cli.as_deref()).is_none())
+                .map(|a| a.name.clone())
+                .collect();
+        }
+    }
+}
+
+/// Runs the link until the process ends. Returns early only for options that can never work;
+/// NATS being unreachable is not one (the link retries, messages wait in the store).
+///
+/// # Errors
+/// [`FederationError`].
+pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
+    core::validate_node(&opts.node)?;
+    let servers = core::servers(&opts.cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    set_cell(&cell, |s| {
+        s.node = opts.node.clone();
+        s.cluster = opts.cluster.clone();
+        s.link = "connecting".into();
+    });
+    let mut co = async_nats::ConnectOptions::new()
+        .name(format!("agent-relay {}", opts.node))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        // Back within a quarter second of a server's return, and never more than 2 s later:
+        // the backlog waits for this.
+        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)));
+    if let Some(path) = &opts.creds {
+        co = co
+            .credentials_file(path)
+            .await
+            .map_err(|source| FederationError::Creds {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &opts.ca {
+        co = co.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    let client = co
+        .connect(servers)
+        .await
+        .map_err(|e| FederationError::Connect(e.to_string()))?;
+    let js = jetstream::new(client.clone());
+    let shared = Arc::new(Shared {
+        me: opts.node.clone(),
+        cluster: opts.cluster.clone(),
+        client,
+        js,
+        remote: RwLock::new(HashSet::new()),
+        conflicts: RwLock::new(HashSet::new()),
+        agents: RwLock::new(HashSet::new()),
+        published: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        cell,
+    });
+    let mut resume_from = None;
+    let (kv, consumer) = loop {
+        match setup(&shared, &opts, &mut resume_from).await {
+            Ok(x) => break x,
+            Err(e) => {
+                tracing::warn!(error = %e, "federation: NATS not ready; retrying");
+                set_cell(&shared.cell, |s| s.error = Some(e.clone()));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    tracing::info!(node = %opts.node, cluster = %opts.cluster, "federation: joined");
+    let tool = loop {
+        let mut cfg = ClientConfig::tool(&opts.socket, core::TOOL_NAME);
+        cfg.reconnect = true;
+        match Client::connect(cfg).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!(error = %e, "federation: cannot reach the local relay; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let (inbound_tx, inbound_rx) = mpsc::channel(1024);
+    tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
+    manage(shared, opts, kv, tool, inbound_rx).await;
+    Ok(())
+}
+
+fn set_cell(cell: &Cell, f: impl FnOnce(&mut FederationStatus)) {
+    if let Ok(mut g) = cell.lock() {
+        f(g.get_or_insert_with(FederationStatus::default));
+    }
+}
+
+/// Creates (or finds) the stream, this node's durable consumer and the directory bucket.
+///
+/// The consumer is made anew at every start, from the first message this node had not
+/// acknowledged (`resume_from`, kept across retries): messages a crashed relay had taken but
+/// not stored come again first and in order, instead of after the ack wait behind newer
+/// ones (which would break a sender's order). What it had stored comes again too and is a
+/// `duplicate` here.
+async fn setup(
+    sh: &Shared,
+    opts: &Options,
+    resume_from: &mut Option<u64>,
+) -> Result<(kv::Store, PullConsumer), String> {
+    let replicas = if opts.replicas > 0 {
+        opts.replicas
+    } else {
+        sh.client.server_info().connect_urls.len().clamp(1, 3)
+    };
+    sh.js
+        .create_or_update_stream(jetstream::stream::Config {
+            name: core::STREAM.into(),
+            subjects: vec![format!("{}.*", core::SUBJECT_PREFIX)],
+            storage: jetstream::stream::StorageType::File,
+            max_age: opts.retention,
+            num_replicas: replicas,
+            // A re-publish after a crash or a partition comes within minutes; past this the
+            // receiving store's (from, id) dedupe still catches it.
+            duplicate_window: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream: {e}"))?;
+    let stream = sh
+        .js
+        .get_stream(core::STREAM)
+        .await
+        .map_err(|e| format!("stream: {e}"))?;
+    let durable = core::consumer(&sh.me);
+    if resume_from.is_none() {
+        match stream.consumer_info(&durable).await {
+            Ok(info) => {
+                *resume_from = Some(info.ack_floor.stream_sequence + 1);
+                stream
+                    .delete_consumer(&durable)
+                    .await
+                    .map_err(|e| format!("consumer: {e}"))?;
+            }
+            Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => {
+                *resume_from = Some(1);
+            }
+            Err(e) => return Err(format!("consumer: {e}")),
+        }
+    }
+    let start_sequence = resume_from.unwrap_or(1);
+    let consumer: PullConsumer = stream
+        .get_or_create_consumer(
+            &durable,
+            jetstream::consumer::pull::Config {
+                durable_name: Some(durable.clone()),
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence,
+                },
+                filter_subject: core::subject(&sh.me),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(10),
+                // One at a time: the next message comes only once this one is stored here and
+                // acknowledged. With more in flight, a delivery lost with a NATS server that
+                // died came again only after the ack wait, behind later messages of the same
+                // sender: out of order (seen in
+                // `a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing`).
+                max_ack_pending: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("consumer: {e}"))?;
+    // The bucket's stream is made here as `create_or_update_key_value` would make it (that
+    // call first reads the account's info, which async-nats cannot parse from a 2.9 server,
+    // Debian's): one value per key, rollups, direct gets.
+    sh.js
+        .create_or_update_stream(jetstream::stream::Config {
+            name: format!("KV_{}", core::BUCKET),
+            subjects: vec![format!("$KV.{}.>", core::BUCKET)],
+            max_messages_per_subject: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: jetstream::stream::DiscardPolicy::New,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("directory bucket: {e}"))?;
+    let kv = sh
+        .js
+        .get_key_value(core::BUCKET)
+        .await
+        .map_err(|e| format!("directory bucket: {e}"))?;
+    Ok((kv, consumer))
+}
+
+/// A message from another node, with its JetStream handle (acknowledged once stored here).
+struct Inbound {
+    wire: Wire,
+    msg: jetstream::Message,
+}
+
+/// Takes this node's messages off the stream, in order, and hands each to the manager.
+async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Inbound>) {
+    loop {
+        let mut messages = match consumer.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "federation: cannot pull; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
+        };
+        while let Some(next) = messages.next().await {
+            let msg = match next {
+                Ok(m) => m,
+                Err(e) => {
+                    // Heartbeats missed while the server is away: the pull is renewed.
+                    tracing::debug!(error = %e, "federation: pull interrupted");
+                    break;
+                }
+            };
+            let wire: Wire = match serde_json::from_slice(&msg.payload) {
+                Ok(w) => w,
+                Err(e) => {
+                    // Nothing can ever make this message readable: it is terminated, and said.
+                    tracing::error!(error = %e, "federation: unreadable message from NATS; dropped (term)");
+                    if let Err(e) = msg.ack_with(AckKind::Term).await {
+                        tracing::warn!(error = %e, "federation: cannot terminate it");
+                    }
+                    continue;
+                }
+            };
+            if tx.send(Inbound { wire, msg }).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if sh.client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A running stand-in: its inbound queue and what it was started with.
+struct Standin {
+    tx: mpsc::Sender<Inbound>,
+    node: String,
+    topics: Vec<String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The directory loop: claims local names, keeps one stand-in per remote agent, routes
+/// inbound messages to their sender's stand-in, and refreshes the status.
+async fn manage(
+    sh: Arc<Shared>,
+    opts: Options,
+    kv: kv::Store,
+    tool: Client,
+    mut inbound: mpsc::Receiver<Inbound>,
+) {
+    let standins: Arc<tokio::sync::Mutex<HashMap<String, Standin>>> = Arc::default();
+    // Client connections for tools of other nodes (never recipients, never holding a name).
+    let mut tools: HashMap<String, Standin> = HashMap::new();
+    // The directory pass (KV reads, a query of the local relay) runs on its own task: inbound
+    // messages never wait for it.
+    {
+        let (sh, opts, standins) = (sh.clone(), opts.clone(), standins.clone());
+        tokio::spawn(async move {
+            let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                sync(&sh, &opts, &kv, &tool, &mut directory, &standins).await;
+            }
+        });
+    }
+    while let Some(m) = inbound.recv().await {
+        let from = m.wire.from.clone();
+        let node = m.wire.origin.clone();
+        let tx = if m.wire.tool {
+            if tools.get(&from).is_none_or(|s| s.task.is_finished()) {
+                tools.insert(
+                    from.clone(),
+                    spawn_standin(&sh, &opts, &from, &node, Vec::new(), true),
+                );
+            }
+            tools.get(&from).map(|s| s.tx.clone())
+        } else {
+            let mut map = standins.lock().await;
+            // A sender the directory has not shown here yet: its stand-in starts now (the
+            // directory pass gives it its topics later).
+            if map.get(&from).is_none_or(|s| s.task.is_finished()) {
+                map.insert(
+                    from.clone(),
+                    spawn_standin(&sh, &opts, &from, &node, Vec::new(), false),
+                );
+            }
+            map.get(&from).map(|s| s.tx.clone())
+        };
+        if let Some(tx) = tx
+            && let Err(mpsc::error::SendError(m)) = tx.send(m).await
+        {
+            // The stand-in ended (its name is taken here): JetStream gives the message
+            // again later.
+            nak(&m.msg, "its sender's stand-in is not running").await;
+        }
+    }
+}
+
+async fn nak(msg: &jetstream::Message, why: &str) {
+    tracing::debug!(why, "federation: message put back for later");
+    if let Err(e) = msg
+        .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+        .await
+    {
+        tracing::debug!(error = %e, "federation: cannot put a message back (it comes again after the ack wait)");
+    }
+}
+
+/// One pass of the directory: local agents claimed, the directory read, stand-ins started
+/// and stopped, the status refreshed.
+async fn sync(
+    sh: &Arc<Shared>,
+    opts: &Options,
+    kv: &kv::Store,
+    tool: &Client,
+    directory: &mut BTreeMap<String, Entry>,
+    standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
+) {
+    let agents = match tool.query(QueryRequest::Agents).await {
+        Ok(QueryResult::Agents { agents }) => agents,
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            tracing::debug!(error = %e, "federation: cannot list local agents");
+            return;
+        }
+    };
+    sh.set_local_agents(&agents);
+    let mut backlog = 0u64;
+    let mut locals = Vec::new();
+    for a in &agents {
+        if core::standin_node(a.cli.as_deref()).is_some() {
+            backlog += a.pending;
+        } else {
+            locals.push(Local {
+                name: a.name.clone(),
+                online: a.online,
+                topics: a.topics.clone(),
+            });
+        }
+    }
+    let link_up = sh.client.connection_state() == async_nats::connection::State::Connected;
+    let mut error = None;
+    if link_up {
+        match read_directory(kv).await {
+            Ok(d) => *directory = d,
+            Err(e) => error = Some(e),
+        }
+    }
+    let mut conflicts = Vec::new();
+    let mut conflict_names = HashSet::new();
+    for l in &locals {
+        match core::claim(&sh.me, l, directory.get(&l.name)) {
+            Claim::Keep => {}
+            Claim::Create(e) if link_up => {
+                let value = serde_json::to_vec(&e).unwrap_or_default();
+                match kv.create(&l.name, value.into()).await {
+                    Ok(_) => {
+                        directory.insert(l.name.clone(), e);
+                    }
+                    // Another node claimed it first: seen as a conflict on the next pass.
+                    Err(err) => {
+                        tracing::debug!(name = %l.name, error = %err, "federation: claim not made")
+                    }
+                }
+            }
+            Claim::Update(e) if link_up => {
+                let value = serde_json::to_vec(&e).unwrap_or_default();
+                match kv.put(&l.name, value.into()).await {
+                    Ok(_) => {
+                        directory.insert(l.name.clone(), e);
+                    }
+                    Err(err) => {
+                        tracing::debug!(name = %l.name, error = %err, "federation: directory not updated")
+                    }
+                }
+            }
+            Claim::Create(_) | Claim::Update(_) => {}
+            Claim::Conflict { owner } => {
+                if !sh.is_conflict(&l.name) {
+                    tracing::warn!(name = %l.name, owner = %owner,
+                        "federation: this name belongs to another node; the agent here is refused in the federation (its messages to other nodes fail, no other node reaches it): reconnect it under another name");
+                }
+                conflict_names.insert(l.name.clone());
+                conflicts.push(RemoteAgent {
+                    name: l.name.clone(),
+                    node: owner,
+                    online: l.online,
+                });
+            }
+        }
+    }
+    if let Ok(mut c) = sh.conflicts.write() {
+        *c = conflict_names;
+    }
+    let local_names: BTreeSet<String> = locals.iter().map(|l| l.name.clone()).collect();
+    let wanted = core::standins(&sh.me, directory, &local_names);
+    // Stand-ins whose agent moved or changed topics are restarted; those no longer wanted
+    // (the name became local here) are stopped.
+    let mut standins = standins.lock().await;
+    standins.retain(|name, s| {
+        let keep = !s.task.is_finished()
+            && match wanted.get(name.as_str()) {
+                Some(e) => e.node == s.node && e.topics == s.topics,
+                // Started for a sender the directory does not list yet: kept until it does.
+                None => !directory.contains_key(name) && !local_names.contains(name),
+            };
+        if !keep {
+            s.task.abort();
+        }
+        keep
+    });
+    for (name, e) in &wanted {
+        if !standins.contains_key(*name) {
+            standins.insert(
+                (*name).to_owned(),
+                spawn_standin(sh, opts, name, &e.node, e.topics.clone(), false),
+            );
+        }
+    }
+    if let Ok(mut r) = sh.remote.write() {
+        *r = wanted.keys().map(|n| (*n).to_owned()).collect();
+        r.extend(standins.keys().cloned());
+    }
+    let remote = wanted
+        .iter()
+        .map(|(name, e)| RemoteAgent {
+            name: (*name).to_owned(),
+            node: e.node.clone(),
+            online: e.online,
+        })
+        .collect();
+    set_cell(&sh.cell, |s| {
+        s.node = sh.me.clone();
+        s.cluster = sh.cluster.clone();
+        s.link = match sh.client.connection_state() {
+            async_nats::connection::State::Connected => "connected",
+            async_nats::connection::State::Pending => "connecting",
+            async_nats::connection::State::Disconnected => "disconnected",
+        }
+        .into();
+        s.backlog = backlog;
+        s.published = sh.published.load(Ordering::Relaxed);
+        s.received = sh.received.load(Ordering::Relaxed);
+        s.remote = remote;
+        s.conflicts = conflicts;
+        s.error = if link_up {
+            error
+        } else {
+            s.error.take().or(Some("NATS unreachable".into()))
+        };
+    });
+}
+
+async fn read_directory(kv: &kv::Store) -> Result<BTreeMap<String, Entry>, String> {
+    let mut keys = kv.keys().await.map_err(|e| format!("directory: {e}"))?;
+    let mut names = Vec::new();
+    while let Some(k) = keys.next().await {
+        names.push(k.map_err(|e| format!("directory: {e}"))?);
+    }
+    let mut out = BTreeMap::new();
+    for name in names {
+        match kv.get(&name).await {
+            Ok(Some(v)) => match serde_json::from_slice::<Entry>(&v) {
+                Ok(e) => {
+                    out.insert(name, e);
+                }
+                Err(e) => {
+                    tracing::warn!(%name, error = %e, "federation: unreadable directory entry")
+                }
+            },
+            Ok(None) => {}
+            Err(e) => return Err(format!("directory: {e}")),
+        }
+    }
+    Ok(out)
+}
+
+fn spawn_standin(
+    sh: &Arc<Shared>,
+    opts: &Options,
+    name: &str,
+    node: &str,
+    topics: Vec<String>,
+    tool: bool,
+) -> Standin {
+    let (tx, rx) = mpsc::channel(1024);
+    let task = tokio::spawn(standin(
+        sh.clone(),
+        opts.socket.clone(),
+        name.to_owned(),
+        node.to_owned(),
+        topics.clone(),
+        tool,
+        rx,
+    ));
+    Standin {
+        tx,
+        node: node.to_owned(),
+        topics,
+        task,
+    }
+}
+
+/// The stand-in of `name`, an agent of `node`: an agent connection to the local relay under
+/// that name. Deliveries to it are published to `node`; messages `name` sent from `node` are
+/// sent through it.
+async fn standin(
+    sh: Arc<Shared>,
+    socket: PathBuf,
+    name: String,
+    node: String,
+    topics: Vec<String>,
+    tool: bool,
+    mut inbound: mpsc::Receiver<Inbound>,
+) {
+    let mut cfg = if tool {
+        // A tool of another node: a client connection, which never holds the name.
+        let mut c = ClientConfig::tool(&socket, &name);
+        c.reconnect = true;
+        c
+    } else {
+        ClientConfig::agent(&socket, &name)
+    };
+    cfg.cli = Some(core::standin_cli(&node));
+    // Every re-delivery must reach the publisher: after a crash it is re-published (and
+    // deduplicated by JetStream), never assumed done.
+    cfg.dedupe = false;
+    let mut client = match Client::connect(cfg).await {
+        Ok(c) => c,
+        Err(ClientError::Refused {
+            code: ErrorCode::NameInUse,
+            ..
+        }) => {
+            tracing::debug!(%name, %node, "federation: a local agent holds this name; no stand-in");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%name, %node, error = %e, "federation: stand-in cannot connect; retried");
+            return;
+        }
+    };
+    // Subscribed here (the client keeps them for its reconnections): the daemon routes a
+    // topic message to this node's stand-in as to the agent itself.
+    for t in topics {
+        if let Err(e) = client.subscribe(t.clone()).await {
+            tracing::warn!(%name, topic = %t, error = %e, "federation: stand-in cannot subscribe; restarted");
+            return;
+        }
+    }
+    tracing::debug!(%name, %node, "federation: stand-in connected");
+    loop {
+        tokio::select! {
+            ev = client.next_event() => {
+                let Some(ev) = ev else { return };
+                if let Event::Message(d) = ev {
+                    let remote = sh.is_remote(&d.from);
+                    // A sender that is neither remote nor a known agent here: asked again
+                    // (an agent's HELLO comes before its SENDs, so a fresh list has it).
+                    let mut is_tool = !remote && !sh.is_local_agent(&d.from);
+                    if is_tool {
+                        match client.query(QueryRequest::Agents).await {
+                            Ok(QueryResult::Agents { agents }) => {
+                                sh.set_local_agents(&agents);
+                                is_tool = !sh.is_local_agent(&d.from);
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::debug!(error = %e, "federation: stand-in cannot list agents; its delivery comes again");
+                                return;
+                            }
+                        }
+                    }
+                    let decision = core::forward(
+                        &sh.me,
+                        &node,
+                        core::Delivered {
+                            from: &d.from,
+                            id: &d.id,
+                            to: &d.to,
+                            topic: d.topic.as_deref(),
+                            payload: &d.payload,
+                        },
+                        remote,
+                        sh.is_conflict(&d.from),
+                        is_tool,
+                    );
+                    let state = match decision {
+                        Forward::Skip => None,
+                        Forward::Refuse => Some(DeliveryState::Failed),
+                        Forward::Publish { subject, msg_id, wire } => {
+                            if publish(&sh, &subject, &msg_id, &wire).await {
+                                None
+                            } else {
+                                Some(DeliveryState::Failed)
+                            }
+                        }
+                    };
+                    if let Err(e) = client.ack(&d, state).await {
+                        // Unacknowledged, it is delivered again on the next connection and
+                        // re-published under the same Nats-Msg-Id.
+                        tracing::debug!(error = %e, "federation: stand-in closed before its ack");
+                        return;
+                    }
+                }
+            }
+            m = inbound.recv() => {
+                let Some(m) = m else { return };
+                let out = Outgoing {
+                    id: Some(m.wire.id.clone()),
+                    to: m.wire.to.clone(),
+                    topic: m.wire.topic.clone(),
+                    payload: m.wire.payload.clone(),
+                };
+                match client.send_nowait(out).await {
+                    Ok((_, receipt)) => {
+                        let sh = sh.clone();
+                        // In order on the socket; the receipts are awaited apart, so the
+                        // next SEND does not wait for this one's commit.
+                        tokio::spawn(async move {
+                            match receipt.wait().await {
+                                Ok(_) => {
+                                    sh.received.fetch_add(1, Ordering::Relaxed);
+                                    if let Err(e) = m.msg.double_ack().await {
+                                        tracing::debug!(error = %e, "federation: ack to JetStream lost; the redelivery will be a duplicate here");
+                                    }
+                                }
+                                Err(ClientError::Rejected { code: relay_protocol::NackCode::Forbidden, reason }) if tool => {
+                                    // A tool's name held by an agent here: only that agent
+                                    // speaks as it. Not stored, and said.
+                                    tracing::warn!(%reason, "federation: a tool's message from another node refused here: an agent of this node has its name");
+                                    if let Err(e) = m.msg.ack().await {
+                                        tracing::debug!(error = %e, "federation: ack to JetStream lost");
+                                    }
+                                }
+                                Err(ClientError::Rejected { code, reason }) => {
+                                    // Refused here by rules, budget or rate: a dead letter on
+                                    // this node with its reason, like a local SEND refused.
+                                    tracing::info!(?code, %reason, "federation: message from another node refused here (dead-lettered)");
+                                    if let Err(e) = m.msg.ack().await {
+                                        tracing::debug!(error = %e, "federation: ack to JetStream lost");
+                                    }
+                                }
+                                Err(e) => nak(&m.msg, &e.to_string()).await,
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        nak(&m.msg, &e.to_string()).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Publishes until JetStream has it: the DELIVER stays unacknowledged (in the store, the
+/// outbox) meanwhile, and the next one of this stand-in waits, so order holds. False only for
+/// a message that cannot be encoded (reported failed: a dead letter, never a silent drop).
+async fn publish(sh: &Shared, subject: &str, msg_id: &str, wire: &Wire) -> bool {
+    let body = match serde_json::to_vec(wire) {
+        Ok(b) => bytes::Bytes::from(b),
+        Err(e) => {
+            tracing::error!(error = %e, "federation: cannot encode a message");
+            return false;
+        }
+    };
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(body.clone())
+            .message_id(msg_id);
+        let result = match sh.js.send_publish(subject.to_owned(), publish).await {
+            Ok(ack) => ack.await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match result {
+            Ok(_) => {
+                sh.published.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, %subject, "federation: publish failed; retrying (the message waits in the store)");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Notices to people (pure; time is an argument): an agent blocked behind a dialog for longer
+//! than a person's threshold, an agent's message to a person still unanswered, something
+//! dead-lettered. Each becomes at most one short notice per subject and quiet period, and a
+//! person gets at most [`Notifier::MAX_PER_MINUTE`] notices a minute (the rest are counted and
+//! mentioned in the next one): a person is told, never flooded.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::Deserialize;
+
+/// What a person can be told about.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeKind {
+    /// An agent blocked (a dialog, a permission prompt) for too long.
+    Blocked,
+    /// An agent's message to this person is waiting for an answer.
+    Waiting,
+    /// A message was dead-lettered.
+    Dead,
+}
+
+/// One person's notice settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wants {
+    /// The person.
+    pub person: String,
+    /// Which notices.
+    pub kinds: Vec<NoticeKind>,
+    /// Blocked longer than this (ms) is told.
+    pub blocked_after_ms: u64,
+    /// Unanswered longer than this (ms) is told.
+    pub waiting_after_ms: u64,
+}
+
+/// A notice to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// To whom.
+    pub person: String,
+    /// About what.
+    pub kind: NoticeKind,
+    /// The one-line text.
+    pub text: String,
+}
+
+/// What the notifier hears (built by the shell from the relay's live feed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// An agent's terminal state changed; `blocked` with why.
+    AgentState {
+        /// The agent.
+        agent: String,
+        /// Why it is blocked, or `None` when it is not blocked any more.
+        blocked: Option<String>,
+    },
+    /// A message was stored from `from` to `to`.
+    Message {
+        /// Sender.
+        from: String,
+        /// Recipient.
+        to: String,
+        /// Its id.
+        id: String,
+    },
+    /// A message was dead-lettered.
+    Dead {
+        /// Its id.
+        id: String,
+        /// Whose message.
+        from: String,
+        /// Why.
+        why: String,
+    },
+    /// The agent went away (nothing it blocked on is waiting any more).
+    Gone {
+        /// The agent.
+        agent: String,
+    },
+}
+
+/// The notifier's state.
+#[derive(Debug)]
+pub struct Notifier {
+    wants: Vec<Wants>,
+    /// Agent → (blocked since, why, people told).
+    blocked: BTreeMap<String, (u64, String, Vec<String>)>,
+    /// (person, agent) → (since, message id, told).
+    waiting: BTreeMap<(String, String), (u64, String, bool)>,
+    /// (person, subject) → last told.
+    told: HashMap<(String, String), u64>,
+    /// Person → times of recent notices, and how many were held back.
+    recent: HashMap<String, (VecDeque<u64>, u64)>,
+    quiet_ms: u64,
+}
+
+impl Notifier {
+    /// At most this many notices a minute per person.
+    pub const MAX_PER_MINUTE: usize = 5;
+
+    /// A notifier for these people; a subject is told again only after `quiet_ms`.
+    pub fn new(wants: Vec<Wants>, quiet_ms: u64) -> Self {
+        Self {
+            wants,
+            blocked: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            told: HashMap::new(),
+            recent: HashMap::new(),
+            quiet_ms,
+        }
+    }
+
+    fn is_person(&self, name: &str) -> bool {
+        self.wants.iter().any(|w| w.person == name)
+    }
+
+    /// Takes in what happened at `now` (ms); returns notices due at once.
+    pub fn hear(&mut self, heard: Heard, now: u64) -> Vec<Notice> {
+        let mut out = Vec::new();
+        match heard {
+            Heard::AgentState { agent, blocked } => match blocked {
+                Some(why) => {
+                    self.blocked.entry(agent).or_insert((now, why, Vec::new()));
+                }
+                None => {
+                    self.blocked.remove(&agent);
+                }
+            },
+            Heard::Gone { agent } => {
+                self.blocked.remove(&agent);
+            }
+            Heard::Message { from, to, id } => {
+                if self.is_person(&from) {
+                    // The person answered (or wrote first): nothing waits on them from `to`.
+                    self.waiting.remove(&(from, to));
+                } else if self.is_person(&to) && from != "relay" {
+                    // (The relay's own notices expect no answer.)
+                    self.waiting.entry((to, from)).or_insert((now, id, false));
+                }
+            }
+            Heard::Dead { id, from, why } => {
+                let short = relay_protocol::short_id(&id).to_owned();
+                for w in self.wants.clone() {
+                    if w.kinds.contains(&NoticeKind::Dead) && w.person != from {
+                        let text = format!(
+                            "relay: {from}'s message [{short}] was dead-lettered: {why} (agent-relay dlq)"
+                        );
+                        self.push(
+                            &mut out,
+                            &w.person,
+                            NoticeKind::Dead,
+                            format!("dead:{from}"),
+                            text,
+                            now,
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Notices that came due by `now`.
+    pub fn tick(&mut self, now: u64) -> Vec<Notice> {
+        let mut out = Vec::new();
+        let wants = self.wants.clone();
+        let mut due = Vec::new();
+        for (agent, (since, why, told)) in &mut self.blocked {
+            for w in &wants {
+                if !told.contains(&w.person)
+                    && w.kinds.contains(&NoticeKind::Blocked)
+                    && now.saturating_sub(*since) >= w.blocked_after_ms
+                {
+                    told.push(w.person.clone());
+                    let secs = now.saturating_sub(*since) / 1000;
+                    due.push((
+                        w.person.clone(),
+                        NoticeKind::Blocked,
+                        format!("blocked:{agent}"),
+                        format!("relay: {agent} has been blocked for {secs} s ({why})"),
+                    ));
+                }
+            }
+        }
+        for ((person, agent), (since, id, told)) in &mut self.waiting {
+            let Some(w) = wants.iter().find(|w| &w.person == person) else {
+                continue;
+            };
+            if !*told
+                && w.kinds.contains(&NoticeKind::Waiting)
+                && now.saturating_sub(*since) >= w.waiting_after_ms
+            {
+                *told = true;
+                let short = relay_protocol::short_id(id);
+                due.push((
+                    person.clone(),
+                    NoticeKind::Waiting,
+                    format!("waiting:{agent}"),
+                    format!("relay: {agent} is waiting for your answer to [{short}] (reply to it to answer)"),
+                ));
+            }
+        }
+        for (person, kind, subject, text) in due {
+            self.push(&mut out, &person, kind, subject, text, now);
+        }
+        out
+    }
+
+    /// When [`Notifier::tick`] next has something to do, if anything waits.
+    pub fn next_due(&self) -> Option<u64> {
+        let blocked = self.blocked.values().flat_map(|(since, _, told)| {
+            self.wants
+                .iter()
+                .filter(move |w| {
+                    w.kinds.contains(&NoticeKind::Blocked) && !told.contains(&w.person)
+                })
+                .map(move |w| since + w.blocked_after_ms)
+        });
+        let waiting =
+            self.waiting
+                .iter()
+                .filter(|(_, v)| !v.2)
+                .filter_map(|((p, _), (since, _, _))| {
+                    self.wants
+                        .iter()
+                        .find(|w| &w.person == p && w.kinds.contains(&NoticeKind::Waiting))
+                        .map(|w| since + w.waiting_after_ms)
+                });
+        blocked.chain(waiting).min()
+    }
+
+    fn push(
+        &mut self,
+        out: &mut Vec<Notice>,
+        person: &str,
+        kind: NoticeKind,
+        subject: String,
+        text: String,
+        now: u64,
+    ) {
+        let key = (person.to_owned(), subject);
+        if self
+            .told
+            .get(&key)
+            .is_some_and(|&at| now.saturating_sub(at) < self.quiet_ms)
+        {
+            return;
+        }
+        let (times, held) = self.recent.entry(person.to_owned()).or_default();
+        while times
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) >= 60_000)
+        {
+            times.pop_front();
+        }
+        if times.len() >= Self::MAX_PER_MINUTE {
+            *held += 1;
+            return;
+        }
+        times.push_back(now);
+        let text = if *held > 0 {
+            let n = std::mem::take(held);
+            format!("{text} (and {n} more notices held back: agent-relay status)")
+        } else {
+            text
+        };
+        self.told.insert(key, now);
+        out.push(Notice {
+            person: person.to_owned(),
+            kind,
+            text,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notifier() -> Notifier {
+        Notifier::new(
+            vec![Wants {
+                person: "human".into(),
+                kinds: vec![NoticeKind::Blocked, NoticeKind::Waiting, NoticeKind::Dead],
+                blocked_after_ms: 30_000,
+                waiting_after_ms: 60_000,
+            }],
+            600_000,
+        )
+    }
+
+    fn blocked(agent: &str) -> Heard {
+        Heard::AgentState {
+            agent: agent.into(),
+            blocked: Some("dialog open: allow?".into()),
+        }
+    }
+
+    #[test]
+    fn a_blocked_agent_is_told_once_after_the_threshold() {
+        let mut n = notifier();
+        assert!(n.hear(blocked("Dora"), 1_000).is_empty());
+        assert_eq!(n.next_due(), Some(31_000));
+        assert!(n.tick(30_999).is_empty());
+        let told = n.tick(31_000);
+        assert_eq!(told.len(), 1);
+        assert_eq!(
+            told[0].text,
+            "relay: Dora has been blocked for 30 s (dialog open: allow?)"
+        );
+        assert!(n.tick(40_000).is_empty());
+        assert!(n.tick(1_000_000).is_empty());
+        // Repeated reports of the same state change nothing.
+        assert!(n.hear(blocked("Dora"), 50_000).is_empty());
+        assert!(n.tick(200_000).is_empty());
+        assert_eq!(n.next_due(), None);
+    }
+
+    #[test]
+    fn unblocked_in_time_is_never_told() {
+        let mut n = notifier();
+        n.hear(blocked("Dora"), 0);
+        n.hear(
+            Heard::AgentState {
+                agent: "Dora".into(),
+                blocked: None,
+            },
+            10_000,
+        );
+        assert!(n.tick(100_000).is_empty());
+    }
+
+    #[test]
+    fn an_unanswered_message_is_told_once_and_an_answer_clears_it() {
+        let mut n = notifier();
+        let msg = |from: &str, to: &str| Heard::Message {
+            from: from.into(),
+            to: to.into(),
+            id: "01HZZZZZZZABCDEFGH".into(),
+        };
+        n.hear(msg("Alice", "human"), 0);
+        n.hear(msg("relay", "human"), 0);
+        n.hear(msg("Bob", "human"), 0);
+        n.hear(msg("human", "Bob"), 1_000);
+        let told = n.tick(60_000);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert!(
+            told[0].text.starts_with("relay: Alice is waiting"),
+            "{}",
+            told[0].text
+        );
+        assert!(n.tick(120_000).is_empty());
+    }
+
+    #[test]
+    fn dead_letters_are_rate_limited_per_subject_and_per_minute() {
+        let mut n = notifier();
+        let dead = |from: &str| Heard::Dead {
+            id: "X".into(),
+            from: from.into(),
+            why: "expired".into(),
+        };
+        assert_eq!(n.hear(dead("Alice"), 0).len(), 1);
+        assert!(
+            n.hear(dead("Alice"), 1_000).is_empty(),
+            "same subject, quiet period"
+        );
+        for (i, who) in ["B1", "B2", "B3", "B4"].iter().enumerate() {
+            assert_eq!(n.hear(dead(who), 2_000 + i as u64).len(), 1);
+        }
+        assert!(n.hear(dead("B5"), 3_000).is_empty(), "past five a minute");
+        let later = n.hear(dead("B6"), 61_000);
+        assert_eq!(later.len(), 1);
+        assert!(
+            later[0].text.contains("and 1 more notices held back"),
+            "{}",
+            later[0].text
+        );
+    }
+}

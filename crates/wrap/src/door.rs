@@ -1,0 +1,158 @@
+//! The wrapper's door for the agent's own tools: `agent-relay mcp --name NAME`, run by the
+//! wrapped agent NAME (Claude Code starts it), sends through the wrapper's connection, so one
+//! agent is one identity on the relay whatever door it uses (the relay refuses a second
+//! connection speaking as a connected agent).
+//!
+//! A Unix socket `door.sock` in the agent's private team directory (0700, created by the CLI),
+//! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "urgent"?}`,
+//! answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
+//! `{"nack", "reason"}` or `{"error"}`.
+
+use std::path::{Path, PathBuf};
+
+use relay_client::{ClientError, Outgoing, Receipt};
+use relay_protocol::Kind;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+/// The socket's file name in the team directory.
+pub const SOCKET: &str = "door.sock";
+/// The longest request line read (a body is at most 512 KiB on the relay).
+const MAX_REQUEST: u64 = 1024 * 1024;
+
+/// A send asked for through the door, and where its receipt goes.
+pub(crate) struct Request {
+    pub(crate) msg: Outgoing,
+    pub(crate) reply: oneshot::Sender<Result<Receipt, ClientError>>,
+}
+
+/// The door's requests, for the wrapper's loop.
+pub(crate) struct Door {
+    rx: mpsc::Receiver<Request>,
+    /// Kept when the socket could not be bound, so that `recv` waits forever instead of
+    /// ending.
+    _idle: Option<mpsc::Sender<Request>>,
+    path: Option<PathBuf>,
+}
+
+impl Door {
+    /// The next request.
+    pub(crate) async fn recv(&mut self) -> Option<Request> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path
+            && let Err(e) = std::fs::remove_file(p)
+        {
+            tracing::debug!(error = %e, "cannot remove the door socket");
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    to: String,
+    body: String,
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    thread: Option<String>,
+    #[serde(default)]
+    urgent: bool,
+}
+
+/// Opens the door in `team_dir`. A door that cannot open is logged and stays shut: the agent
+/// still has every other door.
+pub(crate) fn open(team_dir: &Path) -> Door {
+    let (tx, rx) = mpsc::channel(64);
+    let path = team_dir.join(SOCKET);
+    // A socket left by a wrapper that died: this wrapper holds the name now.
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(error = %e, "cannot remove an old door socket");
+    }
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot open the door for the agent's own tools");
+            return Door {
+                rx,
+                _idle: Some(tx),
+                path: None,
+            };
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve(stream, tx.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the door stopped accepting");
+                    return;
+                }
+            }
+        }
+    });
+    Door {
+        rx,
+        _idle: None,
+        path: Some(path),
+    }
+}
+
+async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let answer = match BufReader::new(read.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .await
+    {
+        Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
+        Ok(_) => match serde_json::from_str::<Wire>(&line) {
+            Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
+            Ok(w) => ask(w, &tx).await,
+        },
+    };
+    let text = format!("{answer}\n");
+    if let Err(e) = write.write_all(text.as_bytes()).await {
+        tracing::debug!(error = %e, "the door's caller left before its answer");
+    }
+}
+
+async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let msg = Outgoing {
+        id: None,
+        to: Some(w.to),
+        topic: w.topic,
+        payload: relay_protocol::Send {
+            kind: Kind::Message,
+            body: w.body,
+            data: None,
+            thread: w.thread,
+            in_reply_to: None,
+            budget: None,
+            urgent: w.urgent,
+        },
+    };
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request { msg, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(r)) => {
+            serde_json::json!({"id": r.id, "status": r.status, "recipients": r.recipients})
+        }
+        Ok(Err(ClientError::Rejected { code, reason })) => {
+            serde_json::json!({"nack": code, "reason": reason})
+        }
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}

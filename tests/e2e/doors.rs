@@ -1,0 +1,643 @@
+//! Issue 15, every door into an agent: directives that keep their lines, the MCP server, the
+//! automatic teaching.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::support::{BIN, Relay, ok_stdout};
+
+/// What an agent prints: a directive followed by text at its own indentation, one with a
+/// code block and a list under it, one in a later indented paragraph.
+const CONTINUATIONS: &str = "@relay:Bob hi\nDone.\n\n@relay:Bob run this:\n    fn main() {\n        println!(\"x\");\n    }\n- then test\nThat is all.\n\n  @relay:Carol steps:\n  1. build\n    more detail\n  Thanks.\n";
+
+fn expected_bodies() -> Vec<(String, String)> {
+    [
+        ("Bob", "hi"),
+        (
+            "Bob",
+            "run this:\n    fn main() {\n        println!(\"x\");\n    }\n- then test",
+        ),
+        ("Carol", "steps:\n1. build\n  more detail"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect()
+}
+
+#[test]
+fn continuation_lines_keep_their_breaks_and_a_line_at_the_directives_indent_ends_it() {
+    let mut child = Command::new(BIN)
+        .args(["parse", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(CONTINUATIONS.replace('\n', "\r\n").as_bytes())
+        .unwrap();
+    let out = ok_stdout(&child.wait_with_output().unwrap());
+    let got: Vec<(String, String)> = out
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["to"].as_str().unwrap().to_owned(),
+                v["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(got, expected_bodies());
+}
+
+#[test]
+fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
+    let relay = Relay::start();
+    // Known recipients (a message for a name the relay never saw is refused).
+    let _bob = relay.agent("Bob");
+    let _carol = relay.agent("Carol");
+    let script = format!("cat <<'EOF'\n{CONTINUATIONS}EOF\n");
+    let out = relay.run_wrapped("Alice", "alice.sh", &script);
+    assert!(out.status.success(), "{out:?}");
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    // Newest first.
+    let mut got: Vec<(String, String)> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["to"].as_str().unwrap().to_owned(),
+                m["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    got.reverse();
+    assert_eq!(got, expected_bodies());
+}
+
+/// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
+struct Mcp {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(relay: &Relay, name: &str) -> Self {
+        let mut child = relay
+            .command()
+            .args(["mcp", "--name", name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut mcp = Self {
+            child,
+            stdin,
+            stdout,
+            next: 1,
+        };
+        let init = mcp.call(
+            "initialize",
+            serde_json::json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "e2e", "version": "1"}
+            }),
+        );
+        assert_eq!(init["serverInfo"]["name"], "agent-relay", "{init}");
+        assert!(init["capabilities"]["tools"].is_object(), "{init}");
+        mcp.notify("notifications/initialized");
+        mcp
+    }
+
+    fn notify(&mut self, method: &str) {
+        let msg = serde_json::json!({"jsonrpc": "2.0", "method": method});
+        writeln!(self.stdin, "{msg}").unwrap();
+    }
+
+    /// One request and its result (every line on stdout must be JSON-RPC).
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        use std::io::BufRead;
+        let id = self.next;
+        self.next += 1;
+        let msg =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.stdin, "{msg}").unwrap();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the MCP server closed stdout"
+            );
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not JSON-RPC on stdout ({e}): {line:?}"));
+            if v["id"] == id {
+                assert!(v["error"].is_null(), "{v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// A tool call: (is_error, text).
+    fn tool(&mut self, name: &str, args: Value) -> (bool, String) {
+        let r = self.call(
+            "tools/call",
+            serde_json::json!({"name": name, "arguments": args}),
+        );
+        let text = r["content"][0]["text"].as_str().unwrap_or("").to_owned();
+        (r["isError"] == true, text)
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A 40-line indented code block: what a flattening door would mangle.
+pub(crate) fn code_block() -> String {
+    let mut s = String::from("Here is the fix:\n\n```rust\nfn main() {\n");
+    for i in 0..36 {
+        s.push_str(&format!(
+            "{}let x{i} = {i}; // step\n",
+            " ".repeat(4 + 4 * (i % 3))
+        ));
+    }
+    s.push_str("}\n```");
+    s
+}
+
+#[test]
+fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let tools = mcp.call("tools/list", serde_json::json!({}));
+    let mut names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "relay_agents",
+            "relay_inbox",
+            "relay_read",
+            "relay_search",
+            "relay_send"
+        ]
+    );
+
+    // Send: the body arrives byte for byte, once; the result is the relay's ACK.
+    let body = code_block();
+    let (err, ack) = mcp.tool(
+        "relay_send",
+        serde_json::json!({"to": "Bob", "body": body, "thread": "T-1", "urgent": true}),
+    );
+    assert!(!err && ack.starts_with("ACK ["), "{ack}");
+    assert!(ack.contains("accepted"), "{ack}");
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "Alice");
+    assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
+    assert_eq!(d["payload"]["thread"], "T-1");
+    assert_eq!(d["payload"]["urgent"], true);
+    bob.ack(&d);
+
+    // A refusal is the tool's error, with the relay's reason.
+    let (err, nack) = mcp.tool(
+        "relay_send",
+        serde_json::json!({"to": "bad name!", "body": "x"}),
+    );
+    assert!(err && nack.starts_with("NACK "), "{nack}");
+
+    // Alice is a known, online agent (the MCP server holds her name), so Bob can answer.
+    let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
+    assert!(agents.contains("Alice (you) — online, mcp"), "{agents}");
+    let answer = "Looks good.\n  - one nit:\n      indent this";
+    let id = bob.send("Alice", answer);
+    let ack = bob.expect("ACK");
+    assert_eq!(ack["payload"]["ack_id"], id, "{ack}");
+    let (_, inbox) = mcp.tool("relay_inbox", serde_json::json!({}));
+    assert!(
+        inbox.starts_with("1 relay message:")
+            && inbox.contains(&format!("[{id}] from Bob to Alice:\n{answer}")),
+        "{inbox}"
+    );
+    let (_, again) = mcp.tool("relay_inbox", serde_json::json!({}));
+    assert_eq!(again, "No new relay messages.");
+    let (_, read) = mcp.tool("relay_read", serde_json::json!({"id": &id[..10]}));
+    assert!(read.ends_with(answer), "{read}");
+    let (_, found) = mcp.tool("relay_search", serde_json::json!({"text": "one nit"}));
+    assert!(found.contains(&id) && !found.contains("step"), "{found}");
+
+    // Stored once each: the message to Bob and Bob's answer.
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 2, "{h:#}");
+}
+
+/// Claude Code in print mode (`claude -p PROMPT`), in a fresh HOME under `dir`, talking to
+/// `standin`, with `args` before the prompt; waits for it to exit and returns its output.
+pub(crate) fn claude_print(
+    relay: &Relay,
+    standin: &relay_standin::StandIn,
+    args: &[&str],
+    prompt: &str,
+) -> std::process::Output {
+    let dir = relay.dir.path();
+    let (home, work) = (dir.join("home-print"), dir.join("work-print"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
+    let mut cmd = Command::new(crate::agents::Cli::Claude.path());
+    for pair in env.split_whitespace() {
+        let (k, v) = pair.split_once('=').unwrap();
+        cmd.env(k, v.trim_matches('\''));
+    }
+    let out = cmd
+        .env("HOME", &home)
+        .env("AGENT_RELAY_SOCKET", &relay.socket)
+        .env("AGENT_RELAY_DATA_DIR", relay.data_dir())
+        .current_dir(&work)
+        .args(args)
+        .args(["-p", prompt])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "claude -p failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Real Claude Code with the relay's MCP server (`--mcp-config`, as `claude mcp add` would
+/// write it): the model calls relay_send with a 40-line code block; Bob gets it once, byte
+/// for byte, and Claude Code hands the relay's ACK back to the model as the tool result.
+#[test]
+fn claude_code_sends_through_the_mcp_server_exactly_once() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let body = code_block();
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
+            "mcp__relay__relay_send",
+            &serde_json::json!({"to": "Bob", "body": body}),
+        ),
+        relay_standin::Rule::contains("check the relay", "Checking.")
+            .calling("mcp__relay__relay_inbox", &serde_json::json!({})),
+    ]))
+    .unwrap();
+    let config = serde_json::json!({"mcpServers": {"relay": {
+        "type": "stdio",
+        "command": BIN,
+        "args": ["mcp", "--name", "Alice"],
+        "env": {
+            "AGENT_RELAY_SOCKET": &relay.socket,
+            "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+        },
+    }}});
+    let config = config.to_string();
+    let args = [
+        "--mcp-config",
+        &config,
+        "--strict-mcp-config",
+        "--allowedTools",
+        "mcp__relay__relay_send,mcp__relay__relay_inbox",
+    ];
+    claude_print(&relay, &standin, &args, "send Bob the fix");
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "Alice");
+    assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
+    bob.ack(&d);
+    // The tool result Claude Code sent back to the model is the relay's receipt.
+    let results: Vec<String> = standin
+        .requests()
+        .iter()
+        .flat_map(|r| {
+            r.body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|m| m["content"].as_array().into_iter().flatten())
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| b["content"].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("ACK [") && r.contains("accepted")),
+        "{results:?}"
+    );
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let h = h.as_array().unwrap();
+    assert_eq!(h.len(), 1, "sent once: {h:#?}");
+    assert_eq!(h[0]["body"].as_str().unwrap(), body);
+
+    // Bob answers while Alice's session is closed; her next session reads it with relay_inbox.
+    let answer = "Thanks. Two nits:\n  - rename x0\n      (it shadows)";
+    bob.send("Alice", answer);
+    let ack = bob.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    claude_print(&relay, &standin, &args, "check the relay");
+    let last = standin.requests().last().unwrap().body.to_string();
+    let want = serde_json::to_string(&format!("from Bob to Alice:\n{answer}")).unwrap();
+    assert!(last.contains(want.trim_matches('"')), "{last}");
+}
+
+/// `agent-relay [WRAP_ARGS] -n Alice CLAUDE -p PROMPT`: real Claude Code wrapped by the
+/// shorthand, in print mode (it answers once and exits, and the wrapper with it), working in
+/// `work` (a folder under the relay's directory), talking to `standin`.
+fn wrapped_claude_print(
+    relay: &Relay,
+    standin: &relay_standin::StandIn,
+    wrap_args: &[&str],
+    work: &str,
+) {
+    let dir = relay.dir.path();
+    let (home, work) = (dir.join(format!("home-{work}")), dir.join(work));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
+    let mut cmd = relay.command();
+    for pair in env.split_whitespace() {
+        let (k, v) = pair.split_once('=').unwrap();
+        cmd.env(k, v.trim_matches('\''));
+    }
+    let claude = crate::agents::Cli::Claude.path();
+    let out = cmd
+        .env("HOME", &home)
+        .env("AGENT_RELAY_BACKEND", "pty")
+        .current_dir(&work)
+        .args(wrap_args)
+        .args(["-n", "Alice"])
+        .arg(&claude)
+        .args(["-p", "hello there"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The system prompt of the conversation turn Claude Code sent for "hello there".
+fn system_prompt_of_the_turn(standin: &relay_standin::StandIn) -> String {
+    let turn = standin
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.user_text.contains("hello there") && r.kind == relay_standin::Kind::Main)
+        .expect("Claude Code asked about the prompt");
+    relay_standin::messages::system_text(&turn.body)
+}
+
+#[test]
+fn claude_code_is_taught_its_name_the_syntax_and_the_other_agents_unless_told_not_to() {
+    let relay = Relay::start();
+    let (_bob, _) = relay.agent("Bob");
+    let standin = relay_standin::StandIn::start(relay_standin::Script::default()).unwrap();
+
+    wrapped_claude_print(&relay, &standin, &[], "work");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(
+        system.contains("Your name on the relay is Alice.")
+            && system.contains("Other agents on the relay when you started: Bob.")
+            && system.contains("@relay:Bob Please review auth.ts"),
+        "{system}"
+    );
+
+    wrapped_claude_print(&relay, &standin, &["--no-teach"], "work");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(!system.contains("agent-relay"), "{system}");
+
+    // The project's own text replaces the built-in one.
+    let work = relay.dir.path().join("work-own");
+    std::fs::create_dir_all(work.join(".agent-relay")).unwrap();
+    std::fs::write(
+        work.join(".agent-relay/teach.md"),
+        "House rules for {name}: talk to {agents} with @relay:NAME.\n",
+    )
+    .unwrap();
+    wrapped_claude_print(&relay, &standin, &[], "work-own");
+    let system = system_prompt_of_the_turn(&standin);
+    assert!(
+        system.contains("House rules for Alice: talk to Bob with @relay:NAME.")
+            && !system.contains("Your name on the relay is"),
+        "{system}"
+    );
+}
+
+/// A 40-line code block with indentation, sent to a wrapped agent CLI, reaches its model's
+/// request byte for byte: typed as one bracketed paste with its lines (the profile's
+/// `multiline`), submitted once. Returns the prompt the model was given.
+fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
+    let relay = Relay::start();
+    let agent = crate::agents::Agent::start(&relay, cli, name, relay_standin::Script::default());
+    agent.wait_ready();
+    let body = code_block();
+    let out = relay.cli(&["send", name, &body, "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    let id = v["id"].as_str().unwrap().to_owned();
+    let prompts = agent.wait_prompts(1);
+    let short = &id[id.len() - 8..];
+    // Claude Code 2.1.328 hands a long paste to the model inside its own
+    // `<pasted_content id="...">` tags; between them, the text is exactly what was typed.
+    let expected = format!("Relay message from human [{short}]:\n{body}");
+    let inner = prompts[0]
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[0]);
+    agent.wait_replies_done();
+    agent.wait_all_relayed("OK.");
+    assert_eq!(agent.prompts().len(), 1, "submitted once");
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    assert_eq!(
+        h.as_array().unwrap().len(),
+        1,
+        "nothing of the echo relayed: {h:#}"
+    );
+}
+
+#[test]
+fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Claude, "Bob");
+}
+
+#[test]
+fn codex_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Codex, "Cody");
+}
+
+#[test]
+fn gemini_gets_a_40_line_code_block_byte_for_byte() {
+    code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
+}
+
+fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
+    let out = relay
+        .command()
+        .current_dir(dir)
+        .arg("hooks")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    ok_stdout(&out)
+}
+
+/// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
+/// kept; twice is once); `hooks uninstall claude` gives the file back byte for byte, or, when
+/// the person changed it since, takes out only the relay's hook; with no file before, none after.
+#[test]
+fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().join("proj");
+    std::fs::create_dir_all(dir.join(".claude")).unwrap();
+    let file = dir.join(".claude/settings.json");
+    let original = "{\n  \"permissions\": {\"allow\": [\"Bash(ls)\"]},\n  \"hooks\": {\n    \"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"notify-send done\"}]}]\n  },\n  \"model\": \"opus\"\n}\n";
+    std::fs::write(&file, original).unwrap();
+    hooks(&relay, &dir, &["install", "claude"]);
+    hooks(&relay, &dir, &["install", "claude"]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["model"], "opus");
+    assert_eq!(v["permissions"]["allow"][0], "Bash(ls)");
+    let commands: Vec<&str> = v["hooks"]["Stop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["hooks"].as_array().unwrap())
+        .map(|h| h["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    assert_eq!(commands[0], "notify-send done");
+    assert!(
+        commands[1].ends_with("agent-relay' hooks stop"),
+        "{commands:?}"
+    );
+    hooks(&relay, &dir, &["uninstall", "claude"]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+
+    // Changed by the person while installed: only the relay's hook goes.
+    hooks(&relay, &dir, &["install", "claude"]);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    v["theme"] = "dark".into();
+    std::fs::write(&file, v.to_string()).unwrap();
+    hooks(&relay, &dir, &["uninstall", "claude"]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let mut want: Value = serde_json::from_str(original).unwrap();
+    want["theme"] = "dark".into();
+    assert_eq!(v, want);
+
+    // No settings before: none after.
+    let empty = relay.dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    hooks(&relay, &empty, &["install", "claude"]);
+    assert!(empty.join(".claude/settings.json").exists());
+    hooks(&relay, &empty, &["uninstall", "claude"]);
+    assert!(!empty.join(".claude/settings.json").exists());
+}
+
+/// The Stop hook door: real Claude Code (print mode, no wrapper) with the relay's Stop hook
+/// installed ends its turn; the hook hands it Bob's waiting message, multi-line, as the
+/// reason it goes on with: the model is asked with it, without any typing, once.
+#[test]
+fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
+    let relay = Relay::start();
+    // Alice is known to the relay (offline): Bob's message waits for her.
+    drop(relay.agent("Alice"));
+    let (mut bob, _) = relay.agent("Bob");
+    let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
+    let id = bob.send("Alice", body);
+    bob.expect("ACK");
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
+    ]))
+    .unwrap();
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(&relay, &work, &["install", "claude"]);
+    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
+    // Code's own settings give it to its hooks), the relay from the environment claude_print
+    // sets.
+    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    let asked: Vec<String> = standin.prompts();
+    let short = &id[id.len() - 8..];
+    let with_it: Vec<&String> = asked
+        .iter()
+        .filter(|p| p.contains(&format!("Relay message from Bob [{short}]:\n{body}")))
+        .collect();
+    assert_eq!(
+        with_it.len(),
+        1,
+        "{asked:#?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A wrapped agent's own MCP server (same name) is the same agent: it sends through the
+/// wrapper's connection (its door), not as a second identity the relay would refuse.
+#[test]
+fn an_mcp_server_under_a_wrapper_of_the_same_name_sends_through_the_wrapper() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let mut alice = relay
+        .command()
+        .args([
+            "wrap",
+            "--no-input",
+            "-n",
+            "Alice",
+            "--",
+            "sh",
+            "-c",
+            "sleep 60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    crate::wrap::wait_online(&relay, "Alice");
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let body = "from the wrapped agent's tool:\n    indented";
+    let (err, ack) = mcp.tool("relay_send", serde_json::json!({"to": "Bob", "body": body}));
+    assert!(
+        !err && ack.starts_with("ACK [") && ack.contains("accepted"),
+        "{ack}"
+    );
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (d["from"].as_str(), d["payload"]["body"].as_str()),
+        (Some("Alice"), Some(body))
+    );
+    bob.ack(&d);
+    // The wrapper keeps the name: Alice is online once, as the wrapped agent.
+    let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
+    assert!(agents.contains("Alice (you) — online, sh"), "{agents}");
+    drop(mcp);
+    alice.kill().unwrap();
+    alice.wait().unwrap();
+}

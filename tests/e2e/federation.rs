@@ -1,0 +1,873 @@
+//! Federation (issue 16): relays on separate "hosts" (each its own socket, data directory and
+//! daemon process) joined through real `nats-server` processes with JetStream on file storage
+//! in temporary directories. Agents on each relay talk across nodes; every message is
+//! delivered exactly once, through NATS outages, a server of a three-server cluster killed
+//! mid-flow, and kill -9 of relays and NATS servers at random.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Raw, Relay, UNLIMITED, ok_stdout, wait_for};
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real `nats-server` with JetStream (file storage in a temporary directory), killed when
+/// dropped. Restarting it keeps its port and its storage: the same server coming back.
+pub struct Nats {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub name: String,
+    /// `--cluster`/`--routes` arguments when it is one server of a cluster.
+    cluster: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Nats {
+    /// One server alone.
+    pub fn start() -> Self {
+        let mut n = Self::unstarted("n0", Vec::new());
+        n.spawn();
+        n
+    }
+
+    /// `count` servers routed to each other as one JetStream cluster.
+    pub fn cluster(count: usize) -> Vec<Self> {
+        let routes: Vec<u16> = (0..count).map(|_| free_port()).collect();
+        let all = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut servers: Vec<Self> = routes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Self::unstarted(
+                    &format!("n{i}"),
+                    vec![
+                        "--cluster_name".into(),
+                        "relaytest".into(),
+                        "--cluster".into(),
+                        format!("nats://127.0.0.1:{p}"),
+                        "--routes".into(),
+                        all.clone(),
+                    ],
+                )
+            })
+            .collect();
+        for s in &mut servers {
+            s.spawn();
+        }
+        servers
+    }
+
+    fn unstarted(name: &str, cluster: Vec<String>) -> Self {
+        Self {
+            dir: tempfile::Builder::new().prefix("nats").tempdir().unwrap(),
+            port: free_port(),
+            name: name.into(),
+            cluster,
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (or restarts) the server and waits until it accepts clients.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .unwrap();
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-n", &self.name, "-js", "-sd"])
+            .arg(self.dir.path().join("js"))
+            .args(&self.cluster)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server is installed (scripts/test installs it from Debian)");
+        self.child = Some(child);
+        wait_for(
+            Duration::from_secs(20),
+            "nats-server accepts clients",
+            || TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        );
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "---- nats-server {} log (last lines) ----\n{}",
+                self.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// A relay (its own directory and socket: its own "host") joined to `cluster` as `node`.
+pub fn node(cluster: &str, node: &str) -> Relay {
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", cluster, "--node", node]);
+    Relay::start_with(&args)
+}
+
+/// `status --json`'s federation object.
+pub fn federation(relay: &Relay) -> Value {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
+    v["federation"].clone()
+}
+
+/// `agents --json` as name -> row.
+pub fn agents(relay: &Relay) -> HashMap<String, Value> {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap().to_owned(), a.clone()))
+        .collect()
+}
+
+/// Waits until `relay` lists `name` as an agent of `node`.
+pub fn wait_listed(relay: &Relay, name: &str, on: &str) {
+    wait_listed_within(relay, name, on, Duration::from_secs(30));
+}
+
+/// [`wait_listed`] with a longer bound: a new JetStream cluster elects a leader for each
+/// stream and consumer, which takes seconds each on a busy machine.
+pub fn wait_listed_within(relay: &Relay, name: &str, on: &str, limit: Duration) {
+    wait_for(limit, &format!("{name} listed on node {on}"), || {
+        agents(relay).get(name).is_some_and(|a| a["node"] == on)
+    });
+}
+
+/// Reads DELIVERs on `c` (acknowledging each) until one with body `marker` arrives; returns
+/// the ids of those before it, in order. The marker is sent after everything else by the same
+/// sender, and a sender's messages arrive in order: whatever came twice has come by then.
+pub fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        let f = c.expect("DELIVER");
+        c.ack(&f);
+        if f["payload"]["body"] == marker {
+            return ids;
+        }
+        ids.push(f["id"].as_str().unwrap().to_owned());
+    }
+}
+
+/// Asserts that `ids` are exactly `want`, each once.
+pub fn exactly_once(ids: &[String], want: &[String], what: &str) {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for id in ids {
+        *counts.entry(id).or_default() += 1;
+    }
+    let doubled: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    let lost: Vec<_> = want
+        .iter()
+        .filter(|w| !counts.contains_key(w.as_str()))
+        .collect();
+    eprintln!(
+        "{what}: {} sent, {} received, {} lost, {} doubled",
+        want.len(),
+        ids.len(),
+        lost.len(),
+        doubled.len()
+    );
+    assert!(
+        lost.is_empty() && doubled.is_empty(),
+        "{what}: lost {lost:?}, doubled {doubled:?}"
+    );
+    assert_eq!(ids.len(), want.len(), "{what}: {ids:?}");
+}
+
+/// Sends `n` numbered messages from `c` to `to`, each ACKed; returns their ids.
+pub fn send_many(c: &mut Raw, to: &str, n: usize, tag: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = c.send_env(
+            "SEND",
+            json!({"to": to}),
+            json!({"kind": "message", "body": format!("{tag} {i}")}),
+        );
+        let ack = c.expect("ACK");
+        assert_eq!(ack["payload"]["ack_id"], id.as_str(), "{ack}");
+        assert!(
+            ack["payload"]["status"] == "accepted" || ack["payload"]["status"] == "queued",
+            "{ack}"
+        );
+        ids.push(id);
+    }
+    ids
+}
+
+/// Sends the marker that ends a run of messages to `to`.
+pub fn send_marker(c: &mut Raw, to: &str, marker: &str) {
+    c.send_env(
+        "SEND",
+        json!({"to": to}),
+        json!({"kind": "message", "body": marker}),
+    );
+    c.expect("ACK");
+}
+
+#[test]
+fn two_relays_exchange_messages_both_ways_each_delivered_once() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    // The directory: each relay lists the other's agent with its node.
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    assert_eq!(agents(&a)["Alice"]["node"], "hostA");
+    let to_bob = send_many(&mut alice, "Bob", 50, "a2b");
+    send_marker(&mut alice, "Bob", "a2b end");
+    exactly_once(
+        &read_until_marker(&mut bob, "a2b end"),
+        &to_bob,
+        "Alice@hostA -> Bob@hostB",
+    );
+    let to_alice = send_many(&mut bob, "Alice", 50, "b2a");
+    send_marker(&mut bob, "Alice", "b2a end");
+    exactly_once(
+        &read_until_marker(&mut alice, "b2a end"),
+        &to_alice,
+        "Bob@hostB -> Alice@hostA",
+    );
+    // Both links up, nothing left to publish.
+    wait_for(Duration::from_secs(20), "backlog 0 on both", || {
+        [&a, &b].iter().all(|r| {
+            let f = federation(r);
+            f["link"] == "connected" && f["backlog"] == 0
+        })
+    });
+    let out = ok_stdout(&a.cli(&["status"]));
+    assert!(
+        out.contains("federation: node hostA") && out.contains("link connected"),
+        "{out}"
+    );
+    drop(nats);
+}
+
+#[test]
+fn while_nats_is_down_messages_wait_in_the_outbox_and_go_when_it_returns() {
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    // Accepted while NATS is away: stored here (the outbox), the sender's ACK as always.
+    let ids = send_many(&mut alice, "Bob", 20, "while down");
+    send_marker(&mut alice, "Bob", "down end");
+    wait_for(Duration::from_secs(20), "status shows the backlog", || {
+        federation(&a)["backlog"].as_u64() == Some(21)
+    });
+    let out = ok_stdout(&a.cli(&["status"]));
+    assert!(out.contains("backlog 21"), "{out}");
+    nats.spawn();
+    exactly_once(
+        &read_until_marker(&mut bob, "down end"),
+        &ids,
+        "sent while NATS was down",
+    );
+    wait_for(Duration::from_secs(20), "backlog 0 and link up", || {
+        let f = federation(&a);
+        f["link"] == "connected" && f["backlog"] == 0
+    });
+}
+
+/// The next frame that is not a PING (answered).
+fn next_frame(c: &mut Raw) -> Value {
+    loop {
+        let f = c.read().expect("connection open");
+        if f["type"] == "PING" {
+            c.send_env("PONG", json!({}), json!({}));
+        } else {
+            return f;
+        }
+    }
+}
+
+/// Reads one DELIVER (answering PINGs), acknowledges it and returns it.
+fn next_deliver(c: &mut Raw) -> Value {
+    let f = c.expect("DELIVER");
+    c.ack(&f);
+    f
+}
+
+#[test]
+fn three_relays_broadcasts_and_topics_reach_every_node_once() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let c = node(&nats.url(), "hostC");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    let (mut carol, _) = c.agent("Carol");
+    let (mut dave, _) = c.agent("Dave");
+    let id = dave.send_env("SUBSCRIBE", json!({"topic": "build.*"}), json!({}));
+    assert_eq!(dave.expect("ACK")["payload"]["ack_id"], id.as_str());
+    for (relay, here) in [(&a, "hostA"), (&b, "hostB"), (&c, "hostC")] {
+        for (name, on) in [
+            ("Alice", "hostA"),
+            ("Bob", "hostB"),
+            ("Carol", "hostC"),
+            ("Dave", "hostC"),
+        ] {
+            if on != here {
+                wait_listed(relay, name, on);
+            }
+        }
+    }
+    // Dave's subscription reached the other nodes' stand-ins.
+    for relay in [&a, &b] {
+        wait_for(Duration::from_secs(30), "Dave's topics everywhere", || {
+            agents(relay)["Dave"]["topics"] == json!(["build.*"])
+        });
+    }
+    // A topic message from hostB: only Dave subscribed. (Senders send before anything is
+    // sent to them: a raw connection reads its ACK next.)
+    let tid = bob.send_env(
+        "SEND",
+        json!({"topic": "build.linux"}),
+        json!({"kind": "message", "body": "built"}),
+    );
+    bob.expect("ACK");
+    send_marker(&mut bob, "Dave", "end from Bob");
+    // A broadcast from hostA: once to each agent of the other nodes.
+    let bid = alice.send_env(
+        "SEND",
+        json!({"to": "*"}),
+        json!({"kind": "message", "body": "to everyone"}),
+    );
+    alice.expect("ACK");
+    // Then markers, direct, to each agent: what came twice came before them.
+    for to in ["Bob", "Carol", "Dave"] {
+        send_marker(&mut alice, to, "end from Alice");
+    }
+    let got_bob = {
+        let f = next_deliver(&mut bob);
+        assert_eq!(
+            (f["id"].as_str(), f["from"].as_str()),
+            (Some(bid.as_str()), Some("Alice"))
+        );
+        assert_eq!(f["to"], "*");
+        read_until_marker(&mut bob, "end from Alice")
+    };
+    assert!(got_bob.is_empty(), "Bob got more: {got_bob:?}");
+    let f = next_deliver(&mut carol);
+    assert_eq!(f["id"], bid.as_str());
+    assert!(read_until_marker(&mut carol, "end from Alice").is_empty());
+    // Dave: the broadcast, the topic message and both markers, each once, in any order
+    // between senders.
+    let mut seen = Vec::new();
+    let mut ends = 0;
+    while ends < 2 {
+        let f = next_deliver(&mut dave);
+        let body = f["payload"]["body"].as_str().unwrap().to_owned();
+        if body.starts_with("end from") {
+            ends += 1;
+        } else {
+            seen.push(f["id"].as_str().unwrap().to_owned());
+        }
+    }
+    seen.sort();
+    let mut want = vec![bid, tid.clone()];
+    want.sort();
+    assert_eq!(seen, want, "Dave");
+    // Alice was not subscribed: the topic message never reached hostA's Alice. Her next
+    // delivery is one sent after it.
+    send_marker(&mut bob, "Alice", "after the topic");
+    let f = next_deliver(&mut alice);
+    assert_eq!(f["payload"]["body"], "after the topic", "{f}");
+}
+
+#[test]
+fn the_same_name_on_two_nodes_is_refused_never_merged() {
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (_bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    // Bob is hostB's: a HELLO as Bob on hostA is refused like any name in use.
+    let mut impostor = a.connect();
+    impostor.send_env("HELLO", json!({}), json!({"agent": "Bob"}));
+    let err = impostor.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "name_in_use", "{err}");
+    // Two agents take the same name while the nodes cannot see each other: when NATS is back,
+    // the first claim keeps it and the other node reports a conflict.
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "links down", || {
+        federation(&a)["link"] != "connected" && federation(&b)["link"] != "connected"
+    });
+    let (mut eve_a, _) = a.agent("Eve");
+    let (mut eve_b, _) = b.agent("Eve");
+    nats.spawn();
+    let (winner, loser) = {
+        let mut found = None;
+        wait_for(
+            Duration::from_secs(30),
+            "one node reports the conflict",
+            || {
+                let fa = federation(&a);
+                let fb = federation(&b);
+                let has = |f: &Value| {
+                    f["conflicts"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|x| x["name"] == "Eve"))
+                };
+                found = match (has(&fa), has(&fb)) {
+                    (true, false) => Some(("hostB", "hostA")),
+                    (false, true) => Some(("hostA", "hostB")),
+                    (true, true) => panic!("both nodes lost the name: {fa} {fb}"),
+                    (false, false) => None,
+                };
+                found.is_some()
+            },
+        );
+        found.unwrap()
+    };
+    let (loser_relay, loser_eve) = if loser == "hostA" {
+        (&a, &mut eve_a)
+    } else {
+        (&b, &mut eve_b)
+    };
+    let row = &agents(loser_relay)["Eve"];
+    assert_eq!(row["conflict_with_node"], winner, "{row}");
+    let out = ok_stdout(&loser_relay.cli(&["agents"]));
+    assert!(
+        out.contains("conflict") && out.contains(&format!("held by node {winner}")),
+        "{out}"
+    );
+    let out = ok_stdout(&loser_relay.cli(&["status"]));
+    assert!(out.contains("name conflict: Eve is held by node"), "{out}");
+    // The losing Eve's message to another node is not passed off as the other Eve's: it
+    // fails here, a dead letter, and she is told.
+    let other = if loser == "hostA" { "Bob" } else { "Alice" };
+    if other == "Alice" {
+        let (_alice, _) = a.agent("Alice");
+        wait_listed(&b, "Alice", "hostA");
+    }
+    let id = loser_eve.send(other, "who am I");
+    loop {
+        let f = next_frame(loser_eve);
+        if f["type"] == "DELIVER" {
+            assert_eq!(f["from"], "relay", "{f}");
+            assert_eq!(f["payload"]["in_reply_to"], id.as_str(), "{f}");
+            assert_eq!(
+                f["payload"]["data"]["relay_notice"]["code"], "failed",
+                "{f}"
+            );
+            break;
+        }
+    }
+}
+
+/// The `--cluster` value naming every server of `servers`.
+fn urls(servers: &[Nats]) -> String {
+    servers.iter().map(Nats::url).collect::<Vec<_>>().join(",")
+}
+
+/// A relay joined to a three-server cluster, stream and directory on all three.
+fn clustered(servers: &[Nats], name: &str) -> Relay {
+    let all = urls(servers);
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", &all, "--node", name, "--cluster-replicas", "3"]);
+    // Raw test agents answer PINGs only while they read: the cluster's first minute must
+    // not close them.
+    args.extend(["--heartbeat-ms", "60000"]);
+    Relay::start_with(&args)
+}
+
+#[test]
+fn a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing() {
+    let mut servers = Nats::cluster(3);
+    let a = clustered(&servers, "hostA");
+    let b = clustered(&servers, "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    // JetStream elects its leaders first: the relays join when it answers.
+    wait_listed_within(&a, "Bob", "hostB", Duration::from_secs(120));
+    wait_listed_within(&b, "Alice", "hostA", Duration::from_secs(120));
+    let mut ids = send_many(&mut alice, "Bob", 40, "before");
+    // One server goes, mid-flow: whichever each relay was connected to, the other two keep
+    // the stream (quorum) and the relays reconnect to them.
+    servers[0].kill9();
+    ids.extend(send_many(&mut alice, "Bob", 40, "after"));
+    send_marker(&mut alice, "Bob", "cluster end");
+    exactly_once(
+        &read_until_marker(&mut bob, "cluster end"),
+        &ids,
+        "Alice@hostA -> Bob@hostB across a NATS server's death",
+    );
+    let back = send_many(&mut bob, "Alice", 40, "reply");
+    send_marker(&mut bob, "Alice", "reply end");
+    exactly_once(
+        &read_until_marker(&mut alice, "reply end"),
+        &back,
+        "Bob@hostB -> Alice@hostA with two servers of three",
+    );
+    assert!(!servers[0].running());
+}
+
+const FAULT_MESSAGES: usize = 300;
+const FAULT_ROUNDS: usize = 20;
+
+/// One agent of the fault test: sends `n` messages to `other` at a random pace, then an END
+/// once every SEND has its receipt; receives (acknowledging) until it has the other's END and
+/// `n` distinct messages. Returns (ids sent, ids received in order, repeats included).
+async fn fault_agent(
+    socket: std::path::PathBuf,
+    me: &'static str,
+    other: &'static str,
+    n: usize,
+    seed: u64,
+    mut go: tokio::sync::watch::Receiver<bool>,
+) -> (Vec<String>, Vec<String>) {
+    use rand::{Rng, SeedableRng};
+    use relay_client::{Client, ClientConfig, Event, Outgoing};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut client = Client::connect(ClientConfig::agent(socket, me))
+        .await
+        .unwrap();
+    // Connected (so the directory lists it); sending starts once both nodes list both.
+    go.wait_for(|g| *g).await.unwrap();
+    let (mut sent, mut received) = (Vec::new(), Vec::new());
+    let mut receipts = Vec::new();
+    let mut waiting: Option<tokio::task::JoinHandle<()>> = None;
+    let (mut end_sent, mut got_end) = (false, false);
+    let mut next = tokio::time::Instant::now();
+    loop {
+        let distinct = received
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if end_sent && got_end && distinct >= n {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next), if sent.len() < n => {
+                let (id, r) = client
+                    .send_nowait(Outgoing::new(other, format!("{me} {}", sent.len())))
+                    .await
+                    .unwrap();
+                sent.push(id);
+                receipts.push(r);
+                next = tokio::time::Instant::now() + Duration::from_millis(rng.gen_range(2..60));
+                if sent.len() == n {
+                    let all = std::mem::take(&mut receipts);
+                    // The client re-sends whatever a killed relay did not acknowledge.
+                    waiting = Some(tokio::spawn(async move {
+                        for r in all {
+                            r.wait().await.expect("every SEND is accepted in the end");
+                        }
+                    }));
+                }
+            }
+            done = async { waiting.as_mut().unwrap().await }, if waiting.is_some() && !end_sent => {
+                done.unwrap();
+                waiting = None;
+                let (_, r) = client.send_nowait(Outgoing::new(other, "END")).await.unwrap();
+                tokio::spawn(async move { r.wait().await.expect("END accepted") });
+                end_sent = true;
+            }
+            ev = client.next_event() => match ev {
+                Some(Event::Message(m)) => {
+                    if m.from == other {
+                        if m.payload.body == "END" {
+                            got_end = true;
+                        } else {
+                            received.push(m.id.clone());
+                        }
+                    }
+                    client.ack(&m, None).await.unwrap();
+                }
+                Some(_) => {}
+                None => panic!("{me}'s client stopped"),
+            },
+        }
+    }
+    client.close().await;
+    (sent, received)
+}
+
+#[test]
+fn kill9_of_relays_and_nats_servers_at_random_loses_and_doubles_nothing() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    // Printed so that a failure can be replayed with AGENT_RELAY_FAULT_SEED.
+    eprintln!("federation fault-injection seed: {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut servers = Nats::cluster(3);
+    let mut relays = [clustered(&servers, "hostA"), clustered(&servers, "hostB")];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Both agents known everywhere before the exchange (the directory is not what this tests).
+    let (sa, sb) = (relays[0].socket.clone(), relays[1].socket.clone());
+    let (go, ready) = tokio::sync::watch::channel(false);
+    let alice = rt.spawn(fault_agent(
+        sa,
+        "Alice",
+        "Bob",
+        FAULT_MESSAGES,
+        seed ^ 1,
+        ready.clone(),
+    ));
+    let bob = rt.spawn(fault_agent(
+        sb,
+        "Bob",
+        "Alice",
+        FAULT_MESSAGES,
+        seed ^ 2,
+        ready,
+    ));
+    wait_listed_within(&relays[0], "Bob", "hostB", Duration::from_secs(120));
+    wait_listed_within(&relays[1], "Alice", "hostA", Duration::from_secs(120));
+    go.send(true).unwrap();
+    let mut victims = Vec::new();
+    for _ in 0..FAULT_ROUNDS {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(100..700)));
+        let v = rng.gen_range(0..5);
+        let down = Duration::from_millis(rng.gen_range(0..400));
+        if v < 2 {
+            relays[v].kill9();
+            std::thread::sleep(down);
+            relays[v].spawn();
+            victims.push(format!("relay host{}", ["A", "B"][v]));
+        } else {
+            servers[v - 2].kill9();
+            std::thread::sleep(down);
+            servers[v - 2].spawn();
+            victims.push(format!("nats n{}", v - 2));
+        }
+    }
+    eprintln!("killed -9 in turn: {}", victims.join(", "));
+    let ((a_sent, a_got), (b_sent, b_got)) = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), async {
+            (alice.await.unwrap(), bob.await.unwrap())
+        })
+        .await
+        .expect("every message arrives within 5 minutes of the last kill")
+    });
+    let dead: usize = relays
+        .iter()
+        .map(|r| {
+            let v: Value =
+                serde_json::from_str(&ok_stdout(&r.cli(&["dlq", "list", "--all", "--json"])))
+                    .unwrap();
+            v["dead_letters"].as_array().unwrap().len()
+        })
+        .sum();
+    eprintln!("dead letters: {dead}");
+    assert_eq!(dead, 0, "nothing was refused or expired in this run");
+    exactly_once(&b_got, &a_sent, "Alice@hostA -> Bob@hostB under kill -9");
+    exactly_once(&a_got, &b_sent, "Bob@hostB -> Alice@hostA under kill -9");
+    // And in the order each was sent (one sender, one recipient: one stream).
+    assert_eq!(b_got, a_sent, "Alice's messages reached Bob out of order");
+    assert_eq!(a_got, b_sent, "Bob's messages reached Alice out of order");
+}
+
+/// SEND `body` to `to` answering `in_reply_to`; returns (id, the ACK or NACK frame).
+fn reply(c: &mut Raw, to: &str, body: &str, in_reply_to: &str) -> (String, Value) {
+    let id = c.send_env(
+        "SEND",
+        json!({"to": to}),
+        json!({"kind": "message", "body": body, "in_reply_to": in_reply_to}),
+    );
+    let f = next_frame(c);
+    assert_eq!(f["payload"]["ack_id"], id.as_str(), "{f}");
+    (id, f)
+}
+
+#[test]
+fn a_hop_budget_is_not_reset_by_crossing_nodes() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let with = |n: &str| {
+        let mut a: Vec<&str> = UNLIMITED.to_vec();
+        a.extend(["--cluster", url.as_str(), "--node", n, "--max-hops", "2"]);
+        Relay::start_with(&a)
+    };
+    let a = with("hostA");
+    let b = with("hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // A chain that crosses nodes at every hop: 0 (a new message), 1, 2, then 3 is one too many.
+    let m0 = alice.send("Bob", "start");
+    alice.expect("ACK");
+    let d0 = next_deliver(&mut bob);
+    assert_eq!(d0["id"], m0.as_str());
+    let (m1, ack) = reply(&mut bob, "Alice", "hop 1", &m0);
+    assert_eq!(ack["type"], "ACK", "{ack}");
+    let d1 = next_deliver(&mut alice);
+    assert_eq!(d1["payload"]["budget"]["hops"], 1, "{d1}");
+    let (m2, ack) = reply(&mut alice, "Bob", "hop 2", &m1);
+    assert_eq!(ack["type"], "ACK", "{ack}");
+    let d2 = next_deliver(&mut bob);
+    assert_eq!(d2["id"], m2.as_str());
+    // hostB counted the hops of a chain that came from hostA: 2, as hostA did.
+    assert_eq!(d2["payload"]["budget"]["hops"], 2, "{d2}");
+    let (_, nack) = reply(&mut bob, "Alice", "hop 3", &m2);
+    assert_eq!(nack["type"], "NACK", "{nack}");
+    assert_eq!(nack["payload"]["code"], "budget_exceeded", "{nack}");
+}
+
+#[test]
+fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
+    use std::process::Stdio;
+    let nats = Nats::start();
+    let url = nats.url();
+    let with = |n: &str| {
+        let mut a: Vec<&str> = UNLIMITED.to_vec();
+        a.extend(["--cluster", url.as_str(), "--node", n, "--max-hops", "3"]);
+        Relay::start_with(&a)
+    };
+    let a = with("hostA");
+    let b = with("hostB");
+    // Scripted agents under the real wrapper, one per node, each answering the other.
+    std::fs::write(
+        a.dir.path().join("ann.sh"),
+        crate::safety::answering_agent("Ben"),
+    )
+    .unwrap();
+    std::fs::write(
+        b.dir.path().join("ben.sh"),
+        crate::safety::answering_agent("Ann"),
+    )
+    .unwrap();
+    let spawn = |relay: &Relay, name: &str, script: &str| {
+        relay
+            .command()
+            .args(["wrap", "--no-input", "-n", name, "--", "sh", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut ann = spawn(&a, "Ann", "ann.sh");
+    let ben = spawn(&b, "Ben", "ben.sh");
+    wait_listed(&a, "Ben", "hostB");
+    wait_listed(&b, "Ann", "hostA");
+    // A person on hostA starts it. Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben: each crosses the
+    // nodes; Ben's answer would be hop 4: refused on hostB and typed into Ben's terminal.
+    ok_stdout(&a.cli(&["send", "Ann", "please sync with Ben"]));
+    let (ben_code, ben_out) = crate::wrap::output_of(ben);
+    assert_eq!(ben_code, 5, "{ben_out}");
+    assert!(
+        ben_out.contains("got: Relay message from Ann")
+            && ben_out.contains("acknowledged 2")
+            && ben_out.contains("got: relay: your message to Ann was not sent")
+            && ben_out.contains("the limit is 3"),
+        "{ben_out}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ann.id() as i32).unwrap(),
+        rustix::process::Signal::Term,
+    )
+    .unwrap();
+    ann.wait().unwrap();
+    // Each message of the chain is stored once on each node, with the hops it had there.
+    let hist = |r: &Relay| -> Vec<Value> {
+        serde_json::from_str::<Value>(&ok_stdout(&r.cli(&["history", "--json"])))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["from"] == "Ann" || m["from"] == "Ben")
+            .cloned()
+            .collect()
+    };
+    let (ha, hb) = (hist(&a), hist(&b));
+    assert_eq!(ha.len(), 3, "{ha:?}");
+    let ids = |h: &[Value]| h.iter().map(|m| m["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&ha), ids(&hb), "the same three messages on both nodes");
+    let dl: Value = serde_json::from_str(&ok_stdout(&b.cli(&["dlq", "list", "--json"]))).unwrap();
+    let dl = dl["dead_letters"].as_array().unwrap();
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0]["code"], "budget_exceeded");
+}
+
+#[test]
+fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // `agent-relay send` is a client connection named "human" on each host.
+    ok_stdout(&a.cli(&["send", "Bob", "from the person on hostA"]));
+    let f = next_deliver(&mut bob);
+    assert_eq!(
+        (f["from"].as_str(), f["payload"]["body"].as_str()),
+        (Some("human"), Some("from the person on hostA")),
+        "{f}"
+    );
+    // hostB's own person is not locked out by the name the other host's person used.
+    ok_stdout(&b.cli(&["send", "Alice", "from the person on hostB"]));
+    ok_stdout(&b.cli(&["send", "Bob", "local, from the person on hostB"]));
+    let f = next_deliver(&mut alice);
+    assert_eq!(f["payload"]["body"], "from the person on hostB", "{f}");
+    let f = next_deliver(&mut bob);
+    assert_eq!(
+        f["payload"]["body"], "local, from the person on hostB",
+        "{f}"
+    );
+    // A person is no agent of the federation.
+    assert!(!agents(&b).contains_key("human"));
+}
