@@ -431,10 +431,13 @@ impl Pane {
             "display-message -p -t {} \"#{{history_size}} #{{cursor_y}} #{{cursor_x}} #{{pane_height}}\"",
             self.target
         ))?;
+        // Every field a number, or the answer is refused: a field read as 0 would put the
+        // checkpoint on the wrong row.
         let n: Vec<i64> = info
             .split_whitespace()
-            .map(|n| n.parse().unwrap_or(0))
-            .collect();
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .unwrap_or_default();
         let [history, cy, cx, height] = n[..] else {
             return Err(tmux_err(
                 "display-message",
