@@ -45,11 +45,15 @@ impl Server {
                     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                         return;
                     };
-                    let _ = axum::serve(listener, app)
+                    let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async {
-                            let _ = stopped.await;
+                            // Dropped without a send: the owner is gone, stop as well.
+                            stopped.await.ok();
                         })
                         .await;
+                    if let Err(e) = served {
+                        eprintln!("relay-standin: the stand-in server stopped: {e}");
+                    }
                 });
             })?;
         Ok(Self {
@@ -62,7 +66,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            // The server's thread may have ended already (it says why): nothing to stop.
+            stop.send(()).ok();
         }
     }
 }
