@@ -194,6 +194,21 @@ pub fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
     }
 }
 
+/// Sends `n` messages from `sender` to `to` (bodies tagged `tag.0`), then a marker `tag.1`, and
+/// asserts that `receiver` got each exactly once before the marker.
+pub fn exchange(
+    sender: &mut Raw,
+    to: &str,
+    receiver: &mut Raw,
+    n: usize,
+    tag: (&str, &str),
+    what: &str,
+) {
+    let ids = send_many(sender, to, n, tag.0);
+    send_marker(sender, to, tag.1);
+    exactly_once(&read_until_marker(receiver, tag.1), &ids, what);
+}
+
 /// Asserts that `ids` are exactly `want`, each once.
 pub fn exactly_once(ids: &[String], want: &[String], what: &str) {
     let mut counts: HashMap<&str, usize> = HashMap::new();
@@ -260,18 +275,20 @@ fn two_relays_exchange_messages_both_ways_each_delivered_once() {
     wait_listed(&a, "Bob", "hostB");
     wait_listed(&b, "Alice", "hostA");
     assert_eq!(agents(&a)["Alice"]["node"], "hostA");
-    let to_bob = send_many(&mut alice, "Bob", 50, "a2b");
-    send_marker(&mut alice, "Bob", "a2b end");
-    exactly_once(
-        &read_until_marker(&mut bob, "a2b end"),
-        &to_bob,
+    exchange(
+        &mut alice,
+        "Bob",
+        &mut bob,
+        50,
+        ("a2b", "a2b end"),
         "Alice@hostA -> Bob@hostB",
     );
-    let to_alice = send_many(&mut bob, "Alice", 50, "b2a");
-    send_marker(&mut bob, "Alice", "b2a end");
-    exactly_once(
-        &read_until_marker(&mut alice, "b2a end"),
-        &to_alice,
+    exchange(
+        &mut bob,
+        "Alice",
+        &mut alice,
+        50,
+        ("b2a", "b2a end"),
         "Bob@hostB -> Alice@hostA",
     );
     // Both links up, nothing left to publish.
@@ -546,11 +563,12 @@ fn a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing() {
         &ids,
         "Alice@hostA -> Bob@hostB across a NATS server's death",
     );
-    let back = send_many(&mut bob, "Alice", 40, "reply");
-    send_marker(&mut bob, "Alice", "reply end");
-    exactly_once(
-        &read_until_marker(&mut alice, "reply end"),
-        &back,
+    exchange(
+        &mut bob,
+        "Alice",
+        &mut alice,
+        40,
+        ("reply", "reply end"),
         "Bob@hostB -> Alice@hostA with two servers of three",
     );
     assert!(!servers[0].running());
