@@ -77,6 +77,73 @@ fn a_second_daemon_for_the_same_data_refuses_to_start() {
     assert!(relay.cli(&["status"]).status.success());
 }
 
+/// A relay answering on the socket but keeping its data elsewhere (started with another
+/// `AGENT_RELAY_DATA_DIR`): a wrapper uses it instead of starting a second daemon (which
+/// failed on the socket, and under load made the wrapper fail or relay for no one), and `up`
+/// says what is going on; neither leaves a pid file or a database in the other directory.
+#[test]
+fn a_relay_of_another_data_directory_is_used_not_started_again() {
+    let relay = Relay::start();
+    let (mut peer, _) = relay.agent("Peer");
+    let other = relay.dir.path().join("other");
+    let with_other = || {
+        let mut c = relay.command();
+        c.env("AGENT_RELAY_DATA_DIR", &other);
+        c
+    };
+    std::fs::write(
+        relay.dir.path().join("say.sh"),
+        "echo '@relay:Peer from the other directory'\nsleep 30\n",
+    )
+    .unwrap();
+    let mut wrapper = with_other()
+        .args(["wrap", "--no-input", "-n", "Far", "--", "sh", "say.sh"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    peer.read_timeout(std::time::Duration::from_secs(30));
+    let deliver = peer.expect("DELIVER");
+    assert_eq!(
+        deliver["payload"]["body"], "from the other directory",
+        "{deliver}"
+    );
+    peer.ack(&deliver);
+    wrapper.kill().unwrap();
+    let err = wrapper.wait_with_output().unwrap().stderr;
+    let err = String::from_utf8_lossy(&err);
+    assert!(!err.contains("cannot start the relay"), "{err}");
+
+    let up = with_other()
+        .args(["up"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(up.status.code(), Some(1));
+    let msg = String::from_utf8_lossy(&up.stderr);
+    assert!(
+        msg.contains("already answers on") && msg.contains("AGENT_RELAY_SOCKET"),
+        "{msg}"
+    );
+    let up = with_other()
+        .args(["up", "--foreground"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!up.status.success());
+    let msg = String::from_utf8_lossy(&up.stderr);
+    assert!(msg.contains("already running on"), "{msg}");
+    for file in ["daemon.pid", "messages.sqlite", "settings.json"] {
+        let path = other.join(file);
+        // An empty pid file is what taking the lock leaves; no pid is written.
+        let written = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        assert!(!written, "{} was written", path.display());
+    }
+    // The first relay is unharmed.
+    assert!(relay.cli(&["status"]).status.success());
+}
+
 #[test]
 fn send_read_history_agents() {
     let relay = Relay::start();

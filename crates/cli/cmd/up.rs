@@ -49,19 +49,33 @@ fn try_lock(pid_file: &Path) -> anyhow::Result<Option<PidLock>> {
     }
 }
 
-/// The pid of the running daemon, if one holds the lock.
+/// The pid of the running daemon, if one holds the lock. Read through the handle that was
+/// locked: a daemon that is exiting removes its pid file, and opening the path a second time
+/// would fail on that (a wrapper starting then took it for an error and relayed for no one).
 pub(crate) fn running_pid(paths: &Paths) -> anyhow::Result<Option<u32>> {
-    if !paths.pid_file.exists() {
-        return Ok(None);
-    }
-    match try_lock(&paths.pid_file)? {
-        // We got the lock, so nobody runs; dropping it releases the lock again.
-        Some(_) => Ok(None),
-        None => {
+    let mut file = match File::open(&paths.pid_file) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(anyhow::anyhow!(
+                "cannot open pid file {}: {e}",
+                paths.pid_file.display()
+            ));
+        }
+    };
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        // We got the lock, so nobody runs; closing the file releases it again.
+        Ok(()) => Ok(None),
+        Err(rustix::io::Errno::WOULDBLOCK) => {
             let mut s = String::new();
-            File::open(&paths.pid_file)?.read_to_string(&mut s)?;
+            file.read_to_string(&mut s)
+                .with_context(|| format!("cannot read pid file {}", paths.pid_file.display()))?;
             Ok(s.trim().parse().ok())
         }
+        Err(e) => Err(anyhow::anyhow!(
+            "cannot lock pid file {}: {e}",
+            paths.pid_file.display()
+        )),
     }
 }
 
@@ -218,6 +232,18 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
             print_running(paths, pid, true, args, settings)
         }
         Started::Now(pid) => print_running(paths, pid, false, args, settings),
+        Started::Elsewhere => Err(crate::exit::Coded {
+            code: 1,
+            message: format!(
+                "a relay already answers on {}, but its data is not in {} (it was started with \
+                 another AGENT_RELAY_DATA_DIR), so this one cannot start there and its settings \
+                 cannot be checked. Use that relay's data directory, or set AGENT_RELAY_SOCKET \
+                 to another path to run a second relay.",
+                paths.socket.display(),
+                paths.data_dir.display()
+            ),
+        }
+        .into()),
     }
 }
 
@@ -343,6 +369,9 @@ fn same_settings(paths: &Paths, pid: u32, resolved: &Resolved) -> anyhow::Result
 pub(crate) enum Started {
     /// One was running (its pid).
     Already(u32),
+    /// One answers on the socket, but it does not keep its data in this data directory (it
+    /// was started with another `AGENT_RELAY_DATA_DIR`): usable, its pid and settings unknown.
+    Elsewhere,
     /// One was started (its pid).
     Now(u32),
 }
@@ -352,6 +381,11 @@ pub(crate) enum Started {
 pub(crate) fn start_background(paths: &Paths, settings: &UpSettings) -> anyhow::Result<Started> {
     if let Some(pid) = running_pid(paths)? {
         return Ok(Started::Already(pid));
+    }
+    // A daemon of another data directory on this socket: starting one here would only fail
+    // on the socket (after creating a database nobody uses).
+    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+        return Ok(Started::Elsewhere);
     }
     make_data_dir(&paths.data_dir)?;
     if let Some(w) = open_data_dir_warning(&paths.data_dir) {
@@ -435,6 +469,11 @@ fn foreground(
             "another relay daemon is already running for this data directory (pid {pid}); `agent-relay down` stops it"
         );
     };
+    // Checked again when binding; asked before anything is written so that a daemon of
+    // another data directory on this socket leaves no pid or database here.
+    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+        return Err(relay_daemon::DaemonError::AlreadyRunning(paths.socket.clone()).into());
+    }
     lock.file.set_len(0)?;
     lock.file.rewind()?;
     writeln!(lock.file, "{}", std::process::id())?;

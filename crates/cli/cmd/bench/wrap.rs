@@ -106,22 +106,53 @@ fn receive(out: &Path) -> anyhow::Result<()> {
 /// Kills what the bench started, on every way out.
 struct Cleanup {
     children: Vec<std::process::Child>,
-    tmux_dir: Option<std::path::PathBuf>,
+    /// tmux: the private server's directory, and the team directory whose relaying processes
+    /// (started by `wrap --detached`, not children of the bench) end with their sessions.
+    tmux_dir: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Some(dir) = &self.tmux_dir {
-            let _ = Command::new("tmux")
+        if let Some((dir, team)) = &self.tmux_dir {
+            // Cleaning up on the way out: a failure here has nothing left to lose, but is said.
+            match Command::new("tmux")
                 .env("TMUX_TMPDIR", dir)
                 .arg("kill-server")
-                .output();
+                .output()
+            {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => tracing::debug!(
+                    stderr = %String::from_utf8_lossy(&out.stderr),
+                    "tmux kill-server"
+                ),
+                Err(e) => eprintln!("agent-relay: cannot stop the bench's tmux server: {e}"),
+            }
+            // The relaying processes notice their sessions ended and exit; waited for so that
+            // none of them is left asking tmux about a session in a directory removed under it.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while relaying_lives(team) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
+            if let Err(e) = c.kill().and_then(|()| c.wait().map(drop)) {
+                eprintln!("agent-relay: cannot stop a bench wrapper: {e}");
+            }
         }
     }
+}
+
+/// Whether a relaying process still holds one of the relay locks under `team`.
+fn relaying_lives(team: &Path) -> bool {
+    use rustix::fs::{FlockOperation, flock};
+    let Ok(entries) = std::fs::read_dir(team) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        std::fs::File::open(e.path().join("relay.lock")).is_ok_and(|f| {
+            flock(&f, FlockOperation::NonBlockingLockShared) == Err(rustix::io::Errno::WOULDBLOCK)
+        })
+    })
 }
 
 /// `bench --wrap`.
@@ -144,7 +175,8 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut cleanup = Cleanup {
         children: Vec::new(),
-        tmux_dir: (backend == Backend::Tmux).then(|| dir.path().to_path_buf()),
+        tmux_dir: (backend == Backend::Tmux)
+            .then(|| (dir.path().to_path_buf(), dir.path().join("data/team"))),
     };
     let wrap = |name: &str, agent: &[String]| -> anyhow::Result<Option<std::process::Child>> {
         let mut cmd = Command::new(&exe);
@@ -196,13 +228,10 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !agent_online(&exe, &socket, "BenchB") {
         if Instant::now() > deadline {
-            let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
             anyhow::bail!(
-                "the recipient (BenchB, {} backend) did not connect within 60 s.\n\
-                 its wrapper's stderr:\n{}\nits relaying log:\n{}",
+                "the recipient (BenchB, {} backend) did not connect within 60 s.\n{}",
                 backend.as_str(),
-                read(dir.path().join("BenchB.stderr")),
-                read(dir.path().join("data/team/BenchB/wrap.log")),
+                wrapper_logs(dir.path())
             );
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -229,9 +258,10 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         if Instant::now() > deadline {
             anyhow::bail!(
-                "only {} of {n} messages arrived within {} s",
+                "only {} of {n} messages arrived within {} s.\n{}",
                 got.len(),
-                args.timeout
+                args.timeout,
+                wrapper_logs(dir.path())
             );
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -265,6 +295,25 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
         max as f64 / 1000.0
     ))?;
     Ok(())
+}
+
+/// Both wrappers' stderr and relaying logs, for an error that says why.
+fn wrapper_logs(dir: &Path) -> String {
+    let read = |p: std::path::PathBuf| match std::fs::read_to_string(&p) {
+        Ok(text) => text,
+        Err(e) => format!("({}: {e})", p.display()),
+    };
+    ["BenchB", "BenchA"]
+        .iter()
+        .map(|name| {
+            format!(
+                "{name}'s wrapper stderr:\n{}\n{name}'s relaying log:\n{}",
+                read(dir.join(format!("{name}.stderr"))),
+                read(dir.join(format!("data/team/{name}/wrap.log"))),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn agent_online(exe: &Path, socket: &Path, name: &str) -> bool {
