@@ -203,8 +203,12 @@ pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 /// A raw protocol-v1 connection speaking frames by hand.
 pub struct Raw {
     pub stream: UnixStream,
-    next: u64,
 }
+
+/// Message ids for every connection of the test process: unique across connections, so
+/// that one agent's id is never another's (a test following one message by its id, in a
+/// watch feed say, must not find another agent's message under it).
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Raw {
     pub fn connect(socket: &Path) -> Self {
@@ -212,14 +216,13 @@ impl Raw {
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        Self { stream, next: 0 }
+        Self { stream }
     }
 
     /// A second handle on the same connection (for reading on another thread).
     pub fn reader(&self) -> Raw {
         Raw {
             stream: self.stream.try_clone().unwrap(),
-            next: 0,
         }
     }
 
@@ -229,9 +232,9 @@ impl Raw {
     }
 
     pub fn id(&mut self) -> String {
-        self.next += 1;
+        let n = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         // Long enough to be read back by a prefix too (`read` wants 8 characters of one).
-        format!("t{}-{:06}", std::process::id(), self.next)
+        format!("t{}-{:06}", std::process::id(), n)
     }
 
     pub fn write_bytes(&mut self, bytes: &[u8]) {

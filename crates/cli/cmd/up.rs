@@ -365,6 +365,16 @@ fn same_settings(paths: &Paths, pid: u32, resolved: &Resolved) -> anyhow::Result
     .into())
 }
 
+/// Whether a listener answers on `socket` and the socket is this user's. Another user's
+/// socket is not even connected to here: starting a daemon reports it (see
+/// `relay_daemon::bind`), and nothing is ever sent to it.
+fn own_relay_answers(socket: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    std::fs::symlink_metadata(socket)
+        .is_ok_and(|m| m.file_type().is_socket() && m.uid() == rustix::process::getuid().as_raw())
+        && std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
 /// Whether [`start_background`] found a daemon or started one.
 pub(crate) enum Started {
     /// One was running (its pid).
@@ -384,7 +394,7 @@ pub(crate) fn start_background(paths: &Paths, settings: &UpSettings) -> anyhow::
     }
     // A daemon of another data directory on this socket: starting one here would only fail
     // on the socket (after creating a database nobody uses).
-    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+    if own_relay_answers(&paths.socket) {
         return Ok(Started::Elsewhere);
     }
     make_data_dir(&paths.data_dir)?;
@@ -471,7 +481,7 @@ fn foreground(
     };
     // Checked again when binding; asked before anything is written so that a daemon of
     // another data directory on this socket leaves no pid or database here.
-    if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
+    if own_relay_answers(&paths.socket) {
         return Err(relay_daemon::DaemonError::AlreadyRunning(paths.socket.clone()).into());
     }
     lock.file.set_len(0)?;
