@@ -30,6 +30,7 @@ pub(crate) use control::Note;
 use crate::WrapError;
 
 mod control;
+mod guard;
 
 fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux {what}: {e}"))
@@ -196,7 +197,12 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     args.push(exit.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    if let Err(e) = tmux(&args, None) {
+    // A new session is announced to every control client (see [`guard`]).
+    let created = {
+        let _guard = guard::take("new-session");
+        tmux(&args, None)
+    };
+    if let Err(e) = created {
         // No session will read it.
         if let Err(rm) = std::fs::remove_file(&env_file) {
             tracing::warn!(error = %rm, file = %env_file.display(), "cannot remove the session's environment file");
@@ -295,9 +301,13 @@ fn write_env_file(team_dir: &Path, extra: &[(String, String)]) -> Result<PathBuf
     Ok(path)
 }
 
-/// Ends session `name`.
+/// Ends session `name` (gone already is fine: it was ending).
 pub fn kill(name: &str) {
-    let _ = tmux(&["kill-session", "-t", &format!("={name}")], None);
+    // The session's end is announced to every control client (see [`guard`]).
+    let _guard = guard::take("kill-session");
+    if let Err(e) = tmux(&["kill-session", "-t", &format!("={name}")], None) {
+        tracing::debug!(error = %e, session = name, "kill-session");
+    }
 }
 
 /// A command that attaches the person's terminal to session `name` (switches the client

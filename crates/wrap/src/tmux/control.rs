@@ -62,6 +62,9 @@ impl Control {
         pane: Option<String>,
         notes: tokio::sync::mpsc::UnboundedSender<Note>,
     ) -> Result<Self, WrapError> {
+        // Held until the client has answered a first command, that is until tmux has set it
+        // up as a control client (see [`super::guard`]).
+        let guard = super::guard::take("attach a control client");
         let mut child = Command::new("tmux")
             .args(["-C", "attach-session", "-t", &format!("={session}")])
             .stdin(Stdio::piped())
@@ -103,13 +106,20 @@ impl Control {
                 }
             })
             .map_err(|e| err("thread", e))?;
-        Ok(Self {
+        let mut control = Self {
             child: Some(child),
             stdin: Some(stdin),
             waiting,
             alive,
             retired,
-        })
+        };
+        // The answer comes once the client is identified and attached. Without one (the
+        // session went, say) the client's end reaches the loop through `notes`, as ever.
+        if let Err(e) = control.run("display-message -p relay") {
+            tracing::debug!(error = %e, "the new tmux control client did not answer");
+        }
+        drop(guard);
+        Ok(control)
     }
 
     /// Whether the client still runs (tmux ends it when its session or server goes).
@@ -162,15 +172,20 @@ impl Drop for Control {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        drop(self.stdin.take());
+        let stdin = self.stdin.take();
+        // Its detaching is announced to every control client: it is done under the lock
+        // (see [`super::guard`]), off the loop, and the lock is held until it has gone.
         let reaped = std::thread::Builder::new()
             .name("relay-tmux-reap".into())
             .spawn(move || {
+                let _guard = super::guard::take("detach a control client");
+                drop(stdin);
                 if let Err(e) = child.wait() {
                     tracing::debug!(error = %e, "cannot reap the tmux control client");
                 }
             });
         if let Err(e) = reaped {
+            // The thread (and with it `stdin`) is gone: the client detaches all the same.
             tracing::debug!(error = %e, "cannot start a thread to reap the tmux control client");
         }
     }
