@@ -571,6 +571,130 @@ impl Pane {
     }
 }
 
+/// The tmux backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
+/// agent's pane through its control client, attached again when that client ends while the
+/// session lives, and SIGTERM (which stops the relaying, not the agent).
+pub(crate) struct TmuxTerminal {
+    pub(crate) pane: Pane,
+    output: mpsc::UnboundedReceiver<Note>,
+    session: String,
+    term: tokio::signal::unix::Signal,
+}
+
+impl TmuxTerminal {
+    /// The terminal of `pane` (attached to `session`), whose notes arrive on `output`.
+    pub(crate) fn new(
+        pane: Pane,
+        output: mpsc::UnboundedReceiver<Note>,
+        session: String,
+    ) -> Result<Self, WrapError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term =
+            signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
+        Ok(Self {
+            pane,
+            output,
+            session,
+            term,
+        })
+    }
+
+    /// Reads the pane afresh from row `from` (a wrapper attaching, or its control client
+    /// attached again): output the old client passed on before the snapshot is in the
+    /// snapshot.
+    pub(crate) fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
+        let snap = tokio::task::block_in_place(|| self.pane.snapshot(from))?;
+        // What came before the capture's answer is on the captured screen already.
+        let mut gone = false;
+        while let Ok(note) = self.output.try_recv() {
+            gone |= matches!(note, Note::Gone);
+        }
+        if gone {
+            // The old client's end, read past above: the new client is live (its own end
+            // comes on the channel when it ends).
+            tracing::debug!("an earlier control client's end was read during the snapshot");
+        }
+        Ok(snap)
+    }
+}
+
+impl crate::terminal::Terminal for TmuxTerminal {
+    fn backend(&self) -> &'static str {
+        "tmux"
+    }
+
+    async fn next_event(
+        &mut self,
+        checkpoint: Option<u64>,
+    ) -> Result<crate::terminal::TermEvent, WrapError> {
+        use crate::terminal::TermEvent;
+        // Both branches are receives; what follows a note runs without awaiting: cancel-safe.
+        let note = tokio::select! {
+            note = self.output.recv() => note,
+            _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+        };
+        match note {
+            Some(Note::Output(bytes)) => Ok(TermEvent::Output(bytes)),
+            // The control client ended: the session is gone (the agent exited, a person
+            // killed it, the tmux server died), or only the client (killed), and a new one
+            // reads on from the checkpoint.
+            Some(Note::Gone) | None => {
+                let session = self.session.clone();
+                if !tokio::task::block_in_place(|| crate::session_lives(&session)) {
+                    return Ok(TermEvent::Ended);
+                }
+                tracing::warn!(
+                    "the tmux control client ended while the session lives: attaching a new one and reading the pane from the checkpoint"
+                );
+                // Failing with the session gone meanwhile, the new client's end (or the
+                // closed channel) comes next and is handled above.
+                let again = match self.pane.reattach() {
+                    Ok(()) => self.snapshot(checkpoint),
+                    Err(e) => Err(e),
+                };
+                match again {
+                    Ok(snap) => Ok(TermEvent::Reread(snap)),
+                    Err(e) if tokio::task::block_in_place(|| crate::session_lives(&session)) => {
+                        Err(e)
+                    }
+                    Err(_) => Ok(TermEvent::Ended),
+                }
+            }
+        }
+    }
+
+    async fn type_text(&mut self, text: &str) -> Result<(), WrapError> {
+        tokio::task::block_in_place(|| self.pane.type_text(text))
+    }
+
+    async fn write_keys(&mut self, _keys: Vec<u8>) -> Result<(), WrapError> {
+        // A person types through their own tmux client: no keys come through the wrapper.
+        Ok(())
+    }
+
+    async fn enter(&mut self) -> Result<(), WrapError> {
+        tokio::task::block_in_place(|| self.pane.enter())
+    }
+
+    fn resize(&mut self, _rows: u16, _cols: u16) -> Result<(), WrapError> {
+        // The window takes the size of the person's tmux client when one is attached; the
+        // wrapper has no terminal of its own to follow.
+        Ok(())
+    }
+
+    fn sees_keys(&self) -> bool {
+        false
+    }
+
+    fn typing_errors_end(&self) -> bool {
+        false
+    }
+
+    fn pane(&self) -> Option<&Pane> {
+        Some(&self.pane)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
