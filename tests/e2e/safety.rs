@@ -677,22 +677,14 @@ fn a_recipient_that_keeps_failing_is_paused_then_probed_and_nothing_is_lost() {
             .unwrap()
     };
     assert_eq!(pending(), 4);
-    // After the cool-down, one message is tried (the probe); only one until it is taken.
+    // After the cool-down, one message is tried (the probe). That it stays the only one until
+    // it is taken, however long, is shown in virtual time by the routing core's test
+    // (`the_breaker_opens_after_failures_half_opens_after_the_cooldown_and_closes_on_success`),
+    // not by listening here for a while.
     bob.read_timeout(Duration::from_secs(20));
     let probe = bob.expect("DELIVER");
     assert_eq!(probe["id"], waiting[0].as_str());
-    bob.read_timeout(Duration::from_millis(300));
-    loop {
-        match bob.read() {
-            Some(f) if f["type"] == "PING" => {
-                bob.send_env("PONG", json!({}), json!({}));
-            }
-            Some(f) => panic!("only the probe is in flight, got {f}"),
-            None => break,
-        }
-    }
-    // Take the probe: the circuit closes and the rest follows.
-    bob.read_timeout(Duration::from_secs(20));
+    // Take the probe: the circuit closes and the rest follows, in order.
     bob.ack(&probe);
     for id in &waiting[1..] {
         let d = bob.expect("DELIVER");
