@@ -201,6 +201,17 @@ fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// Runs `f`, which blocks (a command down the tmux control client), without holding up the
+/// runtime's other tasks: through `block_in_place` on the multi-threaded runtime the wrapper
+/// runs on, in place on a current-thread runtime (the loop's unit tests: a paused clock needs
+/// one, and `block_in_place` panics there).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The screen seen through a profile, for the injector: the parser's own screen model, fed by
 /// the agent's output on both backends (one screen: nothing is captured to decide).
 struct ProfileLook<'a> {
@@ -711,7 +722,7 @@ impl Core {
                 let shown = match pane {
                     Some(p) => {
                         let short = relay_protocol::short_id(&m.id);
-                        tokio::task::block_in_place(|| p.history())
+                        blocking(|| p.history())
                             .map(|h| h.contains(&format!("[{short}]")))
                             .unwrap_or(true)
                     }
@@ -729,7 +740,7 @@ impl Core {
                         let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            if let Err(e) = tokio::task::block_in_place(|| p.enter()) {
+                            if let Err(e) = blocking(|| p.enter()) {
                                 // Acknowledged as injected all the same: the text is in the
                                 // agent's input line, where a person can submit it; typing it
                                 // again would double it.
@@ -959,7 +970,7 @@ impl Core {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
-        let row = match tokio::task::block_in_place(|| r.pane.row()) {
+        let row = match blocking(|| r.pane.row()) {
             Ok(row) => row,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");

@@ -22,8 +22,9 @@ pub(crate) enum Link {
 /// A receipt to wait for (see [`Link::send_nowait`]).
 pub(crate) enum Pending {
     Client(PendingReceipt),
+    /// The fake relay's receipt, or none ever (it holds receipts back).
     #[cfg(test)]
-    Fake(Receipt),
+    Fake(Option<Receipt>),
 }
 
 impl Pending {
@@ -32,7 +33,9 @@ impl Pending {
         match self {
             Self::Client(p) => p.wait().await,
             #[cfg(test)]
-            Self::Fake(r) => Ok(r),
+            Self::Fake(Some(r)) => Ok(r),
+            #[cfg(test)]
+            Self::Fake(None) => std::future::pending().await,
         }
     }
 }
@@ -117,6 +120,8 @@ pub(crate) mod fake {
         pub(crate) reports: Vec<relay_protocol::TerminalReport>,
         /// The connection was closed.
         pub(crate) closed: bool,
+        /// Sends from now on get no receipt (the relay is slow to answer).
+        pub(crate) hold_receipts: bool,
     }
 
     /// A relay that accepts every send and records everything.
@@ -159,7 +164,8 @@ pub(crate) mod fake {
                 status: relay_protocol::AckStatus::Accepted,
                 recipients: Some(1),
             };
-            (id, Pending::Fake(receipt))
+            let held = self.log().hold_receipts;
+            (id, Pending::Fake((!held).then_some(receipt)))
         }
 
         pub(crate) fn ack(&self, msg: &Delivered, state: Option<DeliveryState>) {

@@ -11,10 +11,12 @@ use relay_client::{Delivered, Event};
 use relay_protocol::{DeliveryState, Kind, Send, TerminalState};
 use tokio::sync::mpsc;
 
-use super::{Core, Ended, ReceiptDone, WrapConfig, WrapError, door, serve};
+use super::{Core, Ended, ReceiptDone, Resume, WrapConfig, WrapError, door, serve};
 use crate::link::{Link, fake};
 use crate::profile::{Overrides, Profile};
+use crate::state::Checkpoint;
 use crate::terminal::{Fake, TermEvent, Typed};
+use crate::tmux::{FakePane, Pane, Snapshot};
 
 /// Readiness rules for a made-up CLI: its input line is `> text`, it is busy while it shows
 /// "esc to interrupt", and "Do you want to" is a dialog. Timings as the generic profile's:
@@ -75,8 +77,41 @@ impl Rig {
     /// A wrapper keeping its files in `dir` (a second rig on the same `dir` is the wrapper
     /// restarted). `sees_keys`: a PTY (the person's keys come through) or tmux (they do not).
     fn start(dir: &std::path::Path, sees_keys: bool) -> Self {
+        Self::start_with(dir, sees_keys, None)
+    }
+
+    /// A wrapper of a tmux agent whose pane answers from `pane`, resuming from the checkpoint
+    /// in `dir`. As `serve_tmux` does, the test reads the pane first ([`TermEvent::Reread`]).
+    fn start_tmux(dir: &std::path::Path, pane: &Arc<Mutex<FakePane>>) -> Self {
+        Self::start_with(dir, false, Some(pane.clone()))
+    }
+
+    fn start_with(
+        dir: &std::path::Path,
+        sees_keys: bool,
+        pane: Option<Arc<Mutex<FakePane>>>,
+    ) -> Self {
         let (relay, relay_tx, log) = fake::Relay::new();
         let (term, term_tx, typed) = Fake::new(sees_keys);
+        let pane = pane.map(Pane::fake);
+        let term = match &pane {
+            Some(p) => term.with_pane(p.clone()),
+            None => term,
+        };
+        let resume = pane.map(|pane| {
+            let mut checkpoint = Checkpoint::load(dir);
+            if checkpoint.at_ms == 0 {
+                checkpoint.at_ms = 1_700_000_000_000;
+                checkpoint.save(dir).unwrap();
+            }
+            Resume {
+                checkpoint,
+                session: "fake".to_owned(),
+                pane,
+                seen: std::collections::HashMap::new(),
+                dirty: false,
+            }
+        });
         let cfg = WrapConfig {
             name: "Alice".to_owned(),
             command: vec!["made-up-cli".to_owned()],
@@ -92,6 +127,7 @@ impl Rig {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
             let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
             let mut core = Core::new(cfg, Link::Fake(relay), notice_tx, receipt_tx, 24)?;
+            core.resume = resume;
             let mut door = door::open(&core.cfg.team_dir);
             let mut term = term;
             let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
@@ -443,4 +479,118 @@ async fn a_directive_the_agent_prints_is_relayed_once_its_output_settles() {
         .collect();
     assert_eq!(sent, vec![(Some("Bob".into()), "the tests pass".into())]);
     rig.end().await;
+}
+
+/// The pane read afresh, as a wrapper attaching does: `seen` rows above the checkpoint,
+/// `unseen` from it on.
+fn reread(seen: &str, unseen: &str) -> TermEvent {
+    TermEvent::Reread(Snapshot {
+        seen: seen.replace('\n', "\r\n").into_bytes(),
+        unseen: unseen.replace('\n', "\r\n").into_bytes(),
+        rows: 24,
+    })
+}
+
+impl Rig {
+    fn sent(&self) -> Vec<(Option<String>, String, Option<String>)> {
+        self.log
+            .lock()
+            .unwrap()
+            .sent
+            .iter()
+            .map(|m| (m.to.clone(), m.payload.body.clone(), m.id.clone()))
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_shown_message_again()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane);
+    rig.term.send(reread("", IDLE)).unwrap();
+    rig.deliver(message("m-shown", "one"));
+    rig.deliver(message("m-lost", "two"));
+    // The first is typed, and the wrapper stops before its Enter (due 100 ms later).
+    settle(550).await;
+    let texts = rig.texts();
+    assert_eq!(texts.len(), 1);
+    assert_eq!(rig.enters(), 0);
+    rig.end().await;
+
+    // The agent lives on in its pane: the text waits in its input line, and the pane's history
+    // shows it. The second message was never typed.
+    let waiting = format!("done.\n> {}", texts[0]);
+    pane.lock().unwrap().history = waiting.clone();
+    let again = Rig::start_tmux(dir.path(), &pane);
+    again.term.send(reread("", &waiting)).unwrap();
+    again.deliver(message("m-shown", "one"));
+    settle(1_000).await;
+    // Not typed again: its missing Enter is pressed in the pane, and it is acknowledged.
+    assert_eq!(again.typed(), vec![]);
+    let enters = |p: &Arc<Mutex<FakePane>>| {
+        p.lock()
+            .unwrap()
+            .commands
+            .iter()
+            .filter(|c| c.starts_with("send-keys") && c.ends_with("Enter"))
+            .count()
+    };
+    assert_eq!(enters(&pane), 1);
+    assert_eq!(
+        again.acks(),
+        vec![("m-shown".to_owned(), Some(DeliveryState::Injected))]
+    );
+    // The agent takes it, works, and is idle: the never-typed message is typed now, once.
+    again.print(screen(BUSY));
+    again.deliver(message("m-lost", "two"));
+    settle(2_000).await;
+    assert_eq!(again.typed(), vec![]);
+    again.print(screen(IDLE));
+    settle(2_000).await;
+    let texts = again.texts();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].ends_with("two"), "{texts:?}");
+    again.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_nothing_above_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane);
+    rig.term.send(reread("", "")).unwrap();
+    // The agent prints a directive; it is relayed once the output settles, its receipt comes,
+    // and the checkpoint moves to the cursor's row.
+    pane.lock().unwrap().row = 3;
+    rig.print(b"@relay:Bob first\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    assert_eq!(Checkpoint::load(dir.path()).offset, 3);
+    // A second one is relayed, and the wrapper is killed before its receipt came: the
+    // checkpoint stays where it was.
+    rig.log.lock().unwrap().hold_receipts = true;
+    pane.lock().unwrap().row = 6;
+    rig.print(b"\r\n@relay:Bob second\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    let before = rig.sent();
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert_eq!(Checkpoint::load(dir.path()).offset, 3);
+    rig.task.abort();
+
+    // Restarted: it reads the pane from its checkpoint. The rows above it were relayed and
+    // are not sent again; the rows from it on are read as new, and their directive goes out
+    // with the id it had (the relay drops it as a duplicate).
+    let again = Rig::start_tmux(dir.path(), &pane);
+    again
+        .term
+        .send(reread(
+            "@relay:Bob first\n\n",
+            "> \n@relay:Bob second\n\n> ",
+        ))
+        .unwrap();
+    settle(2_000).await;
+    assert_eq!(again.sent(), vec![before[1].clone()]);
+    assert!(before[1].2.is_some(), "a tmux directive's id is derived");
+    again.end().await;
 }

@@ -83,7 +83,7 @@ mod fake {
     use tokio::sync::mpsc;
 
     use super::{TermEvent, Terminal};
-    use crate::WrapError;
+    use crate::{WrapError, tmux};
 
     /// What the wrapper did to the fake terminal, in order.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +103,8 @@ mod fake {
         events: mpsc::UnboundedReceiver<TermEvent>,
         typed: Arc<Mutex<Vec<Typed>>>,
         sees_keys: bool,
+        /// As tmux: the pane behind it (see [`tmux::FakePane`]).
+        pane: Option<tmux::Pane>,
     }
 
     impl Fake {
@@ -122,10 +124,17 @@ mod fake {
                     events,
                     typed: typed.clone(),
                     sees_keys,
+                    pane: None,
                 },
                 tx,
                 typed,
             )
+        }
+
+        /// As tmux, with `pane` behind it.
+        pub(crate) fn with_pane(mut self, pane: tmux::Pane) -> Self {
+            self.pane = Some(pane);
+            self
         }
 
         fn record(&self, t: Typed) {
@@ -168,6 +177,10 @@ mod fake {
 
         fn typing_errors_end(&self) -> bool {
             true
+        }
+
+        fn pane(&self) -> Option<&tmux::Pane> {
+            self.pane.as_ref()
         }
     }
 }

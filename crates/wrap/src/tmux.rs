@@ -321,6 +321,9 @@ pub(crate) struct Pane {
     target: String,
     buffer: String,
     client: std::sync::Arc<std::sync::Mutex<Client>>,
+    /// Tests: a pane with no tmux behind it answers its commands (see [`FakePane`]).
+    #[cfg(test)]
+    fake: Option<std::sync::Arc<std::sync::Mutex<FakePane>>>,
 }
 
 /// The control client and where its notes go.
@@ -372,6 +375,8 @@ impl Pane {
                 notes,
                 pane_id: None,
             })),
+            #[cfg(test)]
+            fake: None,
         };
         pane.reattach()?;
         Ok((pane, rx))
@@ -412,6 +417,10 @@ impl Pane {
 
     /// Runs one command line through the control client; its output as text.
     fn run(&self, line: &str) -> Result<String, WrapError> {
+        #[cfg(test)]
+        if let Some(fake) = &self.fake {
+            return Ok(fake.lock().unwrap().answer(line));
+        }
         let mut c = self
             .client
             .lock()
@@ -692,6 +701,54 @@ impl crate::terminal::Terminal for TmuxTerminal {
 
     fn pane(&self) -> Option<&Pane> {
         Some(&self.pane)
+    }
+}
+
+/// Tests: what a pane with no tmux behind it answers (the loop's unit tests drive the core's
+/// tmux paths with it: the checkpoint's row, the history a restarted wrapper looks in, the
+/// Enter it presses).
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct FakePane {
+    /// The pane's history and screen, as `capture-pane -J -S -` gives it.
+    pub(crate) history: String,
+    /// The cursor's row from the oldest in the history (the checkpoint's row).
+    pub(crate) row: u64,
+    /// Command lines run, in order.
+    pub(crate) commands: Vec<String>,
+}
+
+#[cfg(test)]
+impl FakePane {
+    fn answer(&mut self, line: &str) -> String {
+        self.commands.push(line.to_owned());
+        if line.contains("#{history_size} #{cursor_y}") {
+            format!("0 {}", self.row)
+        } else if line.starts_with("capture-pane") {
+            self.history.clone()
+        } else if line.contains("#{session_activity}") || line.contains("#{pane_in_mode}") {
+            "0".to_owned()
+        } else {
+            String::new()
+        }
+    }
+}
+
+#[cfg(test)]
+impl Pane {
+    /// A pane that answers from `fake` (see [`FakePane`]).
+    pub(crate) fn fake(fake: std::sync::Arc<std::sync::Mutex<FakePane>>) -> Self {
+        Self {
+            session: "fake".to_owned(),
+            target: "=fake:".to_owned(),
+            buffer: "relay-fake".to_owned(),
+            client: std::sync::Arc::new(std::sync::Mutex::new(Client {
+                control: None,
+                notes: mpsc::unbounded_channel().0,
+                pane_id: None,
+            })),
+            fake: Some(fake),
+        }
     }
 }
 
