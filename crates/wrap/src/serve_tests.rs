@@ -81,16 +81,23 @@ impl Rig {
     }
 
     /// A wrapper of a tmux agent whose pane answers from `pane`, resuming from the checkpoint
-    /// in `dir`. As `serve_tmux` does, the test reads the pane first ([`TermEvent::Reread`]).
-    fn start_tmux(dir: &std::path::Path, pane: &Arc<Mutex<FakePane>>) -> Self {
-        Self::start_with(dir, false, Some(pane.clone()))
+    /// in `dir`. As `serve_tmux` does, it reads the pane first, before its loop: `seen` rows
+    /// above the checkpoint, `unseen` from it on.
+    fn start_tmux(
+        dir: &std::path::Path,
+        pane: &Arc<Mutex<FakePane>>,
+        seen: &str,
+        unseen: &str,
+    ) -> Self {
+        Self::start_with(dir, false, Some((pane.clone(), snapshot(seen, unseen))))
     }
 
     fn start_with(
         dir: &std::path::Path,
         sees_keys: bool,
-        pane: Option<Arc<Mutex<FakePane>>>,
+        tmux: Option<(Arc<Mutex<FakePane>>, Snapshot)>,
     ) -> Self {
+        let (pane, first) = tmux.unzip();
         let (relay, relay_tx, log) = fake::Relay::new();
         let (term, term_tx, typed) = Fake::new(sees_keys);
         let pane = pane.map(Pane::fake);
@@ -128,6 +135,9 @@ impl Rig {
             let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
             let mut core = Core::new(cfg, Link::Fake(relay), notice_tx, receipt_tx, 24)?;
             core.resume = resume;
+            if let Some(snap) = first {
+                core.resync(snap, super::now()).await;
+            }
             let mut door = door::open(&core.cfg.team_dir);
             let mut term = term;
             let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
@@ -483,12 +493,12 @@ async fn a_directive_the_agent_prints_is_relayed_once_its_output_settles() {
 
 /// The pane read afresh, as a wrapper attaching does: `seen` rows above the checkpoint,
 /// `unseen` from it on.
-fn reread(seen: &str, unseen: &str) -> TermEvent {
-    TermEvent::Reread(Snapshot {
+fn snapshot(seen: &str, unseen: &str) -> Snapshot {
+    Snapshot {
         seen: seen.replace('\n', "\r\n").into_bytes(),
         unseen: unseen.replace('\n', "\r\n").into_bytes(),
         rows: 24,
-    })
+    }
 }
 
 impl Rig {
@@ -508,8 +518,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
 {
     let dir = tempfile::tempdir().unwrap();
     let pane = Arc::new(Mutex::new(FakePane::default()));
-    let rig = Rig::start_tmux(dir.path(), &pane);
-    rig.term.send(reread("", IDLE)).unwrap();
+    let rig = Rig::start_tmux(dir.path(), &pane, "", IDLE);
     rig.deliver(message("m-shown", "one"));
     rig.deliver(message("m-lost", "two"));
     // The first is typed, and the wrapper stops before its Enter (due 100 ms later).
@@ -523,8 +532,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
     // shows it. The second message was never typed.
     let waiting = format!("done.\n> {}", texts[0]);
     pane.lock().unwrap().history = waiting.clone();
-    let again = Rig::start_tmux(dir.path(), &pane);
-    again.term.send(reread("", &waiting)).unwrap();
+    let again = Rig::start_tmux(dir.path(), &pane, "", &waiting);
     again.deliver(message("m-shown", "one"));
     settle(1_000).await;
     // Not typed again: its missing Enter is pressed in the pane, and it is acknowledged.
@@ -559,8 +567,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
 async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_nothing_above_it() {
     let dir = tempfile::tempdir().unwrap();
     let pane = Arc::new(Mutex::new(FakePane::default()));
-    let rig = Rig::start_tmux(dir.path(), &pane);
-    rig.term.send(reread("", "")).unwrap();
+    let rig = Rig::start_tmux(dir.path(), &pane, "", "");
     // The agent prints a directive; it is relayed once the output settles, its receipt comes,
     // and the checkpoint moves to the cursor's row.
     pane.lock().unwrap().row = 3;
@@ -581,16 +588,39 @@ async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_
     // Restarted: it reads the pane from its checkpoint. The rows above it were relayed and
     // are not sent again; the rows from it on are read as new, and their directive goes out
     // with the id it had (the relay drops it as a duplicate).
-    let again = Rig::start_tmux(dir.path(), &pane);
-    again
-        .term
-        .send(reread(
-            "@relay:Bob first\n\n",
-            "> \n@relay:Bob second\n\n> ",
-        ))
-        .unwrap();
+    let again = Rig::start_tmux(
+        dir.path(),
+        &pane,
+        "@relay:Bob first\n\n",
+        "> \n@relay:Bob second\n\n> ",
+    );
     settle(2_000).await;
     assert_eq!(again.sent(), vec![before[1].clone()]);
     assert!(before[1].2.is_some(), "a tmux directive's id is derived");
     again.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pane_re_read_after_its_control_client_was_replaced_sends_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane, "", "");
+    pane.lock().unwrap().row = 3;
+    rig.print(b"@relay:Bob first\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    assert_eq!(rig.sent().len(), 1);
+    // The control client ended with the session alive: a new one read the pane from the
+    // checkpoint (see `TmuxTerminal::next_event`).
+    rig.term
+        .send(TermEvent::Reread(snapshot("@relay:Bob first\n\n", "> ")))
+        .unwrap();
+    settle(2_000).await;
+    assert_eq!(rig.sent().len(), 1, "{:?}", rig.sent());
+    // What the agent prints next is read as before.
+    pane.lock().unwrap().row = 6;
+    rig.print(b"\r\n@relay:Bob second\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    let bodies: Vec<String> = rig.sent().into_iter().map(|(_, b, _)| b).collect();
+    assert_eq!(bodies, ["first", "second"]);
+    rig.end().await;
 }

@@ -716,6 +716,8 @@ pub(crate) struct FakePane {
     pub(crate) row: u64,
     /// Command lines run, in order.
     pub(crate) commands: Vec<String>,
+    /// The pane is in a mode (copy mode: a person scrolling back) until cancelled.
+    pub(crate) in_mode: bool,
 }
 
 #[cfg(test)]
@@ -726,7 +728,12 @@ impl FakePane {
             format!("0 {}", self.row)
         } else if line.starts_with("capture-pane") {
             self.history.clone()
-        } else if line.contains("#{session_activity}") || line.contains("#{pane_in_mode}") {
+        } else if line.contains("#{pane_in_mode}") {
+            if self.in_mode { "1" } else { "0" }.to_owned()
+        } else if line.contains("-X cancel") {
+            self.in_mode = false;
+            String::new()
+        } else if line.contains("#{session_activity}") {
             "0".to_owned()
         } else {
             String::new()
@@ -792,6 +799,35 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x` \"q\"\nline two"
+        );
+    }
+
+    #[test]
+    fn a_pane_in_copy_mode_is_taken_out_of_it_before_the_text_is_pasted() {
+        let fake = std::sync::Arc::new(std::sync::Mutex::new(FakePane {
+            in_mode: true,
+            ..FakePane::default()
+        }));
+        let pane = Pane::fake(fake.clone());
+        pane.type_text("Relay message from Bob [abc]: it's $HOME; ok")
+            .unwrap();
+        let commands = fake.lock().unwrap().commands.clone();
+        let verbs: Vec<&str> = commands
+            .iter()
+            .map(|c| c.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(
+            verbs,
+            ["display-message", "send-keys", "set-buffer", "paste-buffer"],
+            "{commands:#?}"
+        );
+        assert!(commands[1].ends_with("-X cancel"), "{commands:#?}");
+        // Out of copy mode, the next text is pasted at once.
+        pane.type_text("again").unwrap();
+        let commands = fake.lock().unwrap().commands.clone();
+        assert!(
+            !commands[4..].iter().any(|c| c.contains("-X cancel")),
+            "{commands:#?}"
         );
     }
 
