@@ -294,25 +294,6 @@ impl Raw {
         }
     }
 
-    /// Frames that arrive until the connection has been quiet for half a second (PINGs
-    /// answered, not returned).
-    pub fn read_until_quiet(&mut self) -> Vec<Value> {
-        let before = self.stream.read_timeout().unwrap();
-        self.stream
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .unwrap();
-        let mut out = Vec::new();
-        while let Some(f) = self.read() {
-            if f["type"] == "PING" {
-                self.send_env("PONG", json!({}), json!({}));
-            } else {
-                out.push(f);
-            }
-        }
-        self.stream.set_read_timeout(before).unwrap();
-        out
-    }
-
     /// True when the daemon has closed the connection (reading gives EOF), skipping frames.
     pub fn closed(&mut self) -> bool {
         for _ in 0..1000 {

@@ -9,15 +9,19 @@
 //! ```
 //!
 //! The pure parts (`format`, `inject`, `profile`) are unit tested, the profiles against
-//! screens recorded from the real CLIs; [`run_pty`] and [`serve_tmux`] are the I/O shells
-//! around them and are tested end to end with the real binary.
+//! screens recorded from the real CLIs. One loop (`serve`) drives the core over a
+//! `terminal::Terminal`: the PTY, tmux, or in unit tests a fake under tokio's paused clock
+//! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
+//! it; they are tested end to end with the real binary.
 
 mod door;
 pub mod format;
 pub mod inject;
+mod link;
 pub mod profile;
 mod pty;
 pub mod state;
+mod terminal;
 pub mod tmux;
 /// The door's socket file name in the team directory (see `door.rs`).
 pub use door::SOCKET as DOOR_SOCKET;
@@ -25,18 +29,19 @@ mod transcript;
 mod turn;
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText, Target};
 use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
 use crate::inject::{Action, Injector, Look, Outcome, Timing};
+use crate::link::Link;
 use crate::profile::{NotReady, Profile};
 use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
+use crate::terminal::{TermEvent, Terminal};
 
 /// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
 /// no person is at the terminal, and the agent under the relay is in a terminal a person can
@@ -191,10 +196,20 @@ fn refusal_notice(to: &str, reason: &str) -> String {
 /// A receipt came back (or never will) for a relayed directive.
 struct ReceiptDone;
 
-/// Where the agent's screen is read and its keys are typed.
-enum Term<'a> {
-    Pty(&'a pty::Pty, &'a mut format::PasteMode),
-    Tmux(&'a tmux::Pane),
+/// Now, on tokio's clock: paused (and advanced by hand) in the loop's unit tests.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Runs `f`, which blocks (a command down the tmux control client), without holding up the
+/// runtime's other tasks: through `block_in_place` on the multi-threaded runtime the wrapper
+/// runs on, in place on a current-thread runtime (the loop's unit tests: a paused clock needs
+/// one, and `block_in_place` panics there).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// The screen seen through a profile, for the injector: the parser's own screen model, fed by
@@ -241,7 +256,7 @@ impl Look for ProfileLook<'_> {
 /// the wrapper remembers on disk.
 struct Core {
     cfg: WrapConfig,
-    client: Client,
+    client: Link,
     parser: Parser,
     injector: Injector<Item>,
     log: InjectedLog,
@@ -305,7 +320,7 @@ struct Resume {
 impl Core {
     fn new(
         cfg: WrapConfig,
-        client: Client,
+        client: Link,
         notices: mpsc::UnboundedSender<String>,
         receipts: mpsc::UnboundedSender<ReceiptDone>,
         rows: u16,
@@ -325,7 +340,7 @@ impl Core {
             enter_retries: cfg.profile.enter_retries,
             recheck: Duration::from_secs(2),
         };
-        let now = Instant::now();
+        let now = now();
         let mut injector = Injector::new(timing, now);
         let form = format::Form::for_agent(cfg.profile.name(), &cfg.command);
         if form == format::Form::ShellNoOp {
@@ -707,7 +722,7 @@ impl Core {
                 let shown = match pane {
                     Some(p) => {
                         let short = relay_protocol::short_id(&m.id);
-                        tokio::task::block_in_place(|| p.history())
+                        blocking(|| p.history())
                             .map(|h| h.contains(&format!("[{short}]")))
                             .unwrap_or(true)
                     }
@@ -725,7 +740,7 @@ impl Core {
                         let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            if let Err(e) = tokio::task::block_in_place(|| p.enter()) {
+                            if let Err(e) = blocking(|| p.enter()) {
                                 // Acknowledged as injected all the same: the text is in the
                                 // agent's input line, where a person can submit it; typing it
                                 // again would double it.
@@ -824,7 +839,7 @@ impl Core {
     }
 
     /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
-    async fn drive(&mut self, now: Instant, mut term: Term<'_>) -> Result<(), WrapError> {
+    async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
         if !self.settled && now >= self.last_output + self.cfg.profile.settle {
             self.settled = true;
             for d in self.parser.settle() {
@@ -838,7 +853,7 @@ impl Core {
             self.send_from_transcript().await;
             tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
-        if let Term::Tmux(_) = &term {
+        if !term.sees_keys() {
             self.end_turn_if_idle();
         }
         self.maybe_checkpoint();
@@ -873,12 +888,7 @@ impl Core {
                         self.chain_activity = None;
                     }
                     self.parser.note_injected(&text);
-                    match &mut term {
-                        Term::Pty(pty, paste) => pty.write(paste.wrap(&text)).await?,
-                        Term::Tmux(pane) => {
-                            tokio::task::block_in_place(|| pane.type_text(&text))?;
-                        }
-                    }
+                    term.type_text(&text).await?;
                 }
                 Action::Enter => {
                     if let Some(Item::Message(m)) = self.injector.current() {
@@ -893,12 +903,9 @@ impl Core {
                             tracing::warn!(error = %e, "cannot record an injected message's Enter");
                         }
                     }
-                    match &term {
-                        Term::Pty(pty, _) => pty.write(b"\r".to_vec()).await?,
-                        Term::Tmux(pane) => {
-                            tokio::task::block_in_place(|| pane.enter())?;
-                            self.note_chain_start(pane);
-                        }
+                    term.enter().await?;
+                    if let Some(pane) = term.pane() {
+                        self.note_chain_start(pane);
                     }
                 }
                 Action::Done(Item::Message(m), outcome) => {
@@ -930,7 +937,7 @@ impl Core {
             );
         }
         // A message's outcome known: its turn may be over already.
-        if let Term::Tmux(_) = &term {
+        if !term.sees_keys() {
             self.end_turn_if_idle();
         }
         Ok(())
@@ -963,7 +970,7 @@ impl Core {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
-        let row = match tokio::task::block_in_place(|| r.pane.row()) {
+        let row = match blocking(|| r.pane.row()) {
             Ok(row) => row,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");
@@ -999,12 +1006,96 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-async fn connect(cfg: &WrapConfig) -> Result<Client, WrapError> {
-    Ok(Client::connect(ClientConfig {
-        cli: cfg.command.first().cloned(),
-        ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
-    })
-    .await?)
+async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
+    Ok(Link::Client(
+        relay_client::Client::connect(ClientConfig {
+            cli: cfg.command.first().cloned(),
+            ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
+        })
+        .await?,
+    ))
+}
+
+/// How the wrapper's loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The agent's side ended (it exited; tmux: its session is gone).
+    Exited,
+    /// A signal stopped the wrapper (its number).
+    Stopped(i32),
+}
+
+/// The wrapper's one loop, over any [`Terminal`]: the agent's output is counted, shown and
+/// parsed (its directives relayed), messages from the relay and notices are queued for the
+/// injector, the door's sends go out, and after each event whatever is due is done (see
+/// [`Core::drive`]) and the terminal's state reported. Returns when the agent's side ends or
+/// a signal stops the wrapper.
+async fn serve(
+    core: &mut Core,
+    term: &mut impl Terminal,
+    door: &mut door::Door,
+    notices: &mut mpsc::UnboundedReceiver<String>,
+    receipts: &mut mpsc::UnboundedReceiver<ReceiptDone>,
+) -> Result<Ended, WrapError> {
+    let mut relay_open = true;
+    loop {
+        let wake = core.next_wake();
+        let checkpoint = core.resume.as_ref().map(|r| r.checkpoint.offset);
+        tokio::select! {
+            ev = term.next_event(checkpoint) => match ev? {
+                TermEvent::Output(bytes) => {
+                    let now = now();
+                    // Counted before the person sees them: a test that sees them knows the
+                    // wrapper has read them (see `Core::tell_if_relayed`).
+                    core.on_read(bytes.len(), None, now);
+                    if let Some(r) = &mut core.resume {
+                        r.dirty = true;
+                    }
+                    term.show(&bytes);
+                    core.on_output(&bytes, now).await;
+                }
+                TermEvent::Keys(k) => {
+                    core.injector.on_person_input(&k, now());
+                    // A person's new line starts a new conversation: what the agent prints
+                    // next answers them, not the last relayed message.
+                    if k.contains(&b'\r') {
+                        core.replying_to = None;
+                    }
+                    term.write_keys(k).await?;
+                }
+                TermEvent::Resized { rows, cols } => {
+                    term.resize(rows, cols)?;
+                    core.parser.set_rows(usize::from(rows));
+                    core.parser.set_cols(usize::from(cols));
+                }
+                TermEvent::Reread(snap) => core.resync(snap, now()).await,
+                TermEvent::Ended => return Ok(Ended::Exited),
+                TermEvent::Stopped(signal) => return Ok(Ended::Stopped(signal)),
+            },
+            Some(req) = door.recv() => core.door_send(req).await,
+            ev = core.client.next_event(), if relay_open => match ev {
+                Some(Event::Message(m)) => core.on_message(m, term.pane()).await,
+                Some(other) => tracing::debug!(?other, "relay event"),
+                None => {
+                    // The agent keeps running; it just is not relayed any more.
+                    tracing::warn!("relay client stopped");
+                    relay_open = false;
+                }
+            },
+            Some(notice) = notices.recv() => core.push_notice(&notice),
+            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
+            // Only when something is due (unread output, a queued message): an idle agent
+            // costs the wrapper no wake-ups.
+            () = sleep_until(wake) => {}
+        }
+        if let Err(e) = core.drive(now(), term).await {
+            if term.typing_errors_end() {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "typing into the pane failed");
+        }
+        core.report_terminal(term.backend(), now()).await;
+    }
 }
 
 /// Runs the agent in a PTY until it exits; returns its exit code.
@@ -1016,13 +1107,13 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let client = connect(&cfg).await?;
     let (rows, cols) = terminal_size();
     let env = vec![("AGENT_RELAY_NAME".to_owned(), cfg.name.clone())];
-    let (pty, mut output) = pty::spawn(&cfg.command, &env, rows, cols)?;
+    let (pty, output) = pty::spawn(&cfg.command, &env, rows, cols)?;
     let _raw = if interactive {
         Some(RawMode::enter()?)
     } else {
         None
     };
-    let (keys_tx, mut keys) = mpsc::channel::<Vec<u8>>(64);
+    let (keys_tx, keys) = mpsc::channel::<Vec<u8>>(64);
     if interactive {
         std::thread::Builder::new()
             .name("relay-stdin".into())
@@ -1040,84 +1131,23 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     } else {
         drop(keys_tx);
     }
-    use tokio::signal::unix::{SignalKind, signal};
-    let signal_of = |kind| signal(kind).map_err(|e| WrapError::Terminal(e.to_string()));
-    let mut winch = signal_of(SignalKind::window_change())?;
-    // Stopping the wrapper stops the agent and, through `RawMode`'s drop, gives the person
-    // their terminal back as it was. In raw mode the keyboard sends no SIGINT or SIGQUIT (its
-    // Ctrl-C and Ctrl-\ go to the agent as bytes), so those come from outside, like SIGTERM:
-    // left to their default action they would end the wrapper with the terminal still raw.
-    let mut term = signal_of(SignalKind::terminate())?;
-    let mut hup = signal_of(SignalKind::hangup())?;
-    let mut int = signal_of(SignalKind::interrupt())?;
-    let mut quit = signal_of(SignalKind::quit())?;
-    // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
-    // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
-    // sent to it, like any other command).
-    let mut stopped: Option<i32> = None;
-    let mut paste = format::PasteMode::default();
+    let mut term = pty::PtyTerminal::new(pty, output, keys)?;
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
-    core.set_agent_pid(pty.pid());
+    core.set_agent_pid(term.pty.pid());
     let mut door = door::open(&core.cfg.team_dir);
-    let mut relay_open = true;
-    let mut stdout = std::io::stdout();
-    loop {
-        let wake = core.next_wake();
-        tokio::select! {
-            chunk = output.recv() => {
-                let Some(bytes) = chunk else { break };
-                // Counted before the person sees them: a test that sees them knows the
-                // wrapper has read them (see `Core::tell_if_relayed`).
-                core.on_read(bytes.len(), None, Instant::now());
-                // The person sees exactly what the agent printed.
-                let _ = stdout.write_all(&bytes).and_then(|()| stdout.flush());
-                paste.feed(&bytes);
-                core.on_output(&bytes, Instant::now()).await;
-            }
-            Some(req) = door.recv() => core.door_send(req).await,
-            ev = core.client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => core.on_message(m, None).await,
-                Some(other) => tracing::debug!(?other, "relay event"),
-                None => {
-                    // The agent keeps running; it just is not relayed any more.
-                    tracing::warn!("relay client stopped");
-                    relay_open = false;
-                }
-            },
-            Some(k) = keys.recv() => {
-                core.injector.on_person_input(&k, Instant::now());
-                // A person's new line starts a new conversation: what the agent prints next
-                // answers them, not the last relayed message.
-                if k.contains(&b'\r') {
-                    core.replying_to = None;
-                }
-                pty.write(k).await?;
-            }
-            Some(notice) = notices.recv() => core.push_notice(&notice),
-            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
-            _ = term.recv() => { stopped = Some(15); break; }
-            _ = hup.recv() => { stopped = Some(1); break; }
-            _ = int.recv() => { stopped = Some(2); break; }
-            _ = quit.recv() => { stopped = Some(3); break; }
-            _ = winch.recv() => {
-                let (r, c) = terminal_size();
-                pty.resize(r, c)?;
-                core.parser.set_rows(usize::from(r));
-                core.parser.set_cols(usize::from(c));
-            }
-            // Only when something is due (unread output, a queued message): an idle agent
-            // costs the wrapper no wake-ups.
-            () = sleep_until(wake) => {}
-        }
-        core.drive(Instant::now(), Term::Pty(&pty, &mut paste))
-            .await?;
-        core.report_terminal("pty", Instant::now()).await;
-    }
-    let mut pty = pty;
+    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
+    // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
+    // sent to it, like any other command).
+    let stopped = match ended {
+        Ended::Stopped(signal) => Some(signal),
+        Ended::Exited => None,
+    };
+    let mut pty = term.pty;
     if let Some(signal) = stopped {
         tracing::info!(signal, "stopped by a signal: ending the agent");
         pty.kill();
@@ -1147,7 +1177,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
             .save(&cfg.team_dir)
             .map_err(|e| WrapError::State(format!("cannot save the checkpoint: {e}")))?;
     }
-    let (pane, mut output) = match tmux::Pane::attach(&session) {
+    let (pane, output) = match tmux::Pane::attach(&session) {
         Ok(attached) => attached,
         // Gone before it could be attached (the agent exited at once, or the session or the
         // server was killed): as if it had gone while attached.
@@ -1170,6 +1200,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
             None
         }
     });
+    let offset = checkpoint.offset;
     core.resume = Some(Resume {
         checkpoint,
         session: session.clone(),
@@ -1177,70 +1208,22 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         seen: std::collections::HashMap::new(),
         dirty: false,
     });
+    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
-    if let Err(e) = resync(&mut core, &pane, &mut output).await
-        && session_lives(&session)
-    {
-        return Err(e);
+    match term.snapshot(Some(offset)) {
+        Ok(snap) => core.resync(snap, now()).await,
+        Err(e) if session_lives(&session) => return Err(e),
+        Err(_) => {}
     }
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
-    let mut relay_open = true;
     let mut door = door::open(&core.cfg.team_dir);
-    let code = loop {
-        let wake = core.next_wake();
-        tokio::select! {
-            note = output.recv() => match note {
-                Some(tmux::Note::Output(bytes)) => {
-                    core.on_pane_output(&bytes, Instant::now()).await;
-                }
-                // The control client ended: the session is gone (the agent exited, a person
-                // killed it, the tmux server died), or only the client (killed), and a new one
-                // reads on from the checkpoint.
-                Some(tmux::Note::Gone) | None => {
-                    if !tokio::task::block_in_place(|| session_lives(&session)) {
-                        break read_exit(&core.cfg.team_dir).await;
-                    }
-                    tracing::warn!("the tmux control client ended while the session lives: attaching a new one and reading the pane from the checkpoint");
-                    // Failing with the session gone meanwhile, the new client's end (or the
-                    // closed channel) comes next and is handled above.
-                    let again = match pane.reattach() {
-                        Ok(()) => resync(&mut core, &pane, &mut output).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = again {
-                        if tokio::task::block_in_place(|| session_lives(&session)) {
-                            return Err(e);
-                        }
-                        break read_exit(&core.cfg.team_dir).await;
-                    }
-                }
-            },
-            Some(req) = door.recv() => core.door_send(req).await,
-            ev = core.client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => core.on_message(m, Some(&pane)).await,
-                Some(other) => tracing::debug!(?other, "relay event"),
-                None => {
-                    tracing::warn!("relay client stopped");
-                    relay_open = false;
-                }
-            },
-            Some(notice) = notices.recv() => core.push_notice(&notice),
-            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
-            // Stopped: the agent keeps running in its session; a new wrapper resumes.
-            _ = term.recv() => {
-                tracing::info!("stopped by a signal; the agent keeps running in tmux");
-                core.client.close().await;
-                return Ok(0);
-            }
-            () = sleep_until(wake) => {}
-        }
-        if let Err(e) = core.drive(Instant::now(), Term::Tmux(&pane)).await {
-            tracing::warn!(error = %e, "typing into the pane failed");
-        }
-        core.report_terminal("tmux", Instant::now()).await;
-    };
+    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    if let Ended::Stopped(_) = ended {
+        // Stopped: the agent keeps running in its session; a new wrapper resumes.
+        tracing::info!("stopped by a signal; the agent keeps running in tmux");
+        core.client.close().await;
+        return Ok(0);
+    }
+    let code = read_exit(&core.cfg.team_dir).await;
     tracing::info!(?code, "the agent exited; ending its session");
     core.maybe_checkpoint();
     core.finish().await;
@@ -1249,33 +1232,10 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     code.ok_or(WrapError::ExitUnknown { session })
 }
 
-/// Reads the pane afresh into `core` (a wrapper attaching, or its control client attached
-/// again): output the old client passed on before the snapshot is in the snapshot.
-async fn resync(
-    core: &mut Core,
-    pane: &tmux::Pane,
-    output: &mut mpsc::UnboundedReceiver<tmux::Note>,
-) -> Result<(), WrapError> {
-    let from = core.resume.as_ref().map(|r| r.checkpoint.offset);
-    let snap = tokio::task::block_in_place(|| pane.snapshot(from))?;
-    // What came before the capture's answer is on the captured screen already.
-    let mut gone = false;
-    while let Ok(note) = output.try_recv() {
-        gone |= matches!(note, tmux::Note::Gone);
-    }
-    core.resync(snap, Instant::now()).await;
-    if gone {
-        // The old client's end, read past above: the new client is live (its own end comes
-        // on the channel when it ends).
-        tracing::debug!("an earlier control client's end was read during the snapshot");
-    }
-    Ok(())
-}
-
 /// Whether tmux session `session` still exists, asked up to three times a tenth of a second
 /// apart: ending the relaying (and the session) on one failed `has-session` under a loaded
 /// machine would end an agent that runs on.
-fn session_lives(session: &str) -> bool {
+pub(crate) fn session_lives(session: &str) -> bool {
     for attempt in 0..3 {
         if tmux::exists(session) {
             return true;
@@ -1300,6 +1260,9 @@ async fn read_exit(team_dir: &std::path::Path) -> Option<i32> {
     }
     None
 }
+
+#[cfg(test)]
+mod serve_tests;
 
 #[cfg(test)]
 mod colour_tests {

@@ -146,3 +146,112 @@ impl Pty {
         Ok(i32::try_from(status.exit_code()).unwrap_or(1))
     }
 }
+
+/// The PTY backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
+/// agent's PTY, the person's terminal around it (keys in, output mirrored, size followed) and
+/// the signals that stop the wrapper.
+pub(crate) struct PtyTerminal {
+    pub(crate) pty: Pty,
+    output: mpsc::Receiver<Vec<u8>>,
+    keys: mpsc::Receiver<Vec<u8>>,
+    paste: crate::format::PasteMode,
+    stdout: std::io::Stdout,
+    winch: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+}
+
+impl PtyTerminal {
+    /// The terminal of `pty`, whose output arrives on `output`, with the person's keys on
+    /// `keys` (closed when there is no person).
+    pub(crate) fn new(
+        pty: Pty,
+        output: mpsc::Receiver<Vec<u8>>,
+        keys: mpsc::Receiver<Vec<u8>>,
+    ) -> Result<Self, WrapError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let signal_of = |kind| signal(kind).map_err(|e| WrapError::Terminal(e.to_string()));
+        // Stopping the wrapper stops the agent and, through `RawMode`'s drop, gives the person
+        // their terminal back as it was. In raw mode the keyboard sends no SIGINT or SIGQUIT
+        // (its Ctrl-C and Ctrl-\ go to the agent as bytes), so those come from outside, like
+        // SIGTERM: left to their default action they would end the wrapper with the terminal
+        // still raw.
+        Ok(Self {
+            pty,
+            output,
+            keys,
+            paste: crate::format::PasteMode::default(),
+            stdout: std::io::stdout(),
+            winch: signal_of(SignalKind::window_change())?,
+            term: signal_of(SignalKind::terminate())?,
+            hup: signal_of(SignalKind::hangup())?,
+            int: signal_of(SignalKind::interrupt())?,
+            quit: signal_of(SignalKind::quit())?,
+        })
+    }
+}
+
+impl crate::terminal::Terminal for PtyTerminal {
+    fn backend(&self) -> &'static str {
+        "pty"
+    }
+
+    async fn next_event(
+        &mut self,
+        _checkpoint: Option<u64>,
+    ) -> Result<crate::terminal::TermEvent, WrapError> {
+        use crate::terminal::TermEvent;
+        // Every branch is a channel or signal receive: cancel-safe.
+        Ok(tokio::select! {
+            chunk = self.output.recv() => match chunk {
+                Some(bytes) => TermEvent::Output(bytes),
+                // The agent's side of the terminal closed: it exited.
+                None => TermEvent::Ended,
+            },
+            Some(k) = self.keys.recv() => TermEvent::Keys(k),
+            _ = self.winch.recv() => {
+                let (rows, cols) = crate::terminal_size();
+                TermEvent::Resized { rows, cols }
+            }
+            _ = self.term.recv() => TermEvent::Stopped(15),
+            _ = self.hup.recv() => TermEvent::Stopped(1),
+            _ = self.int.recv() => TermEvent::Stopped(2),
+            _ = self.quit.recv() => TermEvent::Stopped(3),
+        })
+    }
+
+    fn show(&mut self, bytes: &[u8]) {
+        // The person sees exactly what the agent printed.
+        let _ = self
+            .stdout
+            .write_all(bytes)
+            .and_then(|()| self.stdout.flush());
+        self.paste.feed(bytes);
+    }
+
+    async fn type_text(&mut self, text: &str) -> Result<(), WrapError> {
+        self.pty.write(self.paste.wrap(text)).await
+    }
+
+    async fn write_keys(&mut self, keys: Vec<u8>) -> Result<(), WrapError> {
+        self.pty.write(keys).await
+    }
+
+    async fn enter(&mut self) -> Result<(), WrapError> {
+        self.pty.write(b"\r".to_vec()).await
+    }
+
+    fn resize(&mut self, rows: u16, cols: u16) -> Result<(), WrapError> {
+        self.pty.resize(rows, cols)
+    }
+
+    fn sees_keys(&self) -> bool {
+        true
+    }
+
+    fn typing_errors_end(&self) -> bool {
+        true
+    }
+}

@@ -331,6 +331,9 @@ pub(crate) struct Pane {
     target: String,
     buffer: String,
     client: std::sync::Arc<std::sync::Mutex<Client>>,
+    /// Tests: a pane with no tmux behind it answers its commands (see [`FakePane`]).
+    #[cfg(test)]
+    fake: Option<std::sync::Arc<std::sync::Mutex<FakePane>>>,
 }
 
 /// The control client and where its notes go.
@@ -382,6 +385,8 @@ impl Pane {
                 notes,
                 pane_id: None,
             })),
+            #[cfg(test)]
+            fake: None,
         };
         pane.reattach()?;
         Ok((pane, rx))
@@ -422,6 +427,10 @@ impl Pane {
 
     /// Runs one command line through the control client; its output as text.
     fn run(&self, line: &str) -> Result<String, WrapError> {
+        #[cfg(test)]
+        if let Some(fake) = &self.fake {
+            return Ok(fake.lock().unwrap().answer(line));
+        }
         let mut c = self
             .client
             .lock()
@@ -581,6 +590,185 @@ impl Pane {
     }
 }
 
+/// The tmux backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
+/// agent's pane through its control client, attached again when that client ends while the
+/// session lives, and SIGTERM (which stops the relaying, not the agent).
+pub(crate) struct TmuxTerminal {
+    pub(crate) pane: Pane,
+    output: mpsc::UnboundedReceiver<Note>,
+    session: String,
+    term: tokio::signal::unix::Signal,
+}
+
+impl TmuxTerminal {
+    /// The terminal of `pane` (attached to `session`), whose notes arrive on `output`.
+    pub(crate) fn new(
+        pane: Pane,
+        output: mpsc::UnboundedReceiver<Note>,
+        session: String,
+    ) -> Result<Self, WrapError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term =
+            signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
+        Ok(Self {
+            pane,
+            output,
+            session,
+            term,
+        })
+    }
+
+    /// Reads the pane afresh from row `from` (a wrapper attaching, or its control client
+    /// attached again): output the old client passed on before the snapshot is in the
+    /// snapshot.
+    pub(crate) fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
+        let snap = tokio::task::block_in_place(|| self.pane.snapshot(from))?;
+        // What came before the capture's answer is on the captured screen already.
+        let mut gone = false;
+        while let Ok(note) = self.output.try_recv() {
+            gone |= matches!(note, Note::Gone);
+        }
+        if gone {
+            // The old client's end, read past above: the new client is live (its own end
+            // comes on the channel when it ends).
+            tracing::debug!("an earlier control client's end was read during the snapshot");
+        }
+        Ok(snap)
+    }
+}
+
+impl crate::terminal::Terminal for TmuxTerminal {
+    fn backend(&self) -> &'static str {
+        "tmux"
+    }
+
+    async fn next_event(
+        &mut self,
+        checkpoint: Option<u64>,
+    ) -> Result<crate::terminal::TermEvent, WrapError> {
+        use crate::terminal::TermEvent;
+        // Both branches are receives; what follows a note runs without awaiting: cancel-safe.
+        let note = tokio::select! {
+            note = self.output.recv() => note,
+            _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+        };
+        match note {
+            Some(Note::Output(bytes)) => Ok(TermEvent::Output(bytes)),
+            // The control client ended: the session is gone (the agent exited, a person
+            // killed it, the tmux server died), or only the client (killed), and a new one
+            // reads on from the checkpoint.
+            Some(Note::Gone) | None => {
+                let session = self.session.clone();
+                if !tokio::task::block_in_place(|| crate::session_lives(&session)) {
+                    return Ok(TermEvent::Ended);
+                }
+                tracing::warn!(
+                    "the tmux control client ended while the session lives: attaching a new one and reading the pane from the checkpoint"
+                );
+                // Failing with the session gone meanwhile, the new client's end (or the
+                // closed channel) comes next and is handled above.
+                let again = match self.pane.reattach() {
+                    Ok(()) => self.snapshot(checkpoint),
+                    Err(e) => Err(e),
+                };
+                match again {
+                    Ok(snap) => Ok(TermEvent::Reread(snap)),
+                    Err(e) if tokio::task::block_in_place(|| crate::session_lives(&session)) => {
+                        Err(e)
+                    }
+                    Err(_) => Ok(TermEvent::Ended),
+                }
+            }
+        }
+    }
+
+    async fn type_text(&mut self, text: &str) -> Result<(), WrapError> {
+        tokio::task::block_in_place(|| self.pane.type_text(text))
+    }
+
+    async fn write_keys(&mut self, _keys: Vec<u8>) -> Result<(), WrapError> {
+        // A person types through their own tmux client: no keys come through the wrapper.
+        Ok(())
+    }
+
+    async fn enter(&mut self) -> Result<(), WrapError> {
+        tokio::task::block_in_place(|| self.pane.enter())
+    }
+
+    fn resize(&mut self, _rows: u16, _cols: u16) -> Result<(), WrapError> {
+        // The window takes the size of the person's tmux client when one is attached; the
+        // wrapper has no terminal of its own to follow.
+        Ok(())
+    }
+
+    fn sees_keys(&self) -> bool {
+        false
+    }
+
+    fn typing_errors_end(&self) -> bool {
+        false
+    }
+
+    fn pane(&self) -> Option<&Pane> {
+        Some(&self.pane)
+    }
+}
+
+/// Tests: what a pane with no tmux behind it answers (the loop's unit tests drive the core's
+/// tmux paths with it: the checkpoint's row, the history a restarted wrapper looks in, the
+/// Enter it presses).
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct FakePane {
+    /// The pane's history and screen, as `capture-pane -J -S -` gives it.
+    pub(crate) history: String,
+    /// The cursor's row from the oldest in the history (the checkpoint's row).
+    pub(crate) row: u64,
+    /// Command lines run, in order.
+    pub(crate) commands: Vec<String>,
+    /// The pane is in a mode (copy mode: a person scrolling back) until cancelled.
+    pub(crate) in_mode: bool,
+}
+
+#[cfg(test)]
+impl FakePane {
+    fn answer(&mut self, line: &str) -> String {
+        self.commands.push(line.to_owned());
+        if line.contains("#{history_size} #{cursor_y}") {
+            format!("0 {}", self.row)
+        } else if line.starts_with("capture-pane") {
+            self.history.clone()
+        } else if line.contains("#{pane_in_mode}") {
+            if self.in_mode { "1" } else { "0" }.to_owned()
+        } else if line.contains("-X cancel") {
+            self.in_mode = false;
+            String::new()
+        } else if line.contains("#{session_activity}") {
+            "0".to_owned()
+        } else {
+            String::new()
+        }
+    }
+}
+
+#[cfg(test)]
+impl Pane {
+    /// A pane that answers from `fake` (see [`FakePane`]).
+    pub(crate) fn fake(fake: std::sync::Arc<std::sync::Mutex<FakePane>>) -> Self {
+        Self {
+            session: "fake".to_owned(),
+            target: "=fake:".to_owned(),
+            buffer: "relay-fake".to_owned(),
+            client: std::sync::Arc::new(std::sync::Mutex::new(Client {
+                control: None,
+                notes: mpsc::unbounded_channel().0,
+                pane_id: None,
+            })),
+            fake: Some(fake),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,6 +809,35 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x` \"q\"\nline two"
+        );
+    }
+
+    #[test]
+    fn a_pane_in_copy_mode_is_taken_out_of_it_before_the_text_is_pasted() {
+        let fake = std::sync::Arc::new(std::sync::Mutex::new(FakePane {
+            in_mode: true,
+            ..FakePane::default()
+        }));
+        let pane = Pane::fake(fake.clone());
+        pane.type_text("Relay message from Bob [abc]: it's $HOME; ok")
+            .unwrap();
+        let commands = fake.lock().unwrap().commands.clone();
+        let verbs: Vec<&str> = commands
+            .iter()
+            .map(|c| c.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(
+            verbs,
+            ["display-message", "send-keys", "set-buffer", "paste-buffer"],
+            "{commands:#?}"
+        );
+        assert!(commands[1].ends_with("-X cancel"), "{commands:#?}");
+        // Out of copy mode, the next text is pasted at once.
+        pane.type_text("again").unwrap();
+        let commands = fake.lock().unwrap().commands.clone();
+        assert!(
+            !commands[4..].iter().any(|c| c.contains("-X cancel")),
+            "{commands:#?}"
         );
     }
 

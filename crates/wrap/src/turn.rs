@@ -52,7 +52,7 @@ impl Core {
         if self.cfg.profile.knows_prompt() {
             return;
         }
-        self.chain_activity = match tokio::task::block_in_place(|| pane.person_activity()) {
+        self.chain_activity = match crate::blocking(|| pane.person_activity()) {
             Ok(at) => Some(at),
             Err(e) => {
                 // Without it a person's turn is not seen: the chain goes on (the safe side).
@@ -74,7 +74,7 @@ impl Core {
             self.chain_activity = None;
             return;
         }
-        match tokio::task::block_in_place(|| pane.person_activity()) {
+        match crate::blocking(|| pane.person_activity()) {
             Ok(at) if at > since => {
                 self.chain_activity = None;
                 if let Some((id, _)) = self.replying_to.take() {

@@ -1,0 +1,626 @@
+//! The wrapper's loop (`serve`) and its core against a fake terminal and a fake relay, under
+//! tokio's paused clock: what the end-to-end tests could only show by waiting and hoping
+//! nothing happened (a message not typed while the agent is busy, over a person's line or a
+//! dialog; nothing typed twice) is shown here deterministically. `settle` lets every timer
+//! due within the given time fire, in virtual time, before the test looks.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use relay_client::{Delivered, Event};
+use relay_protocol::{DeliveryState, Kind, Send, TerminalState};
+use tokio::sync::mpsc;
+
+use super::{Core, Ended, ReceiptDone, Resume, WrapConfig, WrapError, door, serve};
+use crate::link::{Link, fake};
+use crate::profile::{Overrides, Profile};
+use crate::state::Checkpoint;
+use crate::terminal::{Fake, TermEvent, Typed};
+use crate::tmux::{FakePane, Pane, Snapshot};
+
+/// Readiness rules for a made-up CLI: its input line is `> text`, it is busy while it shows
+/// "esc to interrupt", and "Do you want to" is a dialog. Timings as the generic profile's:
+/// quiet 500 ms, Enter 100 ms after the text, checked 300 ms after Enter, one retry.
+fn profile() -> Profile {
+    let o: Overrides = toml::from_str(
+        r#"
+prompt = '^> ?(.*)$'
+busy = ["esc to interrupt"]
+dialogs = ["Do you want to"]
+"#,
+    )
+    .unwrap();
+    Profile::load_with("generic", Some((&o, "<test>")), None).unwrap()
+}
+
+/// A screen drawn afresh: cleared, then `rows`.
+fn screen(rows: &str) -> Vec<u8> {
+    let mut out = b"\x1b[2J\x1b[H".to_vec();
+    out.extend_from_slice(rows.replace('\n', "\r\n").as_bytes());
+    out
+}
+
+const BUSY: &str = "thinking... (esc to interrupt)\n";
+const IDLE: &str = "done.\n> ";
+
+fn message(id: &str, body: &str) -> Delivered {
+    Delivered {
+        id: id.to_owned(),
+        from: "Bob".to_owned(),
+        to: "Alice".to_owned(),
+        topic: None,
+        ts: 0,
+        seq: 1,
+        attempt: 1,
+        payload: Send {
+            kind: Kind::Message,
+            body: body.to_owned(),
+            data: None,
+            thread: None,
+            in_reply_to: None,
+            budget: None,
+            urgent: false,
+        },
+    }
+}
+
+/// One wrapper: its loop runs on a task, over a fake terminal and a fake relay.
+struct Rig {
+    term: mpsc::UnboundedSender<TermEvent>,
+    typed: Arc<Mutex<Vec<Typed>>>,
+    relay: mpsc::UnboundedSender<Event>,
+    log: Arc<Mutex<fake::Log>>,
+    task: tokio::task::JoinHandle<Result<Ended, WrapError>>,
+}
+
+impl Rig {
+    /// A wrapper keeping its files in `dir` (a second rig on the same `dir` is the wrapper
+    /// restarted). `sees_keys`: a PTY (the person's keys come through) or tmux (they do not).
+    fn start(dir: &std::path::Path, sees_keys: bool) -> Self {
+        Self::start_with(dir, sees_keys, None)
+    }
+
+    /// A wrapper of a tmux agent whose pane answers from `pane`, resuming from the checkpoint
+    /// in `dir`. As `serve_tmux` does, it reads the pane first, before its loop: `seen` rows
+    /// above the checkpoint, `unseen` from it on.
+    fn start_tmux(
+        dir: &std::path::Path,
+        pane: &Arc<Mutex<FakePane>>,
+        seen: &str,
+        unseen: &str,
+    ) -> Self {
+        Self::start_with(dir, false, Some((pane.clone(), snapshot(seen, unseen))))
+    }
+
+    fn start_with(
+        dir: &std::path::Path,
+        sees_keys: bool,
+        tmux: Option<(Arc<Mutex<FakePane>>, Snapshot)>,
+    ) -> Self {
+        let (pane, first) = tmux.unzip();
+        let (relay, relay_tx, log) = fake::Relay::new();
+        let (term, term_tx, typed) = Fake::new(sees_keys);
+        let pane = pane.map(Pane::fake);
+        let term = match &pane {
+            Some(p) => term.with_pane(p.clone()),
+            None => term,
+        };
+        let resume = pane.map(|pane| {
+            let mut checkpoint = Checkpoint::load(dir);
+            if checkpoint.at_ms == 0 {
+                checkpoint.at_ms = 1_700_000_000_000;
+                checkpoint.save(dir).unwrap();
+            }
+            Resume {
+                checkpoint,
+                session: "fake".to_owned(),
+                pane,
+                seen: std::collections::HashMap::new(),
+                dirty: false,
+            }
+        });
+        let cfg = WrapConfig {
+            name: "Alice".to_owned(),
+            command: vec!["made-up-cli".to_owned()],
+            profile: profile(),
+            socket: dir.join("no.sock"),
+            max_body: 4000,
+            interactive: false,
+            team_dir: dir.to_owned(),
+            inbox: None,
+            intro: false,
+        };
+        let task = tokio::spawn(async move {
+            let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
+            let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
+            let mut core = Core::new(cfg, Link::Fake(relay), notice_tx, receipt_tx, 24)?;
+            core.resume = resume;
+            if let Some(snap) = first {
+                core.resync(snap, super::now()).await;
+            }
+            let mut door = door::open(&core.cfg.team_dir);
+            let mut term = term;
+            let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
+            core.finish().await;
+            ended
+        });
+        Self {
+            term: term_tx,
+            typed,
+            relay: relay_tx,
+            log,
+            task,
+        }
+    }
+
+    fn print(&self, bytes: Vec<u8>) {
+        self.term.send(TermEvent::Output(bytes)).unwrap();
+    }
+
+    fn keys(&self, keys: &[u8]) {
+        self.term.send(TermEvent::Keys(keys.to_vec())).unwrap();
+    }
+
+    fn deliver(&self, m: Delivered) {
+        self.relay.send(Event::Message(m)).unwrap();
+    }
+
+    fn typed(&self) -> Vec<Typed> {
+        self.typed.lock().unwrap().clone()
+    }
+
+    /// The texts typed (not Enters or keys).
+    fn texts(&self) -> Vec<String> {
+        self.typed()
+            .into_iter()
+            .filter_map(|t| match t {
+                Typed::Text(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn enters(&self) -> usize {
+        self.typed().iter().filter(|t| **t == Typed::Enter).count()
+    }
+
+    fn acks(&self) -> Vec<(String, Option<DeliveryState>)> {
+        self.log.lock().unwrap().acks.clone()
+    }
+
+    /// The last terminal state reported to the relay, and why.
+    fn reported(&self) -> Option<(TerminalState, Option<String>)> {
+        self.log
+            .lock()
+            .unwrap()
+            .reports
+            .last()
+            .map(|r| (r.state, r.why.clone()))
+    }
+
+    /// Ends the agent (its side of the terminal closes) and waits for the wrapper to finish.
+    async fn end(self) {
+        self.term.send(TermEvent::Ended).unwrap();
+        assert_eq!(self.task.await.unwrap().unwrap(), Ended::Exited);
+    }
+}
+
+/// Lets virtual time pass: every timer due within `ms` fires, and the loop handles it.
+async fn settle(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_waits_while_the_agent_is_busy_and_is_typed_once_it_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(BUSY));
+    rig.deliver(message("m-busy", "hello"));
+    // Quiet for a minute, still showing its busy marker: looked at again and again, never
+    // typed into.
+    settle(60_000).await;
+    assert_eq!(rig.typed(), vec![], "typed into a busy agent");
+    assert_eq!(
+        rig.reported(),
+        Some((TerminalState::Busy, Some("esc to interrupt".into())))
+    );
+    // Idle: typed once the output has been quiet for the profile's 500 ms, not before.
+    rig.print(screen(IDLE));
+    settle(400).await;
+    assert_eq!(rig.typed(), vec![], "typed before the output was quiet");
+    settle(200).await;
+    let texts = rig.texts();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(
+        texts[0].starts_with("Relay message from Bob ["),
+        "{texts:?}"
+    );
+    assert!(texts[0].ends_with("hello"), "{texts:?}");
+    // Enter 100 ms later, as a separate write; checked 300 ms after it: the input line is
+    // empty (the fake never echoes), so it is verified.
+    assert_eq!(rig.enters(), 0);
+    settle(100).await;
+    assert_eq!(rig.enters(), 1);
+    settle(300).await;
+    assert_eq!(
+        rig.acks(),
+        vec![("m-busy".to_owned(), Some(DeliveryState::Verified))]
+    );
+    assert_eq!(
+        rig.enters(),
+        1,
+        "Enter pressed again after a verified submit"
+    );
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_persons_half_written_line_is_never_typed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    // The person starts a line at the wrapper's terminal; it goes to the agent.
+    rig.keys(b"fix the");
+    rig.deliver(message("m-person", "hello"));
+    settle(60_000).await;
+    assert_eq!(rig.typed(), vec![Typed::Keys(b"fix the".to_vec())]);
+    assert_eq!(
+        rig.reported(),
+        Some((TerminalState::Blocked, Some("a person is typing".into())))
+    );
+    // They finish it; the agent works on it, then is idle: the message follows.
+    rig.keys(b" tests\r");
+    rig.print(screen(BUSY));
+    settle(5_000).await;
+    assert!(rig.texts().is_empty(), "typed while the agent works");
+    rig.print(screen(IDLE));
+    settle(1_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    assert_eq!(rig.acks().len(), 1);
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn text_in_the_input_line_holds_a_message_back_under_tmux() {
+    // tmux: the person's keys do not come through the wrapper; their half-written line is
+    // seen on the screen, in the input line.
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), false);
+    rig.print(screen("done.\n> fix the"));
+    rig.deliver(message("m-line", "hello"));
+    settle(60_000).await;
+    assert_eq!(rig.typed(), vec![]);
+    assert_eq!(
+        rig.reported(),
+        Some((
+            TerminalState::Blocked,
+            Some("text in its input line".into())
+        ))
+    );
+    // Submitted (or cleared): the input line is empty again.
+    rig.print(screen(IDLE));
+    settle(1_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dialog_blocks_typing_until_it_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen("Do you want to run `rm x`?\n 1. Yes\n 2. No\n> "));
+    rig.deliver(message("m-dialog", "hello"));
+    settle(60_000).await;
+    assert_eq!(
+        rig.typed(),
+        vec![],
+        "typed into a dialog (it would pick an option)"
+    );
+    assert_eq!(
+        rig.reported(),
+        Some((
+            TerminalState::Blocked,
+            Some("dialog open: do you want to".into())
+        ))
+    );
+    rig.print(screen(IDLE));
+    settle(1_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsubmitted_text_gets_enter_again_then_is_reported_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-stuck", "hello"));
+    settle(600).await;
+    let texts = rig.texts();
+    assert_eq!(texts.len(), 1);
+    // The agent shows the text in its input line and never lets go of it.
+    rig.print(screen(&format!("done.\n> {}", texts[0])));
+    settle(100).await;
+    assert_eq!(rig.enters(), 1);
+    // Checked 300 ms after Enter: still there, so Enter again (the profile allows one retry).
+    settle(300).await;
+    assert_eq!(rig.enters(), 2);
+    assert_eq!(rig.acks(), vec![]);
+    // Still there after the retry: reported failed, and nothing more is pressed or typed.
+    settle(300).await;
+    assert_eq!(
+        rig.acks(),
+        vec![("m-stuck".to_owned(), Some(DeliveryState::Failed))]
+    );
+    settle(60_000).await;
+    assert_eq!(rig.enters(), 2);
+    assert_eq!(rig.texts().len(), 1);
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_text_the_agent_lets_go_of_after_a_second_enter_is_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-second", "hello"));
+    settle(600).await;
+    let text = rig.texts().remove(0);
+    rig.print(screen(&format!("done.\n> {text}")));
+    settle(400).await;
+    assert_eq!(rig.enters(), 2);
+    // The second Enter took it.
+    rig.print(screen(BUSY));
+    settle(300).await;
+    assert_eq!(
+        rig.acks(),
+        vec![("m-second".to_owned(), Some(DeliveryState::Verified))]
+    );
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replayed_message_is_not_typed_twice_by_the_same_or_a_restarted_wrapper() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(BUSY));
+    // Delivered twice while it waits (a replay after a reconnect): queued once.
+    rig.deliver(message("m-once", "hello"));
+    rig.deliver(message("m-once", "hello"));
+    settle(5_000).await;
+    rig.print(screen(IDLE));
+    settle(2_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    assert_eq!(
+        rig.acks(),
+        vec![("m-once".to_owned(), Some(DeliveryState::Verified))]
+    );
+    // Delivered again after it was typed: acknowledged from injected.log, not typed.
+    rig.deliver(message("m-once", "hello"));
+    settle(2_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    assert_eq!(rig.acks().len(), 2);
+    rig.end().await;
+
+    // The wrapper restarted on the same files, the relay delivering it again.
+    let again = Rig::start(dir.path(), true);
+    again.print(screen(IDLE));
+    again.deliver(message("m-once", "hello"));
+    settle(5_000).await;
+    assert_eq!(again.typed(), vec![], "typed again after a restart");
+    assert_eq!(
+        again.acks(),
+        vec![("m-once".to_owned(), Some(DeliveryState::Verified))]
+    );
+    again.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_wrapper_types_again_only_what_was_never_entered() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-typed", "one"));
+    // Typed, and the wrapper stops before its Enter (at +100 ms).
+    settle(550).await;
+    assert_eq!(rig.texts().len(), 1);
+    assert_eq!(rig.enters(), 0);
+    rig.end().await;
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-entered", "two"));
+    // Typed and entered, and the wrapper stops before it was checked (at +300 ms).
+    settle(700).await;
+    assert_eq!(rig.enters(), 1);
+    assert_eq!(rig.acks(), vec![]);
+    rig.end().await;
+
+    // Restarted (a PTY agent ends with its wrapper): the text never entered is typed into the
+    // new agent; the one entered may have been read, so it is not typed twice but reported
+    // failed (its sender is told).
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-typed", "one"));
+    rig.deliver(message("m-entered", "two"));
+    settle(5_000).await;
+    let texts = rig.texts();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].ends_with("one"), "{texts:?}");
+    let acks = rig.acks();
+    assert!(
+        acks.contains(&("m-entered".to_owned(), Some(DeliveryState::Failed))),
+        "{acks:?}"
+    );
+    assert!(
+        acks.contains(&("m-typed".to_owned(), Some(DeliveryState::Verified))),
+        "{acks:?}"
+    );
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resize_reaches_the_agents_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.term
+        .send(TermEvent::Resized { rows: 50, cols: 90 })
+        .unwrap();
+    settle(10).await;
+    assert_eq!(rig.typed(), vec![Typed::Resize(50, 90)]);
+    rig.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_directive_the_agent_prints_is_relayed_once_its_output_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    rig.print(screen("@relay:Bob the tests pass\n\n> "));
+    settle(2_000).await;
+    // Printed once and redrawn: relayed once.
+    rig.print(screen("@relay:Bob the tests pass\n\n> "));
+    settle(2_000).await;
+    let sent: Vec<(Option<String>, String)> = rig
+        .log
+        .lock()
+        .unwrap()
+        .sent
+        .iter()
+        .map(|m| (m.to.clone(), m.payload.body.clone()))
+        .collect();
+    assert_eq!(sent, vec![(Some("Bob".into()), "the tests pass".into())]);
+    rig.end().await;
+}
+
+/// The pane read afresh, as a wrapper attaching does: `seen` rows above the checkpoint,
+/// `unseen` from it on.
+fn snapshot(seen: &str, unseen: &str) -> Snapshot {
+    Snapshot {
+        seen: seen.replace('\n', "\r\n").into_bytes(),
+        unseen: unseen.replace('\n', "\r\n").into_bytes(),
+        rows: 24,
+    }
+}
+
+impl Rig {
+    fn sent(&self) -> Vec<(Option<String>, String, Option<String>)> {
+        self.log
+            .lock()
+            .unwrap()
+            .sent
+            .iter()
+            .map(|m| (m.to.clone(), m.payload.body.clone(), m.id.clone()))
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_shown_message_again()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane, "", IDLE);
+    rig.deliver(message("m-shown", "one"));
+    rig.deliver(message("m-lost", "two"));
+    // The first is typed, and the wrapper stops before its Enter (due 100 ms later).
+    settle(550).await;
+    let texts = rig.texts();
+    assert_eq!(texts.len(), 1);
+    assert_eq!(rig.enters(), 0);
+    rig.end().await;
+
+    // The agent lives on in its pane: the text waits in its input line, and the pane's history
+    // shows it. The second message was never typed.
+    let waiting = format!("done.\n> {}", texts[0]);
+    pane.lock().unwrap().history = waiting.clone();
+    let again = Rig::start_tmux(dir.path(), &pane, "", &waiting);
+    again.deliver(message("m-shown", "one"));
+    settle(1_000).await;
+    // Not typed again: its missing Enter is pressed in the pane, and it is acknowledged.
+    assert_eq!(again.typed(), vec![]);
+    let enters = |p: &Arc<Mutex<FakePane>>| {
+        p.lock()
+            .unwrap()
+            .commands
+            .iter()
+            .filter(|c| c.starts_with("send-keys") && c.ends_with("Enter"))
+            .count()
+    };
+    assert_eq!(enters(&pane), 1);
+    assert_eq!(
+        again.acks(),
+        vec![("m-shown".to_owned(), Some(DeliveryState::Injected))]
+    );
+    // The agent takes it, works, and is idle: the never-typed message is typed now, once.
+    again.print(screen(BUSY));
+    again.deliver(message("m-lost", "two"));
+    settle(2_000).await;
+    assert_eq!(again.typed(), vec![]);
+    again.print(screen(IDLE));
+    settle(2_000).await;
+    let texts = again.texts();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].ends_with("two"), "{texts:?}");
+    again.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_nothing_above_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane, "", "");
+    // The agent prints a directive; it is relayed once the output settles, its receipt comes,
+    // and the checkpoint moves to the cursor's row.
+    pane.lock().unwrap().row = 3;
+    rig.print(b"@relay:Bob first\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    assert_eq!(Checkpoint::load(dir.path()).offset, 3);
+    // A second one is relayed, and the wrapper is killed before its receipt came: the
+    // checkpoint stays where it was.
+    rig.log.lock().unwrap().hold_receipts = true;
+    pane.lock().unwrap().row = 6;
+    rig.print(b"\r\n@relay:Bob second\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    let before = rig.sent();
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert_eq!(Checkpoint::load(dir.path()).offset, 3);
+    rig.task.abort();
+
+    // Restarted: it reads the pane from its checkpoint. The rows above it were relayed and
+    // are not sent again; the rows from it on are read as new, and their directive goes out
+    // with the id it had (the relay drops it as a duplicate).
+    let again = Rig::start_tmux(
+        dir.path(),
+        &pane,
+        "@relay:Bob first\n\n",
+        "> \n@relay:Bob second\n\n> ",
+    );
+    settle(2_000).await;
+    assert_eq!(again.sent(), vec![before[1].clone()]);
+    assert!(before[1].2.is_some(), "a tmux directive's id is derived");
+    again.end().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pane_re_read_after_its_control_client_was_replaced_sends_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let rig = Rig::start_tmux(dir.path(), &pane, "", "");
+    pane.lock().unwrap().row = 3;
+    rig.print(b"@relay:Bob first\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    assert_eq!(rig.sent().len(), 1);
+    // The control client ended with the session alive: a new one read the pane from the
+    // checkpoint (see `TmuxTerminal::next_event`).
+    rig.term
+        .send(TermEvent::Reread(snapshot("@relay:Bob first\n\n", "> ")))
+        .unwrap();
+    settle(2_000).await;
+    assert_eq!(rig.sent().len(), 1, "{:?}", rig.sent());
+    // What the agent prints next is read as before.
+    pane.lock().unwrap().row = 6;
+    rig.print(b"\r\n@relay:Bob second\r\n\r\n> ".to_vec());
+    settle(2_000).await;
+    let bodies: Vec<String> = rig.sent().into_iter().map(|(_, b, _)| b).collect();
+    assert_eq!(bodies, ["first", "second"]);
+    rig.end().await;
+}

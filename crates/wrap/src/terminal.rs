@@ -1,0 +1,186 @@
+//! The one terminal layer: what the wrapper's loop (`serve` in `lib.rs`) needs of the agent's
+//! terminal, whatever holds it. Implemented by the PTY backend ([`crate::pty::PtyTerminal`]),
+//! the tmux backend ([`crate::tmux::TmuxTerminal`], one control-mode client) and, for unit
+//! tests of the loop under tokio's paused clock, [`Fake`], which records what was typed and
+//! lets a test feed output, resizes and the agent's exit.
+
+use crate::{WrapError, tmux};
+
+/// Something that happened at the terminal.
+#[derive(Debug)]
+pub(crate) enum TermEvent {
+    /// Bytes the agent printed.
+    Output(Vec<u8>),
+    /// Keys a person pressed at the wrapper's own terminal (PTY): they go to the agent, and a
+    /// half-written line holds relayed messages back.
+    Keys(Vec<u8>),
+    /// The person's terminal has a new size: the agent's terminal follows it.
+    Resized {
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+    /// The terminal was read afresh (tmux: a control client attached again after the last one
+    /// ended while the session lives): the core reads it from its checkpoint.
+    Reread(tmux::Snapshot),
+    /// The agent's side ended: the agent exited (tmux: the session is gone).
+    Ended,
+    /// A signal stopped the wrapper (its number).
+    Stopped(i32),
+}
+
+/// The agent's terminal, as the wrapper's loop drives it.
+pub(crate) trait Terminal {
+    /// The backend's name, as reported to the relay (`pty`, `tmux`).
+    fn backend(&self) -> &'static str;
+
+    /// The next event. Cancel-safe: the loop polls it in a `select!`. `checkpoint` is where
+    /// a terminal read afresh is read from (see [`TermEvent::Reread`]).
+    async fn next_event(&mut self, checkpoint: Option<u64>) -> Result<TermEvent, WrapError>;
+
+    /// Shows `bytes` the agent printed to the person (PTY: mirrored unchanged; tmux: the
+    /// person's own tmux client shows them). Called after the core counted them and before
+    /// it parses them.
+    fn show(&mut self, _bytes: &[u8]) {}
+
+    /// Types `text` into the agent's input line, without Enter: pasted (bracketed when the
+    /// agent asked for bracketed paste).
+    async fn type_text(&mut self, text: &str) -> Result<(), WrapError>;
+
+    /// Writes a person's keys as they are.
+    async fn write_keys(&mut self, keys: Vec<u8>) -> Result<(), WrapError>;
+
+    /// Presses Enter.
+    async fn enter(&mut self) -> Result<(), WrapError>;
+
+    /// Gives the agent's terminal a new size.
+    fn resize(&mut self, rows: u16, cols: u16) -> Result<(), WrapError>;
+
+    /// Whether the person's keys reach the wrapper ([`TermEvent::Keys`]): a person's Enter
+    /// ends a reply chain there. When they do not (tmux), the chain ends where the agent's
+    /// turn ends (see `turn.rs`).
+    fn sees_keys(&self) -> bool;
+
+    /// Whether a failure to type ends the wrapper (PTY: the agent's terminal is gone) or is
+    /// only logged (tmux: the control client is attached again when its end is heard of).
+    fn typing_errors_end(&self) -> bool;
+
+    /// tmux: the agent's pane, whose history tells whether a stopped wrapper's message got
+    /// there, and whose session activity tells a person's turn (see `turn.rs`).
+    fn pane(&self) -> Option<&tmux::Pane> {
+        None
+    }
+}
+
+#[cfg(test)]
+pub(crate) use fake::{Fake, Typed};
+
+#[cfg(test)]
+mod fake {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::mpsc;
+
+    use super::{TermEvent, Terminal};
+    use crate::{WrapError, tmux};
+
+    /// What the wrapper did to the fake terminal, in order.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) enum Typed {
+        /// Text typed (pasted) into the input line.
+        Text(String),
+        /// A person's keys passed on.
+        Keys(Vec<u8>),
+        /// Enter.
+        Enter,
+        /// A resize.
+        Resize(u16, u16),
+    }
+
+    /// A terminal with no process behind it: a test feeds it events and reads what was typed.
+    pub(crate) struct Fake {
+        events: mpsc::UnboundedReceiver<TermEvent>,
+        typed: Arc<Mutex<Vec<Typed>>>,
+        sees_keys: bool,
+        /// As tmux: the pane behind it (see [`tmux::FakePane`]).
+        pane: Option<tmux::Pane>,
+    }
+
+    impl Fake {
+        /// A fake terminal, the sender a test feeds it through, and what it was given.
+        /// `sees_keys`: as a PTY (true) or as tmux (false).
+        pub(crate) fn new(
+            sees_keys: bool,
+        ) -> (
+            Self,
+            mpsc::UnboundedSender<TermEvent>,
+            Arc<Mutex<Vec<Typed>>>,
+        ) {
+            let (tx, events) = mpsc::unbounded_channel();
+            let typed = Arc::new(Mutex::new(Vec::new()));
+            (
+                Self {
+                    events,
+                    typed: typed.clone(),
+                    sees_keys,
+                    pane: None,
+                },
+                tx,
+                typed,
+            )
+        }
+
+        /// As tmux, with `pane` behind it.
+        pub(crate) fn with_pane(mut self, pane: tmux::Pane) -> Self {
+            self.pane = Some(pane);
+            self
+        }
+
+        fn record(&self, t: Typed) {
+            self.typed.lock().unwrap().push(t);
+        }
+    }
+
+    impl Terminal for Fake {
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+
+        async fn next_event(&mut self, _checkpoint: Option<u64>) -> Result<TermEvent, WrapError> {
+            Ok(self.events.recv().await.unwrap_or(TermEvent::Ended))
+        }
+
+        async fn type_text(&mut self, text: &str) -> Result<(), WrapError> {
+            self.record(Typed::Text(text.to_owned()));
+            Ok(())
+        }
+
+        async fn write_keys(&mut self, keys: Vec<u8>) -> Result<(), WrapError> {
+            self.record(Typed::Keys(keys));
+            Ok(())
+        }
+
+        async fn enter(&mut self) -> Result<(), WrapError> {
+            self.record(Typed::Enter);
+            Ok(())
+        }
+
+        fn resize(&mut self, rows: u16, cols: u16) -> Result<(), WrapError> {
+            self.record(Typed::Resize(rows, cols));
+            Ok(())
+        }
+
+        fn sees_keys(&self) -> bool {
+            self.sees_keys
+        }
+
+        fn typing_errors_end(&self) -> bool {
+            true
+        }
+
+        fn pane(&self) -> Option<&tmux::Pane> {
+            self.pane.as_ref()
+        }
+    }
+}
