@@ -889,7 +889,14 @@ fn converses_with_claude_code(cli: Cli, name: &str) {
     alice.person_types("Ask the other agent");
     let alice_prompts = alice.wait_prompts(2);
     let h = history(&relay);
-    assert_eq!(h.len(), 2, "{h:?}");
+    // Once seen in a loaded whole-suite run with one message stored: what each was asked
+    // tells which second prompt Alice had.
+    assert_eq!(
+        h.len(),
+        2,
+        "{h:?}\nAlice was asked {alice_prompts:?}\n{name} was asked {:?}",
+        other.prompts()
+    );
     assert_eq!(
         (h[0].0.as_str(), h[0].1.as_str(), h[0].2.as_str()),
         ("Alice", name, to_it.as_str())
