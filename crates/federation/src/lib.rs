@@ -102,9 +102,9 @@ struct Shared {
     /// (and no stand-in) is a tool.
     agents: RwLock<HashSet<String>>,
     /// Senders the local relay was asked about and does not list as agents (tools, people's
-    /// `send`), until the next directory pass: without it every delivery of a tool's message
-    /// asked the relay for its whole agent list (measured: the cross-node rate of a tool's
-    /// messages was bounded by that query, ~1,200 msg/s).
+    /// `send`); a name leaves it when a directory pass lists it as an agent. Without it every
+    /// delivery of a tool's message asked the relay for its whole agent list, on the store's
+    /// thread (measured: it bounded the cross-node rate of tools' messages at ~1,200 msg/s).
     tools: RwLock<HashSet<String>>,
     published: AtomicU64,
     received: AtomicU64,
@@ -129,16 +129,16 @@ impl Shared {
     }
 
     fn set_local_agents(&self, agents: &[relay_protocol::query::AgentInfo]) {
-        // A name that became an agent since is asked about again.
-        if let Ok(mut t) = self.tools.write() {
-            t.clear();
-        }
         if let Ok(mut a) = self.agents.write() {
             *a = agents
                 .iter()
                 .filter(|a| core::standin_node(a.cli.as_deref()).is_none())
                 .map(|a| a.name.clone())
                 .collect();
+            // A tool's name that an agent took since is one no more.
+            if let Ok(mut t) = self.tools.write() {
+                t.retain(|n| !a.contains(n));
+            }
         }
     }
 }
