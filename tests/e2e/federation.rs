@@ -892,3 +892,65 @@ fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     // A person is no agent of the federation.
     assert!(!agents(&b).contains_key("human"));
 }
+
+/// `agent-relay --json ARGS` on `r`, parsed.
+fn json_of(r: &Relay, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok_stdout(&r.cli(&a))).unwrap()
+}
+
+#[test]
+fn access_rules_can_name_nodes() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut carol, _) = a.agent("Carol");
+    let (mut dave, _) = a.agent("Dave");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    for n in ["Alice", "Carol", "Dave"] {
+        wait_listed(&b, n, "hostA");
+    }
+    // On hostA: Alice of hostA sends to no agent of hostB (a rule naming her on another node
+    // would not match her). On hostB: Carol of hostA may not reach Bob of hostB.
+    ok_stdout(&a.cli(&[
+        "rules", "add", "--from", "Alice@hostA", "--to", "*@hostB", "--action", "deny",
+    ]));
+    ok_stdout(&a.cli(&[
+        "rules", "add", "--from", "Alice@hostB", "--to", "*", "--action", "deny",
+    ]));
+    ok_stdout(&b.cli(&[
+        "rules", "add", "--from", "Carol@hostA", "--to", "Bob@hostB", "--action", "deny",
+    ]));
+    wait_for(Duration::from_secs(20), "rules loaded", || {
+        json_of(&a, &["status"])["rules"] == 2 && json_of(&b, &["status"])["rules"] == 1
+    });
+    // Refused on the sending node.
+    alice.send("Bob", "to the other node");
+    let f = alice.expect("NACK");
+    assert_eq!(f["payload"]["code"], "forbidden", "{f}");
+    // Alice of hostA still reaches an agent of her own node.
+    alice.send("Carol", "same node");
+    assert_eq!(alice.expect("ACK")["type"], "ACK");
+    let d = carol.expect("DELIVER");
+    assert_eq!(d["from"], "Alice");
+    carol.ack(&d);
+    // Accepted on hostA (it knows no rule against it), refused on hostB: a dead letter there.
+    let refused = carol.send("Bob", "refused on hostB");
+    assert_eq!(carol.expect("ACK")["type"], "ACK");
+    wait_for(Duration::from_secs(20), "Carol's message dead-lettered on hostB", || {
+        json_of(&b, &["dlq", "list"])["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["msg_id"] == refused.as_str() && d["code"] == "forbidden")
+    });
+    // Dave of hostA is named by no rule: Bob gets his message, and nothing of Carol's.
+    dave.send("Bob", "from Dave");
+    assert_eq!(dave.expect("ACK")["type"], "ACK");
+    let d = next_deliver(&mut bob);
+    assert_eq!(d["from"], "Dave", "{d}");
+    drop(nats);
+}
