@@ -916,13 +916,34 @@ fn access_rules_can_name_nodes() {
     // On hostA: Alice of hostA sends to no agent of hostB (a rule naming her on another node
     // would not match her). On hostB: Carol of hostA may not reach Bob of hostB.
     ok_stdout(&a.cli(&[
-        "rules", "add", "--from", "Alice@hostA", "--to", "*@hostB", "--action", "deny",
+        "rules",
+        "add",
+        "--from",
+        "Alice@hostA",
+        "--to",
+        "*@hostB",
+        "--action",
+        "deny",
     ]));
     ok_stdout(&a.cli(&[
-        "rules", "add", "--from", "Alice@hostB", "--to", "*", "--action", "deny",
+        "rules",
+        "add",
+        "--from",
+        "Alice@hostB",
+        "--to",
+        "*",
+        "--action",
+        "deny",
     ]));
     ok_stdout(&b.cli(&[
-        "rules", "add", "--from", "Carol@hostA", "--to", "Bob@hostB", "--action", "deny",
+        "rules",
+        "add",
+        "--from",
+        "Carol@hostA",
+        "--to",
+        "Bob@hostB",
+        "--action",
+        "deny",
     ]));
     wait_for(Duration::from_secs(20), "rules loaded", || {
         json_of(&a, &["status"])["rules"] == 2 && json_of(&b, &["status"])["rules"] == 1
@@ -940,17 +961,58 @@ fn access_rules_can_name_nodes() {
     // Accepted on hostA (it knows no rule against it), refused on hostB: a dead letter there.
     let refused = carol.send("Bob", "refused on hostB");
     assert_eq!(carol.expect("ACK")["type"], "ACK");
-    wait_for(Duration::from_secs(20), "Carol's message dead-lettered on hostB", || {
-        json_of(&b, &["dlq", "list"])["dead_letters"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|d| d["msg_id"] == refused.as_str() && d["code"] == "forbidden")
-    });
+    wait_for(
+        Duration::from_secs(20),
+        "Carol's message dead-lettered on hostB",
+        || {
+            json_of(&b, &["dlq", "list"])["dead_letters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["msg_id"] == refused.as_str() && d["code"] == "forbidden")
+        },
+    );
     // Dave of hostA is named by no rule: Bob gets his message, and nothing of Carol's.
     dave.send("Bob", "from Dave");
     assert_eq!(dave.expect("ACK")["type"], "ACK");
     let d = next_deliver(&mut bob);
     assert_eq!(d["from"], "Dave", "{d}");
     drop(nats);
+}
+
+#[test]
+fn the_dashboard_shows_the_links_state_and_backlog() {
+    use std::io::{BufRead, Write};
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        dir.join("node_modules/playwright-core").exists(),
+        "playwright-core is missing: `npm ci --prefix tests/browser` (.ci/run and scripts/test run it)"
+    );
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (_bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    let url = std::fs::read_to_string(a.data_dir().join("dashboard.url")).unwrap();
+    let mut node = Command::new("node")
+        .arg(dir.join("federation.mjs"))
+        .arg(url.trim())
+        .current_dir(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node is missing: install Node.js (Debian: apt-get install nodejs npm)");
+    let mut out = std::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let mut next = || out.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(next(), "UP", "the page shows the link up");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    send_many(&mut alice, "Bob", 3, "while down");
+    writeln!(node.stdin.as_mut().unwrap(), "DOWN").unwrap();
+    assert_eq!(next(), "OK", "the page shows the link down and the backlog");
+    assert!(node.wait().unwrap().success());
 }

@@ -42,7 +42,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let m = jetstream::message::PublishMessage::build()
             .payload(body.clone())
             .message_id(format!("m{i}"));
-        inflight.push_back(std::future::IntoFuture::into_future(js.send_publish(subject.clone(), m).await?));
+        inflight.push_back(std::future::IntoFuture::into_future(
+            js.send_publish(subject.clone(), m).await?,
+        ));
     }
     while let Some(r) = inflight.next().await {
         r.map_err(|e| e.to_string())?;

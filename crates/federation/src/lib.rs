@@ -789,8 +789,9 @@ async fn standin(
     tracing::debug!(%name, %node, "federation: stand-in connected");
     // Publishes in flight, in delivery order: each resolves once JetStream has the message
     // (or it is refused), and the DELIVERs are acknowledged in that order.
-    let mut inflight: FuturesOrdered<futures_util::future::BoxFuture<'static, (Delivered, Option<DeliveryState>)>> =
-        FuturesOrdered::new();
+    let mut inflight: FuturesOrdered<
+        futures_util::future::BoxFuture<'static, (Delivered, Option<DeliveryState>)>,
+    > = FuturesOrdered::new();
     // The last message each sender sent this agent that went out from this session: the next
     // one names it (`Wire::prev`), so the far node keeps their order.
     let mut last: HashMap<String, String> = HashMap::new();
