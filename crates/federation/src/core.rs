@@ -279,9 +279,12 @@ pub struct Reorder<T> {
     released: std::collections::HashSet<(String, String)>,
     order: std::collections::VecDeque<(String, String)>,
     cap: usize,
-    /// Messages waiting, by (sender, the id they wait for): (their id, item, since ms).
-    waiting: std::collections::HashMap<(String, String), Vec<(String, T, u64)>>,
+    /// Messages waiting, by (sender, the id they wait for).
+    waiting: std::collections::HashMap<(String, String), Vec<Held<T>>>,
 }
+
+/// A message held back: its id, the item, since when (ms).
+type Held<T> = (String, T, u64);
 
 /// What to do with an arriving message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
