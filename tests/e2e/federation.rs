@@ -558,11 +558,14 @@ fn a_nats_server_of_three_killed_mid_flow_loses_and_doubles_nothing() {
     servers[0].kill9();
     ids.extend(send_many(&mut alice, "Bob", 40, "after"));
     send_marker(&mut alice, "Bob", "cluster end");
+    let got = read_until_marker(&mut bob, "cluster end");
     exactly_once(
-        &read_until_marker(&mut bob, "cluster end"),
+        &got,
         &ids,
         "Alice@hostA -> Bob@hostB across a NATS server's death",
     );
+    // And in the order they were sent (publishes are pipelined; the far node restores it).
+    assert_eq!(got, ids, "Alice's messages reached Bob out of order");
     exchange(
         &mut bob,
         "Alice",
@@ -888,4 +891,128 @@ fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     );
     // A person is no agent of the federation.
     assert!(!agents(&b).contains_key("human"));
+}
+
+/// `agent-relay --json ARGS` on `r`, parsed.
+fn json_of(r: &Relay, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok_stdout(&r.cli(&a))).unwrap()
+}
+
+#[test]
+fn access_rules_can_name_nodes() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut carol, _) = a.agent("Carol");
+    let (mut dave, _) = a.agent("Dave");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    for n in ["Alice", "Carol", "Dave"] {
+        wait_listed(&b, n, "hostA");
+    }
+    // On hostA: Alice of hostA sends to no agent of hostB (a rule naming her on another node
+    // would not match her). On hostB: Carol of hostA may not reach Bob of hostB.
+    ok_stdout(&a.cli(&[
+        "rules",
+        "add",
+        "--from",
+        "Alice@hostA",
+        "--to",
+        "*@hostB",
+        "--action",
+        "deny",
+    ]));
+    ok_stdout(&a.cli(&[
+        "rules",
+        "add",
+        "--from",
+        "Alice@hostB",
+        "--to",
+        "*",
+        "--action",
+        "deny",
+    ]));
+    ok_stdout(&b.cli(&[
+        "rules",
+        "add",
+        "--from",
+        "Carol@hostA",
+        "--to",
+        "Bob@hostB",
+        "--action",
+        "deny",
+    ]));
+    wait_for(Duration::from_secs(20), "rules loaded", || {
+        json_of(&a, &["status"])["rules"] == 2 && json_of(&b, &["status"])["rules"] == 1
+    });
+    // Refused on the sending node.
+    alice.send("Bob", "to the other node");
+    let f = alice.expect("NACK");
+    assert_eq!(f["payload"]["code"], "forbidden", "{f}");
+    // Alice of hostA still reaches an agent of her own node.
+    alice.send("Carol", "same node");
+    assert_eq!(alice.expect("ACK")["type"], "ACK");
+    let d = carol.expect("DELIVER");
+    assert_eq!(d["from"], "Alice");
+    carol.ack(&d);
+    // Accepted on hostA (it knows no rule against it), refused on hostB: a dead letter there.
+    let refused = carol.send("Bob", "refused on hostB");
+    assert_eq!(carol.expect("ACK")["type"], "ACK");
+    wait_for(
+        Duration::from_secs(20),
+        "Carol's message dead-lettered on hostB",
+        || {
+            json_of(&b, &["dlq", "list"])["dead_letters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["msg_id"] == refused.as_str() && d["code"] == "forbidden")
+        },
+    );
+    // Dave of hostA is named by no rule: Bob gets his message, and nothing of Carol's.
+    dave.send("Bob", "from Dave");
+    assert_eq!(dave.expect("ACK")["type"], "ACK");
+    let d = next_deliver(&mut bob);
+    assert_eq!(d["from"], "Dave", "{d}");
+    drop(nats);
+}
+
+#[test]
+fn the_dashboard_shows_the_links_state_and_backlog() {
+    use std::io::{BufRead, Write};
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        dir.join("node_modules/playwright-core").exists(),
+        "playwright-core is missing: `npm ci --prefix tests/browser` (.ci/run and scripts/test run it)"
+    );
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (_bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    let url = std::fs::read_to_string(a.data_dir().join("dashboard.url")).unwrap();
+    let mut node = Command::new("node")
+        .arg(dir.join("federation.mjs"))
+        .arg(url.trim())
+        .current_dir(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node is missing: install Node.js (Debian: apt-get install nodejs npm)");
+    let mut out = std::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let mut next = || out.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(next(), "UP", "the page shows the link up");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    send_many(&mut alice, "Bob", 3, "while down");
+    writeln!(node.stdin.as_mut().unwrap(), "DOWN").unwrap();
+    assert_eq!(next(), "OK", "the page shows the link down and the backlog");
+    assert!(node.wait().unwrap().success());
 }

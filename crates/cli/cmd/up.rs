@@ -531,8 +531,9 @@ fn foreground(
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
     let federation = federation_options(paths, args)?;
-    if federation.is_some() {
+    if let Some(f) = &federation {
         cfg.federation = Some(relay_daemon::FederationCell::default());
+        cfg.node = Some(f.node.clone());
     }
     let cell = cfg.federation.clone();
     // Measured: a current-thread runtime spends the same CPU per message but confines routing

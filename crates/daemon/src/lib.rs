@@ -107,6 +107,9 @@ pub struct Config {
     /// The federation link's state, kept by `relay-federation` when the relay was started
     /// with `--cluster`, shown by `status`.
     pub federation: Option<FederationCell>,
+    /// This relay's node in a federation (`up --node`): access rules that name nodes
+    /// (`Alice@laptop`) match this relay's own agents under it.
+    pub node: Option<String>,
 }
 
 /// Where the federation link keeps its state for `status` to read (read only when asked).
@@ -135,6 +138,7 @@ impl Config {
             breaker_failures: defaults::BREAKER_FAILURES,
             breaker_cooldown: defaults::BREAKER_COOLDOWN,
             federation: None,
+            node: None,
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg

@@ -10,7 +10,10 @@
 //! ]}
 //! ```
 //!
-//! `from` and `to` are agent names where `*` stands for any run of characters. The rule with
+//! `from` and `to` are agent names where `*` stands for any run of characters. In a federation
+//! (`up --cluster`) a pattern can also name nodes: `Alice@laptop`, `*@buildbox` (every agent of
+//! that node), `ci-*@*`; a pattern without `@` matches the name on any node, and one with `@`
+//! matches nothing on a relay outside a federation. The rule with
 //! the highest `priority` that matches decides (equal priorities: the one earlier in the file);
 //! when none matches, the message is allowed.
 
@@ -26,7 +29,8 @@ pub enum Action {
     Deny,
 }
 
-/// A name pattern: letters, digits, `.`, `_`, `-`, and `*` for any run of them.
+/// A name pattern: letters, digits, `.`, `_`, `-`, and `*` for any run of them; optionally
+/// `@` and a node pattern (`Alice@laptop`, `*@buildbox`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct Pattern(String);
@@ -42,10 +46,15 @@ impl Pattern {
         }
         if let Some(c) = s
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '*')))
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '*' | '@')))
         {
             return Err(format!(
-                "{s:?}: {c:?} is not allowed in a name pattern (letters, digits, '.', '_', '-', and '*' for any run of them)"
+                "{s:?}: {c:?} is not allowed in a name pattern (letters, digits, '.', '_', '-', '*' for any run of them, and NAME@NODE for an agent of a node)"
+            ));
+        }
+        if s.matches('@').count() > 1 || s.starts_with('@') || s.ends_with('@') {
+            return Err(format!(
+                "{s:?}: write NAME@NODE with one '@' (`Alice@laptop`, `*@buildbox`)"
             ));
         }
         Ok(Self(s.to_owned()))
@@ -56,9 +65,21 @@ impl Pattern {
         &self.0
     }
 
-    /// Whether `name` matches (`*` matches any run of characters, including none).
+    /// Whether `name` matches (`*` matches any run of characters, including none), the node
+    /// unknown (a pattern with `@` never matches).
     pub fn matches(&self, name: &str) -> bool {
-        glob(self.0.as_bytes(), name.as_bytes())
+        self.matches_at(name, None)
+    }
+
+    /// Whether `name` of `node` (this relay's node, or the one a stand-in stands for; `None`
+    /// outside a federation) matches.
+    pub fn matches_at(&self, name: &str, node: Option<&str>) -> bool {
+        match self.0.split_once('@') {
+            None => glob(self.0.as_bytes(), name.as_bytes()),
+            Some((n, at)) => node.is_some_and(|node| {
+                glob(n.as_bytes(), name.as_bytes()) && glob(at.as_bytes(), node.as_bytes())
+            }),
+        }
     }
 }
 
@@ -137,10 +158,16 @@ impl Rules {
 
     /// The rule that decides a message from `from` to `to`, if any matches.
     pub fn decide(&self, from: &str, to: &str) -> Option<&Rule> {
+        self.decide_at((from, None), (to, None))
+    }
+
+    /// The rule that decides a message from `from` to `to`, each a name and its node (see
+    /// [`Pattern::matches_at`]), if any matches.
+    pub fn decide_at(&self, from: (&str, Option<&str>), to: (&str, Option<&str>)) -> Option<&Rule> {
         let mut best: Option<&Rule> = None;
         for r in &self.rules {
-            if r.from.matches(from)
-                && r.to.matches(to)
+            if r.from.matches_at(from.0, from.1)
+                && r.to.matches_at(to.0, to.1)
                 && best.is_none_or(|b| r.priority > b.priority)
             {
                 best = Some(r);
@@ -151,7 +178,12 @@ impl Rules {
 
     /// Whether a message from `from` to `to` may pass (no matching rule: yes).
     pub fn allows(&self, from: &str, to: &str) -> bool {
-        self.decide(from, to)
+        self.allows_at((from, None), (to, None))
+    }
+
+    /// [`Rules::allows`] with each name's node.
+    pub fn allows_at(&self, from: (&str, Option<&str>), to: (&str, Option<&str>)) -> bool {
+        self.decide_at(from, to)
             .is_none_or(|r| r.action == Action::Allow)
     }
 }
@@ -214,6 +246,29 @@ mod tests {
             Rules::parse("{\"rules\": [{\"from\": \"a\", \"too\": \"b\", \"action\": \"deny\"}]}")
                 .unwrap_err();
         assert!(e.contains("too"), "{e}");
+    }
+
+    #[test]
+    fn patterns_can_name_nodes() {
+        let r = Rules::parse(
+            r#"{"rules": [
+                {"from": "*@laptop", "to": "prod-*", "action": "deny", "priority": 10},
+                {"from": "Alice@laptop", "to": "*", "action": "allow", "priority": 20},
+                {"from": "*", "to": "Bob@buildbox", "action": "deny", "priority": 5}
+            ]}"#,
+        )
+        .unwrap();
+        let at = |n: &'static str, node: &'static str| (n, Some(node));
+        assert!(!r.allows_at(at("Carol", "laptop"), at("prod-db", "buildbox")));
+        assert!(r.allows_at(at("Carol", "desk"), at("prod-db", "buildbox")));
+        assert!(r.allows_at(at("Alice", "laptop"), at("prod-db", "buildbox")));
+        assert!(!r.allows_at(at("Carol", "desk"), at("Bob", "buildbox")));
+        assert!(r.allows_at(at("Carol", "desk"), at("Bob", "laptop")));
+        // Outside a federation a pattern with a node matches nothing.
+        assert!(r.allows("Carol", "Bob"));
+        for bad in ["@x", "a@", "a@b@c"] {
+            assert!(Pattern::new(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

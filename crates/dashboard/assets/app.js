@@ -300,8 +300,18 @@ async function loadStats() {
     el('span', {}, el('b', {}, fmt(st.agents)), ' online'),
     el('span', {}, el('b', {}, fmt(st.messages)), ' stored'),
     el('span', {}, el('b', {}, fmt(st.pending)), ' waiting'),
-    el('span', { title: st.db }, `v${st.version} · ${st.storage}`));
+    el('span', { title: st.db }, `v${st.version} · ${st.storage}`),
+    ...linkFacts(st.federation));
   drawFigures();
+}
+// The federation link (`up --cluster`): its state and what waits here for other nodes.
+let federated = false;
+function linkFacts(f) {
+  federated = Boolean(f);
+  if (!f) return [];
+  return [el('span', { id: 'link', class: `link-${f.link}`, title: f.error ? `${f.cluster}: ${f.error}` : f.cluster },
+    `node ${f.node} · link `, el('b', {}, f.link), ' · backlog ', el('b', {}, fmt(f.backlog)),
+    ...(f.error ? [' · ', el('b', {}, f.error)] : []))];
 }
 
 // ---- live feed ----
@@ -374,4 +384,5 @@ function connect() {
 
 setInterval(() => renderAgents(agentsCache), 30000); // keeps "last seen … ago" true without asking
 setInterval(() => { if (!$('#adapters-card').hidden) loadAdapters().catch(() => {}); }, 5000); // adapters' state has no live event
+setInterval(() => { if (federated) loadStats().catch(() => {}); }, 2000); // nor has the federation link's
 connect();

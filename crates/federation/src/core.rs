@@ -105,6 +105,13 @@ pub struct Wire {
     /// (so its own `send` under the same name keeps working).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tool: bool,
+    /// The id of the message from the same sender to the same recipient that the publishing
+    /// stand-in published just before this one (direct messages only; none for the first of a
+    /// stand-in's session). Publishes are pipelined, so JetStream may store this one before
+    /// that one (a PubAck lost in a failover, then re-published); the receiving node holds
+    /// this one until that one has gone to its relay ([`Reorder`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<String>,
 }
 
 /// One agent in the directory (the value under its name).
@@ -245,6 +252,7 @@ pub fn forward(
             topic: d.topic.map(str::to_owned),
             payload: d.payload.clone(),
             tool,
+            prev: None,
         }),
     }
 }
@@ -257,6 +265,113 @@ pub fn standin_cli(node: &str) -> String {
 /// The node a stand-in's `cli` names, if it is one.
 pub fn standin_node(cli: Option<&str>) -> Option<&str> {
     cli.and_then(|c| c.strip_prefix(STANDIN_CLI_PREFIX))
+}
+
+/// Restores each sender's order on the receiving node: a message is released (sent to the
+/// local relay) only after the message its `prev` names, so neither pipelined publishes nor a
+/// consumer with many messages in flight can reorder a sender's messages to one recipient.
+///
+/// Senders are keyed by `(origin, from)`. The set of released messages is bounded (`cap`);
+/// a `prev` not in it is asked of the local store by the caller ([`Reorder::check`] says
+/// [`Check::Ask`]), which is the case after a restart. Pure: time is an argument.
+#[derive(Debug)]
+pub struct Reorder<T> {
+    released: std::collections::HashSet<(String, String)>,
+    order: std::collections::VecDeque<(String, String)>,
+    cap: usize,
+    /// Messages waiting, by (sender, the id they wait for).
+    waiting: std::collections::HashMap<(String, String), Vec<Held<T>>>,
+}
+
+/// A message held back: its id, the item, since when (ms).
+type Held<T> = (String, T, u64);
+
+/// What to do with an arriving message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Release it now.
+    Ready,
+    /// Its predecessor is not known to have been released here: ask the local store whether
+    /// it holds it; if not, [`Reorder::hold`] it.
+    Ask,
+}
+
+impl<T> Reorder<T> {
+    /// Remembers at most `cap` released messages.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            released: Default::default(),
+            order: Default::default(),
+            cap: cap.max(1),
+            waiting: Default::default(),
+        }
+    }
+
+    /// Whether `id` from `sender`, sent after `prev`, can go now.
+    pub fn check(&self, sender: &str, id: &str, prev: Option<&str>) -> Check {
+        match prev {
+            None => Check::Ready,
+            Some(p) if self.is_released(sender, p) || self.is_released(sender, id) => Check::Ready,
+            Some(_) => Check::Ask,
+        }
+    }
+
+    fn is_released(&self, sender: &str, id: &str) -> bool {
+        self.released.contains(&(sender.to_owned(), id.to_owned()))
+    }
+
+    /// Keeps `item` (message `id`) until `prev` is released. A second copy of a message already
+    /// waiting (a JetStream redelivery) replaces the first: the newest handle acknowledges it.
+    pub fn hold(&mut self, sender: &str, id: &str, prev: &str, item: T, now_ms: u64) {
+        let list = self
+            .waiting
+            .entry((sender.to_owned(), prev.to_owned()))
+            .or_default();
+        match list.iter_mut().find(|(i, _, _)| i == id) {
+            Some(slot) => slot.1 = item,
+            None => list.push((id.to_owned(), item, now_ms)),
+        }
+    }
+
+    /// Records that `id` from `sender` went to the relay; returns what waited for it (to be
+    /// released in turn, each again through this call).
+    pub fn released(&mut self, sender: &str, id: &str) -> Vec<(String, T)> {
+        let key = (sender.to_owned(), id.to_owned());
+        if self.released.insert(key.clone()) {
+            self.order.push_back(key.clone());
+            while self.order.len() > self.cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.released.remove(&old);
+                }
+            }
+        }
+        self.waiting
+            .remove(&key)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(i, t, _)| (i, t))
+            .collect()
+    }
+
+    /// Messages that waited longer than `max_ms` for a predecessor that never came (it expired
+    /// on its node, say): released anyway, never lost. (sender, id, item).
+    pub fn overdue(&mut self, now_ms: u64, max_ms: u64) -> Vec<(String, String, T)> {
+        let mut out = Vec::new();
+        self.waiting.retain(|(sender, _), list| {
+            let (late, keep): (Vec<_>, Vec<_>) = std::mem::take(list)
+                .into_iter()
+                .partition(|(_, _, since)| now_ms.saturating_sub(*since) > max_ms);
+            out.extend(late.into_iter().map(|(i, t, _)| (sender.clone(), i, t)));
+            *list = keep;
+            !list.is_empty()
+        });
+        out
+    }
+
+    /// Messages waiting.
+    pub fn waiting(&self) -> usize {
+        self.waiting.values().map(Vec::len).sum()
+    }
 }
 
 #[cfg(test)]
@@ -375,6 +490,37 @@ mod tests {
             Forward::Publish { wire, .. } => assert!(wire.tool),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn reorder_holds_a_message_until_its_predecessor_went() {
+        let mut r: Reorder<u32> = Reorder::new(2);
+        assert_eq!(r.check("n1/A", "m1", None), Check::Ready);
+        assert!(r.released("n1/A", "m1").is_empty());
+        assert_eq!(r.check("n1/A", "m2", Some("m1")), Check::Ready);
+        // m3 arrives before m2 (m2's PubAck was lost and it was published again later).
+        assert_eq!(r.check("n1/A", "m3", Some("m2")), Check::Ask);
+        r.hold("n1/A", "m3", "m2", 3, 0);
+        r.hold("n1/A", "m4", "m3", 4, 0);
+        // A redelivered copy of m3 replaces the held one.
+        r.hold("n1/A", "m3", "m2", 33, 5);
+        assert_eq!(r.waiting(), 2);
+        assert_eq!(r.released("n1/A", "m2"), vec![("m3".to_owned(), 33)]);
+        assert_eq!(r.released("n1/A", "m3"), vec![("m4".to_owned(), 4)]);
+        assert_eq!(r.waiting(), 0);
+        // Another sender's m2 is another message.
+        assert_eq!(r.check("n2/A", "x", Some("m3")), Check::Ask);
+        // A redelivery of a message already released goes at once (a duplicate there).
+        assert_eq!(r.check("n1/A", "m3", Some("zz")), Check::Ready);
+        // Bounded memory: m1 and m2 are forgotten (asked of the store instead).
+        assert_eq!(r.check("n1/A", "m9", Some("m1")), Check::Ask);
+        r.hold("n1/A", "m9", "m8", 9, 100);
+        assert!(r.overdue(1000, 1000).is_empty());
+        assert_eq!(
+            r.overdue(1101, 1000),
+            vec![("n1/A".to_owned(), "m9".to_owned(), 9)]
+        );
+        assert_eq!(r.waiting(), 0);
     }
 
     #[test]

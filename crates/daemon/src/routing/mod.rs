@@ -129,6 +129,9 @@ struct Origin {
 struct Conn {
     name: String,
     role: Role,
+    /// The node a federation stand-in's connection stands for (its `cli` is
+    /// `remote@<node>`); `None` for this relay's own clients and agents.
+    remote_node: Option<String>,
     tx: mpsc::Sender<Outbound>,
     killer: Killer,
     /// Stops this connection's `watch` forwarder (the shell's task) when the connection goes.
@@ -190,6 +193,12 @@ enum Circuit {
 
 /// Longest cool-down of a circuit that keeps failing its probes.
 const MAX_COOLDOWN: Duration = Duration::from_secs(600);
+
+/// The node a federation stand-in stands for: its `cli` is `remote@<node>` (what
+/// `relay-federation` says in its HELLO; this crate does not depend on that one).
+fn remote_node(cli: Option<&str>) -> Option<&str> {
+    cli.and_then(|c| c.strip_prefix("remote@"))
+}
 
 #[derive(Debug, Default)]
 struct Agent {
@@ -505,6 +514,7 @@ impl Core {
             Conn {
                 name: hello.agent.clone(),
                 role: hello.role,
+                remote_node: remote_node(hello.cli.as_deref()).map(str::to_owned),
                 tx: conn.tx.clone(),
                 killer: conn.killer.clone(),
                 watch: None,
@@ -832,9 +842,21 @@ impl Core {
         // Access rules: a denied recipient never gets it. A message every recipient is
         // denied is refused; a broadcast goes to the others, and each denied copy is
         // dead-lettered.
+        let from_node = self
+            .conns
+            .get(&conn_id)
+            .and_then(|c| c.remote_node.as_deref())
+            .or(self.cfg.node.as_deref());
         let denied: Vec<String> = names
             .iter()
-            .filter(|n| !self.rules.allows(&from, n))
+            .filter(|n| {
+                let to_node = self
+                    .agents
+                    .get(n.as_str())
+                    .and_then(|a| remote_node(a.cli.as_deref()))
+                    .or(self.cfg.node.as_deref());
+                !self.rules.allows_at((&from, from_node), (n, to_node))
+            })
             .cloned()
             .collect();
         if !denied.is_empty() {
