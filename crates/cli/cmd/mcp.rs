@@ -279,6 +279,34 @@ impl RelayMcp {
         ))
     }
 
+    /// Under a wrapper (it holds the name and has a door): tells it which messages the model
+    /// was just shown in full, before the tool's result goes back. With `--delivery notice`
+    /// the wrapper typed only a notice for them, and this is when they count as verified.
+    /// A wrapper that cannot be told is logged: the messages stay injected, the model has them.
+    async fn tell_shown(&self, ids: Vec<String>) {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        if ids.is_empty() || self.agent.is_some() || !self.door.exists() {
+            return;
+        }
+        let request = serde_json::json!({ "read": ids });
+        let exchange = async {
+            let stream = tokio::net::UnixStream::connect(&self.door).await?;
+            let (read, mut write) = stream.into_split();
+            write.write_all(format!("{request}\n").as_bytes()).await?;
+            let mut line = String::new();
+            tokio::io::BufReader::new(read).read_line(&mut line).await?;
+            std::io::Result::Ok(line)
+        };
+        match exchange.await {
+            Ok(line) => {
+                tracing::debug!(answer = %line.trim_end(), "the wrapper was told what the model was shown")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell the wrapper which messages the model was shown; they stay recorded as injected")
+            }
+        }
+    }
+
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
         if let Some(agent) = &self.agent {
             return agent.query(req).await;
@@ -394,6 +422,8 @@ impl RelayMcp {
         if new.is_empty() {
             return text("No new relay messages.");
         }
+        self.tell_shown(new.iter().map(|m| m.id.clone()).collect())
+            .await;
         text(format!(
             "{} relay message{}:\n\n{}",
             new.len(),
@@ -409,7 +439,12 @@ impl RelayMcp {
     )]
     async fn relay_read(&self, Parameters(p): Parameters<ReadParams>) -> CallToolResult {
         match self.query(QueryRequest::Read { id: p.id }).await {
-            Ok(QueryResult::Read { message }) => text(show(&message)),
+            Ok(QueryResult::Read { message }) => {
+                if message.to == self.name || message.to == "*" {
+                    self.tell_shown(vec![message.id.clone()]).await;
+                }
+                text(show(&message))
+            }
             Ok(other) => failed(format!("unexpected answer: {other:?}")),
             Err(e) => failed(e.to_string()),
         }
