@@ -59,7 +59,16 @@ pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<()> {
-    let (agent, reader) = match hold_name(&socket, &name).await? {
+    // A wrapper answering on its door holds the name: join it at once (asking the relay for
+    // the name would wait for it to come free, as for a restarting agent, before joining).
+    let wrapped = tokio::net::UnixStream::connect(&door).await.is_ok();
+    let held = if wrapped {
+        tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
+        None
+    } else {
+        hold_name(&socket, &name).await?
+    };
+    let (agent, reader) = match held {
         Some((client, reader)) => (Some(client), Some(reader)),
         None => (None, None),
     };
