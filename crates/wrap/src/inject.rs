@@ -88,6 +88,9 @@ enum State<T> {
     },
 }
 
+/// Makes the text and item of two or more queued entries typed as one prompt.
+pub type JoinFn<T> = Box<dyn Fn(Vec<(String, T)>) -> (String, T) + Send>;
+
 /// How several waiting messages are typed as one prompt (digest or notice delivery).
 pub struct Joiner<T> {
     /// The most characters the waiting texts of one joined prompt may add up to; beyond it the
@@ -98,7 +101,7 @@ pub struct Joiner<T> {
     /// messages never are).
     pub joinable: Box<dyn Fn(&T) -> bool + Send>,
     /// The text and item of two or more entries typed as one prompt, in queue order.
-    pub join: Box<dyn Fn(Vec<(String, T)>) -> (String, T) + Send>,
+    pub join: JoinFn<T>,
 }
 
 impl<T> std::fmt::Debug for Joiner<T> {
