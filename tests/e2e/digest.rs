@@ -185,18 +185,38 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
 
 /// With `--delivery notice`, a scripted agent is typed only a one-line notice; the message
 /// is recorded injected (acked) until the agent's MCP server, under the wrapper, shows it with
-/// relay_inbox, exactly, and then verified; a second relay_inbox shows nothing new. Before,
-/// the whole message was typed.
+/// relay_inbox, exactly, and then verified; a second relay_inbox shows nothing new. A message
+/// the tool showed while the agent was busy (its notice not typed yet) is verified and gets no
+/// notice. Before, the whole message was typed.
 #[test]
 fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
     let relay = Relay::start();
-    let bob = Wrapped::start(
-        &relay,
-        "Bob",
-        &["--delivery", "notice"],
-        "while IFS= read -r line; do echo \"got: $line\"; done\n",
+    let go = relay.dir.path().join("go");
+    let script = format!(
+        "printf 'working (esc to interrupt)'\n\
+         while [ ! -e '{}' ]; do sleep 0.05; done\n\
+         printf '\\r\\033[K'\n\
+         while IFS= read -r line; do echo \"got: $line\"; done\n",
+        go.display()
     );
+    let bob = Wrapped::start(&relay, "Bob", &["--delivery", "notice"], &script);
     wait_online(&relay, "Bob");
+    let mut mcp = Mcp::start(&relay, "Bob");
+
+    // Busy: the first message waits in the wrapper; the tool shows it first.
+    let early = send(&relay, "Bob", BODIES[0]);
+    wait_for(LONG, "the wrapper holds the first message", || {
+        logged(&bob.log(), "a message waits to be typed", &early) == 1
+    });
+    let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
+    assert!(!error, "{text}");
+    assert!(
+        text.contains(&format!("[{early}] from human to Bob:\n{}", BODIES[0])),
+        "{text}"
+    );
+    assert_eq!(delivery_status(&relay, &early), "verified");
+    std::fs::write(&go, "").unwrap();
+
     let body = BODIES[1];
     let id = send(&relay, "Bob", body);
     let notice = format!(
@@ -204,13 +224,15 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
         short(&id)
     );
     wait_for(LONG, "the notice is typed and injected", || {
-        bob.got() == [notice.clone()] && delivery_status(&relay, &id) == "acked"
+        !bob.got().is_empty() && delivery_status(&relay, &id) == "acked"
     });
-    let mut mcp = Mcp::start(&relay, "Bob");
+    // Only the second message's notice: the first needed none.
+    assert_eq!(bob.got(), [notice.clone()]);
     let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
     assert!(!error, "{text}");
     assert!(
-        text.contains(&format!("[{id}] from human to Bob:\n{body}")),
+        text.starts_with("1 relay message:")
+            && text.contains(&format!("[{id}] from human to Bob:\n{body}")),
         "{text}"
     );
     // The wrapper was told before the tool answered.
@@ -219,8 +241,9 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
         mcp.tool("relay_inbox", serde_json::json!({})).1,
         "No new relay messages."
     );
-    assert_eq!(bob.got(), [notice], "the body was never typed");
-    assert_eq!(history(&relay).len(), 1);
+    assert_eq!(bob.got(), [notice], "no body typed, nothing typed twice");
+    assert_eq!(logged(&bob.log(), "typing a message", &early), 0);
+    assert_eq!(history(&relay).len(), 2);
 }
 
 /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the

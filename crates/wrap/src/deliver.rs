@@ -22,6 +22,9 @@ use crate::inject::{Joiner, Outcome};
 use crate::state::Typed as Remembered;
 use crate::{Core, Item, WrapConfig};
 
+/// How many ids shown by the agent's tool before their delivery came are remembered.
+const SHOWN_UNSEEN: usize = 256;
+
 /// The text typed for `messages` (one, or several typed as one prompt).
 fn text_of(
     delivery: Delivery,
@@ -234,13 +237,43 @@ impl Core {
                 n += 1;
             }
         }
+        let mut current = HashSet::new();
         if let Some(Item::Messages(ms)) = self.injector.current() {
             for m in ms {
                 if wanted.contains(m.id.as_str()) {
                     self.read_early.insert(m.id.clone());
+                    current.insert(m.id.as_str());
                 }
             }
         }
+        // Shown before this wrapper was handed it (the tool reads the store): no notice
+        // when it comes. Ids it already dealt with are not kept; nor more than a few.
+        for id in ids {
+            if !current.contains(id.as_str())
+                && self.log.get(id).is_none()
+                && !self.shown_unseen.contains(id)
+            {
+                self.shown_unseen.push_back(id.clone());
+            }
+        }
+        while self.shown_unseen.len() > SHOWN_UNSEEN {
+            self.shown_unseen.pop_front();
+        }
         n
+    }
+
+    /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
+    /// is recorded and acknowledged verified, with no notice typed.
+    pub(crate) async fn shown_already(&mut self, m: &Delivered) -> bool {
+        let Some(at) = self.shown_unseen.iter().position(|id| *id == m.id) else {
+            return false;
+        };
+        self.shown_unseen.remove(at);
+        tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
+        if let Err(e) = self.log.finished(&m.id, true) {
+            tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
+        }
+        self.ack(m, DeliveryState::Verified).await;
+        true
     }
 }

@@ -286,6 +286,9 @@ struct Core {
     noticed: std::collections::HashMap<String, Delivered>,
     /// Notice delivery: ids the agent's tool showed while their notice was being typed.
     read_early: HashSet<String>,
+    /// Notice delivery: ids the agent's tool showed before their delivery reached this
+    /// wrapper (the latest few): they need no notice.
+    shown_unseen: std::collections::VecDeque<String>,
     /// The senders of the digest typed last, with the id and thread of each one's latest
     /// message in it: a directive to one of them answers that message.
     digest_senders: Vec<(String, String, Option<String>)>,
@@ -388,6 +391,7 @@ impl Core {
             started: false,
             noticed: std::collections::HashMap::new(),
             read_early: HashSet::new(),
+            shown_unseen: std::collections::VecDeque::new(),
             digest_senders: Vec::new(),
             form,
             transcript,
@@ -792,6 +796,9 @@ impl Core {
             if let Err(e) = state::append_inbox(dir, &entry) {
                 tracing::warn!(error = %e, "cannot write the inbox file");
             }
+        }
+        if self.shown_already(&m).await {
+            return;
         }
         let urgent = m.payload.urgent;
         tracing::debug!(id = %m.id, "a message waits to be typed");
