@@ -227,7 +227,7 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
         !bob.got().is_empty() && delivery_status(&relay, &id) == "acked"
     });
     // Only the second message's notice: the first needed none.
-    assert_eq!(bob.got(), [notice.clone()]);
+    assert_eq!(bob.got(), std::slice::from_ref(&notice));
     let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
     assert!(!error, "{text}");
     assert!(
