@@ -72,6 +72,10 @@ pub(crate) struct Cli {
     /// With an agent command: do not teach the agent the relay at start (see `wrap --help`).
     #[arg(long)]
     pub(crate) no_teach: bool,
+    /// With an agent command: how messages are typed in, each, digest or notice (see `wrap
+    /// --help`).
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub(crate) delivery: Option<Delivery>,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,
@@ -499,6 +503,38 @@ impl Backend {
     }
 }
 
+/// How a wrapper hands its agent the messages for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Delivery {
+    /// Each message typed as its own prompt.
+    Each,
+    /// Messages that waited while the agent was busy typed as one prompt ("3 relay
+    /// messages:" then each as usual) when it is next ready; urgent ones first and alone.
+    Digest,
+    /// Only a one-line notice ("2 relay messages from Bob [ID] [ID] — call relay_inbox to
+    /// read them"): for an agent with the relay's MCP server (`agent-relay mcp`), whose
+    /// relay_inbox/relay_read hand the messages over exactly.
+    Notice,
+}
+
+impl Delivery {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Each => "each",
+            Self::Digest => "digest",
+            Self::Notice => "notice",
+        }
+    }
+
+    pub(crate) fn wrap(self) -> relay_wrap::format::Delivery {
+        match self {
+            Self::Each => relay_wrap::format::Delivery::Each,
+            Self::Digest => relay_wrap::format::Delivery::Digest,
+            Self::Notice => relay_wrap::format::Delivery::Notice,
+        }
+    }
+}
+
 /// `agent-relay wrap`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -536,6 +572,13 @@ pub(crate) struct WrapArgs {
     /// (or under $AGENT_RELAY_INBOX_DIR), so it can be told to read it if typing ever fails.
     #[arg(long)]
     pub(crate) inbox: bool,
+    /// How messages are typed in: `each` as its own prompt; `digest`: those that waited while
+    /// the agent was busy as one prompt (each still acknowledged on its own; urgent ones first
+    /// and alone; over --max-body it splits); `notice`: only a one-line notice telling the
+    /// agent to call relay_inbox (for an agent with `agent-relay mcp`; a message is verified
+    /// when the tool shows it).
+    #[arg(long, value_enum, default_value = "each", value_name = "HOW")]
+    pub(crate) delivery: Delivery,
     /// Once the agent is ready, type in a short note telling it how to use the relay (its
     /// name, the @relay: syntax, how messages arrive). tmux: only when the session is new.
     #[arg(long)]

@@ -202,6 +202,39 @@ impl<'r> Agent<'r> {
         backend: &str,
         (home, work): (&str, &str),
     ) -> Self {
+        Self::start_args(relay, cli, name, script, backend, (home, work), ("", ""))
+    }
+
+    /// [`Agent::start`] (PTY backend) with more options for `wrap` and for the CLI, each a
+    /// piece of shell command line.
+    pub(crate) fn start_with(
+        relay: &'r Relay,
+        cli: Cli,
+        name: &str,
+        script: Script,
+        (wrap_args, cli_args): (&str, &str),
+    ) -> Self {
+        let (home, work) = (format!("home-{name}"), format!("work-{name}"));
+        Self::start_args(
+            relay,
+            cli,
+            name,
+            script,
+            "pty",
+            (&home, &work),
+            (wrap_args, cli_args),
+        )
+    }
+
+    fn start_args(
+        relay: &'r Relay,
+        cli: Cli,
+        name: &str,
+        script: Script,
+        backend: &str,
+        (home, work): (&str, &str),
+        (wrap_args, cli_args): (&str, &str),
+    ) -> Self {
         let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
@@ -216,7 +249,7 @@ impl<'r> Agent<'r> {
             &server,
             &format!(
                 "cd '{work}' && HOME='{home}' {env} AGENT_RELAY_LOG=debug \
-                 {{bin}} wrap --backend {backend} -n {name} --profile {profile} -- '{exe}'",
+                 {{bin}} wrap --backend {backend} -n {name} --profile {profile} {wrap_args} -- '{exe}' {cli_args}",
                 work = work.display(),
                 home = home.display(),
                 profile = cli.profile(),
@@ -232,6 +265,11 @@ impl<'r> Agent<'r> {
             standin,
             _terminal: terminal,
         }
+    }
+
+    /// This agent's stand-in model.
+    pub(crate) fn standin(&self) -> &StandIn {
+        &self.standin
     }
 
     fn tmux(&self, args: &[&str]) -> std::process::Output {
@@ -258,7 +296,7 @@ impl<'r> Agent<'r> {
 
     /// A person types `text` into this terminal and presses Enter (a separate key, once the
     /// text shows).
-    fn person_types(&self, text: &str) {
+    pub(crate) fn person_types(&self, text: &str) {
         self.tmux(&["send-keys", "-l", text]);
         wait_for(LONG, &format!("{text:?} shows in {}", self.name), || {
             self.pane().contains(text)
@@ -287,7 +325,7 @@ impl<'r> Agent<'r> {
     }
 
     /// This agent's wrapper's log (`AGENT_RELAY_LOG=debug`).
-    fn wrap_log(&self) -> String {
+    pub(crate) fn wrap_log(&self) -> String {
         std::fs::read_to_string(
             self.relay
                 .data_dir()
@@ -454,7 +492,7 @@ fn relayed(from: &str, id: &str, thread: &str, body: &str) -> String {
 }
 
 /// The delivery status of message `id` to its (one) recipient.
-fn delivery_status(relay: &Relay, id: &str) -> String {
+pub(crate) fn delivery_status(relay: &Relay, id: &str) -> String {
     let v: Value =
         serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
     v["deliveries"][0]["status"]

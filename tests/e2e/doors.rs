@@ -81,7 +81,7 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
 }
 
 /// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
-struct Mcp {
+pub(crate) struct Mcp {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
     stdout: std::io::BufReader<std::process::ChildStdout>,
@@ -89,7 +89,7 @@ struct Mcp {
 }
 
 impl Mcp {
-    fn start(relay: &Relay, name: &str) -> Self {
+    pub(crate) fn start(relay: &Relay, name: &str) -> Self {
         let mut child = relay
             .command()
             .args(["mcp", "--name", name])
@@ -148,7 +148,7 @@ impl Mcp {
     }
 
     /// A tool call: (is_error, text).
-    fn tool(&mut self, name: &str, args: Value) -> (bool, String) {
+    pub(crate) fn tool(&mut self, name: &str, args: Value) -> (bool, String) {
         let r = self.call(
             "tools/call",
             serde_json::json!({"name": name, "arguments": args}),

@@ -10,6 +10,7 @@ mod config;
 mod crash;
 mod daemon_core;
 mod dashboard;
+mod digest;
 mod doors;
 mod faults;
 mod federation;

@@ -59,7 +59,16 @@ pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<()> {
-    let (agent, reader) = match hold_name(&socket, &name).await? {
+    // A wrapper answering on its door holds the name: join it at once (asking the relay for
+    // the name would wait for it to come free, as for a restarting agent, before joining).
+    let wrapped = tokio::net::UnixStream::connect(&door).await.is_ok();
+    let held = if wrapped {
+        tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
+        None
+    } else {
+        hold_name(&socket, &name).await?
+    };
+    let (agent, reader) = match held {
         Some((client, reader)) => (Some(client), Some(reader)),
         None => (None, None),
     };
@@ -279,6 +288,34 @@ impl RelayMcp {
         ))
     }
 
+    /// Under a wrapper (it holds the name and has a door): tells it which messages the model
+    /// was just shown in full, before the tool's result goes back. With `--delivery notice`
+    /// the wrapper typed only a notice for them, and this is when they count as verified.
+    /// A wrapper that cannot be told is logged: the messages stay injected, the model has them.
+    async fn tell_shown(&self, ids: Vec<String>) {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        if ids.is_empty() || self.agent.is_some() || !self.door.exists() {
+            return;
+        }
+        let request = serde_json::json!({ "read": ids });
+        let exchange = async {
+            let stream = tokio::net::UnixStream::connect(&self.door).await?;
+            let (read, mut write) = stream.into_split();
+            write.write_all(format!("{request}\n").as_bytes()).await?;
+            let mut line = String::new();
+            tokio::io::BufReader::new(read).read_line(&mut line).await?;
+            std::io::Result::Ok(line)
+        };
+        match exchange.await {
+            Ok(line) => {
+                tracing::debug!(answer = %line.trim_end(), "the wrapper was told what the model was shown")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell the wrapper which messages the model was shown; they stay recorded as injected")
+            }
+        }
+    }
+
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
         if let Some(agent) = &self.agent {
             return agent.query(req).await;
@@ -394,6 +431,8 @@ impl RelayMcp {
         if new.is_empty() {
             return text("No new relay messages.");
         }
+        self.tell_shown(new.iter().map(|m| m.id.clone()).collect())
+            .await;
         text(format!(
             "{} relay message{}:\n\n{}",
             new.len(),
@@ -409,7 +448,12 @@ impl RelayMcp {
     )]
     async fn relay_read(&self, Parameters(p): Parameters<ReadParams>) -> CallToolResult {
         match self.query(QueryRequest::Read { id: p.id }).await {
-            Ok(QueryResult::Read { message }) => text(show(&message)),
+            Ok(QueryResult::Read { message }) => {
+                if message.to == self.name || message.to == "*" {
+                    self.tell_shown(vec![message.id.clone()]).await;
+                }
+                text(show(&message))
+            }
             Ok(other) => failed(format!("unexpected answer: {other:?}")),
             Err(e) => failed(e.to_string()),
         }

@@ -86,6 +86,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
             args.no_teach |= cli.no_teach;
+            args.delivery = cli.delivery.unwrap_or(args.delivery);
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
@@ -102,6 +103,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 inbox: false,
                 intro: false,
                 no_teach: cli.no_teach,
+                delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,
                 command,
             };

@@ -206,6 +206,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         team_dir,
         inbox,
         intro: args.intro,
+        delivery: args.delivery.wrap(),
     };
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
@@ -437,7 +438,8 @@ fn ensure_relaying(
         session,
     ])
     .args(["-n", &cfg.name, "--profile", profile])
-    .args(["--max-body", &args.max_body.to_string()]);
+    .args(["--max-body", &args.max_body.to_string()])
+    .args(["--delivery", args.delivery.as_str()]);
     if args.inbox {
         cmd.arg("--inbox");
     }

@@ -6,7 +6,9 @@
 //! A Unix socket `door.sock` in the agent's private team directory (0700, created by the CLI),
 //! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "urgent"?}`,
 //! answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
-//! `{"nack", "reason"}` or `{"error"}`.
+//! `{"nack", "reason"}` or `{"error"}`; or `{"read": [ids]}`, the messages the agent's tool
+//! just showed the model in full (notice delivery verifies them, see `deliver.rs`), answered
+//! `{"verified": N}`.
 
 use std::path::{Path, PathBuf};
 
@@ -22,9 +24,21 @@ pub const SOCKET: &str = "door.sock";
 const MAX_REQUEST: u64 = 1024 * 1024;
 
 /// A send asked for through the door, and where its receipt goes.
-pub(crate) struct Request {
+pub(crate) struct SendRequest {
     pub(crate) msg: Outgoing,
     pub(crate) reply: oneshot::Sender<Result<Receipt, ClientError>>,
+}
+
+/// What the agent's own tool asks of the wrapper.
+pub(crate) enum Request {
+    /// Send as the agent.
+    Send(SendRequest),
+    /// The tool showed the model these messages in full; the answer is how many that
+    /// verified.
+    Read {
+        ids: Vec<String>,
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 /// The door's requests, for the wrapper's loop.
@@ -115,14 +129,33 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
         .await
     {
         Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
-        Ok(_) => match serde_json::from_str::<Wire>(&line) {
-            Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
-            Ok(w) => ask(w, &tx).await,
+        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) if v.get("read").is_some() => {
+                match serde_json::from_value::<Vec<String>>(v["read"].clone()) {
+                    Err(e) => serde_json::json!({"error": format!("not a read report: {e}")}),
+                    Ok(ids) => shown(ids, &tx).await,
+                }
+            }
+            _ => match serde_json::from_str::<Wire>(&line) {
+                Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
+                Ok(w) => ask(w, &tx).await,
+            },
         },
     };
     let text = format!("{answer}\n");
     if let Err(e) = write.write_all(text.as_bytes()).await {
         tracing::debug!(error = %e, "the door's caller left before its answer");
+    }
+}
+
+async fn shown(ids: Vec<String>, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Read { ids, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(n) => serde_json::json!({ "verified": n }),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }
 
@@ -142,7 +175,11 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         },
     };
     let (reply, rx) = oneshot::channel();
-    if tx.send(Request { msg, reply }).await.is_err() {
+    if tx
+        .send(Request::Send(SendRequest { msg, reply }))
+        .await
+        .is_err()
+    {
         return serde_json::json!({"error": "the wrapper is ending"});
     }
     match rx.await {

@@ -174,6 +174,65 @@ pub fn injected_text(
     text
 }
 
+/// How a wrapper hands messages that arrive for its agent over (`wrap --delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Each message typed as its own prompt (the default).
+    #[default]
+    Each,
+    /// Messages that waited for a busy agent typed as one prompt when it is next ready (see
+    /// [`digest`]); urgent ones first and alone. Each is still acknowledged on its own.
+    Digest,
+    /// Only a one-line notice is typed (see [`notice`]); the agent reads the messages with its
+    /// MCP tools (`relay_inbox`, `relay_read`), which tell the wrapper what they showed.
+    Notice,
+}
+
+/// Several messages typed as one prompt: a header line, `3 relay messages:`, then each
+/// message's text as [`injected_text`] made it. With `lines` (a CLI that takes a multi-line
+/// paste as one prompt) each message starts on a line of its own; without, all is one line,
+/// the messages separated by ` | ` (a multi-line body's text already says where its exact
+/// text is).
+pub fn digest(texts: &[String], lines: bool) -> String {
+    let head = format!("{} relay messages:", texts.len());
+    if lines {
+        std::iter::once(head)
+            .chain(texts.iter().cloned())
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        format!("{head} {}", texts.join(" | "))
+    }
+}
+
+/// The one line typed for messages in notice delivery: who sent them and their short ids,
+/// and where to read them: `2 relay messages from Bob [K7Q4ZXYZ] [5DZ82MJ3] — call
+/// relay_inbox to read them`. `messages` are (sender, id) in arrival order; senders are named
+/// in the order they first appear. Relay-supplied parts are cleaned like a message's.
+pub fn notice(messages: &[(&str, &str)], urgent: bool) -> String {
+    let mut senders: Vec<(String, Vec<String>)> = Vec::new();
+    for (from, id) in messages {
+        let from = typed(from);
+        let short = format!("[{}]", relay_protocol::short_id(&typed(id)));
+        match senders.iter_mut().find(|(f, _)| *f == from) {
+            Some((_, ids)) => ids.push(short),
+            None => senders.push((from, vec![short])),
+        }
+    }
+    let named: Vec<String> = senders
+        .iter()
+        .map(|(from, ids)| format!("{from} {}", ids.join(" ")))
+        .collect();
+    let named = match named.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => named.join(""),
+    };
+    let n = messages.len();
+    let (plural, them) = if n == 1 { ("", "it") } else { ("s", "them") };
+    let urgent = if urgent { "urgent " } else { "" };
+    format!("{n} {urgent}relay message{plural} from {named} — call relay_inbox to read {them}")
+}
+
 /// Follows whether the agent has turned bracketed paste on (`ESC[?2004h`) or off
 /// (`ESC[?2004l`) in its output, across chunk boundaries.
 #[derive(Debug, Default)]
@@ -402,6 +461,54 @@ mod tests {
         // Not bracketed, a line break would submit: it is a space then.
         let p = PasteMode::default();
         assert_eq!(p.wrap("a\nb"), b"a b");
+    }
+
+    #[test]
+    fn a_digest_is_a_header_and_each_message_as_usual() {
+        let texts: Vec<String> = [
+            ("Alice", "01ABCDEFGHJK", "hi"),
+            ("Bob", "01BCDEFGHJKM", "a\n  b"),
+        ]
+        .iter()
+        .map(|(f, id, b)| injected_text(f, id, None, b, 1000, true))
+        .collect();
+        assert_eq!(
+            digest(&texts, true),
+            "2 relay messages:\nRelay message from Alice [CDEFGHJK]: hi\n\
+             Relay message from Bob [DEFGHJKM]:\na\n  b"
+        );
+        let texts: Vec<String> = [
+            ("Alice", "01ABCDEFGHJK", "hi"),
+            ("Bob", "01BCDEFGHJKM", "a\n  b"),
+        ]
+        .iter()
+        .map(|(f, id, b)| injected_text(f, id, None, b, 1000, false))
+        .collect();
+        assert_eq!(
+            digest(&texts, false),
+            "2 relay messages: Relay message from Alice [CDEFGHJK]: hi | \
+             Relay message from Bob [DEFGHJKM]: a   b (its line breaks are shown as spaces \
+             here; exact text: agent-relay read 01BCDEFGHJKM)"
+        );
+    }
+
+    #[test]
+    fn a_notice_names_the_senders_and_ids_and_the_tool() {
+        assert_eq!(
+            notice(&[("Bob", "01ABCDEFGHJK"), ("Bob", "01BCDEFGHJKM")], false),
+            "2 relay messages from Bob [CDEFGHJK] [DEFGHJKM] — call relay_inbox to read them"
+        );
+        assert_eq!(
+            notice(
+                &[("Bob", "m1"), ("Carol", "m2"), ("Bob", "m3"), ("Dan", "m4")],
+                false
+            ),
+            "4 relay messages from Bob [m1] [m3], Carol [m2] and Dan [m4] — call relay_inbox to read them"
+        );
+        assert_eq!(
+            notice(&[("A\u{1b}[2J\nx", "m\r1")], true),
+            "1 urgent relay message from A[2J x [m 1] — call relay_inbox to read it"
+        );
     }
 
     #[test]

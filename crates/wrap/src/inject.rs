@@ -12,6 +12,10 @@
 //! 4. a moment later look whether the input line let go of the text; if not, press Enter
 //!    again, a bounded number of times; then report the outcome, verified or failed.
 //!
+//! With a [`Joiner`] (digest or notice delivery), the messages waiting when the agent is next
+//! ready go in as one prompt instead: every joinable one from the front of the queue up to a
+//! size limit ([`group_len`]); urgent ones go first and alone.
+//!
 //! Nothing here sends Escape or erases anything: a busy agent or a person's text is waited
 //! for, never cleared.
 
@@ -84,11 +88,57 @@ enum State<T> {
     },
 }
 
+/// Makes the text and item of two or more queued entries typed as one prompt.
+pub type JoinFn<T> = Box<dyn Fn(Vec<(String, T)>) -> (String, T) + Send + Sync>;
+
+/// How several waiting messages are typed as one prompt (digest or notice delivery).
+pub struct Joiner<T> {
+    /// The most characters the waiting texts of one joined prompt may add up to; beyond it the
+    /// rest waits for the next prompt. A message alone is typed whatever its length (its body
+    /// was cut to the wrapper's limit already).
+    pub max_chars: usize,
+    /// Whether an entry may be joined with others (a relay's own notice may not; urgent
+    /// messages never are).
+    pub joinable: Box<dyn Fn(&T) -> bool + Send + Sync>,
+    /// The text and item of two or more entries typed as one prompt, in queue order.
+    pub join: JoinFn<T>,
+}
+
+impl<T> std::fmt::Debug for Joiner<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joiner")
+            .field("max_chars", &self.max_chars)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many entries from the front of the queue go in as one prompt, given each entry's size
+/// in characters, or `None` for one that cannot be joined (urgent, or a relay notice): a
+/// first entry that cannot be joined goes alone; otherwise the joinable ones that follow it,
+/// up to the first that cannot be joined or would take the sum over `max_chars`. Always at
+/// least one.
+pub fn group_len(sizes: impl IntoIterator<Item = Option<usize>>, max_chars: usize) -> usize {
+    let mut n = 0;
+    let mut total = 0usize;
+    for size in sizes {
+        let Some(size) = size else { break };
+        if n > 0 && total.saturating_add(size) > max_chars {
+            break;
+        }
+        total = total.saturating_add(size);
+        n += 1;
+    }
+    n.max(1)
+}
+
 /// The injection queue of one terminal. `T` is whatever identifies a message to its owner.
 #[derive(Debug)]
 pub struct Injector<T> {
     timing: Timing,
-    queue: VecDeque<(String, T)>,
+    /// Text, item, urgent.
+    queue: VecDeque<(String, T, bool)>,
+    /// Digest or notice delivery: how waiting messages are joined.
+    joiner: Option<Joiner<T>>,
     state: State<T>,
     last_output: Instant,
     /// Characters the person has typed on the current input line (0: nothing pending).
@@ -111,6 +161,7 @@ impl<T> Injector<T> {
         Self {
             timing,
             queue: VecDeque::new(),
+            joiner: None,
             state: State::Idle,
             last_output: now,
             person_line: 0,
@@ -158,13 +209,59 @@ impl<T> Injector<T> {
         std::mem::take(&mut self.person_held_news)
     }
 
-    /// Queues `text` for typing; `urgent` goes before everything else waiting.
+    /// Queues `text` for typing; `urgent` goes before everything else waiting but the urgent
+    /// ones queued before it.
     pub fn push(&mut self, text: String, item: T, urgent: bool) {
         if urgent {
-            self.queue.push_front((text, item));
+            let at = self.queue.iter().take_while(|(_, _, u)| *u).count();
+            self.queue.insert(at, (text, item, true));
         } else {
-            self.queue.push_back((text, item));
+            self.queue.push_back((text, item, false));
         }
+    }
+
+    /// From now on, messages waiting when the agent is next ready are typed as one prompt
+    /// (see [`Joiner`], [`group_len`]).
+    pub fn set_joiner(&mut self, joiner: Joiner<T>) {
+        self.joiner = Some(joiner);
+    }
+
+    /// Takes out of the queue the entries (not the one being typed) that satisfy `f`.
+    pub fn remove_queued(&mut self, mut f: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut out = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for (text, item, urgent) in self.queue.drain(..) {
+            if f(&item) {
+                out.push(item);
+            } else {
+                kept.push_back((text, item, urgent));
+            }
+        }
+        self.queue = kept;
+        out
+    }
+
+    /// The next prompt: the front entry, or (with a joiner) it and the entries joined to it.
+    fn take_next(&mut self) -> Option<(String, T)> {
+        let n = match &self.joiner {
+            None => 1,
+            Some(j) => group_len(
+                self.queue.iter().map(|(text, item, urgent)| {
+                    (!urgent && (j.joinable)(item)).then(|| text.chars().count())
+                }),
+                j.max_chars,
+            ),
+        };
+        if n <= 1 {
+            return self.queue.pop_front().map(|(text, item, _)| (text, item));
+        }
+        let group: Vec<(String, T)> = self
+            .queue
+            .drain(..n)
+            .map(|(text, item, _)| (text, item))
+            .collect();
+        let join = &self.joiner.as_ref()?.join;
+        Some(join(group))
     }
 
     /// The agent printed something at `now`.
@@ -189,7 +286,7 @@ impl<T> Injector<T> {
 
     /// Whether a queued or current message satisfies `f`.
     pub fn holds(&self, mut f: impl FnMut(&T) -> bool) -> bool {
-        self.current().is_some_and(&mut f) || self.queue.iter().any(|(_, t)| f(t))
+        self.current().is_some_and(&mut f) || self.queue.iter().any(|(_, t, _)| f(t))
     }
 
     /// Why the next message waits, if the screen said so last time it was asked.
@@ -273,7 +370,7 @@ impl<T> Injector<T> {
                     return None;
                 }
                 self.blocked = None;
-                let (text, item) = self.queue.pop_front()?;
+                let (text, item) = self.take_next()?;
                 self.state = State::Typed {
                     at: now,
                     text: text.clone(),
@@ -527,6 +624,128 @@ mod tests {
         inj.push("urgent".into(), 3, true);
         let at = t0 + Duration::from_secs(1);
         assert_eq!(inj.poll(at, look), Some(Action::Type("urgent".into())));
+    }
+
+    #[test]
+    fn group_len_takes_joinable_entries_up_to_the_limit_and_a_lone_first_otherwise() {
+        // Three small messages: one prompt.
+        assert_eq!(group_len([Some(10), Some(10), Some(10)], 100), 3);
+        // Over the limit: split, the rest waits for the next prompt.
+        assert_eq!(group_len([Some(40), Some(40), Some(40)], 100), 2);
+        assert_eq!(group_len([Some(40), Some(60), Some(1)], 100), 2);
+        // A message longer than the limit still goes, alone.
+        assert_eq!(group_len([Some(500), Some(10)], 100), 1);
+        assert_eq!(group_len([Some(10), Some(500)], 100), 1);
+        // One that cannot be joined (urgent, a notice) goes alone when first, and ends a group.
+        assert_eq!(group_len([None, Some(10), Some(10)], 100), 1);
+        assert_eq!(group_len([Some(10), None, Some(10)], 100), 1);
+        assert_eq!(group_len([Some(10), Some(10), None, Some(10)], 100), 2);
+        assert_eq!(group_len(std::iter::empty(), 100), 1);
+    }
+
+    /// A joiner that joins texts with `+` and items into their sum; odd items are notices.
+    fn joiner(max_chars: usize) -> Joiner<u32> {
+        Joiner {
+            max_chars,
+            joinable: Box::new(|i: &u32| i.is_multiple_of(2)),
+            join: Box::new(|group: Vec<(String, u32)>| {
+                let text = group
+                    .iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+");
+                (text, group.iter().map(|(_, i)| i).sum())
+            }),
+        }
+    }
+
+    #[test]
+    fn messages_waiting_for_a_busy_agent_go_in_as_one_prompt_urgent_first_and_alone() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let look = &mut Fake {
+            not_ready: Some(NotReady::Busy("esc to interrupt".into())),
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(timing(), t0);
+        inj.set_joiner(joiner(100));
+        inj.push("a".into(), 2, false);
+        assert_eq!(inj.poll(ms(500), look), None, "busy");
+        inj.push("b".into(), 4, false);
+        inj.push("U1".into(), 100, true);
+        inj.push("c".into(), 6, false);
+        inj.push("U2".into(), 200, true);
+        assert_eq!(inj.pending(), 5);
+        look.not_ready = None;
+        inj.on_output(ms(600));
+        // Urgent ones first, each alone, in the order they came.
+        assert_eq!(inj.poll(ms(1100), look), Some(Action::Type("U1".into())));
+        assert_eq!(inj.poll(ms(1200), look), Some(Action::Enter));
+        assert_eq!(
+            inj.poll(ms(1500), look),
+            Some(Action::Done(100, Outcome::Verified))
+        );
+        assert_eq!(inj.poll(ms(2000), look), Some(Action::Type("U2".into())));
+        assert_eq!(inj.poll(ms(2100), look), Some(Action::Enter));
+        assert_eq!(
+            inj.poll(ms(2400), look),
+            Some(Action::Done(200, Outcome::Verified))
+        );
+        // Then everything else that waited, as one prompt and one item.
+        assert_eq!(inj.poll(ms(2900), look), Some(Action::Type("a+b+c".into())));
+        assert_eq!(inj.current(), Some(&12));
+        assert_eq!(inj.pending(), 1);
+        assert_eq!(inj.poll(ms(3000), look), Some(Action::Enter));
+        assert_eq!(
+            inj.poll(ms(3300), look),
+            Some(Action::Done(12, Outcome::Verified))
+        );
+        assert_eq!(inj.pending(), 0);
+    }
+
+    #[test]
+    fn a_digest_over_the_limit_splits_and_a_notice_goes_alone() {
+        let t0 = Instant::now();
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.set_joiner(joiner(8));
+        for (text, item) in [
+            ("aaaa", 2),
+            ("bbbb", 4),
+            ("cccc", 6),
+            ("note", 1),
+            ("dd", 8),
+        ] {
+            inj.push(text.into(), item, false);
+        }
+        let mut typed = Vec::new();
+        let mut at = t0;
+        while inj.pending() > 0 {
+            at += Duration::from_millis(100);
+            if let Some(Action::Type(t)) = inj.poll(at + Duration::from_secs(1), look) {
+                typed.push(t);
+            }
+        }
+        assert_eq!(typed, ["aaaa+bbbb", "cccc", "note", "dd"]);
+        // Without a joiner, one at a time as before.
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("a".into(), 2, false);
+        inj.push("b".into(), 4, false);
+        assert_eq!(
+            inj.poll(t0 + Duration::from_secs(1), look),
+            Some(Action::Type("a".into()))
+        );
+    }
+
+    #[test]
+    fn queued_entries_can_be_taken_out() {
+        let t0 = Instant::now();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("a".into(), 2, false);
+        inj.push("b".into(), 4, false);
+        assert_eq!(inj.remove_queued(|i| *i == 4), [4]);
+        assert_eq!(inj.pending(), 1);
+        assert!(!inj.holds(|i| *i == 4));
     }
 
     #[test]

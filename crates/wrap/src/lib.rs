@@ -14,6 +14,7 @@
 //! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
+mod deliver;
 mod door;
 pub mod format;
 pub mod inject;
@@ -37,7 +38,7 @@ use relay_parse::{Directive, Parser, ScreenText, Target};
 use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
-use crate::inject::{Action, Injector, Look, Outcome, Timing};
+use crate::inject::{Action, Injector, Look, Timing};
 use crate::link::Link;
 use crate::profile::{NotReady, Profile};
 use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
@@ -123,6 +124,9 @@ pub struct WrapConfig {
     pub inbox: Option<PathBuf>,
     /// Type [`intro`] into the agent once it is ready.
     pub intro: bool,
+    /// Each message as its own prompt, waiting ones as one digest, or only a notice (see
+    /// [`format::Delivery`]).
+    pub delivery: format::Delivery,
 }
 
 /// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
@@ -176,11 +180,12 @@ pub fn terminal_size() -> (u16, u16) {
     }
 }
 
-/// What the injector types: a relayed message (acknowledged once its outcome is known) or a
-/// notice from the relay itself (a refusal the agent should learn about).
+/// What the injector types: relayed messages (one, or several typed as one digest or notice,
+/// each acknowledged on its own once the outcome is known) or a notice from the relay itself
+/// (a refusal the agent should learn about).
 #[derive(Debug)]
 enum Item {
-    Message(Box<Delivered>),
+    Messages(Vec<Delivered>),
     Notice,
 }
 
@@ -291,6 +296,17 @@ struct Core {
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
+    /// Notice delivery: messages whose notice was typed (acknowledged as injected), by id,
+    /// until the agent's tool shows them (then verified; see `deliver.rs`).
+    noticed: std::collections::HashMap<String, Delivered>,
+    /// Notice delivery: ids the agent's tool showed while their notice was being typed.
+    read_early: HashSet<String>,
+    /// Notice delivery: ids the agent's tool showed before their delivery reached this
+    /// wrapper (the latest few): they need no notice.
+    shown_unseen: std::collections::VecDeque<String>,
+    /// The senders of the digest typed last, with the id and thread of each one's latest
+    /// message in it: a directive to one of them answers that message.
+    digest_senders: Vec<(String, String, Option<String>)>,
     /// How text is typed into this agent: as a shell no-op when it is a shell.
     form: format::Form,
     /// Claude Code's transcript: tells a directive its reply says from one it only quotes in a
@@ -351,6 +367,9 @@ impl Core {
         if cfg.intro {
             injector.push(form.apply(&intro(&cfg.name)), Item::Notice, false);
         }
+        if let Some(joiner) = deliver::joiner(&cfg, form) {
+            injector.set_joiner(joiner);
+        }
         let transcript = if cfg.profile.parse.claude_transcript() {
             let t = std::env::current_dir()
                 .ok()
@@ -385,6 +404,10 @@ impl Core {
             reported: None,
             burst_start: now,
             started: false,
+            noticed: std::collections::HashMap::new(),
+            read_early: HashSet::new(),
+            shown_unseen: std::collections::VecDeque::new(),
+            digest_senders: Vec::new(),
             form,
             transcript,
             transcript_due: None,
@@ -539,8 +562,18 @@ impl Core {
             }
             return;
         }
-        // Printed after a relayed message arrived: an answer to it, in its thread.
-        let (in_reply_to, thread) = match &self.replying_to {
+        // Printed after a relayed message arrived: an answer to it, in its thread. After a
+        // digest, the message from the one it goes to (else the digest's last).
+        let from_digest = self
+            .digest_senders
+            .iter()
+            .find(|(from, _, _)| *from == to)
+            .map(|(_, id, thread)| (id.clone(), thread.clone()));
+        let replying_to = match (&self.replying_to, from_digest) {
+            (Some(_), Some(answered)) => Some(answered),
+            (r, _) => r.clone(),
+        };
+        let (in_reply_to, thread) = match &replying_to {
             Some((id, thread)) => (
                 Some(id.clone()),
                 d.thread
@@ -691,19 +724,17 @@ impl Core {
         }
         // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
         // quoted line.
-        let lines = self.cfg.profile.multiline && self.form == format::Form::Plain;
-        let text = format::injected_text(
-            &m.from,
-            &m.id,
-            m.payload.thread.as_deref(),
-            &m.payload.body,
-            self.cfg.max_body,
-            lines,
-        );
-        let text = if lines { text } else { self.form.apply(&text) };
+        let text = self.text_for(std::slice::from_ref(&m), m.payload.urgent);
         // Never typed twice: a message this terminal was given before (a replay after a
         // reconnect or a wrapper restart) is acknowledged with what is known of it.
         match self.log.get(&m.id) {
+            Some(Remembered::Verified) if self.cfg.delivery == format::Delivery::Notice => {
+                // Its notice was typed; the agent's tool has not shown it (or the relay would
+                // not deliver it again).
+                self.ack(&m, DeliveryState::Injected).await;
+                self.noticed.insert(m.id.clone(), m);
+                return;
+            }
             Some(Remembered::Verified) => {
                 self.ack(&m, DeliveryState::Verified).await;
                 return;
@@ -781,10 +812,13 @@ impl Core {
                 tracing::warn!(error = %e, "cannot write the inbox file");
             }
         }
+        if self.shown_already(&m).await {
+            return;
+        }
         let urgent = m.payload.urgent;
         tracing::debug!(id = %m.id, "a message waits to be typed");
         self.queued.insert(m.id.clone());
-        self.injector.push(text, Item::Message(Box::new(m)), urgent);
+        self.injector.push(text, Item::Messages(vec![m]), urgent);
     }
 
     /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
@@ -796,6 +830,16 @@ impl Core {
     /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
     /// agent's connection; the receipt goes back to the tool.
     async fn door_send(&mut self, req: door::Request) {
+        let req = match req {
+            door::Request::Send(req) => req,
+            door::Request::Read { ids, reply } => {
+                let n = self.shown_by_tool(&ids).await;
+                if reply.send(n).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+                return;
+            }
+        };
         match self.client.send_nowait(req.msg).await {
             Ok((id, pending)) => {
                 tracing::debug!(%id, "sending for the agent's own tool");
@@ -870,61 +914,19 @@ impl Core {
             tracing::trace!(?action, "injector");
             match action {
                 Action::Type(text) => {
-                    if let Some(Item::Message(m)) = self.injector.current() {
-                        // The stages between delivery and verification, for latency figures
-                        // (`claude_relay_latency_in_parts` reads them from the log).
-                        tracing::debug!(id = %m.id, "typing a message");
-                        // Recorded before the first byte: a restarted wrapper will not type
-                        // it again.
-                        let recorded = match &self.resume {
-                            Some(r) => self.log.started_at(&m.id, r.checkpoint.offset, &text),
-                            None => self.log.started(&m.id),
-                        };
-                        if let Err(e) = recorded {
-                            tracing::warn!(error = %e, "cannot record an injected message");
-                        }
-                        self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
-                        // Measured again once it is entered.
-                        self.chain_activity = None;
-                    }
+                    self.typing(&text);
                     self.parser.note_injected(&text);
                     term.type_text(&text).await?;
                 }
                 Action::Enter => {
-                    if let Some(Item::Message(m)) = self.injector.current() {
-                        tracing::debug!(id = %m.id, "pressing Enter");
-                        // Recorded before the Enter is written: until then the text is only in
-                        // the agent's input line, and a PTY agent killed with its wrapper never
-                        // took it (a restarted wrapper types it again); from here on it may
-                        // have (a restarted wrapper does not).
-                        if self.log.get(&m.id) == Some(Remembered::Started)
-                            && let Err(e) = self.log.entered(&m.id)
-                        {
-                            tracing::warn!(error = %e, "cannot record an injected message's Enter");
-                        }
-                    }
+                    self.entering();
                     term.enter().await?;
                     if let Some(pane) = term.pane() {
                         self.note_chain_start(pane);
                     }
                 }
-                Action::Done(Item::Message(m), outcome) => {
-                    let verified = outcome == Outcome::Verified;
-                    if let Outcome::Failed(why) = &outcome {
-                        tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
-                    }
-                    if let Err(e) = self.log.finished(&m.id, verified) {
-                        // Its `T` line is there: a replay after a restart is not typed again
-                        // (it is checked against the pane, or taken as typed).
-                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
-                    }
-                    self.queued.remove(&m.id);
-                    let state = if verified {
-                        DeliveryState::Verified
-                    } else {
-                        DeliveryState::Failed
-                    };
-                    self.ack(&m, state).await;
+                Action::Done(Item::Messages(messages), outcome) => {
+                    self.finished(messages, outcome).await;
                 }
                 Action::Done(Item::Notice, _) => {}
             }

@@ -129,6 +129,7 @@ impl Rig {
             team_dir: dir.to_owned(),
             inbox: None,
             intro: false,
+            delivery: crate::format::Delivery::default(),
         };
         let task = tokio::spawn(async move {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();

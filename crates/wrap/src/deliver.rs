@@ -1,0 +1,279 @@
+//! How the messages an agent is given are typed and acknowledged, one by one or several as one
+//! prompt (`wrap --delivery`, see [`format::Delivery`]):
+//!
+//! - `each`: every message is its own prompt, acknowledged verified once its submission is
+//!   seen.
+//! - `digest`: messages that waited (the agent busy, a person typing) go in as one prompt, a
+//!   header line and each message in its usual form ([`format::digest`]); the injector groups
+//!   them ([`crate::inject::group_len`]): up to the body limit, urgent ones first and alone.
+//!   Each message is still recorded (`injected.log`) and acknowledged on its own.
+//! - `notice`: only a line naming the senders and ids is typed ([`format::notice`]); each
+//!   message is acknowledged injected when it is submitted, and verified when the agent's MCP
+//!   server (`agent-relay mcp`, through the wrapper's door) tells the wrapper that
+//!   `relay_inbox` or `relay_read` showed it to the model.
+
+use std::collections::HashSet;
+
+use relay_client::Delivered;
+use relay_protocol::DeliveryState;
+
+use crate::format::{self, Delivery, Form};
+use crate::inject::{Joiner, Outcome};
+use crate::state::Typed as Remembered;
+use crate::{Core, Item, WrapConfig};
+
+/// How many ids shown by the agent's tool before their delivery came are remembered.
+const SHOWN_UNSEEN: usize = 256;
+
+/// The text typed for `messages` (one, or several typed as one prompt).
+fn text_of(
+    delivery: Delivery,
+    lines: bool,
+    form: Form,
+    max_body: usize,
+    messages: &[Delivered],
+    urgent: bool,
+) -> String {
+    if delivery == Delivery::Notice {
+        let pairs: Vec<(&str, &str)> = messages
+            .iter()
+            .map(|m| (m.from.as_str(), m.id.as_str()))
+            .collect();
+        return form.apply(&format::notice(&pairs, urgent));
+    }
+    let mut texts: Vec<String> = messages
+        .iter()
+        .map(|m| {
+            format::injected_text(
+                &m.from,
+                &m.id,
+                m.payload.thread.as_deref(),
+                &m.payload.body,
+                max_body,
+                lines,
+            )
+        })
+        .collect();
+    let text = if texts.len() == 1 {
+        texts.remove(0)
+    } else {
+        format::digest(&texts, lines)
+    };
+    // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
+    // quoted line.
+    if lines { text } else { form.apply(&text) }
+}
+
+/// Lines kept: a CLI that takes a multi-line paste as one prompt, and not a shell.
+fn lines(cfg: &WrapConfig, form: Form) -> bool {
+    cfg.profile.multiline && form == Form::Plain
+}
+
+/// How waiting messages are joined for `cfg`'s delivery, if they are.
+pub(crate) fn joiner(cfg: &WrapConfig, form: Form) -> Option<Joiner<Item>> {
+    let delivery = cfg.delivery;
+    let (lines, max_body) = (lines(cfg, form), cfg.max_body);
+    let max_chars = match delivery {
+        Delivery::Each => return None,
+        // A digest is typed whole: over the body limit it splits.
+        Delivery::Digest => max_body,
+        // A notice is one short line whatever it names.
+        Delivery::Notice => usize::MAX,
+    };
+    Some(Joiner {
+        max_chars,
+        joinable: Box::new(|item| matches!(item, Item::Messages(_))),
+        join: Box::new(move |group| {
+            let messages: Vec<Delivered> = group
+                .into_iter()
+                .flat_map(|(_, item)| match item {
+                    Item::Messages(m) => m,
+                    Item::Notice => Vec::new(),
+                })
+                .collect();
+            let text = text_of(delivery, lines, form, max_body, &messages, false);
+            (text, Item::Messages(messages))
+        }),
+    })
+}
+
+impl Core {
+    /// The text typed for `messages` in this agent's delivery and form.
+    pub(crate) fn text_for(&self, messages: &[Delivered], urgent: bool) -> String {
+        text_of(
+            self.cfg.delivery,
+            lines(&self.cfg, self.form),
+            self.form,
+            self.cfg.max_body,
+            messages,
+            urgent,
+        )
+    }
+
+    /// The injector is about to type `text`: each message in it is recorded first, so that a
+    /// restarted wrapper does not type it again.
+    pub(crate) fn typing(&mut self, text: &str) {
+        let Some(Item::Messages(messages)) = self.injector.current() else {
+            return;
+        };
+        if messages.len() > 1 {
+            let ids: Vec<&str> = messages.iter().map(|m| m.id.as_str()).collect();
+            tracing::debug!(?ids, delivery = ?self.cfg.delivery, "typing several messages as one prompt");
+        }
+        for (i, m) in messages.iter().enumerate() {
+            // The stages between delivery and verification, for latency figures
+            // (`claude_relay_latency_in_parts` reads them from the log).
+            tracing::debug!(id = %m.id, "typing a message");
+            // The text once (tmux notes its echo after a restart), with the first id.
+            let recorded = match (&self.resume, i) {
+                (Some(r), 0) => self.log.started_at(&m.id, r.checkpoint.offset, text),
+                _ => self.log.started(&m.id),
+            };
+            if let Err(e) = recorded {
+                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message");
+            }
+        }
+        // What the agent prints next answers the message typed last (after a digest, the one
+        // from whom it goes to: see `relay_directive`).
+        self.replying_to = messages
+            .last()
+            .map(|m| (m.id.clone(), m.payload.thread.clone()));
+        self.digest_senders = if messages.len() > 1 {
+            let mut senders: Vec<(String, String, Option<String>)> = Vec::new();
+            for m in messages {
+                senders.retain(|(from, _, _)| *from != m.from);
+                senders.push((m.from.clone(), m.id.clone(), m.payload.thread.clone()));
+            }
+            senders
+        } else {
+            Vec::new()
+        };
+        // Measured again once it is entered.
+        self.chain_activity = None;
+    }
+
+    /// The injector is about to press Enter for the text typed.
+    pub(crate) fn entering(&mut self) {
+        let Some(Item::Messages(messages)) = self.injector.current() else {
+            return;
+        };
+        for m in messages {
+            tracing::debug!(id = %m.id, "pressing Enter");
+            // Recorded before the Enter is written: until then the text is only in the agent's
+            // input line, and a PTY agent killed with its wrapper never took it (a restarted
+            // wrapper types it again); from here on it may have (a restarted wrapper does not).
+            if self.log.get(&m.id) == Some(Remembered::Started)
+                && let Err(e) = self.log.entered(&m.id)
+            {
+                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's Enter");
+            }
+        }
+    }
+
+    /// Typing `messages` (as one prompt) ended with `outcome`: each is recorded and
+    /// acknowledged on its own. A notice submitted leaves its messages injected, waiting for
+    /// the agent's tool to show them.
+    pub(crate) async fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
+        let verified = outcome == Outcome::Verified;
+        for m in messages {
+            if let Outcome::Failed(why) = &outcome {
+                tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
+            }
+            if let Err(e) = self.log.finished(&m.id, verified) {
+                // Its `T` line is there: a replay after a restart is not typed again (it is
+                // checked against the pane, or taken as typed).
+                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+            }
+            self.queued.remove(&m.id);
+            let state = if self.read_early.remove(&m.id) {
+                // The agent's tool showed it while its notice was typed.
+                DeliveryState::Verified
+            } else if !verified {
+                DeliveryState::Failed
+            } else if self.cfg.delivery == Delivery::Notice {
+                tracing::debug!(id = %m.id, "notice submitted: the message waits for the agent's tool");
+                self.ack(&m, DeliveryState::Injected).await;
+                self.noticed.insert(m.id.clone(), m);
+                continue;
+            } else {
+                DeliveryState::Verified
+            };
+            self.ack(&m, state).await;
+        }
+    }
+
+    /// Notice delivery: the agent's MCP server showed the model the messages `ids`
+    /// (`relay_inbox`, `relay_read`): each this wrapper gave a notice for is verified, and one
+    /// whose notice is still waiting needs none any more. Returns how many were verified
+    /// here. Other deliveries type the whole text, so a tool's read changes nothing.
+    pub(crate) async fn shown_by_tool(&mut self, ids: &[String]) -> usize {
+        if self.cfg.delivery != Delivery::Notice {
+            return 0;
+        }
+        let mut n = 0;
+        for id in ids {
+            if let Some(m) = self.noticed.remove(id) {
+                tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
+                self.ack(&m, DeliveryState::Verified).await;
+                n += 1;
+            }
+        }
+        let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let shown = |item: &Item| match item {
+            Item::Messages(ms) => ms.iter().all(|m| wanted.contains(m.id.as_str())),
+            Item::Notice => false,
+        };
+        for item in self.injector.remove_queued(shown) {
+            let Item::Messages(messages) = item else {
+                continue;
+            };
+            for m in messages {
+                tracing::debug!(id = %m.id, "the agent's tool showed it before its notice was typed: verified, no notice");
+                if let Err(e) = self.log.finished(&m.id, true) {
+                    tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
+                }
+                self.queued.remove(&m.id);
+                self.ack(&m, DeliveryState::Verified).await;
+                n += 1;
+            }
+        }
+        let mut current = HashSet::new();
+        if let Some(Item::Messages(ms)) = self.injector.current() {
+            for m in ms {
+                if wanted.contains(m.id.as_str()) {
+                    self.read_early.insert(m.id.clone());
+                    current.insert(m.id.as_str());
+                }
+            }
+        }
+        // Shown before this wrapper was handed it (the tool reads the store): no notice
+        // when it comes. Ids it already dealt with are not kept; nor more than a few.
+        for id in ids {
+            if !current.contains(id.as_str())
+                && self.log.get(id).is_none()
+                && !self.shown_unseen.contains(id)
+            {
+                self.shown_unseen.push_back(id.clone());
+            }
+        }
+        while self.shown_unseen.len() > SHOWN_UNSEEN {
+            self.shown_unseen.pop_front();
+        }
+        n
+    }
+
+    /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
+    /// is recorded and acknowledged verified, with no notice typed.
+    pub(crate) async fn shown_already(&mut self, m: &Delivered) -> bool {
+        let Some(at) = self.shown_unseen.iter().position(|id| *id == m.id) else {
+            return false;
+        };
+        self.shown_unseen.remove(at);
+        tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
+        if let Err(e) = self.log.finished(&m.id, true) {
+            tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
+        }
+        self.ack(m, DeliveryState::Verified).await;
+        true
+    }
+}

@@ -1,0 +1,373 @@
+//! Issue 15, digests and notices (`wrap --delivery digest|notice`): messages that waited for a
+//! busy agent go in as one prompt, each still recorded and acknowledged on its own; with the
+//! MCP door, only a one-line notice is typed and the tool hands the message over exactly.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use relay_standin::{Rule, Script};
+use serde_json::Value;
+
+use crate::agents::{Agent, Cli, delivery_status};
+use crate::doors::Mcp;
+use crate::support::{BIN, Relay, ok_stdout, wait_for};
+use crate::wrap::wait_online;
+
+/// Bounds a hang only (an agent CLI starting on a loaded 2-core machine).
+const LONG: Duration = Duration::from_secs(90);
+
+/// A wrapper child process, killed when dropped (a failing test leaves nothing running).
+struct Wrapped {
+    child: Child,
+    log: PathBuf,
+    out: PathBuf,
+}
+
+impl Wrapped {
+    /// `agent-relay wrap --no-input --backend pty -n NAME WRAP_ARGS -- sh SCRIPT`, its output
+    /// (what the agent printed, and the echo of what was typed) and its debug log in files.
+    fn start(relay: &Relay, name: &str, wrap_args: &[&str], script: &str) -> Self {
+        let dir = relay.dir.path();
+        let file = dir.join(format!("{name}.sh"));
+        std::fs::write(&file, script).unwrap();
+        let (out, log) = (
+            dir.join(format!("{name}.out")),
+            dir.join(format!("{name}.log")),
+        );
+        let child = relay
+            .command()
+            .env("AGENT_RELAY_LOG", "debug")
+            .args(["wrap", "--no-input", "--backend", "pty", "-n", name])
+            .args(wrap_args)
+            .arg("--")
+            .arg("sh")
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Self { child, log, out }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The lines the agent printed that start with `got: ` (what it read), in order.
+    fn got(&self) -> Vec<String> {
+        read_lines(&self.out)
+            .into_iter()
+            .filter_map(|l| l.strip_prefix("got: ").map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for Wrapped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- agent output ----\n{}\n---- wrapper log ----\n{}",
+                read_lines(&self.out).join("\n"),
+                self.log()
+            );
+        }
+    }
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default())
+        .split(['\r', '\n'])
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `agent-relay send TO BODY` (from `human`); returns the message's id.
+fn send(relay: &Relay, to: &str, body: &str) -> String {
+    let v: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", to, body, "--json"]))).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+/// (to, body) of every stored message, oldest first.
+fn history(relay: &Relay) -> Vec<(String, String)> {
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let mut all: Vec<(String, String)> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
+            (s("to"), s("body"))
+        })
+        .collect();
+    all.reverse();
+    all
+}
+
+fn short(id: &str) -> &str {
+    relay_protocol::short_id(id)
+}
+
+/// How many log lines say `what` for message `id`.
+fn logged(log: &str, what: &str, id: &str) -> usize {
+    let id = format!("id={id}");
+    log.lines()
+        .filter(|l| l.contains(what) && l.contains(&id))
+        .count()
+}
+
+const BODIES: [&str; 3] = [
+    "First: rename the crate.",
+    "Second:\n  - update the docs\n  - bump the version",
+    "Third: tag the release.",
+];
+
+/// A scripted agent (generic profile: one line per prompt) shows a busy marker until the test
+/// lets it go; three messages arrive meanwhile. With `--delivery digest` it reads them as one
+/// line, a header and each message in its usual form (the multi-line one flattened, with
+/// where its exact text is), and each is reported verified, once. Before digests, it read
+/// three lines.
+#[test]
+fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
+    let relay = Relay::start();
+    let go = relay.dir.path().join("go");
+    let script = format!(
+        "printf 'working (esc to interrupt)'\n\
+         while [ ! -e '{}' ]; do sleep 0.05; done\n\
+         printf '\\r\\033[K'\n\
+         while IFS= read -r line; do echo \"got: $line\"; done\n",
+        go.display()
+    );
+    let bob = Wrapped::start(&relay, "Bob", &["--delivery", "digest"], &script);
+    wait_online(&relay, "Bob");
+    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, "Bob", b)).collect();
+    // All three wait in the wrapper (the busy marker holds them); then the agent is let go.
+    wait_for(LONG, "the wrapper holds the three messages", || {
+        let log = bob.log();
+        ids.iter()
+            .all(|id| logged(&log, "a message waits to be typed", id) == 1)
+    });
+    std::fs::write(&go, "").unwrap();
+    wait_for(LONG, "each message is reported verified", || {
+        ids.iter()
+            .all(|id| delivery_status(&relay, id) == "verified")
+    });
+    let expected = format!(
+        "3 relay messages: Relay message from human [{}]: {} | Relay message from human [{}]: \
+         Second:   - update the docs   - bump the version (its line breaks are shown as spaces \
+         here; exact text: agent-relay read {}) | Relay message from human [{}]: {}",
+        short(&ids[0]),
+        BODIES[0],
+        short(&ids[1]),
+        ids[1],
+        short(&ids[2]),
+        BODIES[2]
+    );
+    assert_eq!(bob.got(), [expected], "one prompt with all three");
+    let log = bob.log();
+    for id in &ids {
+        assert_eq!(logged(&log, "typing a message", id), 1, "typed once: {id}");
+    }
+    let h = history(&relay);
+    assert_eq!(h.len(), 3, "{h:?}");
+    assert!(
+        h.iter()
+            .zip(BODIES)
+            .all(|((to, b), body)| to == "Bob" && b == body),
+        "{h:?}"
+    );
+}
+
+/// With `--delivery notice`, a scripted agent is typed only a one-line notice; the message
+/// is recorded injected (acked) until the agent's MCP server, under the wrapper, shows it with
+/// relay_inbox, exactly, and then verified; a second relay_inbox shows nothing new. A message
+/// the tool showed while the agent was busy (its notice not typed yet) is verified and gets no
+/// notice. Before, the whole message was typed.
+#[test]
+fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
+    let relay = Relay::start();
+    let go = relay.dir.path().join("go");
+    let script = format!(
+        "printf 'working (esc to interrupt)'\n\
+         while [ ! -e '{}' ]; do sleep 0.05; done\n\
+         printf '\\r\\033[K'\n\
+         while IFS= read -r line; do echo \"got: $line\"; done\n",
+        go.display()
+    );
+    let bob = Wrapped::start(&relay, "Bob", &["--delivery", "notice"], &script);
+    wait_online(&relay, "Bob");
+    let mut mcp = Mcp::start(&relay, "Bob");
+
+    // Busy: the first message waits in the wrapper; the tool shows it first.
+    let early = send(&relay, "Bob", BODIES[0]);
+    wait_for(LONG, "the wrapper holds the first message", || {
+        logged(&bob.log(), "a message waits to be typed", &early) == 1
+    });
+    let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
+    assert!(!error, "{text}");
+    assert!(
+        text.contains(&format!("[{early}] from human to Bob:\n{}", BODIES[0])),
+        "{text}"
+    );
+    assert_eq!(delivery_status(&relay, &early), "verified");
+    std::fs::write(&go, "").unwrap();
+
+    let body = BODIES[1];
+    let id = send(&relay, "Bob", body);
+    let notice = format!(
+        "1 relay message from human [{}] — call relay_inbox to read it",
+        short(&id)
+    );
+    wait_for(LONG, "the notice is typed and injected", || {
+        !bob.got().is_empty() && delivery_status(&relay, &id) == "acked"
+    });
+    // Only the second message's notice: the first needed none.
+    assert_eq!(bob.got(), std::slice::from_ref(&notice));
+    let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
+    assert!(!error, "{text}");
+    assert!(
+        text.starts_with("1 relay message:")
+            && text.contains(&format!("[{id}] from human to Bob:\n{body}")),
+        "{text}"
+    );
+    // The wrapper was told before the tool answered.
+    assert_eq!(delivery_status(&relay, &id), "verified");
+    assert_eq!(
+        mcp.tool("relay_inbox", serde_json::json!({})).1,
+        "No new relay messages."
+    );
+    assert_eq!(bob.got(), [notice], "no body typed, nothing typed twice");
+    assert_eq!(logged(&bob.log(), "typing a message", &early), 0);
+    assert_eq!(history(&relay).len(), 2);
+}
+
+/// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
+/// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When the
+/// turn is over, Bob's next model request holds all three in one prompt (a header, then each
+/// message as usual, the multi-line one with its lines), each is reported verified and stored
+/// once. Before digests, each was a prompt of its own.
+#[test]
+fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
+    let relay = Relay::start();
+    let bob = Agent::start_with(
+        &relay,
+        Cli::Claude,
+        "Bob",
+        Script::new(vec![
+            Rule::contains("Index the repository", "Indexed.").held(),
+        ]),
+        ("--delivery digest", ""),
+    );
+    bob.wait_ready();
+    bob.person_types("Index the repository");
+    bob.wait_prompts(1);
+    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, "Bob", b)).collect();
+    // Each waits in the wrapper, which has looked at the screen and seen Claude Code busy.
+    wait_for(LONG, "Bob's wrapper holds the three while busy", || {
+        let log = bob.wrap_log();
+        let Some(last) = log.find(&format!("a message waits to be typed id={}", ids[2])) else {
+            return false;
+        };
+        ids.iter()
+            .all(|id| logged(&log, "a message waits to be typed", id) == 1)
+            && log[last..].contains("not ready for a message why=Busy")
+    });
+    bob.standin().release();
+    let prompts = bob.wait_prompts(2);
+    let expected = format!(
+        "3 relay messages:\nRelay message from human [{}]: {}\nRelay message from human [{}]:\n{}\nRelay message from human [{}]: {}",
+        short(&ids[0]),
+        BODIES[0],
+        short(&ids[1]),
+        BODIES[1],
+        short(&ids[2]),
+        BODIES[2]
+    );
+    // Claude Code may hand a paste to the model inside its own `<pasted_content>` tags.
+    let inner = prompts[1]
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompts[1].as_str(), |(inner, _)| inner);
+    assert_eq!(inner, expected, "the prompt Bob sent: {:?}", prompts[1]);
+    wait_for(LONG, "each message is reported verified", || {
+        ids.iter()
+            .all(|id| delivery_status(&relay, id) == "verified")
+    });
+    bob.wait_replies_done();
+    bob.wait_all_relayed("OK.");
+    assert_eq!(bob.prompts().len(), 2, "one prompt for the three");
+    let log = bob.wrap_log();
+    for id in &ids {
+        assert_eq!(logged(&log, "typing a message", id), 1, "typed once: {id}");
+    }
+    assert_eq!(history(&relay).len(), 3);
+}
+
+/// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
+/// `--delivery notice`: the wrapper types only the one-line notice, the model calls
+/// relay_inbox (scripted by the stand-in), gets the exact multi-line body as the tool's
+/// result, and the message is reported verified, stored once, its body never typed.
+#[test]
+fn claude_code_reads_a_noticed_message_with_relay_inbox() {
+    let relay = Relay::start();
+    let config = relay.dir.path().join("mcp-bob.json");
+    let mcp = serde_json::json!({"mcpServers": {"relay": {
+        "type": "stdio",
+        "command": BIN,
+        "args": ["mcp", "--name", "Bob"],
+        "env": {
+            "AGENT_RELAY_SOCKET": &relay.socket,
+            "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+        },
+    }}});
+    std::fs::write(&config, mcp.to_string()).unwrap();
+    let cli_args = format!(
+        "--mcp-config '{}' --strict-mcp-config --allowedTools mcp__relay__relay_inbox",
+        config.display()
+    );
+    let bob = Agent::start_with(
+        &relay,
+        Cli::Claude,
+        "Bob",
+        Script::new(vec![
+            Rule::contains("call relay_inbox", "Reading them.")
+                .calling("mcp__relay__relay_inbox", &serde_json::json!({})),
+        ]),
+        ("--delivery notice", &cli_args),
+    );
+    bob.wait_ready();
+    let body = BODIES[1];
+    let id = send(&relay, "Bob", body);
+    let notice = format!(
+        "1 relay message from human [{}] — call relay_inbox to read it",
+        short(&id)
+    );
+    let prompts = bob.wait_prompts(1);
+    assert_eq!(prompts[0], notice);
+    // The tool's result, as Claude Code sent it back to the model.
+    let want = serde_json::to_string(&format!("[{id}] from human to Bob:\n{body}")).unwrap();
+    let want = want.trim_matches('"');
+    wait_for(LONG, "the model is given relay_inbox's result", || {
+        bob.standin()
+            .requests()
+            .iter()
+            .any(|r| r.body.to_string().contains(want))
+    });
+    wait_for(LONG, "the message is reported verified", || {
+        delivery_status(&relay, &id) == "verified"
+    });
+    bob.wait_replies_done();
+    bob.wait_all_relayed("OK.");
+    // The notice, then the tool's result going back to the model (no user text): the body
+    // was never typed.
+    assert_eq!(bob.prompts(), [notice, String::new()]);
+    let log = bob.wrap_log();
+    assert_eq!(logged(&log, "typing a message", &id), 1);
+    assert_eq!(history(&relay), [("Bob".to_owned(), body.to_owned())]);
+}
