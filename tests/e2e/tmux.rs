@@ -1283,3 +1283,59 @@ fn a_dead_tmux_server_ends_the_relaying_process_with_a_reason() {
         !is_online(&relay, "Bob")
     });
 }
+
+/// The parser reads a tmux pane at the pane's width, and follows a resize: a TUI (the
+/// `codex` parse profile breaks its own lines) prints a directive whose next row, at the
+/// directive's indentation, is a new line at one width and the rest of a wrapped line at a
+/// narrower one.
+#[test]
+fn a_resized_tmux_window_is_read_at_its_new_width() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let (mut bob, _) = relay.agent("Bob");
+    bob.read_timeout(Duration::from_secs(30));
+    let mut heard = || {
+        let m = bob.expect("DELIVER");
+        bob.ack(&m);
+        m["payload"]["body"].as_str().unwrap().to_owned()
+    };
+    let alice = start_tmux_agent(
+        &relay,
+        "Alice",
+        r#"read -r go
+printf '  @relay:Bob hi\n  Done.\n\n'
+read -r go
+printf '  @relay:Bob %s\n  Done.\n\n' xxxxxxxxxxxxxxxxxxxxxxxxx
+while IFS= read -r line; do :; done
+"#,
+        &["--profile", "codex"],
+    );
+    wait_online(&relay, "Alice");
+    let resize = |cols: &str| {
+        let out = tmux.run(&[
+            "resize-window",
+            "-t",
+            &format!("={alice}:"),
+            "-x",
+            cols,
+            "-y",
+            "20",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    let go = || {
+        let out = tmux.run(&["send-keys", "-t", &format!("={alice}:"), "go", "Enter"]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    // 100 columns: `Done.` would have fitted after `hi`, so it is a line of its own.
+    resize("100");
+    go();
+    assert_eq!(heard(), "hi", "{}", dump(&relay, &tmux));
+    // 40 columns: the 38-column row could not take `Done.`, so the TUI wrapped it there.
+    resize("40");
+    go();
+    let x = "x".repeat(25);
+    assert_eq!(heard(), format!("{x} Done."), "{}", dump(&relay, &tmux));
+}

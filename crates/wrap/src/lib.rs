@@ -632,6 +632,7 @@ impl Core {
     async fn resync(&mut self, snap: tmux::Snapshot, now: Instant) {
         let mut parser = Parser::new(self.cfg.profile.parse.clone());
         parser.set_rows(usize::from(snap.rows));
+        parser.set_cols(usize::from(snap.cols));
         self.parser = parser;
         let Some(r) = &mut self.resume else {
             return;
@@ -1194,6 +1195,12 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
             note = output.recv() => match note {
                 Some(tmux::Note::Output(bytes)) => {
                     core.on_pane_output(&bytes, Instant::now()).await;
+                }
+                // The window was resized (a person's terminal, `resize-window`): what the pane
+                // prints from now on is laid out at this size.
+                Some(tmux::Note::Resized { rows, cols }) => {
+                    core.parser.set_rows(usize::from(rows));
+                    core.parser.set_cols(usize::from(cols));
                 }
                 // The control client ended: the session is gone (the agent exited, a person
                 // killed it, the tmux server died), or only the client (killed), and a new one
