@@ -242,3 +242,233 @@ fn two_agents_converse_in_a_pty() {
 fn two_agents_converse_in_tmux_sessions() {
     conversation(Backend::Tmux);
 }
+
+/// The pane a person sees the agent in, and types into: under the PTY backend a person's
+/// terminal (a private tmux server) running `agent-relay -n NAME ...`, under tmux the agent's
+/// own session.
+struct PersonPane<'a> {
+    relay: &'a Relay,
+    /// (tmux server for `-L`, target): the person's terminal, or the agent's session.
+    server: Option<&'static str>,
+    target: String,
+    _terminal: Option<crate::wrap::PersonTerminal>,
+}
+
+impl PersonPane<'_> {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let dir = self.relay.dir.path();
+        match self.server {
+            Some(server) => crate::wrap::tmux_in(dir, server, args),
+            // The test's server (as `Tmux::run`; a `Tmux` here would kill it when dropped).
+            None => std::process::Command::new("tmux")
+                .env("TMUX_TMPDIR", dir)
+                .env_remove("TMUX")
+                .args(args)
+                .output()
+                .unwrap(),
+        }
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", &self.target];
+        args.extend_from_slice(keys);
+        let out = self.run(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+
+    fn text(&self) -> String {
+        let out = self.run(&["capture-pane", "-p", "-J", "-S", "-", "-t", &self.target]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A person's half-written line is never typed over: a message that comes due meanwhile
+/// waits (the dashboard shows the agent blocked, and why, never the text), then follows the
+/// person's finished line, once, and is reported verified; under tmux a pane a person left in
+/// copy mode is taken out of it before typing. (Under the PTY backend copy mode does not
+/// apply: the wrapper writes into the agent's own pseudo-terminal, whatever the person's
+/// terminal shows.)
+fn a_persons_line(backend: Backend) {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let profiles = dir.join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(profiles.join("generic.toml"), "prompt = '^> ?(.*)$'\n").unwrap();
+    let script = dir.join("Dana.sh");
+    std::fs::write(
+        &script,
+        "while printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
+    )
+    .unwrap();
+    let pane = match backend {
+        Backend::Pty => PersonPane {
+            relay: &relay,
+            server: Some("relayperson"),
+            target: String::new(),
+            _terminal: Some(crate::wrap::person_terminal(
+                &relay,
+                "relayperson",
+                &format!(
+                    "AGENT_RELAY_LOG=relay_wrap=debug AGENT_RELAY_PROFILE_DIR='{}' {{bin}} wrap -n Dana --profile generic -- sh '{}'",
+                    profiles.display(),
+                    script.display()
+                ),
+            )),
+        },
+        Backend::Tmux => {
+            let profiles = profiles.to_str().unwrap();
+            let script = std::fs::read_to_string(&script).unwrap();
+            let dana = backend.start(
+                &relay,
+                "Dana",
+                &script,
+                &["--profile", "generic"],
+                &[("AGENT_RELAY_PROFILE_DIR", profiles)],
+                false,
+            );
+            PersonPane {
+                relay: &relay,
+                server: None,
+                target: format!("={}:", dana.session.unwrap()),
+                _terminal: None,
+            }
+        }
+    };
+    let tmux = Tmux { dir };
+    wait_online(&relay, "Dana");
+    crate::tmux::wait_or_dump(&relay, &tmux, "Dana's prompt", || {
+        pane.text().contains("> ")
+    });
+
+    // A person starts a line and stops to think.
+    pane.keys(&["-l", "half a thought"]);
+    crate::tmux::wait_or_dump(&relay, &tmux, "the person's text shows", || {
+        pane.text().contains("> half a thought")
+    });
+    let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
+    let first: Value = serde_json::from_str(&first).unwrap();
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    // The wrapper logs the moment the message came due (output quiet) and was held for the
+    // person's line (their keys under the PTY, the input line under tmux): a wrapper that
+    // typed over a person would type at that moment instead.
+    let log = relay.data_dir().join("team/Dana/wrap.log");
+    let queued = format!("a message waits to be typed id={first_id}");
+    crate::tmux::wait_or_dump(
+        &relay,
+        &tmux,
+        "the wrapper holds the note for the person",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find(&queued).is_some_and(|at| {
+                text[at..].contains("a message is due; held while a person has a half-written line")
+                    || text[at..].contains("not ready for a message why=InputNotEmpty")
+                    || text[at..].contains("typing a message")
+            })
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains(&format!("typing a message id={first_id}")),
+        "typed over a person:\n{text}"
+    );
+    let shown = pane.text();
+    assert!(
+        !shown.contains("Relay message"),
+        "typed over a person:\n{shown}"
+    );
+    assert!(
+        shown.lines().any(|l| l.trim_end() == "> half a thought"),
+        "the person's line changed:\n{shown}"
+    );
+    let status = |id: &str| {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
+        v["deliveries"][0]["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(status(&first_id), "queued");
+    // The dashboard says why (never what the person typed).
+    let (port, token) = crate::support::dashboard(&relay);
+    let dana = crate::wrap::wait_shown(port, &token, "Dana", "blocked");
+    let (name, why) = match backend {
+        Backend::Pty => ("pty", "a person is typing"),
+        Backend::Tmux => ("tmux", "text in its input line"),
+    };
+    assert_eq!(
+        (&dana["backend"], &dana["why"]),
+        (&serde_json::json!(name), &serde_json::json!(why)),
+        "{dana}"
+    );
+
+    // They finish it: their line goes in whole, then the message as a line of its own.
+    pane.keys(&["-l", " and more"]);
+    pane.keys(&["Enter"]);
+    crate::tmux::wait_or_dump(&relay, &tmux, "the relayed note arrives", || {
+        pane.text().contains("first relayed note")
+    });
+    crate::tmux::wait_or_dump(&relay, &tmux, "the note is reported verified", || {
+        status(&first_id) == "verified"
+    });
+    let short = relay_protocol::short_id(&first_id);
+    let shown = pane.text();
+    let got: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.strip_prefix("got: "))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "half a thought and more".to_owned(),
+            format!("Relay message from human [{short}]: first relayed note"),
+        ],
+        "{shown}"
+    );
+    crate::wrap::wait_shown(port, &token, "Dana", "idle");
+    if backend == Backend::Pty {
+        return;
+    }
+
+    // A person scrolls back (copy mode) and leaves the pane so: the wrapper takes it out of
+    // copy mode and types the next message into the agent, once.
+    pane.run(&["copy-mode", "-t", &pane.target]);
+    let in_mode = || {
+        let out = pane.run(&[
+            "display-message",
+            "-p",
+            "-t",
+            &pane.target,
+            "#{pane_in_mode}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim() == "1"
+    };
+    assert!(in_mode(), "the pane is in copy mode");
+    let second = ok_stdout(&relay.cli(&["send", "Dana", "second relayed note", "--json"]));
+    let second: Value = serde_json::from_str(&second).unwrap();
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    let line = format!(
+        "got: Relay message from human [{}]: second relayed note",
+        relay_protocol::short_id(&second_id)
+    );
+    crate::tmux::wait_or_dump(&relay, &tmux, "the second note is submitted", || {
+        pane.text().lines().any(|l| l == line)
+    });
+    assert!(!in_mode(), "copy mode was left");
+    let shown = pane.text();
+    assert_eq!(
+        shown.matches("got: Relay message from human").count(),
+        2,
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_persons_line_in_a_pty_is_never_typed_over() {
+    a_persons_line(Backend::Pty);
+}
+
+#[test]
+fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
+    a_persons_line(Backend::Tmux);
+}
