@@ -4,6 +4,7 @@
 
 mod afterfirst;
 mod agents;
+mod backends;
 mod cli;
 mod client;
 mod config;

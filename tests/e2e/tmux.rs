@@ -23,12 +23,12 @@ done
 
 /// The test's tmux server, killed (with every session on it) when dropped; the relaying
 /// processes notice and end.
-struct Tmux<'a> {
-    dir: &'a Path,
+pub(crate) struct Tmux<'a> {
+    pub(crate) dir: &'a Path,
 }
 
 impl Tmux<'_> {
-    fn run(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn run(&self, args: &[&str]) -> std::process::Output {
         Command::new("tmux")
             .env("TMUX_TMPDIR", self.dir)
             .env_remove("TMUX")
@@ -37,7 +37,7 @@ impl Tmux<'_> {
             .expect("tmux is installed (.ci/run installs it)")
     }
 
-    fn pane(&self, session: &str) -> String {
+    pub(crate) fn pane(&self, session: &str) -> String {
         let out = self.run(&[
             "capture-pane",
             "-p",
@@ -50,7 +50,7 @@ impl Tmux<'_> {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn has(&self, session: &str) -> bool {
+    pub(crate) fn has(&self, session: &str) -> bool {
         self.run(&["has-session", "-t", &format!("={session}")])
             .status
             .success()
@@ -64,7 +64,7 @@ impl Drop for Tmux<'_> {
 }
 
 /// `agent-relay <args>` in the relay's directory, with the test's tmux server.
-fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
+pub(crate) fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
     let mut c = relay.command();
     c.current_dir(relay.dir.path())
         .env("TMUX_TMPDIR", relay.dir.path())
@@ -129,7 +129,7 @@ fn rerun(relay: &Relay, name: &str) -> std::process::Output {
     tmux_wrap(relay, name, &["unused.sh"])
 }
 
-fn session_of(relay: &Relay, name: &str) -> String {
+pub(crate) fn session_of(relay: &Relay, name: &str) -> String {
     let base = relay
         .dir
         .path()
@@ -144,7 +144,7 @@ fn session_of(relay: &Relay, name: &str) -> String {
 }
 
 /// Every stored message as (from, to, body).
-fn history(relay: &Relay) -> Vec<(String, String, String)> {
+pub(crate) fn history(relay: &Relay) -> Vec<(String, String, String)> {
     let h: Value =
         serde_json::from_slice(&relay.cli(&["history", "--json", "--limit", "1000"]).stdout)
             .unwrap_or_default();
@@ -168,7 +168,12 @@ fn history(relay: &Relay) -> Vec<(String, String, String)> {
 
 /// Waits until `cond`; on timeout fails with what every session shows and every wrapper
 /// logged, and the relay's history.
-fn wait_or_dump(relay: &Relay, tmux: &Tmux<'_>, what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_or_dump(
+    relay: &Relay,
+    tmux: &Tmux<'_>,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !cond() {
         if std::time::Instant::now() > deadline {
@@ -183,7 +188,7 @@ fn wait_or_dump(relay: &Relay, tmux: &Tmux<'_>, what: &str, mut cond: impl FnMut
 }
 
 /// What every session shows and every wrapper logged: for a failure's message.
-fn dump(relay: &Relay, tmux: &Tmux<'_>) -> String {
+pub(crate) fn dump(relay: &Relay, tmux: &Tmux<'_>) -> String {
     let mut dump = String::new();
     let sessions = tmux.run(&["list-sessions", "-F", "#{session_name}"]);
     for s in String::from_utf8_lossy(&sessions.stdout).lines() {
@@ -211,86 +216,6 @@ fn dump(relay: &Relay, tmux: &Tmux<'_>) -> String {
 
 fn count(hay: &str, needle: &str) -> usize {
     hay.matches(needle).count()
-}
-
-#[test]
-fn two_agents_converse_in_tmux_sessions_and_the_session_ends_with_the_agent() {
-    let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let bob = start_tmux_agent(
-        &relay,
-        "Bob",
-        r#"echo "I am $AGENT_RELAY_NAME, CI=[${CI-unset}]"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; echo;; esac
-done
-"#,
-        &["--inbox"],
-    );
-    wait_online(&relay, "Bob");
-    let alice = start_tmux_agent(
-        &relay,
-        "Alice",
-        r#"echo "@relay:Bob hello from alice"
-echo
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"Relay message from Bob"*) sleep 0.5; exit 7;; esac
-done
-"#,
-        &[],
-    );
-    wait_or_dump(&relay, &tmux, "Alice hears back and exits", || {
-        !tmux.has(&alice)
-    });
-    let exit = std::fs::read_to_string(relay.data_dir().join("team/Alice/exit")).unwrap();
-    assert_eq!(exit.trim(), "7", "the agent's exit status is kept");
-    wait_for(
-        Duration::from_secs(20),
-        "Alice's relaying process says goodbye",
-        || !is_online(&relay, "Alice"),
-    );
-    let bob_pane = tmux.pane(&bob);
-    assert!(
-        bob_pane.contains("I am Bob, CI=[unset]"),
-        "the agent gets AGENT_RELAY_NAME, not CI:\n{bob_pane}"
-    );
-    assert_eq!(
-        count(&bob_pane, "got: Relay message from Alice ["),
-        1,
-        "{bob_pane}"
-    );
-    assert_eq!(
-        history(&relay),
-        vec![
-            ("Alice".into(), "Bob".into(), "hello from alice".into()),
-            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
-        ]
-    );
-    // --inbox: Bob's messages are also in a file, whole.
-    let inbox = std::fs::read_to_string(relay.data_dir().join("team/Bob/inbox.md")).unwrap();
-    assert!(
-        inbox.contains("## From Alice [") && inbox.contains("\n\nhello from alice\n"),
-        "{inbox}"
-    );
-    // The delivery was seen submitted on Bob's screen.
-    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    let to_bob = h
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["to"] == "Bob")
-        .unwrap();
-    let read: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
-        "read",
-        to_bob["id"].as_str().unwrap(),
-        "--json",
-    ])))
-    .unwrap();
-    assert_eq!(read["deliveries"][0]["status"], "verified", "{read:#}");
 }
 
 #[test]
@@ -640,117 +565,6 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
 /// (a person scrolling back) is taken out of it before typing, or the keys would drive the
 /// copy mode instead of the agent. The profile must know the agent's prompt for this (the
 /// built-in `generic` and `shell` ones do not: a person names it in an override, as here).
-#[test]
-fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
-    let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let profiles = relay.dir.path().join("profiles");
-    std::fs::create_dir_all(&profiles).unwrap();
-    std::fs::write(profiles.join("generic.toml"), "prompt = '^> ?(.*)$'\n").unwrap();
-    let session = start_tmux_agent_with(
-        &relay,
-        "Dana",
-        "while printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
-        &["--profile", "generic"],
-        &[("AGENT_RELAY_PROFILE_DIR", &profiles)],
-    );
-    let target = format!("={session}:");
-    wait_online(&relay, "Dana");
-    wait_or_dump(&relay, &tmux, "Dana's prompt", || {
-        tmux.pane(&session).contains("> ")
-    });
-
-    // A person starts a line and stops to think.
-    tmux.run(&["send-keys", "-t", &target, "-l", "half a thought"]);
-    wait_or_dump(&relay, &tmux, "the person's text shows", || {
-        tmux.pane(&session).contains("> half a thought")
-    });
-    let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
-    let first: Value = serde_json::from_str(&first).unwrap();
-    let first_id = first["id"].as_str().unwrap().to_owned();
-    // The wrapper looks at the input line when the message is due (output quiet) and finds
-    // the person's text there: it logs that it is not ready. A wrapper that typed over a
-    // person would type at that moment instead.
-    let log = relay.data_dir().join("team/Dana/wrap.log");
-    let queued = format!("a message waits to be typed id={first_id}");
-    wait_or_dump(
-        &relay,
-        &tmux,
-        "the wrapper holds the note for the person",
-        || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.find(&queued).is_some_and(|at| {
-                text[at..].contains("not ready for a message why=InputNotEmpty")
-                    || text[at..].contains("typing a message")
-            })
-        },
-    );
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        !text.contains(&format!("typing a message id={first_id}")),
-        "typed over a person:\n{text}"
-    );
-    let pane = tmux.pane(&session);
-    assert!(
-        !pane.contains("Relay message"),
-        "typed over a person:\n{pane}"
-    );
-    assert!(
-        pane.lines().any(|l| l.trim_end() == "> half a thought"),
-        "the person's line changed:\n{pane}"
-    );
-
-    // They finish it: their line goes in whole, then the message as a line of its own.
-    tmux.run(&["send-keys", "-t", &target, "-l", " and more"]);
-    tmux.run(&["send-keys", "-t", &target, "Enter"]);
-    wait_or_dump(&relay, &tmux, "the relayed note arrives", || {
-        tmux.pane(&session).contains("first relayed note")
-    });
-    let short = relay_protocol::short_id(&first_id);
-    wait_or_dump(&relay, &tmux, "the note is reported verified", || {
-        let v: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["read", &first_id, "--json"]))).unwrap();
-        v["deliveries"][0]["status"] == "verified"
-    });
-    let pane = tmux.pane(&session);
-    let got: Vec<&str> = pane
-        .lines()
-        .filter_map(|l| l.strip_prefix("got: "))
-        .collect();
-    assert_eq!(
-        got,
-        [
-            "half a thought and more".to_owned(),
-            format!("Relay message from human [{short}]: first relayed note"),
-        ],
-        "{pane}"
-    );
-
-    // A person scrolls back (copy mode) and leaves the pane so: the wrapper takes it out of
-    // copy mode and types the next message into the agent, once.
-    tmux.run(&["copy-mode", "-t", &target]);
-    let in_mode = || {
-        let out = tmux.run(&["display-message", "-p", "-t", &target, "#{pane_in_mode}"]);
-        String::from_utf8_lossy(&out.stdout).trim() == "1"
-    };
-    assert!(in_mode(), "the pane is in copy mode");
-    let second = ok_stdout(&relay.cli(&["send", "Dana", "second relayed note", "--json"]));
-    let second: Value = serde_json::from_str(&second).unwrap();
-    let second_id = second["id"].as_str().unwrap().to_owned();
-    let line = format!(
-        "got: Relay message from human [{}]: second relayed note",
-        relay_protocol::short_id(&second_id)
-    );
-    wait_or_dump(&relay, &tmux, "the second note is submitted", || {
-        tmux.pane(&session).lines().any(|l| l == line)
-    });
-    assert!(!in_mode(), "copy mode was left");
-    let pane = tmux.pane(&session);
-    assert_eq!(count(&pane, "got: Relay message from human"), 2, "{pane}");
-}
-
 /// `agent-relay attach NAME` from a person's terminal (not inside tmux): the terminal shows
 /// the agent's session; detaching (Ctrl-b d) returns with exit 0, and the agent keeps running
 /// and relaying.
@@ -1331,4 +1145,60 @@ fn agents_started_and_stopped_together_leave_the_tmux_server_running() {
         stop(name);
     }
     assert!(tmux.has("mine"), "the tmux server died");
+}
+
+/// The parser reads a tmux pane at the pane's width, and follows a resize: a TUI (the
+/// `codex` parse profile breaks its own lines) prints a directive whose next row, at the
+/// directive's indentation, is a new line at one width and the rest of a wrapped line at a
+/// narrower one.
+#[test]
+fn a_resized_tmux_window_is_read_at_its_new_width() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let (mut bob, _) = relay.agent("Bob");
+    bob.read_timeout(Duration::from_secs(30));
+    let mut heard = || {
+        let m = bob.expect("DELIVER");
+        bob.ack(&m);
+        m["payload"]["body"].as_str().unwrap().to_owned()
+    };
+    let alice = start_tmux_agent(
+        &relay,
+        "Alice",
+        r#"read -r go
+printf '  @relay:Bob hi\n  Done.\n\n'
+read -r go
+printf '  @relay:Bob %s\n  Done.\n\n' xxxxxxxxxxxxxxxxxxxxxxxxx
+while IFS= read -r line; do :; done
+"#,
+        &["--profile", "codex"],
+    );
+    wait_online(&relay, "Alice");
+    let resize = |cols: &str| {
+        let out = tmux.run(&[
+            "resize-window",
+            "-t",
+            &format!("={alice}:"),
+            "-x",
+            cols,
+            "-y",
+            "20",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    let go = || {
+        let out = tmux.run(&["send-keys", "-t", &format!("={alice}:"), "go", "Enter"]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    // 100 columns: `Done.` would have fitted after `hi`, so it is a line of its own.
+    resize("100");
+    go();
+    assert_eq!(heard(), "hi", "{}", dump(&relay, &tmux));
+    // 40 columns: the 38-column row could not take `Done.`, so the TUI wrapped it there.
+    resize("40");
+    go();
+    let x = "x".repeat(25);
+    assert_eq!(heard(), format!("{x} Done."), "{}", dump(&relay, &tmux));
 }

@@ -56,8 +56,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             up::down(&paths, &args)
         }
         Cmd::Stop(args) => stop::stop(&paths, &args),
-        // Pure: no daemon, no runtime.
-        Cmd::Parse(args) => parse::run(&args),
+        // Pure: no daemon, no runtime (reads the profile files).
+        Cmd::Parse(args) => parse::run(&paths, &args),
         // Edits a file, or answers Claude Code's hook (its own small runtime).
         Cmd::Hooks(args) => hooks::run(&paths, &args),
         // Its own runtime; stdout is the MCP channel.

@@ -1,7 +1,10 @@
 //! `agent-relay parse`: reads raw terminal bytes and prints the relay directives in them, each
-//! once, through exactly the parser the wrapper uses ([`relay_parse::Parser`]).
+//! once, through exactly the parser the wrapper uses ([`relay_parse::Parser`]), with the
+//! profile the wrapper would load (the embedded file, the project's `[profiles.NAME]`, then
+//! `$AGENT_RELAY_PROFILE_DIR/NAME.toml`).
 
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 
 /// Arguments of `agent-relay parse`.
 #[derive(Debug, clap::Args)]
@@ -10,8 +13,16 @@ pub(crate) struct ParseArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// How to read the output: generic, shell, claude, codex or gemini (default: generic).
+    /// Loaded as the wrapper loads it: with the project's `[profiles.NAME]` and
+    /// `$AGENT_RELAY_PROFILE_DIR/NAME.toml` overrides (its `busy` markers, for `--live`).
     #[arg(long, value_name = "NAME")]
     pub(crate) profile: Option<String>,
+    /// Read the input as a live terminal: whenever nothing more is ready to read (a pause),
+    /// the screen settles as the wrapper's does after quiet output, unless the profile's busy
+    /// markers show near the cursor. Without it, rows are final only when they scroll away or
+    /// at the end.
+    #[arg(long)]
+    pub(crate) live: bool,
     /// Height of the terminal the output was written for (default 100). Needed for TUIs that
     /// position the cursor on absolute rows, such as Claude Code after a resize.
     #[arg(long, value_name = "N")]
@@ -26,22 +37,35 @@ pub(crate) struct ParseArgs {
 }
 
 /// Runs `agent-relay parse`.
-pub(crate) fn run(args: &ParseArgs) -> anyhow::Result<()> {
-    let profile = match &args.profile {
-        None => relay_parse::Profile::generic(),
-        Some(name) => relay_parse::Profile::by_name(name).ok_or_else(|| {
-            anyhow::anyhow!(
-                "unknown profile {name:?}; known profiles: {}",
-                relay_parse::Profile::NAMES.join(", ")
-            )
-        })?,
-    };
-    let mut input: Box<dyn Read> = match &args.file {
-        Some(path) => Box::new(
-            std::fs::File::open(path)
-                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?,
+pub(crate) fn run(paths: &relay_client::paths::Paths, args: &ParseArgs) -> anyhow::Result<()> {
+    let name = args.profile.as_deref().unwrap_or("generic");
+    if !relay_wrap::profile::Profile::NAMES.contains(&name) {
+        anyhow::bail!(
+            "unknown profile {name:?}; known profiles: {}",
+            relay_wrap::profile::Profile::NAMES.join(", ")
+        );
+    }
+    // The same layers as `wrap`: what the parser needs from a profile (its busy markers) is
+    // written in the profile files only.
+    let file = crate::config_file::load(&paths.project_root, |k| std::env::var_os(k))?;
+    let project = file.as_ref().and_then(|f| f.profile(name));
+    let profile = relay_wrap::profile::Profile::load_with(
+        name,
+        project.as_ref().map(|(o, from)| (*o, from.as_str())),
+        relay_wrap::profile::override_dir().as_deref(),
+    )?
+    .parse;
+    let (mut input, ready): (Box<dyn Read>, Box<dyn Fn() -> bool>) = match &args.file {
+        Some(path) => {
+            let file = std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            let fd = file.try_clone()?;
+            (Box::new(file), Box::new(move || more_ready(&fd)))
+        }
+        None => (
+            Box::new(std::io::stdin().lock()),
+            Box::new(|| more_ready(&std::io::stdin())),
         ),
-        None => Box::new(std::io::stdin().lock()),
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -60,15 +84,29 @@ pub(crate) fn run(args: &ParseArgs) -> anyhow::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(anyhow::anyhow!("cannot read input: {e}")),
         };
-        for directive in parser.feed(&buf[..n]) {
+        let mut found = parser.feed(&buf[..n]);
+        // Whether this read ended at a pause is decided before anything is printed: a writer
+        // that waits for what it read to be printed then writes on finds it decided.
+        if args.live && !ready() {
+            found.extend(parser.settle());
+        }
+        for directive in found {
             print_directive(&mut out, &directive, args.json)?;
         }
+        out.flush()?;
     }
     for directive in parser.finish() {
         print_directive(&mut out, &directive, args.json)?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// Whether more input is ready to read at once (no pause): a zero-timeout poll.
+fn more_ready(fd: &impl AsFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    // A failed poll counts as a pause: settling early only makes rows final sooner.
+    rustix::event::poll(&mut fds, 0).is_ok_and(|n| n > 0)
 }
 
 fn print_directive(

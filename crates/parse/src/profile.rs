@@ -1,7 +1,11 @@
 //! Per-CLI parse settings.
 //!
 //! The rules of the scanner are the same for every program; a profile only switches the few
-//! that depend on how a program draws its screen.
+//! that depend on how a program draws its screen. What a program shows while it works (its
+//! busy markers) is data, not code: it lives in the wrapper's profile files
+//! (`crates/wrap/profiles/*.toml`, overridable by a person), and whoever loads one hands it
+//! over with [`Profile::with_busy_markers`], so editing the file changes when the parser
+//! settles too.
 
 /// How to read one program's terminal output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,14 +13,12 @@ pub struct Profile {
     name: &'static str,
     code_by_colour: bool,
     claude_transcript: bool,
-    busy_markers: &'static [&'static str],
+    /// Lowercased (see [`Profile::with_busy_markers`]).
+    busy_markers: Vec<String>,
     /// The program breaks long lines into rows itself (a TUI laying out text at the
     /// terminal's width), so a row that fills the width may continue on the next one.
     hard_wraps: bool,
 }
-
-/// What agent TUIs show near their input while they work.
-const AGENT_BUSY: &[&str] = &["esc to interrupt", "esc to cancel"];
 
 impl Profile {
     /// The names [`Profile::by_name`] knows.
@@ -28,7 +30,7 @@ impl Profile {
             name: "generic",
             code_by_colour: false,
             claude_transcript: false,
-            busy_markers: AGENT_BUSY,
+            busy_markers: Vec::new(),
             hard_wraps: false,
         }
     }
@@ -39,7 +41,7 @@ impl Profile {
             name: "shell",
             code_by_colour: false,
             claude_transcript: false,
-            busy_markers: &[],
+            busy_markers: Vec::new(),
             hard_wraps: false,
         }
     }
@@ -55,7 +57,7 @@ impl Profile {
             name: "claude",
             code_by_colour: true,
             claude_transcript: true,
-            busy_markers: &["esc to interrupt"],
+            busy_markers: Vec::new(),
             hard_wraps: true,
         }
     }
@@ -67,7 +69,7 @@ impl Profile {
             name: "codex",
             code_by_colour: true,
             claude_transcript: false,
-            busy_markers: AGENT_BUSY,
+            busy_markers: Vec::new(),
             hard_wraps: true,
         }
     }
@@ -80,7 +82,7 @@ impl Profile {
             name: "gemini",
             code_by_colour: false,
             claude_transcript: false,
-            busy_markers: AGENT_BUSY,
+            busy_markers: Vec::new(),
             hard_wraps: true,
         }
     }
@@ -118,9 +120,25 @@ impl Profile {
 
     /// Text a TUI shows near its input while the agent is working (`esc to interrupt`); while
     /// it is on screen, a pause in the output is not the end of anything (see
-    /// [`crate::Parser::settle`]).
-    pub fn busy_markers(&self) -> &'static [&'static str] {
-        self.busy_markers
+    /// [`crate::Parser::settle`]). None unless given with [`Profile::with_busy_markers`].
+    pub fn busy_markers(&self) -> &[String] {
+        &self.busy_markers
+    }
+
+    /// This profile with `markers` as its busy markers (matched case-insensitively): the
+    /// `busy` list of the loaded profile file (`relay_wrap::profile::Profile` does this), the
+    /// one place they are written.
+    #[must_use]
+    pub fn with_busy_markers<S: AsRef<str>>(
+        mut self,
+        markers: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.busy_markers = markers
+            .into_iter()
+            .map(|m| m.as_ref().to_lowercase())
+            .filter(|m| !m.is_empty())
+            .collect();
+        self
     }
 
     /// Whether the program keeps a Claude Code transcript whose replies tell a quoted

@@ -254,21 +254,16 @@ impl Screen {
     }
 
     /// Whether a row near the cursor (where TUIs keep their status line) shows one of
-    /// `markers`, compared ignoring ASCII case.
-    pub(crate) fn shows_near_cursor(&self, markers: &[&str]) -> bool {
+    /// `markers` (lowercase), compared ignoring case.
+    pub(crate) fn shows_near_cursor(&self, markers: &[String]) -> bool {
         if markers.is_empty() {
             return false;
         }
         let from = self.cur_row.saturating_sub(STATUS_ROWS);
         self.grid.iter().skip(from).any(|row| {
-            let text: String = row
-                .cells
-                .iter()
-                .map(|c| c.ch.to_ascii_lowercase())
-                .collect();
-            markers
-                .iter()
-                .any(|m| text.contains(&m.to_ascii_lowercase()))
+            // Markers come lowercased (`Profile::with_busy_markers`).
+            let text: String = row.cells.iter().flat_map(|c| c.ch.to_lowercase()).collect();
+            markers.iter().any(|m| text.contains(m.as_str()))
         })
     }
 

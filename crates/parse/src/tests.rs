@@ -265,7 +265,7 @@ fn a_directive_cut_by_a_clear_without_reprint_is_still_reported() {
 
 #[test]
 fn settle_reads_nothing_while_the_agent_shows_it_is_working() {
-    let mut p = Parser::new(Profile::claude());
+    let mut p = Parser::new(Profile::claude().with_busy_markers(["Esc to interrupt"]));
     p.set_rows(10);
     let status = "\u{273d} Working\u{2026} (esc to interrupt)";
     let mut out = p.feed(format!("\u{25cf} @relay:Bob first half\r\n{status}\r\n").as_bytes());
@@ -280,6 +280,17 @@ fn settle_reads_nothing_while_the_agent_shows_it_is_working() {
     );
     out.extend(p.settle());
     assert_eq!(bodies(&out), ["Bob:first half and the second half"]);
+}
+
+#[test]
+fn a_profile_without_busy_markers_settles_whatever_the_screen_shows() {
+    // Busy markers are data handed in by whoever loaded the profile file, none by default.
+    let mut p = Parser::new(Profile::claude());
+    p.set_rows(10);
+    let status = "\u{273d} Working\u{2026} (esc to interrupt)";
+    let mut out = p.feed(format!("\u{25cf} @relay:Bob first half\r\n{status}\r\n").as_bytes());
+    out.extend(p.settle());
+    assert_eq!(bodies(&out), ["Bob:first half"]);
 }
 
 #[test]

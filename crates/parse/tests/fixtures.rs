@@ -53,6 +53,21 @@ impl Fixture {
     }
 }
 
+/// The parse profile `name` with the busy markers of the wrapper's profile file of that name
+/// (`crates/wrap/profiles/NAME.toml`), where they are written once.
+fn profile(name: &str) -> Profile {
+    let base = Profile::by_name(name).unwrap_or_else(|| panic!("no profile {name}"));
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../wrap/profiles/{name}.toml"));
+    let text = std::fs::read_to_string(&file).expect("profile file");
+    let table: toml::Table = toml::from_str(&text).expect("profile TOML");
+    let busy = table
+        .get("busy")
+        .and_then(toml::Value::as_array)
+        .map(|v| v.iter().filter_map(toml::Value::as_str).collect::<Vec<_>>())
+        .unwrap_or_default();
+    base.with_busy_markers(busy)
+}
+
 fn fixtures() -> Vec<Fixture> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -72,8 +87,7 @@ fn fixtures() -> Vec<Fixture> {
                 .expect("utf-8 name");
             let stem = stem.strip_prefix("synthetic-").unwrap_or(stem);
             let first = stem.split('-').next().unwrap_or("");
-            let profile =
-                Profile::by_name(first).unwrap_or_else(|| panic!("no profile for {stem}"));
+            let profile = profile(first);
             let timing = std::fs::read_to_string(path.with_extension("timing")).unwrap_or_default();
             let mut reads = Vec::new();
             let mut sizes = Vec::new();

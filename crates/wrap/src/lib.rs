@@ -680,6 +680,7 @@ impl Core {
     async fn resync(&mut self, snap: tmux::Snapshot, now: Instant) {
         let mut parser = Parser::new(self.cfg.profile.parse.clone());
         parser.set_rows(usize::from(snap.rows));
+        parser.set_cols(usize::from(snap.cols));
         self.parser = parser;
         let Some(r) = &mut self.resume else {
             return;

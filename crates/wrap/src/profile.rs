@@ -263,6 +263,9 @@ impl Profile {
                     relay_parse::Profile::NAMES.join(", ")
                 ),
             })?;
+        // The parser's busy markers are this file's `busy` list: one source for both.
+        let busy = lowercase(f.busy.unwrap_or_default());
+        let parse = parse.with_busy_markers(&busy);
         let regexes = |v: Option<Vec<String>>| -> Result<Vec<Regex>, ProfileError> {
             v.unwrap_or_default()
                 .iter()
@@ -277,7 +280,7 @@ impl Profile {
             enter_delay: ms(f.enter_delay_ms, 100),
             verify_after: ms(f.verify_after_ms, 300),
             enter_retries: f.enter_retries.unwrap_or(1),
-            busy: lowercase(f.busy.unwrap_or_default()),
+            busy,
             busy_patterns: regexes(f.busy_patterns)?,
             dialogs: lowercase(f.dialogs.unwrap_or_default()),
             prompt: f.prompt.as_deref().map(|p| regex(p, source)).transpose()?,

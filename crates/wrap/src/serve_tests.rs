@@ -499,6 +499,7 @@ fn snapshot(seen: &str, unseen: &str) -> Snapshot {
         seen: seen.replace('\n', "\r\n").into_bytes(),
         unseen: unseen.replace('\n', "\r\n").into_bytes(),
         rows: 24,
+        cols: 80,
     }
 }
 

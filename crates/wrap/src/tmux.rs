@@ -364,6 +364,8 @@ pub(crate) struct Snapshot {
     pub(crate) unseen: Vec<u8>,
     /// Screen height.
     pub(crate) rows: u16,
+    /// Screen width (the parser's continuation rule needs it).
+    pub(crate) cols: u16,
 }
 
 impl Pane {
@@ -447,7 +449,7 @@ impl Pane {
     /// read. With colours (`-e`), as the parser reads them from live output.
     pub(crate) fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
         let info = self.run(&format!(
-            "display-message -p -t {} \"#{{history_size}} #{{cursor_y}} #{{cursor_x}} #{{pane_height}}\"",
+            "display-message -p -t {} \"#{{history_size}} #{{cursor_y}} #{{cursor_x}} #{{pane_height}} #{{pane_width}}\"",
             self.target
         ))?;
         // Every field a number, or the answer is refused: a field read as 0 would put the
@@ -457,7 +459,7 @@ impl Pane {
             .map(str::parse)
             .collect::<Result<_, _>>()
             .unwrap_or_default();
-        let [history, cy, cx, height] = n[..] else {
+        let [history, cy, cx, height, width] = n[..] else {
             return Err(tmux_err(
                 "display-message",
                 format!("pane state is {info:?}"),
@@ -490,6 +492,7 @@ impl Pane {
         };
         let mut snap = Snapshot {
             rows: u16::try_from(height).unwrap_or(40),
+            cols: u16::try_from(width).unwrap_or(80),
             ..Snapshot::default()
         };
         if at < 0 {
@@ -654,6 +657,9 @@ impl crate::terminal::Terminal for TmuxTerminal {
         };
         match note {
             Some(Note::Output(bytes)) => Ok(TermEvent::Output(bytes)),
+            // The window was resized (a person's terminal, `resize-window`): what the pane
+            // prints from now on is laid out at this size.
+            Some(Note::Resized { rows, cols }) => Ok(TermEvent::Resized { rows, cols }),
             // The control client ended: the session is gone (the agent exited, a person
             // killed it, the tmux server died), or only the client (killed), and a new one
             // reads on from the checkpoint.

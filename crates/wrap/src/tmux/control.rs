@@ -37,6 +37,15 @@ fn err(what: &str, e: impl std::fmt::Display) -> WrapError {
 pub(crate) enum Note {
     /// Bytes the pane printed.
     Output(Vec<u8>),
+    /// The pane's size changed (its window was resized, or split): from a `%layout-change`
+    /// notification, in order with the output, so what the pane prints after a resize is
+    /// read at its new width.
+    Resized {
+        /// Height.
+        rows: u16,
+        /// Width.
+        cols: u16,
+    },
     /// The client ended: its session or the tmux server went away, or it was killed.
     Gone,
 }
@@ -252,6 +261,20 @@ fn read_answers(
             }
             continue;
         }
+        if let Some(rest) = text.strip_prefix(b"%layout-change ") {
+            // `%layout-change @WINDOW LAYOUT VISIBLE-LAYOUT FLAGS`: the pane's size is in the
+            // window's layout.
+            let layout = rest.split(|&b| b == b' ').nth(1).unwrap_or_default();
+            let size = std::str::from_utf8(layout)
+                .ok()
+                .and_then(|l| pane_size(l, pane));
+            if let Some((cols, rows)) = size
+                && notes.send(Note::Resized { rows, cols }).is_err()
+            {
+                break;
+            }
+            continue;
+        }
         match guard_line(text) {
             Some(("%begin", n, flags)) => block = Some((n.to_owned(), flags == "1")),
             _ if text.starts_with(b"%exit") => break,
@@ -263,6 +286,44 @@ fn read_answers(
     if let Ok(mut w) = waiting.lock() {
         // Dropped slots tell their commands the client is gone.
         w.clear();
+    }
+}
+
+/// The size (columns, rows) of pane `pane` (`%N`) in a tmux window layout such as
+/// `a87d,100x30,0,0,0` or `c08a,100x30,0,0[100x15,0,0,0,100x14,0,16,1]`: each cell is
+/// `WxH,X,Y` followed by the pane's number (a pane) or by `{...}`/`[...]` (a split). With
+/// `pane` unknown, the window's only pane.
+fn pane_size(layout: &str, pane: Option<&str>) -> Option<(u16, u16)> {
+    // The layout after its checksum.
+    let cells = layout.split_once(',')?.1;
+    let tokens: Vec<&str> = cells
+        .split([',', '{', '}', '[', ']'])
+        .filter(|t| !t.is_empty())
+        .collect();
+    let size = |t: &str| -> Option<(u16, u16)> {
+        let (w, h) = t.split_once('x')?;
+        Some((w.parse().ok()?, h.parse().ok()?))
+    };
+    let mut panes = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        let Some(wh) = size(tokens[i]) else {
+            i += 1;
+            continue;
+        };
+        // `WxH,X,Y` then, for a pane, its number (a split's first child is a size instead).
+        match tokens.get(i + 3) {
+            Some(id) if size(id).is_none() && id.bytes().all(|b| b.is_ascii_digit()) => {
+                panes.push((*id, wh));
+                i += 4;
+            }
+            _ => i += 3,
+        }
+    }
+    match pane.and_then(|p| p.strip_prefix('%')) {
+        Some(id) => panes.iter().find(|(n, _)| *n == id).map(|(_, wh)| *wh),
+        None if panes.len() == 1 => Some(panes[0].1),
+        None => None,
     }
 }
 
@@ -391,6 +452,54 @@ mod tests {
         assert_eq!(
             ra.recv().unwrap().unwrap(),
             b"%output %1 not output: inside a block\n"
+        );
+    }
+
+    #[test]
+    fn a_panes_size_is_read_from_its_windows_layout() {
+        assert_eq!(pane_size("a87d,100x30,0,0,0", Some("%0")), Some((100, 30)));
+        assert_eq!(pane_size("a87d,100x30,0,0,0", None), Some((100, 30)));
+        let split = "c08a,100x30,0,0[100x15,0,0,0,100x14,0,16,1]";
+        assert_eq!(pane_size(split, Some("%1")), Some((100, 14)));
+        assert_eq!(pane_size(split, Some("%0")), Some((100, 15)));
+        assert_eq!(pane_size(split, Some("%7")), None);
+        assert_eq!(pane_size(split, None), None);
+        let nested = "d1e2,160x48,0,0{80x48,0,0,3,79x48,81,0[79x24,81,0,4,79x23,81,25,5]}";
+        assert_eq!(pane_size(nested, Some("%5")), Some((79, 23)));
+        assert_eq!(pane_size(nested, Some("%3")), Some((80, 48)));
+        assert_eq!(pane_size("garbage", Some("%0")), None);
+    }
+
+    #[test]
+    fn a_layout_change_tells_the_panes_new_size_in_order_with_its_output() {
+        let layout = "c08a,100x30,0,0[100x15,0,0,0,100x14,0,16,1]";
+        let stdout =
+            format!("%output %1 before\n%layout-change @0 {layout} {layout} *\n%output %1 after\n");
+        let (notes, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        read_answers(
+            stdout.as_bytes(),
+            &Waiting::default(),
+            &AtomicBool::new(true),
+            Some("%1"),
+            &notes,
+        );
+        let mut got = Vec::new();
+        while let Ok(note) = rx.try_recv() {
+            got.push(format!("{note:?}"));
+        }
+        assert_eq!(
+            got,
+            [
+                format!("{:?}", Note::Output(b"before".to_vec())),
+                format!(
+                    "{:?}",
+                    Note::Resized {
+                        rows: 14,
+                        cols: 100
+                    }
+                ),
+                format!("{:?}", Note::Output(b"after".to_vec())),
+            ]
         );
     }
 
