@@ -235,6 +235,11 @@ impl Look for ProfileLook<'_> {
         self.screen()
             .is_some_and(|s| self.profile.submitted(&s, typed))
     }
+
+    fn echoed(&mut self, typed: &str) -> bool {
+        self.screen()
+            .is_some_and(|s| self.profile.echoed(&s, typed))
+    }
 }
 
 /// The state both backends share: the relay connection, the parser, the injector and what
@@ -262,6 +267,9 @@ struct Core {
     queued: HashSet<String>,
     last_output: Instant,
     settled: bool,
+    /// The screen was looked at for the end of the agent's turn since the last output (see
+    /// [`Profile::turn_settle`]).
+    turn_checked: bool,
     /// Bytes of the agent's output read so far by this wrapper. Logged
     /// with each burst and each settling, so a test can tell which output an event follows.
     read: u64,
@@ -321,6 +329,7 @@ impl Core {
         let timing = Timing {
             quiet: cfg.profile.quiet,
             enter_delay: cfg.profile.enter_delay,
+            enter_on_echo: cfg.profile.enter_on_echo,
             verify_after: cfg.profile.verify_after,
             enter_retries: cfg.profile.enter_retries,
             recheck: Duration::from_secs(2),
@@ -364,6 +373,7 @@ impl Core {
             queued: HashSet::new(),
             last_output: now,
             settled: true,
+            turn_checked: false,
             read: 0,
             relayed_told: false,
             resume: None,
@@ -609,6 +619,7 @@ impl Core {
         self.injector.on_output(now);
         self.last_output = now;
         self.settled = false;
+        self.turn_checked = false;
         self.turn_looked = false;
         for d in self.parser.feed(bytes) {
             self.send_directive(d).await;
@@ -816,16 +827,50 @@ impl Core {
 
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
-        let settle = (!self.settled).then(|| self.last_output + self.cfg.profile.settle);
+        let settle = (!self.settled).then(|| self.settle_due());
         [settle, self.injector.next_deadline(), self.transcript_due]
             .into_iter()
             .flatten()
             .min()
     }
 
+    /// When the output counts as settled if nothing more comes: after the profile's short
+    /// quiet time for a screen showing the turn over, until that screen was looked at; then
+    /// after its settle time.
+    fn settle_due(&self) -> Instant {
+        match self.cfg.profile.turn_settle {
+            Some(t) if !self.turn_checked => self.last_output + t,
+            _ => self.last_output + self.cfg.profile.settle,
+        }
+    }
+
+    /// Whether the output counts as settled at `now`: quiet for the settle time, or for the
+    /// turn's short quiet time with the screen showing the agent back at an empty input line,
+    /// nothing working and no dialog (its reply is whole: a directive in it goes now rather
+    /// than after the settle time).
+    fn settles(&mut self, now: Instant) -> bool {
+        if self.settled {
+            return false;
+        }
+        if now >= self.last_output + self.cfg.profile.settle {
+            return true;
+        }
+        match self.cfg.profile.turn_settle {
+            Some(t) if !self.turn_checked && now >= self.last_output + t => {
+                self.turn_checked = true;
+                let over = self.cfg.profile.waiting_for_input(&self.parser.screen());
+                if over {
+                    tracing::debug!("the screen shows the turn over: settled early");
+                }
+                over
+            }
+            _ => false,
+        }
+    }
+
     /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
     async fn drive(&mut self, now: Instant, mut term: Term<'_>) -> Result<(), WrapError> {
-        if !self.settled && now >= self.last_output + self.cfg.profile.settle {
+        if self.settles(now) {
             self.settled = true;
             for d in self.parser.settle() {
                 self.send_directive(d).await;
