@@ -50,6 +50,8 @@ const BUSY_AFTER: Duration = Duration::from_secs(1);
 /// How long after output went quiet Claude Code's transcript is looked at once more (it may
 /// write a reply there after drawing it).
 const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
+/// How often Claude Code's transcript is read while a directive waits for its reply there.
+const HELD_RECHECK: Duration = Duration::from_millis(5);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -296,6 +298,11 @@ struct Core {
     screen_directives: u64,
     /// The log was told that no transcript is to be found.
     transcript_missing_told: bool,
+    /// Directives read off the screen before Claude Code's transcript had their reply, in
+    /// order, each with the time it is sent all the same (see [`Core::release_held`]).
+    held: std::collections::VecDeque<(Directive, Instant)>,
+    /// When to look at the transcript again for the held directives.
+    held_due: Option<Instant>,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -385,6 +392,8 @@ impl Core {
             transcript_due: None,
             screen_directives: 0,
             transcript_missing_told: false,
+            held: std::collections::VecDeque::new(),
+            held_due: None,
         })
     }
 
@@ -453,7 +462,46 @@ impl Core {
         }
     }
 
+    /// Sends a directive read off the screen; with Claude Code's transcript, once the
+    /// transcript has its reply (a turn's end is seen on the screen before Claude Code has
+    /// written the reply there, and only the transcript tells a line a ```text block quotes
+    /// from one the reply says), waiting at most the settle time for it.
     async fn send_directive(&mut self, d: Directive) {
+        if let Some(t) = &mut self.transcript
+            && (!self.held.is_empty() || !t.knows(&d))
+        {
+            let now = Instant::now();
+            self.held.push_back((d, now + self.cfg.profile.settle));
+            self.held_due.get_or_insert(now + HELD_RECHECK);
+            return;
+        }
+        self.send_checked(d).await;
+    }
+
+    /// Sends the held directives whose reply the transcript has now, or whose wait is over,
+    /// in the order the screen showed them.
+    async fn release_held(&mut self, now: Instant) {
+        if self.held_due.is_none_or(|due| now < due) {
+            return;
+        }
+        while let Some((d, until)) = self.held.front() {
+            let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
+            if !known && now < *until {
+                break;
+            }
+            if !known {
+                tracing::debug!(
+                    "Claude Code's transcript does not have a directive's reply yet; it goes by the screen"
+                );
+            }
+            if let Some((d, _)) = self.held.pop_front() {
+                self.send_checked(d).await;
+            }
+        }
+        self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
+    }
+
+    async fn send_checked(&mut self, d: Directive) {
         self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
@@ -828,10 +876,15 @@ impl Core {
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
         let settle = (!self.settled).then(|| self.settle_due());
-        [settle, self.injector.next_deadline(), self.transcript_due]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            settle,
+            self.injector.next_deadline(),
+            self.transcript_due,
+            self.held_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// When the output counts as settled if nothing more comes: after the profile's short
@@ -878,6 +931,7 @@ impl Core {
             self.send_from_transcript().await;
             self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
         }
+        self.release_held(now).await;
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
@@ -988,7 +1042,12 @@ impl Core {
     /// an `output after a quiet spell` line (logged before the person sees those bytes)
     /// says when more came.
     fn tell_if_relayed(&mut self) {
-        if self.relayed_told || !self.settled || self.transcript_due.is_some() || self.unacked > 0 {
+        if self.relayed_told
+            || !self.settled
+            || self.transcript_due.is_some()
+            || self.unacked > 0
+            || !self.held.is_empty()
+        {
             return;
         }
         self.relayed_told = true;
@@ -1004,7 +1063,7 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        if !self.settled || self.unacked > 0 || !r.dirty {
+        if !self.settled || self.unacked > 0 || !self.held.is_empty() || !r.dirty {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
@@ -1029,6 +1088,10 @@ impl Core {
     async fn finish(mut self) {
         for d in self.parser.finish() {
             self.send_directive(d).await;
+        }
+        // Nothing more will come: what waits for the transcript goes by the screen now.
+        while let Some((d, _)) = self.held.pop_front() {
+            self.send_checked(d).await;
         }
         // Let the last receipts arrive before saying goodbye.
         tokio::time::sleep(Duration::from_millis(50)).await;
