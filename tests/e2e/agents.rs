@@ -258,7 +258,7 @@ impl<'r> Agent<'r> {
 
     /// A person types `text` into this terminal and presses Enter (a separate key, once the
     /// text shows).
-    fn person_types(&self, text: &str) {
+    pub(crate) fn person_types(&self, text: &str) {
         self.tmux(&["send-keys", "-l", text]);
         wait_for(LONG, &format!("{text:?} shows in {}", self.name), || {
             self.pane().contains(text)
@@ -269,6 +269,11 @@ impl<'r> Agent<'r> {
     /// The conversation turns Claude Code sent so far: what this agent was asked, in order.
     pub(crate) fn prompts(&self) -> Vec<String> {
         self.standin.prompts()
+    }
+
+    /// This agent's stand-in model.
+    pub(crate) fn standin(&self) -> &StandIn {
+        &self.standin
     }
 
     /// Waits until `n` turns were asked; returns them.
@@ -287,7 +292,7 @@ impl<'r> Agent<'r> {
     }
 
     /// This agent's wrapper's log (`AGENT_RELAY_LOG=debug`).
-    fn wrap_log(&self) -> String {
+    pub(crate) fn wrap_log(&self) -> String {
         std::fs::read_to_string(
             self.relay
                 .data_dir()
@@ -401,7 +406,7 @@ impl Drop for Agent<'_> {
 /// Kills what an agent CLI left running on its own: Codex 0.169 starts a detached
 /// `codex app-server` daemon from `$CODEX_HOME/packages` that outlives its TUI. Anything whose
 /// command line names this agent's private HOME (a fresh temporary directory) is one of those.
-fn kill_leftovers(home: &Path) {
+pub(crate) fn kill_leftovers(home: &Path) {
     let needle = home.to_string_lossy().into_owned();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return;
@@ -1019,9 +1024,20 @@ fn log_timestamps_read_as_unix_ms() {
 /// Bob's request at his stand-in (submitted). Checks the parts come in that order (1 ms
 /// clock resolution) and the delivery is verified; prints the figures (docs/PERFORMANCE.md).
 /// More rounds:
-/// `AGENT_RELAY_LATENCY_ROUNDS=8 cargo nextest run --test e2e --no-capture -E 'test(claude_relay_latency)'`
+/// `AGENT_RELAY_LATENCY_ROUNDS=20 cargo nextest run --test e2e --no-capture -E 'test(claude_relay_latency)'`
 #[test]
 fn claude_relay_latency_in_parts() {
+    relay_latency_in_parts(Cli::Claude);
+}
+
+/// [`claude_relay_latency_in_parts`] with two Codex CLIs (`test(codex_relay_latency)`).
+#[test]
+fn codex_relay_latency_in_parts() {
+    relay_latency_in_parts(Cli::Codex);
+}
+
+/// Alice and Bob, both `cli`: the rounds of [`claude_relay_latency_in_parts`].
+fn relay_latency_in_parts(cli: Cli) {
     let rounds: usize = std::env::var("AGENT_RELAY_LATENCY_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -1035,8 +1051,8 @@ fn claude_relay_latency_in_parts() {
             )
         })
         .collect();
-    let alice = Agent::claude(&relay, "Alice", Script::new(rules));
-    let bob = Agent::claude(&relay, "Bob", Script::default());
+    let alice = Agent::start(&relay, cli, "Alice", Script::new(rules));
+    let bob = Agent::start(&relay, cli, "Bob", Script::default());
     alice.wait_ready();
     bob.wait_ready();
     let mut rows = Vec::new();
@@ -1087,10 +1103,10 @@ fn claude_relay_latency_in_parts() {
         "delivery: stored -> handed to Bob's wrapper",
         "readiness wait: handed over -> typing starts (quiet time, screen checks)",
         "typing: typing starts -> Enter pressed (paste, Enter delay)",
-        "submit: Enter pressed -> Bob's request at the stand-in (Claude Code)",
+        "submit: Enter pressed -> Bob's request at the stand-in (the CLI)",
         "total: printed -> Bob's prompt submitted",
     ];
-    println!("rounds: {rounds} (milliseconds; wall clock, 1 ms resolution)");
+    println!("{cli:?}, rounds: {rounds} (milliseconds; wall clock, 1 ms resolution)");
     for (k, name) in names.iter().enumerate() {
         let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
         v.sort_by(f64::total_cmp);
