@@ -7,6 +7,12 @@
 //! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "urgent"?}`,
 //! answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
 //! `{"nack", "reason"}` or `{"error"}`.
+//!
+//! Claude Code's Stop hook (`agent-relay hooks stop`, run by the wrapped Claude Code at the end
+//! of each turn) comes in by the same door: `{"hook": "stop", "active": bool}` (`active`:
+//! Claude Code's `stop_hook_active`, the turn was one a Stop hook continued), answered by
+//! `{"messages": [TEXT, ...]}`, the messages that waited to be typed, handed to the model
+//! instead (see `Core::hook_stop`).
 
 use std::path::{Path, PathBuf};
 
@@ -21,10 +27,18 @@ pub const SOCKET: &str = "door.sock";
 /// The longest request line read (a body is at most 512 KiB on the relay).
 const MAX_REQUEST: u64 = 1024 * 1024;
 
-/// A send asked for through the door, and where its receipt goes.
-pub(crate) struct Request {
-    pub(crate) msg: Outgoing,
-    pub(crate) reply: oneshot::Sender<Result<Receipt, ClientError>>,
+/// What comes in through the door, and where its answer goes.
+pub(crate) enum Request {
+    /// A send for the agent's own tool; its receipt.
+    Send {
+        msg: Box<Outgoing>,
+        reply: oneshot::Sender<Result<Receipt, ClientError>>,
+    },
+    /// Claude Code's Stop hook; the texts it hands to the model.
+    Stop {
+        active: bool,
+        reply: oneshot::Sender<Vec<String>>,
+    },
 }
 
 /// The door's requests, for the wrapper's loop.
@@ -115,9 +129,12 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
         .await
     {
         Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
-        Ok(_) => match serde_json::from_str::<Wire>(&line) {
-            Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
-            Ok(w) => ask(w, &tx).await,
+        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) if v["hook"] == "stop" => stop(v["active"].as_bool().unwrap_or(false), &tx).await,
+            _ => match serde_json::from_str::<Wire>(&line) {
+                Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
+                Ok(w) => ask(w, &tx).await,
+            },
         },
     };
     let text = format!("{answer}\n");
@@ -142,7 +159,8 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         },
     };
     let (reply, rx) = oneshot::channel();
-    if tx.send(Request { msg, reply }).await.is_err() {
+    let msg = Box::new(msg);
+    if tx.send(Request::Send { msg, reply }).await.is_err() {
         return serde_json::json!({"error": "the wrapper is ending"});
     }
     match rx.await {
@@ -154,5 +172,17 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         }
         Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}
+
+/// The Stop hook's request: the messages the wrapper hands over.
+async fn stop(active: bool, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Stop { active, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(messages) => serde_json::json!({ "messages": messages }),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }

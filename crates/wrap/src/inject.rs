@@ -177,6 +177,16 @@ impl<T> Injector<T> {
         }
     }
 
+    /// Takes out the queued messages (not the one being typed) that `f` picks, in their
+    /// order: another door handed them to the agent, so they are not typed.
+    pub fn take_queued(&mut self, mut f: impl FnMut(&T) -> bool) -> Vec<(String, T)> {
+        let (taken, kept) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|(_, t)| f(t));
+        self.queue = kept;
+        taken.into_iter().collect()
+    }
+
     /// The agent printed something at `now`.
     pub fn on_output(&mut self, now: Instant) {
         self.last_output = now;
@@ -611,6 +621,23 @@ mod tests {
         assert_eq!(inj.poll(ms(520), look), None);
         assert_eq!(look.echo_looks, 0);
         assert_eq!(inj.poll(ms(600), look), Some(Action::Enter));
+    }
+
+    #[test]
+    fn queued_messages_taken_by_another_door_are_not_typed() {
+        let t0 = Instant::now();
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("a".into(), 1, false);
+        inj.push("b".into(), 2, false);
+        inj.push("c".into(), 3, false);
+        let at = t0 + Duration::from_secs(1);
+        assert_eq!(inj.poll(at, look), Some(Action::Type("a".into())));
+        // The one being typed stays; the others go, in order.
+        let taken = inj.take_queued(|_| true);
+        assert_eq!(taken, vec![("b".to_owned(), 2), ("c".to_owned(), 3)]);
+        assert_eq!(inj.pending(), 1);
+        assert_eq!(inj.current(), Some(&1));
     }
 
     #[test]

@@ -303,6 +303,9 @@ struct Core {
     held: std::collections::VecDeque<(Directive, Instant)>,
     /// When to look at the transcript again for the held directives.
     held_due: Option<Instant>,
+    /// Messages Claude Code's Stop hook handed to the model (acknowledged injected), verified
+    /// when its next Stop hook runs: the turn they started has ended.
+    hooked: Vec<Delivered>,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -394,6 +397,7 @@ impl Core {
             transcript_missing_told: false,
             held: std::collections::VecDeque::new(),
             held_due: None,
+            hooked: Vec::new(),
         })
     }
 
@@ -840,10 +844,23 @@ impl Core {
     /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
     /// agent's connection; the receipt goes back to the tool.
     async fn door_send(&mut self, req: door::Request) {
-        match self.client.send_nowait(req.msg).await {
+        let (msg, reply) = match req {
+            door::Request::Send { msg, reply } => (msg, reply),
+            door::Request::Stop { active, reply } => {
+                let texts = self.hook_stop(active).await;
+                let n = texts.len();
+                if reply.send(texts).is_err() {
+                    tracing::warn!(
+                        n,
+                        "the Stop hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
+                    );
+                }
+                return;
+            }
+        };
+        match self.client.send_nowait(*msg).await {
             Ok((id, pending)) => {
                 tracing::debug!(%id, "sending for the agent's own tool");
-                let reply = req.reply;
                 tokio::spawn(async move {
                     if reply.send(pending.wait().await).is_err() {
                         tracing::debug!(%id, "the tool left before its receipt");
@@ -851,11 +868,56 @@ impl Core {
                 });
             }
             Err(e) => {
-                if req.reply.send(Err(e)).is_err() {
+                if reply.send(Err(e)).is_err() {
                     tracing::debug!("the tool left before its answer");
                 }
             }
         }
+    }
+
+    /// Claude Code ran its Stop hook (`agent-relay hooks stop`, through the door): the turn
+    /// it ends is over. Messages an earlier Stop hook handed over started that turn: verified.
+    /// Unless this turn was itself one a Stop hook continued (`active`: Claude Code allows only
+    /// a few in a row, and might not go on with more), the messages waiting to be typed are
+    /// handed over instead: recorded in `injected.log` as typed and entered (never typed
+    /// after), acknowledged injected, and returned for the hook's block decision. What no hook
+    /// takes is typed once the agent is idle, as before.
+    async fn hook_stop(&mut self, active: bool) -> Vec<String> {
+        for m in std::mem::take(&mut self.hooked) {
+            tracing::debug!(id = %m.id, "the turn the Stop hook started with this message has ended: verified");
+            if let Err(e) = self.log.finished(&m.id, true) {
+                tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
+            }
+            self.queued.remove(&m.id);
+            self.ack(&m, DeliveryState::Verified).await;
+        }
+        if active {
+            tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
+            return Vec::new();
+        }
+        let taken = self
+            .injector
+            .take_queued(|item| matches!(item, Item::Message(_)));
+        let mut texts = Vec::with_capacity(taken.len());
+        for (text, item) in taken {
+            let Item::Message(m) = item else { continue };
+            // Recorded before it is handed over, as before typing: never typed after it.
+            let recorded = self
+                .log
+                .started(&m.id)
+                .and_then(|()| self.log.entered(&m.id));
+            if let Err(e) = recorded {
+                tracing::warn!(id = %m.id, error = %e, "cannot record a message handed to the Stop hook; it is typed instead");
+                self.injector.push(text, Item::Message(m), false);
+                continue;
+            }
+            tracing::debug!(id = %m.id, "handed to Claude Code's Stop hook instead of typing");
+            self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
+            self.ack(&m, DeliveryState::Injected).await;
+            texts.push(text);
+            self.hooked.push(*m);
+        }
+        texts
     }
 
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
