@@ -26,6 +26,10 @@ use crate::profile::NotReady;
 pub struct Timing {
     /// Output must have been quiet this long before typing.
     pub quiet: Duration,
+    /// Output quiet this long, the screen is asked already: ready, the message is typed
+    /// without waiting for `quiet` (the profile's `turn_settle`: the screen shows the agent
+    /// waiting at an empty input line); not ready, it waits for `quiet` as before.
+    pub ready_quiet: Option<Duration>,
     /// Pause between the text and its Enter; with `enter_on_echo`, the longest wait for the
     /// text to show.
     pub enter_delay: Duration,
@@ -106,6 +110,8 @@ pub struct Injector<T> {
     changed: bool,
     /// Output came since the typed text was last looked for in the input line.
     echo_due: bool,
+    /// The screen was asked early (`ready_quiet`) since the last output.
+    early_looked: bool,
     /// A message came due (output quiet) while the person had a half-written line, since
     /// they last submitted or cleared it: held, and not woken up for again.
     person_held: bool,
@@ -126,6 +132,7 @@ impl<T> Injector<T> {
             blocked: None,
             changed: false,
             echo_due: false,
+            early_looked: false,
             person_held: false,
             person_held_news: false,
         }
@@ -193,6 +200,7 @@ impl<T> Injector<T> {
         // The screen changed: what blocked typing may be gone, the typed text may show.
         self.changed = true;
         self.echo_due = true;
+        self.early_looked = false;
     }
 
     /// Messages waiting (including the one being typed).
@@ -230,6 +238,9 @@ impl<T> Injector<T> {
             State::Idle if self.queue.is_empty() || self.person_held => None,
             State::Idle => {
                 let quiet = self.last_output + self.timing.quiet;
+                if let Some(q) = self.timing.ready_quiet.filter(|_| !self.early_looked) {
+                    return Some(self.last_output + q);
+                }
                 Some(match &self.blocked {
                     Some((at, _)) if !self.changed => quiet.max(*at + self.timing.recheck),
                     _ => quiet,
@@ -294,10 +305,18 @@ impl<T> Injector<T> {
                     self.person_held_news = true;
                     return None;
                 }
-                self.changed = false;
-                if let Err(why) = look.ready() {
-                    self.blocked = Some((now, why));
-                    return None;
+                if now < self.last_output + self.timing.quiet {
+                    // Early: typed only if the screen says ready now; else the full quiet.
+                    self.early_looked = true;
+                    if look.ready().is_err() {
+                        return None;
+                    }
+                } else {
+                    self.changed = false;
+                    if let Err(why) = look.ready() {
+                        self.blocked = Some((now, why));
+                        return None;
+                    }
                 }
                 self.blocked = None;
                 let (text, item) = self.queue.pop_front()?;
@@ -412,6 +431,7 @@ mod tests {
             quiet: Duration::from_millis(500),
             enter_delay: Duration::from_millis(100),
             enter_on_echo: false,
+            ready_quiet: None,
             verify_after: Duration::from_millis(300),
             enter_retries: 2,
             recheck: Duration::from_millis(2000),
@@ -621,6 +641,47 @@ mod tests {
         assert_eq!(inj.poll(ms(520), look), None);
         assert_eq!(look.echo_looks, 0);
         assert_eq!(inj.poll(ms(600), look), Some(Action::Enter));
+    }
+
+    #[test]
+    fn a_screen_ready_after_a_short_quiet_is_typed_into_at_once_else_after_the_quiet_time() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let early = Timing {
+            ready_quiet: Some(Duration::from_millis(30)),
+            ..timing()
+        };
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_output(ms(100));
+        assert_eq!(inj.next_deadline(), Some(ms(130)));
+        assert_eq!(inj.poll(ms(130), look), Some(Action::Type("one".into())));
+        // Not ready at the short quiet: looked at once, then the full quiet as before.
+        let look = &mut Fake {
+            not_ready: Some(NotReady::Busy("esc to interrupt".into())),
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_output(ms(100));
+        assert_eq!(inj.poll(ms(130), look), None);
+        assert_eq!(look.looks, 1);
+        assert_eq!(inj.next_deadline(), Some(ms(600)));
+        assert_eq!(
+            inj.blocked_by(),
+            None,
+            "not blocked yet: the quiet time decides"
+        );
+        look.not_ready = None;
+        assert_eq!(inj.poll(ms(600), look), Some(Action::Type("one".into())));
+        // A person's half-written line holds it all the same.
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_person_input(b"half", ms(100));
+        assert_eq!(inj.poll(ms(130), look), None);
+        assert_eq!(look.looks, 0);
     }
 
     #[test]

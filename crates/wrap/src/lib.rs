@@ -338,6 +338,7 @@ impl Core {
         parser.set_rows(usize::from(rows));
         let timing = Timing {
             quiet: cfg.profile.quiet,
+            ready_quiet: cfg.profile.turn_settle,
             enter_delay: cfg.profile.enter_delay,
             enter_on_echo: cfg.profile.enter_on_echo,
             verify_after: cfg.profile.verify_after,
