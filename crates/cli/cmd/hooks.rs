@@ -5,8 +5,10 @@
 //! file back byte for byte when nothing else changed). At the end of each turn Claude Code runs
 //! `agent-relay hooks stop`, which hands the messages waiting for the agent to the model as the
 //! hook's `{"decision": "block", "reason": ...}`: the model goes on with them as its next
-//! input, without any typing. An agent under a wrapper keeps getting its messages typed (the
-//! hook answers nothing for it), so each message goes in through one door.
+//! input, without any typing. For an agent under a wrapper the hook asks the wrapper, through
+//! its door (`team/NAME/door.sock`): the wrapper hands over the messages waiting to be typed
+//! (recorded injected, then verified when the next Stop hook runs: the turn they started is
+//! over) and types what no hook takes, so each message goes in through one door.
 
 use std::path::{Path, PathBuf};
 
@@ -215,12 +217,17 @@ fn seen_file(paths: &Paths, name: &str) -> PathBuf {
 /// Never fails the hook: a relay that is not running, or any error, means nothing to hand over
 /// (logged on stderr, which Claude Code shows only in its debug output).
 fn stop(paths: &Paths) -> anyhow::Result<()> {
-    // Claude Code's input (session, transcript, stop_hook_active) is read so that it is not
-    // left unread in the pipe; nothing in it changes what is handed over.
+    // Claude Code's input (session, transcript, stop_hook_active): read whole, so that it is
+    // not left unread in the pipe; `stop_hook_active` says this turn was one a Stop hook
+    // continued.
     let mut input = String::new();
     if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
         tracing::debug!(error = %e, "cannot read the hook's input");
     }
+    let active = serde_json::from_str::<Value>(&input)
+        .ok()
+        .and_then(|v| v["stop_hook_active"].as_bool())
+        .unwrap_or(false);
     let Ok(name) = std::env::var("AGENT_RELAY_NAME") else {
         return Ok(());
     };
@@ -230,6 +237,20 @@ fn stop(paths: &Paths) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let door = paths
+        .data_dir
+        .join("team")
+        .join(&name)
+        .join(relay_wrap::DOOR_SOCKET);
+    if door.exists() {
+        // A wrapper holds the name: it hands over what waits to be typed (or nothing).
+        match rt.block_on(from_wrapper(&door, active)) {
+            Ok(texts) if texts.is_empty() => {}
+            Ok(texts) => block(&name, &texts)?,
+            Err(e) => eprintln!("agent-relay hooks stop: nothing handed over: {e:#}"),
+        }
+        return Ok(());
+    }
     let waiting = match rt.block_on(waiting(paths, &name)) {
         Ok(w) => w,
         Err(e) => {
@@ -283,6 +304,51 @@ fn stop(paths: &Paths) -> anyhow::Result<()> {
         )?
     );
     Ok(())
+}
+
+/// Prints the block decision that hands `texts` (as the wrapper would have typed them) to the
+/// model.
+fn block(name: &str, texts: &[String]) -> anyhow::Result<()> {
+    let mut reason = format!(
+        "{} relay message{} arrived for you ({name}) while you worked. Answer with @relay:NAME \
+         where an answer is needed.\n\n",
+        texts.len(),
+        if texts.len() == 1 { "" } else { "s" }
+    );
+    for t in texts {
+        reason.push_str(t);
+        reason.push_str("\n\n");
+    }
+    println!(
+        "{}",
+        relay_protocol::text::json_line(
+            &json!({"decision": "block", "reason": reason.trim_end()})
+        )?
+    );
+    Ok(())
+}
+
+/// Asks the wrapper of this agent, through its door, for the messages waiting to be typed.
+async fn from_wrapper(door: &Path, active: bool) -> anyhow::Result<Vec<String>> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(door)
+        .await
+        .with_context(|| format!("cannot reach the wrapper's door {}", door.display()))?;
+    let (read, mut write) = stream.into_split();
+    let ask = format!("{}\n", json!({"hook": "stop", "active": active}));
+    write.write_all(ask.as_bytes()).await?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(read).read_line(&mut line).await?;
+    let answer: Value = serde_json::from_str(&line).context("the wrapper's answer")?;
+    if let Some(e) = answer["error"].as_str() {
+        anyhow::bail!("the wrapper: {e}");
+    }
+    Ok(answer["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.as_str().map(String::from))
+        .collect())
 }
 
 /// The messages for `name` the hook has not handed over, oldest first; none when a wrapper

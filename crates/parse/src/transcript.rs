@@ -260,6 +260,18 @@ impl ReplySource {
         Origin::Unknown
     }
 
+    /// Whether the replies read so far have `d` (said, quoted or sent from here), so that
+    /// [`ReplySource::check`] would answer from them rather than [`Origin::Unknown`]. Changes
+    /// nothing: the wrapper asks this while it waits a moment for the transcript to catch up
+    /// with the screen.
+    pub fn knows(&self, d: &Directive) -> bool {
+        let key = Key::of(d);
+        let has = |k: &Key| k == &key || k.similar(&key);
+        self.said.iter().any(|s| has(&s.key))
+            || self.quoted.iter().any(has)
+            || self.transcript_sent.iter().any(has)
+    }
+
     /// The directives replies said that the screen has not shown (yet), to be sent now; each
     /// is remembered, so that the screen showing it later does not send it again.
     pub fn take_unseen(&mut self) -> Vec<Directive> {

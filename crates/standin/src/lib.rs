@@ -371,7 +371,7 @@ async fn handle(
         tokio::time::sleep(choice.delay).await;
         finish();
         let answer = match wire {
-            Wire::Gemini { .. } => gemini::reply_message(&choice.reply),
+            Wire::Gemini { .. } => gemini::reply_message(&choice.reply, choice.tool_use.as_ref()),
             // Codex always streams; a plain message is the closest answer otherwise.
             Wire::Anthropic | Wire::OpenAi => {
                 messages::reply_message(&model, &choice.reply, choice.tool_use.as_ref())
@@ -393,17 +393,19 @@ async fn handle(
         .map(|(name, data)| (name == "content_block_delta", messages::sse(name, &data)))
         .collect(),
         // (Thinking is streamed on the Anthropic API only.)
-        Wire::OpenAi => openai::reply_events(&model, &choice.reply, chunk)
-            .into_iter()
-            .map(|(name, data)| {
-                (
-                    name == "response.output_text.delta",
-                    messages::sse(name, &data),
-                )
-            })
-            .collect(),
+        Wire::OpenAi => {
+            openai::reply_events(&model, &choice.reply, choice.tool_use.as_ref(), chunk)
+                .into_iter()
+                .map(|(name, data)| {
+                    (
+                        name == "response.output_text.delta",
+                        messages::sse(name, &data),
+                    )
+                })
+                .collect()
+        }
         // Gemini's stream has no event names and no opening event: the first chunk opens it.
-        Wire::Gemini { .. } => gemini::reply_chunks(&choice.reply, chunk)
+        Wire::Gemini { .. } => gemini::reply_chunks(&choice.reply, choice.tool_use.as_ref(), chunk)
             .into_iter()
             .map(|data| (true, format!("data: {data}\r\n\r\n")))
             .collect(),

@@ -68,7 +68,7 @@ const TOOL_USE_ID: &str = "toolu_standin";
 
 /// The input of a scripted tool call, as a JSON value (an object; `{}` if the text is not
 /// one).
-fn tool_input(json: &str) -> Value {
+pub(crate) fn tool_input(json: &str) -> Value {
     serde_json::from_str::<Value>(json)
         .ok()
         .filter(Value::is_object)

@@ -4,10 +4,22 @@ use serde_json::{Value, json};
 
 /// The text of the latest user message in `input` (a string, or message items whose content
 /// is a string or `input_text` parts). Codex sends its environment context and instructions as
-/// earlier user items; the prompt is the last one.
+/// earlier user items; the prompt is the last one. When the input ends with the output of a
+/// tool the stand-in called (`function_call_output`), that output is the latest turn: the
+/// rule that called the tool does not match it again.
 pub fn latest_user_text(body: &Value) -> String {
     match &body["input"] {
         Value::String(s) => s.clone(),
+        Value::Array(items)
+            if items
+                .last()
+                .is_some_and(|i| i["type"] == "function_call_output") =>
+        {
+            match &items[items.len() - 1]["output"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        }
         Value::Array(items) => items
             .iter()
             .rev()
@@ -29,8 +41,14 @@ pub fn latest_user_text(body: &Value) -> String {
 /// The reply as Responses API stream events (name, data): `response.created`,
 /// `response.output_item.added`, `response.content_part.added`, one
 /// `response.output_text.delta` per `chunk` characters, the matching `.done` events and
-/// `response.completed`.
-pub fn reply_events(model: &str, text: &str, chunk: usize) -> Vec<(&'static str, Value)> {
+/// `response.completed`; with `tool` (name, arguments as JSON text), a `function_call` item
+/// after the message, its arguments streamed at once.
+pub fn reply_events(
+    model: &str,
+    text: &str,
+    tool: Option<&(String, String)>,
+    chunk: usize,
+) -> Vec<(&'static str, Value)> {
     let resp = |status: &str, output: Value| {
         json!({"id": "resp_standin", "object": "response", "created_at": 0, "status": status,
                "model": model, "output": output})
@@ -82,7 +100,33 @@ pub fn reply_events(model: &str, text: &str, chunk: usize) -> Vec<(&'static str,
         "response.output_item.done",
         json!({"output_index": 0, "item": done_item.clone()}),
     ));
-    let mut completed = resp("completed", json!([done_item]));
+    let mut output = vec![done_item];
+    if let Some((name, input)) = tool {
+        let arguments = crate::messages::tool_input(input).to_string();
+        let call = |status: &str, arguments: &str| {
+            json!({"id": "fc_standin", "type": "function_call", "status": status,
+                   "call_id": "call_standin", "name": name, "arguments": arguments})
+        };
+        let at = json!({"item_id": "fc_standin", "output_index": 1});
+        events.push((
+            "response.output_item.added",
+            json!({"output_index": 1, "item": call("in_progress", "")}),
+        ));
+        events.push((
+            "response.function_call_arguments.delta",
+            with(at.clone(), json!({"delta": arguments})),
+        ));
+        events.push((
+            "response.function_call_arguments.done",
+            with(at, json!({"arguments": arguments})),
+        ));
+        events.push((
+            "response.output_item.done",
+            json!({"output_index": 1, "item": call("completed", &arguments)}),
+        ));
+        output.push(call("completed", &arguments));
+    }
+    let mut completed = resp("completed", Value::Array(output));
     completed["usage"] = json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 20});
     events.push(("response.completed", json!({"response": completed})));
@@ -104,7 +148,7 @@ mod tests {
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ping"}]},
         ]});
         assert_eq!(latest_user_text(&body), "ping");
-        let events = reply_events("m", "hello world", 4);
+        let events = reply_events("m", "hello world", None, 4);
         assert_eq!(events[0].0, "response.created");
         assert_eq!(events.last().unwrap().0, "response.completed");
         let text: String = events
@@ -114,5 +158,23 @@ mod tests {
             .collect();
         assert_eq!(text, "hello world");
         assert!(events.iter().all(|(n, d)| d["type"] == *n));
+        // A tool call: a function_call item after the message; its output is the next turn.
+        let tool = (
+            "relay__relay_send".to_owned(),
+            r#"{"to": "Bob"}"#.to_owned(),
+        );
+        let events = reply_events("m", "Sending.", Some(&tool), 4);
+        let done = events
+            .iter()
+            .rfind(|(n, _)| *n == "response.output_item.done")
+            .unwrap();
+        assert_eq!(done.1["item"]["name"], "relay__relay_send");
+        assert_eq!(done.1["item"]["arguments"], r#"{"to":"Bob"}"#);
+        let body = json!({"input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "send it"}]},
+            {"type": "function_call", "call_id": "call_standin", "name": "x", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_standin", "output": "ACK [1] to Bob"},
+        ]});
+        assert_eq!(latest_user_text(&body), "ACK [1] to Bob");
     }
 }

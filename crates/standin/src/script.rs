@@ -40,7 +40,7 @@ pub struct Rule {
     pub hold: bool,
     /// A thinking block streamed before the reply (Anthropic API only).
     pub thinking: Option<String>,
-    /// A tool call after the reply's text (Anthropic API only): the tool's name and its input
+    /// A tool call after the reply's text (any of the three APIs): the tool's name and its input
     /// as JSON text. The agent runs the tool and sends its result as the next user message.
     pub tool_use: Option<(String, String)>,
 }
@@ -97,8 +97,9 @@ impl Rule {
         self
     }
 
-    /// The same rule, calling tool `name` with `input` after its text (Anthropic API only;
-    /// for an MCP tool Claude Code's name is `mcp__SERVER__TOOL`).
+    /// The same rule, calling tool `name` with `input` after its text (on each API: a
+    /// `tool_use` block, a Responses `function_call` item, a Gemini `functionCall` part; the
+    /// name is the one the CLI gave the tool, e.g. Claude Code's `mcp__SERVER__TOOL`).
     #[must_use]
     pub fn calling(mut self, name: &str, input: &serde_json::Value) -> Self {
         self.tool_use = Some((name.to_owned(), input.to_string()));

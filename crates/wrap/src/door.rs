@@ -9,6 +9,12 @@
 //! `{"nack", "reason"}` or `{"error"}`; or `{"read": [ids]}`, the messages the agent's tool
 //! just showed the model in full (notice delivery verifies them, see `deliver.rs`), answered
 //! `{"verified": N}`.
+//!
+//! Claude Code's Stop hook (`agent-relay hooks stop`, run by the wrapped Claude Code at the end
+//! of each turn) comes in by the same door: `{"hook": "stop", "active": bool}` (`active`:
+//! Claude Code's `stop_hook_active`, the turn was one a Stop hook continued), answered by
+//! `{"messages": [TEXT, ...]}`, the messages that waited to be typed, handed to the model
+//! instead (see `Core::hook_stop`).
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +44,12 @@ pub(crate) enum Request {
     Read {
         ids: Vec<String>,
         reply: oneshot::Sender<usize>,
+    },
+    /// Claude Code's Stop hook (`active`: the turn was one a Stop hook continued); the texts
+    /// it hands to the model.
+    Stop {
+        active: bool,
+        reply: oneshot::Sender<Vec<String>>,
     },
 }
 
@@ -136,6 +148,7 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
                     Ok(ids) => shown(ids, &tx).await,
                 }
             }
+            Ok(v) if v["hook"] == "stop" => stop(v["active"].as_bool().unwrap_or(false), &tx).await,
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -191,5 +204,17 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         }
         Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}
+
+/// The Stop hook's request: the messages the wrapper hands over.
+async fn stop(active: bool, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Stop { active, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(messages) => serde_json::json!({ "messages": messages }),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }

@@ -7,8 +7,9 @@
 //!    terminal has no half-written line, and the screen says the agent is ready (prompt
 //!    empty, no spinner, no dialog);
 //! 2. type the text;
-//! 3. after a pause, press Enter as a separate write (agents that get text and Enter in one
-//!    write often leave the text unsubmitted);
+//! 3. press Enter as a separate write (agents that get text and Enter in one write often leave
+//!    the text unsubmitted): as soon as the text shows in the input line when the profile can
+//!    tell ([`Timing::enter_on_echo`]), else (or when it never shows) after a pause;
 //! 4. a moment later look whether the input line let go of the text; if not, press Enter
 //!    again, a bounded number of times; then report the outcome, verified or failed.
 //!
@@ -29,8 +30,16 @@ use crate::profile::NotReady;
 pub struct Timing {
     /// Output must have been quiet this long before typing.
     pub quiet: Duration,
-    /// Pause between the text and its Enter.
+    /// Output quiet this long, the screen is asked already: ready, the message is typed
+    /// without waiting for `quiet` (the profile's `turn_settle`: the screen shows the agent
+    /// waiting at an empty input line); not ready, it waits for `quiet` as before.
+    pub ready_quiet: Option<Duration>,
+    /// Pause between the text and its Enter; with `enter_on_echo`, the longest wait for the
+    /// text to show.
     pub enter_delay: Duration,
+    /// Press Enter as soon as [`Look::echoed`] sees the typed text in the input line: the
+    /// agent took it as input, so the Enter cannot join the paste.
+    pub enter_on_echo: bool,
     /// How long after Enter to check that it submitted.
     pub verify_after: Duration,
     /// Extra Enters when the text is still in the input box.
@@ -50,6 +59,8 @@ pub trait Look {
     fn ready(&mut self) -> Result<(), NotReady>;
     /// Whether `typed` was submitted (the input line let go of it).
     fn submitted(&mut self, typed: &str) -> bool;
+    /// Whether `typed`, Enter not yet pressed, shows in the input line (the agent took it).
+    fn echoed(&mut self, typed: &str) -> bool;
 }
 
 /// How typing one message ended.
@@ -147,6 +158,10 @@ pub struct Injector<T> {
     blocked: Option<(Instant, NotReady)>,
     /// Output came since the screen last said "not ready": look again once it is quiet.
     changed: bool,
+    /// Output came since the typed text was last looked for in the input line.
+    echo_due: bool,
+    /// The screen was asked early (`ready_quiet`) since the last output.
+    early_looked: bool,
     /// A message came due (output quiet) while the person had a half-written line, since
     /// they last submitted or cleared it: held, and not woken up for again.
     person_held: bool,
@@ -167,6 +182,8 @@ impl<T> Injector<T> {
             person_line: 0,
             blocked: None,
             changed: false,
+            echo_due: false,
+            early_looked: false,
             person_held: false,
             person_held_news: false,
         }
@@ -264,11 +281,29 @@ impl<T> Injector<T> {
         Some(join(group))
     }
 
+    /// Takes out the queued messages (not the one being typed) that `f` picks, in their
+    /// order: another door handed them to the agent, so they are not typed.
+    pub fn take_queued(&mut self, mut f: impl FnMut(&T) -> bool) -> Vec<(String, T)> {
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for (text, item, urgent) in self.queue.drain(..) {
+            if f(&item) {
+                taken.push((text, item));
+            } else {
+                kept.push_back((text, item, urgent));
+            }
+        }
+        self.queue = kept;
+        taken
+    }
+
     /// The agent printed something at `now`.
     pub fn on_output(&mut self, now: Instant) {
         self.last_output = now;
-        // The screen changed: what blocked typing may be gone.
+        // The screen changed: what blocked typing may be gone, the typed text may show.
         self.changed = true;
+        self.echo_due = true;
+        self.early_looked = false;
     }
 
     /// Messages waiting (including the one being typed).
@@ -297,11 +332,18 @@ impl<T> Injector<T> {
     /// When [`Injector::poll`] next has something to do, if anything waits.
     pub fn next_deadline(&self) -> Option<Instant> {
         match &self.state {
+            // The screen changed since the text was typed: look for it at once.
+            State::Typed { at, .. } if self.timing.enter_on_echo && self.echo_due => {
+                Some(self.last_output.max(*at))
+            }
             State::Typed { at, .. } => Some(*at + self.timing.enter_delay),
             State::Entered { at, .. } => Some(*at + self.timing.verify_after),
             State::Idle if self.queue.is_empty() || self.person_held => None,
             State::Idle => {
                 let quiet = self.last_output + self.timing.quiet;
+                if let Some(q) = self.timing.ready_quiet.filter(|_| !self.early_looked) {
+                    return Some(self.last_output + q);
+                }
                 Some(match &self.blocked {
                     Some((at, _)) if !self.changed => quiet.max(*at + self.timing.recheck),
                     _ => quiet,
@@ -314,7 +356,9 @@ impl<T> Injector<T> {
     /// Call repeatedly until it returns `None`.
     pub fn poll(&mut self, now: Instant, look: &mut dyn Look) -> Option<Action<T>> {
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::Typed { at, text, item } if now >= at + self.timing.enter_delay => {
+            State::Typed { at, text, item }
+                if now >= at + self.timing.enter_delay || self.echo_seen(&text, look) =>
+            {
                 self.state = State::Entered {
                     at: now,
                     text,
@@ -364,10 +408,18 @@ impl<T> Injector<T> {
                     self.person_held_news = true;
                     return None;
                 }
-                self.changed = false;
-                if let Err(why) = look.ready() {
-                    self.blocked = Some((now, why));
-                    return None;
+                if now < self.last_output + self.timing.quiet {
+                    // Early: typed only if the screen says ready now; else the full quiet.
+                    self.early_looked = true;
+                    if look.ready().is_err() {
+                        return None;
+                    }
+                } else {
+                    self.changed = false;
+                    if let Err(why) = look.ready() {
+                        self.blocked = Some((now, why));
+                        return None;
+                    }
                 }
                 self.blocked = None;
                 let (text, item) = self.take_next()?;
@@ -376,9 +428,22 @@ impl<T> Injector<T> {
                     text: text.clone(),
                     item,
                 };
+                // Only output after the text was written can be its echo.
+                self.echo_due = false;
                 Some(Action::Type(text))
             }
         }
+    }
+}
+
+impl<T> Injector<T> {
+    /// Whether the typed text shows in the input line now, looked at only when the profile
+    /// can tell and output came since the last look.
+    fn echo_seen(&mut self, text: &str, look: &mut dyn Look) -> bool {
+        if !self.timing.enter_on_echo || !std::mem::take(&mut self.echo_due) {
+            return false;
+        }
+        look.echoed(text)
     }
 }
 
@@ -445,6 +510,9 @@ mod tests {
         not_ready: Option<NotReady>,
         stuck: bool,
         looks: usize,
+        /// The typed text shows in the input line.
+        shown: bool,
+        echo_looks: usize,
     }
 
     impl Look for Fake {
@@ -455,12 +523,18 @@ mod tests {
         fn submitted(&mut self, _typed: &str) -> bool {
             !self.stuck
         }
+        fn echoed(&mut self, _typed: &str) -> bool {
+            self.echo_looks += 1;
+            self.shown
+        }
     }
 
     fn timing() -> Timing {
         Timing {
             quiet: Duration::from_millis(500),
             enter_delay: Duration::from_millis(100),
+            enter_on_echo: false,
+            ready_quiet: None,
             verify_after: Duration::from_millis(300),
             enter_retries: 2,
             recheck: Duration::from_millis(2000),
@@ -612,6 +686,122 @@ mod tests {
         look.not_ready = None;
         assert_eq!(inj.poll(ms(1600), look), Some(Action::Type("m".into())));
         assert_eq!(look.looks, 2);
+    }
+
+    #[test]
+    fn enter_follows_as_soon_as_the_text_shows_and_after_the_delay_when_it_never_does() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let on_echo = Timing {
+            enter_on_echo: true,
+            ..timing()
+        };
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(on_echo, t0);
+        inj.push("one".into(), 1, false);
+        inj.push("two".into(), 2, false);
+        assert_eq!(inj.poll(ms(500), look), Some(Action::Type("one".into())));
+        assert_eq!(
+            inj.next_deadline(),
+            Some(ms(600)),
+            "no output yet: the delay"
+        );
+        // The agent draws something that is not the text yet: looked at once, no Enter.
+        inj.on_output(ms(510));
+        assert_eq!(inj.next_deadline(), Some(ms(510)), "output: look at once");
+        assert_eq!(inj.poll(ms(511), look), None);
+        assert_eq!(look.echo_looks, 1);
+        assert_eq!(inj.poll(ms(520), look), None, "nothing new to look at");
+        assert_eq!(look.echo_looks, 1);
+        assert_eq!(inj.next_deadline(), Some(ms(600)));
+        // The text shows: Enter now, not at the delay.
+        look.shown = true;
+        inj.on_output(ms(530));
+        assert_eq!(inj.poll(ms(531), look), Some(Action::Enter));
+        inj.on_output(ms(540));
+        assert_eq!(
+            inj.poll(ms(831), look),
+            Some(Action::Done(1, Outcome::Verified))
+        );
+        // Output before the next text is typed is not its echo.
+        assert_eq!(inj.poll(ms(1040), look), Some(Action::Type("two".into())));
+        assert_eq!(inj.next_deadline(), Some(ms(1140)));
+        // It never shows: Enter after the delay all the same.
+        look.shown = false;
+        inj.on_output(ms(1050));
+        assert_eq!(inj.poll(ms(1050), look), None);
+        assert_eq!(inj.poll(ms(1140), look), Some(Action::Enter));
+        // Off (a profile that cannot tell), the screen is not looked at and the delay holds.
+        let look = &mut Fake {
+            shown: true,
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("one".into(), 1, false);
+        assert_eq!(inj.poll(ms(500), look), Some(Action::Type("one".into())));
+        inj.on_output(ms(510));
+        assert_eq!(inj.next_deadline(), Some(ms(600)));
+        assert_eq!(inj.poll(ms(520), look), None);
+        assert_eq!(look.echo_looks, 0);
+        assert_eq!(inj.poll(ms(600), look), Some(Action::Enter));
+    }
+
+    #[test]
+    fn a_screen_ready_after_a_short_quiet_is_typed_into_at_once_else_after_the_quiet_time() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let early = Timing {
+            ready_quiet: Some(Duration::from_millis(30)),
+            ..timing()
+        };
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_output(ms(100));
+        assert_eq!(inj.next_deadline(), Some(ms(130)));
+        assert_eq!(inj.poll(ms(130), look), Some(Action::Type("one".into())));
+        // Not ready at the short quiet: looked at once, then the full quiet as before.
+        let look = &mut Fake {
+            not_ready: Some(NotReady::Busy("esc to interrupt".into())),
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_output(ms(100));
+        assert_eq!(inj.poll(ms(130), look), None);
+        assert_eq!(look.looks, 1);
+        assert_eq!(inj.next_deadline(), Some(ms(600)));
+        assert_eq!(
+            inj.blocked_by(),
+            None,
+            "not blocked yet: the quiet time decides"
+        );
+        look.not_ready = None;
+        assert_eq!(inj.poll(ms(600), look), Some(Action::Type("one".into())));
+        // A person's half-written line holds it all the same.
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_person_input(b"half", ms(100));
+        assert_eq!(inj.poll(ms(130), look), None);
+        assert_eq!(look.looks, 0);
+    }
+
+    #[test]
+    fn queued_messages_taken_by_another_door_are_not_typed() {
+        let t0 = Instant::now();
+        let look = &mut Fake::default();
+        let mut inj = Injector::new(timing(), t0);
+        inj.push("a".into(), 1, false);
+        inj.push("b".into(), 2, false);
+        inj.push("c".into(), 3, false);
+        let at = t0 + Duration::from_secs(1);
+        assert_eq!(inj.poll(at, look), Some(Action::Type("a".into())));
+        // The one being typed stays; the others go, in order.
+        let taken = inj.take_queued(|_| true);
+        assert_eq!(taken, vec![("b".to_owned(), 2), ("c".to_owned(), 3)]);
+        assert_eq!(inj.pending(), 1);
+        assert_eq!(inj.current(), Some(&1));
     }
 
     #[test]

@@ -56,6 +56,8 @@ const BUSY_AFTER: Duration = Duration::from_secs(1);
 /// How long after output went quiet Claude Code's transcript is looked at once more (it may
 /// write a reply there after drawing it).
 const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
+/// How often Claude Code's transcript is read while a directive waits for its reply there.
+const HELD_RECHECK: Duration = Duration::from_millis(5);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -255,6 +257,11 @@ impl Look for ProfileLook<'_> {
         self.screen()
             .is_some_and(|s| self.profile.submitted(&s, typed))
     }
+
+    fn echoed(&mut self, typed: &str) -> bool {
+        self.screen()
+            .is_some_and(|s| self.profile.echoed(&s, typed))
+    }
 }
 
 /// The state both backends share: the relay connection, the parser, the injector and what
@@ -282,6 +289,9 @@ struct Core {
     queued: HashSet<String>,
     last_output: Instant,
     settled: bool,
+    /// The screen was looked at for the end of the agent's turn since the last output (see
+    /// [`Profile::turn_settle`]).
+    turn_checked: bool,
     /// Bytes of the agent's output read so far by this wrapper. Logged
     /// with each burst and each settling, so a test can tell which output an event follows.
     read: u64,
@@ -319,6 +329,14 @@ struct Core {
     screen_directives: u64,
     /// The log was told that no transcript is to be found.
     transcript_missing_told: bool,
+    /// Directives read off the screen before Claude Code's transcript had their reply, in
+    /// order, each with the time it is sent all the same (see [`Core::release_held`]).
+    held: std::collections::VecDeque<(Directive, Instant)>,
+    /// When to look at the transcript again for the held directives.
+    held_due: Option<Instant>,
+    /// Messages Claude Code's Stop hook handed to the model (acknowledged injected), verified
+    /// when its next Stop hook runs: the turn they started has ended.
+    hooked: Vec<Delivered>,
 }
 
 /// tmux: the checkpoint relaying resumes from, and what was read since.
@@ -351,7 +369,9 @@ impl Core {
         parser.set_rows(usize::from(rows));
         let timing = Timing {
             quiet: cfg.profile.quiet,
+            ready_quiet: cfg.profile.turn_settle,
             enter_delay: cfg.profile.enter_delay,
+            enter_on_echo: cfg.profile.enter_on_echo,
             verify_after: cfg.profile.verify_after,
             enter_retries: cfg.profile.enter_retries,
             recheck: Duration::from_secs(2),
@@ -398,6 +418,7 @@ impl Core {
             queued: HashSet::new(),
             last_output: now,
             settled: true,
+            turn_checked: false,
             read: 0,
             relayed_told: false,
             resume: None,
@@ -413,6 +434,9 @@ impl Core {
             transcript_due: None,
             screen_directives: 0,
             transcript_missing_told: false,
+            held: std::collections::VecDeque::new(),
+            held_due: None,
+            hooked: Vec::new(),
         })
     }
 
@@ -481,7 +505,46 @@ impl Core {
         }
     }
 
+    /// Sends a directive read off the screen; with Claude Code's transcript, once the
+    /// transcript has its reply (a turn's end is seen on the screen before Claude Code has
+    /// written the reply there, and only the transcript tells a line a ```text block quotes
+    /// from one the reply says), waiting at most the settle time for it.
     async fn send_directive(&mut self, d: Directive) {
+        if let Some(t) = &mut self.transcript
+            && (!self.held.is_empty() || !t.knows(&d))
+        {
+            let now = Instant::now();
+            self.held.push_back((d, now + self.cfg.profile.settle));
+            self.held_due.get_or_insert(now + HELD_RECHECK);
+            return;
+        }
+        self.send_checked(d).await;
+    }
+
+    /// Sends the held directives whose reply the transcript has now, or whose wait is over,
+    /// in the order the screen showed them.
+    async fn release_held(&mut self, now: Instant) {
+        if self.held_due.is_none_or(|due| now < due) {
+            return;
+        }
+        while let Some((d, until)) = self.held.front() {
+            let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
+            if !known && now < *until {
+                break;
+            }
+            if !known {
+                tracing::debug!(
+                    "Claude Code's transcript does not have a directive's reply yet; it goes by the screen"
+                );
+            }
+            if let Some((d, _)) = self.held.pop_front() {
+                self.send_checked(d).await;
+            }
+        }
+        self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
+    }
+
+    async fn send_checked(&mut self, d: Directive) {
         self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
@@ -657,6 +720,7 @@ impl Core {
         self.injector.on_output(now);
         self.last_output = now;
         self.settled = false;
+        self.turn_checked = false;
         self.turn_looked = false;
         for d in self.parser.feed(bytes) {
             self.send_directive(d).await;
@@ -840,11 +904,22 @@ impl Core {
                 }
                 return;
             }
+            door::Request::Stop { active, reply } => {
+                let texts = self.hook_stop(active).await;
+                let n = texts.len();
+                if reply.send(texts).is_err() {
+                    tracing::warn!(
+                        n,
+                        "the Stop hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
+                    );
+                }
+                return;
+            }
         };
-        match self.client.send_nowait(req.msg).await {
+        let door::SendRequest { msg, reply } = req;
+        match self.client.send_nowait(msg).await {
             Ok((id, pending)) => {
                 tracing::debug!(%id, "sending for the agent's own tool");
-                let reply = req.reply;
                 tokio::spawn(async move {
                     if reply.send(pending.wait().await).is_err() {
                         tracing::debug!(%id, "the tool left before its receipt");
@@ -852,11 +927,62 @@ impl Core {
                 });
             }
             Err(e) => {
-                if req.reply.send(Err(e)).is_err() {
+                if reply.send(Err(e)).is_err() {
                     tracing::debug!("the tool left before its answer");
                 }
             }
         }
+    }
+
+    /// Claude Code ran its Stop hook (`agent-relay hooks stop`, through the door): the turn
+    /// it ends is over. Messages an earlier Stop hook handed over started that turn: verified.
+    /// Unless this turn was itself one a Stop hook continued (`active`: Claude Code allows only
+    /// a few in a row, and might not go on with more), the messages waiting to be typed are
+    /// handed over instead: recorded in `injected.log` as typed and entered (never typed
+    /// after), acknowledged injected, and returned for the hook's block decision. What no hook
+    /// takes is typed once the agent is idle, as before.
+    async fn hook_stop(&mut self, active: bool) -> Vec<String> {
+        for m in std::mem::take(&mut self.hooked) {
+            tracing::debug!(id = %m.id, "the turn the Stop hook started with this message has ended: verified");
+            if let Err(e) = self.log.finished(&m.id, true) {
+                tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
+            }
+            self.queued.remove(&m.id);
+            self.ack(&m, DeliveryState::Verified).await;
+        }
+        if active {
+            tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
+            return Vec::new();
+        }
+        let taken = self
+            .injector
+            .take_queued(|item| matches!(item, Item::Messages(_)));
+        let mut texts = Vec::with_capacity(taken.len());
+        for (text, item) in taken {
+            // A queued entry holds one message (digests are joined when typed).
+            let Item::Messages(messages) = item else {
+                continue;
+            };
+            // Recorded before they are handed over, as before typing: never typed after.
+            let recorded = messages.iter().try_for_each(|m| {
+                self.log
+                    .started(&m.id)
+                    .and_then(|()| self.log.entered(&m.id))
+            });
+            if let Err(e) = recorded {
+                tracing::warn!(error = %e, "cannot record a message handed to the Stop hook; it is typed instead");
+                self.injector.push(text, Item::Messages(messages), false);
+                continue;
+            }
+            for m in messages {
+                tracing::debug!(id = %m.id, "handed to Claude Code's Stop hook instead of typing");
+                self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
+                self.ack(&m, DeliveryState::Injected).await;
+                self.hooked.push(m);
+            }
+            texts.push(text);
+        }
+        texts
     }
 
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
@@ -876,16 +1002,55 @@ impl Core {
 
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
-        let settle = (!self.settled).then(|| self.last_output + self.cfg.profile.settle);
-        [settle, self.injector.next_deadline(), self.transcript_due]
-            .into_iter()
-            .flatten()
-            .min()
+        let settle = (!self.settled).then(|| self.settle_due());
+        [
+            settle,
+            self.injector.next_deadline(),
+            self.transcript_due,
+            self.held_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// When the output counts as settled if nothing more comes: after the profile's short
+    /// quiet time for a screen showing the turn over, until that screen was looked at; then
+    /// after its settle time.
+    fn settle_due(&self) -> Instant {
+        match self.cfg.profile.turn_settle {
+            Some(t) if !self.turn_checked => self.last_output + t,
+            _ => self.last_output + self.cfg.profile.settle,
+        }
+    }
+
+    /// Whether the output counts as settled at `now`: quiet for the settle time, or for the
+    /// turn's short quiet time with the screen showing the agent back at an empty input line,
+    /// nothing working and no dialog (its reply is whole: a directive in it goes now rather
+    /// than after the settle time).
+    fn settles(&mut self, now: Instant) -> bool {
+        if self.settled {
+            return false;
+        }
+        if now >= self.last_output + self.cfg.profile.settle {
+            return true;
+        }
+        match self.cfg.profile.turn_settle {
+            Some(t) if !self.turn_checked && now >= self.last_output + t => {
+                self.turn_checked = true;
+                let over = self.cfg.profile.waiting_for_input(&self.parser.screen());
+                if over {
+                    tracing::debug!("the screen shows the turn over: settled early");
+                }
+                over
+            }
+            _ => false,
+        }
     }
 
     /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
     async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
-        if !self.settled && now >= self.last_output + self.cfg.profile.settle {
+        if self.settles(now) {
             self.settled = true;
             for d in self.parser.settle() {
                 self.send_directive(d).await;
@@ -893,6 +1058,7 @@ impl Core {
             self.send_from_transcript().await;
             self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
         }
+        self.release_held(now).await;
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
@@ -953,7 +1119,12 @@ impl Core {
     /// an `output after a quiet spell` line (logged before the person sees those bytes)
     /// says when more came.
     fn tell_if_relayed(&mut self) {
-        if self.relayed_told || !self.settled || self.transcript_due.is_some() || self.unacked > 0 {
+        if self.relayed_told
+            || !self.settled
+            || self.transcript_due.is_some()
+            || self.unacked > 0
+            || !self.held.is_empty()
+        {
             return;
         }
         self.relayed_told = true;
@@ -969,7 +1140,7 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        if !self.settled || self.unacked > 0 || !r.dirty {
+        if !self.settled || self.unacked > 0 || !self.held.is_empty() || !r.dirty {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
@@ -994,6 +1165,10 @@ impl Core {
     async fn finish(mut self) {
         for d in self.parser.finish() {
             self.send_directive(d).await;
+        }
+        // Nothing more will come: what waits for the transcript goes by the screen now.
+        while let Some((d, _)) = self.held.pop_front() {
+            self.send_checked(d).await;
         }
         // Let the last receipts arrive before saying goodbye.
         tokio::time::sleep(Duration::from_millis(50)).await;

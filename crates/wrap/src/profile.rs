@@ -54,8 +54,10 @@ pub enum ProfileError {
 pub struct Overrides {
     parse: Option<String>,
     settle_ms: Option<u64>,
+    turn_settle_ms: Option<u64>,
     quiet_ms: Option<u64>,
     enter_delay_ms: Option<u64>,
+    enter_on_echo: Option<bool>,
     verify_after_ms: Option<u64>,
     enter_retries: Option<u32>,
     busy: Option<Vec<String>>,
@@ -81,8 +83,10 @@ impl Overrides {
         take!(
             parse,
             settle_ms,
+            turn_settle_ms,
             quiet_ms,
             enter_delay_ms,
+            enter_on_echo,
             verify_after_ms,
             enter_retries,
             busy,
@@ -119,10 +123,20 @@ pub struct Profile {
     pub parse: relay_parse::Profile,
     /// Output quiet this long lets the parser treat the screen as settled.
     pub settle: Duration,
+    /// Output quiet this long, with the screen showing the agent's turn over (its input line
+    /// back and empty, no busy marker, no dialog: [`Profile::waiting_for_input`]), settles
+    /// the parser without waiting for [`Profile::settle`]: a reply's directive is sent as soon
+    /// as the turn ends. `None`: only the settle time does (profiles without a prompt rule,
+    /// where quiet output proves nothing).
+    pub turn_settle: Option<Duration>,
     /// Output quiet this long before a message is typed.
     pub quiet: Duration,
-    /// Pause between typed text and its Enter.
+    /// Pause between typed text and its Enter; with [`Profile::enter_on_echo`], the longest
+    /// wait for the text to show before Enter is pressed all the same.
     pub enter_delay: Duration,
+    /// Enter is pressed as soon as the typed text shows in the input line
+    /// ([`Profile::echoed`]): the agent has taken the paste, so Enter is a key of its own.
+    pub enter_on_echo: bool,
     /// How long after Enter to check that it submitted.
     pub verify_after: Duration,
     /// Extra Enters allowed when the text is still in the input box.
@@ -276,8 +290,14 @@ impl Profile {
             name: name.to_owned(),
             parse,
             settle: ms(f.settle_ms, 400),
+            // Only a known input line can show a turn over.
+            turn_settle: f
+                .turn_settle_ms
+                .filter(|_| f.prompt.is_some())
+                .map(Duration::from_millis),
             quiet: ms(f.quiet_ms, 500),
             enter_delay: ms(f.enter_delay_ms, 100),
+            enter_on_echo: f.enter_on_echo.unwrap_or(false) && f.prompt.is_some(),
             verify_after: ms(f.verify_after_ms, 300),
             enter_retries: f.enter_retries.unwrap_or(1),
             busy,
@@ -393,16 +413,22 @@ impl Profile {
         self.knows_prompt() && self.ready(screen).is_ok()
     }
 
+    /// Whether `typed` (text the wrapper typed, Enter not pressed yet) shows in the input
+    /// line: its start or its end, or the CLI's collapsed form of a big paste (`[Pasted text
+    /// #1 +3 lines]`). Drawn there, it was taken as input, so an Enter written now is a key of
+    /// its own and not part of the paste. Only a profile with a prompt rule can tell; without
+    /// one this is never true (the Enter then follows after the delay).
+    pub fn echoed(&self, screen: &ScreenText, typed: &str) -> bool {
+        match self.input(screen) {
+            Some(Some(text)) if !text.is_empty() => shows_typed(&text, typed),
+            _ => false,
+        }
+    }
+
     /// Whether `typed` (text the wrapper typed before pressing Enter) was submitted: the
     /// input line no longer holds it. Without a prompt rule: the row under the cursor no
     /// longer ends with it (a line-reading program moved to the next line).
     pub fn submitted(&self, screen: &ScreenText, typed: &str) -> bool {
-        let tail: String = {
-            let t = typed.trim_end();
-            let n = t.chars().count();
-            t.chars().skip(n.saturating_sub(16)).collect()
-        };
-        let head: String = typed.chars().take(24).collect();
         // Working on it: the prompt went in. (Some TUIs hide the input box while they work,
         // and the last row that looks like a prompt is then the submitted one in the
         // transcript, Codex's `› text`.)
@@ -410,15 +436,29 @@ impl Profile {
             return true;
         }
         match self.input(screen) {
-            Some(Some(text)) => {
-                // A big paste can show collapsed ("[Pasted text #1 +3 lines]").
-                !(text.contains(&head) || text.contains(&tail) || text.starts_with("[Pasted text"))
-            }
+            Some(Some(text)) => !shows_typed(&text, typed),
             // The input line is gone (the agent is working, a transcript scrolled...).
             Some(None) => true,
-            None => !normalize(screen.cursor_line()).trim_end().ends_with(&tail),
+            None => !normalize(screen.cursor_line())
+                .trim_end()
+                .ends_with(&tail_of(typed)),
         }
     }
+}
+
+/// The last 16 characters of `typed`, trailing spaces left out.
+fn tail_of(typed: &str) -> String {
+    let t = typed.trim_end();
+    let n = t.chars().count();
+    t.chars().skip(n.saturating_sub(16)).collect()
+}
+
+/// Whether input-line text `input` holds `typed`: its first 24 characters or its end (a long
+/// text wraps, so the line holds only part of it), or a big paste collapsed ("[Pasted text
+/// #1 +3 lines]").
+fn shows_typed(input: &str, typed: &str) -> bool {
+    let head: String = typed.chars().take(24).collect();
+    input.contains(&head) || input.contains(&tail_of(typed)) || input.starts_with("[Pasted text")
 }
 
 fn lowercase(v: Vec<String>) -> Vec<String> {

@@ -189,6 +189,12 @@ impl Transcript {
 
     /// Where `d` (found on the screen) comes from, after reading what was added to the
     /// transcripts since the last look.
+    /// Whether this agent's replies, read on now, have `d` (see [`ReplySource::knows`]).
+    pub(crate) fn knows(&mut self, d: &Directive) -> bool {
+        self.read_new();
+        self.source.knows(d)
+    }
+
     pub(crate) fn check(&mut self, d: &Directive) -> Origin {
         self.read_new();
         self.source.check(d)

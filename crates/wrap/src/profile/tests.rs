@@ -30,6 +30,31 @@ fn claude_with_a_persons_text_in_its_input_box_is_not_ready() {
     assert!(!claude().submitted(&s, "ask Bob to review auth.ts"));
 }
 
+/// Enter follows the text once it shows in the input line, and the turn is seen over once the
+/// input line is back and empty with nothing working: on recorded screens.
+#[test]
+fn claude_shows_typed_text_and_the_end_of_its_turn() {
+    let typed = screen_at("claude-session", 1262, 30);
+    assert!(claude().echoed(&typed, "ask Bob to review auth.ts"));
+    assert!(!claude().echoed(&typed, "something else entirely"));
+    let idle = screen_at("claude-session", 30440, 30);
+    assert!(!claude().echoed(&idle, "ask Bob to review auth.ts"));
+    assert!(claude().waiting_for_input(&idle));
+    assert!(!claude().waiting_for_input(&screen_at("claude-session", 6342, 30)));
+    assert!(!claude().waiting_for_input(&typed));
+    // A big paste shows collapsed.
+    let pasted = ScreenText::from_text("● Done.\n\n❯ [Pasted text #1 +41 lines]\n", 2, 30);
+    assert!(claude().echoed(&pasted, "Relay message from Alice [01ABCDEF]:\nline\n"));
+    let c = claude();
+    assert_eq!(c.turn_settle, Some(Duration::from_millis(30)));
+    assert!(c.enter_on_echo);
+    // Without a prompt rule neither applies: quiet output proves nothing there.
+    let generic = Profile::builtin("generic").unwrap();
+    assert_eq!((generic.turn_settle, generic.enter_on_echo), (None, false));
+    let s = ScreenText::from_text("$ ask Bob", 0, 9);
+    assert!(!generic.echoed(&s, "ask Bob"));
+}
+
 #[test]
 fn claude_working_is_busy_by_its_status_line_or_its_spinner() {
     let s = screen_at("claude-session", 6342, 30);
