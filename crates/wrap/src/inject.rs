@@ -61,6 +61,12 @@ pub trait Look {
     fn submitted(&mut self, typed: &str) -> bool;
     /// Whether `typed`, Enter not yet pressed, shows in the input line (the agent took it).
     fn echoed(&mut self, typed: &str) -> bool;
+    /// Whether a message may be typed before the full quiet time when the screen says ready
+    /// (the agent is set to take it: for a CLI that takes multi-line pastes, bracketed paste
+    /// is on). Otherwise the full quiet time decides, as it did before the early path.
+    fn early_ok(&mut self) -> bool {
+        true
+    }
 }
 
 /// How typing one message ended.
@@ -411,7 +417,7 @@ impl<T> Injector<T> {
                 if now < self.last_output + self.timing.quiet {
                     // Early: typed only if the screen says ready now; else the full quiet.
                     self.early_looked = true;
-                    if look.ready().is_err() {
+                    if !look.early_ok() || look.ready().is_err() {
                         return None;
                     }
                 } else {
@@ -513,6 +519,8 @@ mod tests {
         /// The typed text shows in the input line.
         shown: bool,
         echo_looks: usize,
+        /// Not set to take a message early (bracketed paste not on yet).
+        not_early: bool,
     }
 
     impl Look for Fake {
@@ -526,6 +534,9 @@ mod tests {
         fn echoed(&mut self, _typed: &str) -> bool {
             self.echo_looks += 1;
             self.shown
+        }
+        fn early_ok(&mut self) -> bool {
+            !self.not_early
         }
     }
 
@@ -785,6 +796,18 @@ mod tests {
         inj.on_person_input(b"half", ms(100));
         assert_eq!(inj.poll(ms(130), look), None);
         assert_eq!(look.looks, 0);
+        // Ready, but not set to take it early (a CLI that has not turned bracketed paste on
+        // yet): the full quiet time, as before the early path.
+        let look = &mut Fake {
+            not_early: true,
+            ..Fake::default()
+        };
+        let mut inj = Injector::new(early, t0);
+        inj.push("one".into(), 1, false);
+        inj.on_output(ms(100));
+        assert_eq!(inj.poll(ms(130), look), None);
+        assert_eq!(inj.next_deadline(), Some(ms(600)));
+        assert_eq!(inj.poll(ms(600), look), Some(Action::Type("one".into())));
     }
 
     #[test]

@@ -227,6 +227,8 @@ struct ProfileLook<'a> {
     /// The agent has been seen started (its profile's start-up screen gone) at least once:
     /// from then on that screen's rule no longer applies (see [`Profile::starting`]).
     started: &'a mut bool,
+    /// The agent has bracketed paste on (see [`Look::early_ok`]).
+    paste_on: bool,
 }
 
 impl ProfileLook<'_> {
@@ -261,6 +263,12 @@ impl Look for ProfileLook<'_> {
     fn echoed(&mut self, typed: &str) -> bool {
         self.screen()
             .is_some_and(|s| self.profile.echoed(&s, typed))
+    }
+
+    fn early_ok(&mut self) -> bool {
+        // Gemini CLI 0.61.0 draws its prompt before it turns bracketed paste on: a multi-line
+        // body typed early in that moment lost its line breaks.
+        !self.profile.multiline || self.paste_on
     }
 }
 
@@ -306,6 +314,9 @@ struct Core {
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
+    /// Whether the agent has turned bracketed paste on, as its output says: a multi-line text
+    /// typed before that has its line breaks flattened (PTY) or submitted (tmux).
+    paste: format::PasteMode,
     /// Notice delivery: messages whose notice was typed (acknowledged as injected), by id,
     /// until the agent's tool shows them (then verified; see `deliver.rs`).
     noticed: std::collections::HashMap<String, Delivered>,
@@ -425,6 +436,7 @@ impl Core {
             reported: None,
             burst_start: now,
             started: false,
+            paste: format::PasteMode::default(),
             noticed: std::collections::HashMap::new(),
             read_early: HashSet::new(),
             shown_unseen: std::collections::VecDeque::new(),
@@ -717,6 +729,7 @@ impl Core {
     /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
     /// them relayed.
     async fn on_output(&mut self, bytes: &[u8], now: Instant) {
+        self.paste.feed(bytes);
         self.injector.on_output(now);
         self.last_output = now;
         self.settled = false;
@@ -1074,6 +1087,7 @@ impl Core {
                 profile: &self.cfg.profile,
                 parser: &self.parser,
                 started: &mut self.started,
+                paste_on: self.paste.is_on(),
             };
             let Some(action) = self.injector.poll(now, &mut look) else {
                 break;
