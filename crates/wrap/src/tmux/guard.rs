@@ -11,7 +11,7 @@
 //!
 //! What this relay does that sends such notifications (creating a session, ending one,
 //! detaching a control client) and what opens the window (attaching a control client) take
-//! one lock per tmux server directory, so that none of the relay's own steps falls in another's
+//! one lock per tmux socket directory, so that none of the relay's own steps falls in another's
 //! window. An agent that exits or a person who detaches during the window is outside the
 //! relay's reach; the window is a few of the server's loop turns.
 
@@ -26,16 +26,31 @@ use rustix::fs::{FlockOperation, flock};
 /// client's answer time) must not stop every other agent from starting.
 const WAIT_AT_MOST: Duration = Duration::from_secs(15);
 
-/// The lock file: one per user and tmux socket directory (`TMUX_TMPDIR`, as tmux itself
-/// chooses it), so that relaying processes sharing a tmux server share it.
-fn path() -> PathBuf {
-    let dir = std::env::var_os("TMUX_TMPDIR")
+/// The lock file: one per user and tmux socket directory, in the private directory tmux keeps
+/// its sockets in (`$TMUX_TMPDIR/tmux-UID`, 0700, created as tmux would when no server has
+/// yet), so that relaying processes sharing a tmux server share it and no other user can
+/// create, hold or replace it.
+fn path() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let base = std::env::var_os("TMUX_TMPDIR")
         .filter(|d| !d.is_empty())
         .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
-    dir.join(format!(
-        "agent-relay-tmux-{}.lock",
-        rustix::process::getuid().as_raw()
-    ))
+    let uid = rustix::process::getuid().as_raw();
+    let dir = base.join(format!("tmux-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // tmux refuses the directory on the same terms.
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            dir.display()
+        )));
+    }
+    Ok(dir.join("agent-relay.lock"))
 }
 
 /// Held while one step that a tmux server must not see during a control client's identify
@@ -48,16 +63,18 @@ pub(crate) struct Guard {
 /// Takes the lock, waiting up to [`WAIT_AT_MOST`]; without it (it cannot be opened, or it is
 /// held too long) the step goes on, logged: this only narrows a race in tmux.
 pub(crate) fn take(what: &str) -> Guard {
-    let path = path();
-    let file = match std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-    {
+    let opened = path().and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
+    });
+    let file = match opened {
         Ok(f) => f,
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, what, "cannot open the tmux lock; going on without it");
+            tracing::warn!(error = %e, what, "cannot open the tmux lock; going on without it");
             return Guard { _file: None };
         }
     };
@@ -68,8 +85,12 @@ pub(crate) fn take(what: &str) -> Guard {
             Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                tracing::warn!(what, "the tmux lock was held for 15 s; going on without it");
+                return Guard { _file: None };
+            }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, what, "cannot take the tmux lock; going on without it");
+                tracing::warn!(error = %e, what, "cannot take the tmux lock; going on without it");
                 return Guard { _file: None };
             }
         }
