@@ -156,6 +156,8 @@ pub(crate) struct PtyTerminal {
     keys: mpsc::Receiver<Vec<u8>>,
     paste: crate::format::PasteMode,
     stdout: std::io::Stdout,
+    /// Showing output on the person's terminal failed once (said once, see `show`).
+    stdout_failed: bool,
     winch: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
@@ -184,6 +186,7 @@ impl PtyTerminal {
             keys,
             paste: crate::format::PasteMode::default(),
             stdout: std::io::stdout(),
+            stdout_failed: false,
             winch: signal_of(SignalKind::window_change())?,
             term: signal_of(SignalKind::terminate())?,
             hup: signal_of(SignalKind::hangup())?,
@@ -223,11 +226,18 @@ impl crate::terminal::Terminal for PtyTerminal {
     }
 
     fn show(&mut self, bytes: &[u8]) {
-        // The person sees exactly what the agent printed.
-        let _ = self
+        // The person sees exactly what the agent printed. Their terminal gone (closed, a pipe
+        // whose reader left) changes nothing for the relaying, which reads the agent's output
+        // itself: said once.
+        if let Err(e) = self
             .stdout
             .write_all(bytes)
-            .and_then(|()| self.stdout.flush());
+            .and_then(|()| self.stdout.flush())
+            && !self.stdout_failed
+        {
+            self.stdout_failed = true;
+            tracing::info!(error = %e, "cannot show the agent's output on this terminal; relaying goes on");
+        }
         self.paste.feed(bytes);
     }
 
