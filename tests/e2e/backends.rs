@@ -472,3 +472,99 @@ fn a_persons_line_in_a_pty_is_never_typed_over() {
 fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
     a_persons_line(Backend::Tmux);
 }
+
+/// The parser reads the agent's terminal at its width, and follows a resize: a TUI (the
+/// `codex` parse profile breaks its own lines) prints a directive whose next row, at the
+/// directive's indentation, is a new line at one width and the rest of a wrapped line at a
+/// narrower one. PTY: the person's terminal is resized (the wrapper hears SIGWINCH); tmux: the
+/// agent's window (the relaying process hears `%layout-change`).
+fn a_resized_terminal(backend: Backend) {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    let (mut bob, _) = relay.agent("Bob");
+    bob.read_timeout(Duration::from_secs(30));
+    let mut heard = || {
+        let m = bob.expect("DELIVER");
+        bob.ack(&m);
+        m["payload"]["body"].as_str().unwrap().to_owned()
+    };
+    let script = r#"read -r go
+printf '  @relay:Bob hi\n  Done.\n\n'
+read -r go
+printf '  @relay:Bob %s\n  Done.\n\n' xxxxxxxxxxxxxxxxxxxxxxxxx
+while IFS= read -r line; do :; done
+"#;
+    let pane = match backend {
+        Backend::Pty => {
+            std::fs::write(dir.join("Alice.sh"), script).unwrap();
+            PersonPane {
+                relay: &relay,
+                server: Some("relayresize"),
+                target: String::new(),
+                _terminal: Some(crate::wrap::person_terminal(
+                    &relay,
+                    "relayresize",
+                    &format!(
+                        "AGENT_RELAY_LOG=relay_wrap=debug {{bin}} wrap -n Alice --profile codex --no-teach -- sh '{}'",
+                        dir.join("Alice.sh").display()
+                    ),
+                )),
+            }
+        }
+        Backend::Tmux => {
+            let alice = backend.start(
+                &relay,
+                "Alice",
+                script,
+                &["--profile", "codex", "--no-teach"],
+                &[],
+                false,
+            );
+            PersonPane {
+                relay: &relay,
+                server: None,
+                target: format!("={}:", alice.session.unwrap()),
+                _terminal: None,
+            }
+        }
+    };
+    wait_online(&relay, "Alice");
+    let log = relay.data_dir().join("team/Alice/wrap.log");
+    let resized = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("the terminal was resized")
+            .count()
+    };
+    // Each resize is waited for in the wrapper's log before the agent prints: the output is
+    // then read at the new width, whatever order the signal and the keys arrive in.
+    let resize = |cols: &str| {
+        let before = resized();
+        let out = pane.run(&["resize-window", "-t", &pane.target, "-x", cols, "-y", "20"]);
+        assert!(out.status.success(), "{out:?}");
+        wait_for(
+            Duration::from_secs(20),
+            "the wrapper hears the resize",
+            || resized() > before,
+        );
+    };
+    // 100 columns: `Done.` would have fitted after `hi`, so it is a line of its own.
+    resize("100");
+    pane.keys(&["go", "Enter"]);
+    assert_eq!(heard(), "hi", "{}", pane.text());
+    // 40 columns: the 38-column row could not take `Done.`, so the TUI wrapped it there.
+    resize("40");
+    pane.keys(&["go", "Enter"]);
+    let x = "x".repeat(25);
+    assert_eq!(heard(), format!("{x} Done."), "{}", pane.text());
+}
+
+#[test]
+fn a_resized_pty_is_read_at_its_new_width() {
+    a_resized_terminal(Backend::Pty);
+}
+
+#[test]
+fn a_resized_tmux_window_is_read_at_its_new_width() {
+    a_resized_terminal(Backend::Tmux);
+}

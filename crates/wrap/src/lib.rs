@@ -1256,6 +1256,7 @@ async fn serve(
                     term.write_keys(k).await?;
                 }
                 TermEvent::Resized { rows, cols } => {
+                    tracing::debug!(rows, cols, "the terminal was resized");
                     term.resize(rows, cols)?;
                     core.parser.set_rows(usize::from(rows));
                     core.parser.set_cols(usize::from(cols));
