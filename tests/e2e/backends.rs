@@ -530,12 +530,19 @@ while IFS= read -r line; do :; done
     };
     wait_online(&relay, "Alice");
     let log = relay.data_dir().join("team/Alice/wrap.log");
-    let resized = || {
+    let logged = |what: &str| {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
-            .matches("the terminal was resized")
+            .matches(what)
             .count()
     };
+    // The wrapper's loop has run (it logs the relay's first event): its terminal is set up, the
+    // PTY wrapper listening for SIGWINCH, the tmux one's control client attached. Online alone
+    // is earlier (the relay connection comes first), and a resize then went unheard.
+    wait_for(Duration::from_secs(20), "the wrapper's loop runs", || {
+        logged("relay event") > 0
+    });
+    let resized = || logged("the terminal was resized");
     // Each resize is waited for in the wrapper's log before the agent prints: the output is
     // then read at the new width, whatever order the signal and the keys arrive in.
     let resize = |cols: &str| {

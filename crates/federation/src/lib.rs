@@ -591,7 +591,9 @@ async fn sync(
         match core::claim(&sh.me, l, directory.get(&l.name)) {
             Claim::Keep => {}
             Claim::Create(e) if link_up => {
-                let value = serde_json::to_vec(&e).unwrap_or_default();
+                let Some(value) = entry_bytes(&l.name, &e) else {
+                    continue;
+                };
                 match kv.create(&l.name, value.into()).await {
                     Ok(_) => {
                         directory.insert(l.name.clone(), e);
@@ -603,7 +605,9 @@ async fn sync(
                 }
             }
             Claim::Update(e) if link_up => {
-                let value = serde_json::to_vec(&e).unwrap_or_default();
+                let Some(value) = entry_bytes(&l.name, &e) else {
+                    continue;
+                };
                 match kv.put(&l.name, value.into()).await {
                     Ok(_) => {
                         directory.insert(l.name.clone(), e);
@@ -968,5 +972,17 @@ async fn publish(
             }
         }
         attempt = start_publish(sh, subject, msg_id, body.clone()).await;
+    }
+}
+
+/// A directory entry as stored in the KV bucket; `None` (logged) when it cannot be encoded,
+/// so that an empty value never overwrites an agent's entry.
+fn entry_bytes<E: serde::Serialize>(name: &str, e: &E) -> Option<Vec<u8>> {
+    match serde_json::to_vec(e) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            tracing::warn!(%name, error = %err, "federation: cannot encode a directory entry; not written");
+            None
+        }
     }
 }

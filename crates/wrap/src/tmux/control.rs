@@ -268,9 +268,13 @@ fn read_answers(
             let size = std::str::from_utf8(layout)
                 .ok()
                 .and_then(|l| pane_size(l, pane));
-            if let Some((cols, rows)) = size
-                && notes.send(Note::Resized { rows, cols }).is_err()
-            {
+            let Some((cols, rows)) = size else {
+                // Another pane's window, or a layout this reader does not know: the parser
+                // keeps the size it has.
+                tracing::debug!(line = %String::from_utf8_lossy(text), "a layout change without this pane's size");
+                continue;
+            };
+            if notes.send(Note::Resized { rows, cols }).is_err() {
                 break;
             }
             continue;
