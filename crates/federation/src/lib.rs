@@ -166,7 +166,16 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
         .connection_timeout(Duration::from_secs(2))
         // Back within a quarter second of a server's return, and never more than 2 s later:
         // the backlog waits for this.
-        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)));
+        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)))
+        // The link's state follows the client's own events, the moment they happen: a
+        // directory pass can be slow while a server is gone, and must not be what says so.
+        .event_callback({
+            let cell = cell.clone();
+            move |event| {
+                let cell = cell.clone();
+                async move { on_event(&cell, &event) }
+            }
+        });
     if let Some(path) = &opts.creds {
         co = co
             .credentials_file(path)
@@ -224,6 +233,21 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
     tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
     manage(shared, opts, kv, tool, inbound_rx).await;
     Ok(())
+}
+
+/// The NATS client's events: the link's state (this is its one writer) and what went wrong.
+fn on_event(cell: &Cell, event: &async_nats::Event) {
+    let link = match event {
+        async_nats::Event::Connected => "connected",
+        async_nats::Event::Disconnected => "disconnected",
+        async_nats::Event::Closed => "closed",
+        other => {
+            tracing::warn!(event = %other, "federation: NATS");
+            return;
+        }
+    };
+    tracing::info!(link, "federation: NATS link");
+    set_cell(cell, |s| s.link = link.into());
 }
 
 fn set_cell(cell: &Cell, f: impl FnOnce(&mut FederationStatus)) {
@@ -423,13 +447,15 @@ async fn manage(
     // messages never wait for it.
     {
         let (sh, opts, standins, tool) = (sh.clone(), opts.clone(), standins.clone(), tool.clone());
+        let watched: Arc<RwLock<Watched>> = Arc::default();
+        tokio::spawn(watch_directory(kv.clone(), watched.clone()));
         tokio::spawn(async move {
             let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                sync(&sh, &opts, &kv, &tool, &mut directory, &standins).await;
+                sync(&sh, &opts, &kv, &tool, &watched, &mut directory, &standins).await;
             }
         });
     }
@@ -552,6 +578,7 @@ async fn sync(
     opts: &Options,
     kv: &kv::Store,
     tool: &Client,
+    watched: &RwLock<Watched>,
     directory: &mut BTreeMap<String, Entry>,
     standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
 ) {
@@ -578,13 +605,14 @@ async fn sync(
         }
     }
     let link_up = sh.client.connection_state() == async_nats::connection::State::Connected;
-    let mut error = None;
-    if link_up {
-        match read_directory(kv).await {
-            Ok(d) => *directory = d,
-            Err(e) => error = Some(e),
+    // The watch's copy, as it stands (the last known one while NATS is gone).
+    let error = match watched.read() {
+        Ok(w) => {
+            directory.clone_from(&w.entries);
+            w.error.clone()
         }
-    }
+        Err(_) => Some("directory: the watch's copy is unreadable (a thread panicked)".into()),
+    };
     let mut conflicts = Vec::new();
     let mut conflict_names = HashSet::new();
     for l in &locals {
@@ -675,12 +703,6 @@ async fn sync(
     set_cell(&sh.cell, |s| {
         s.node = sh.me.clone();
         s.cluster = sh.cluster.clone();
-        s.link = match sh.client.connection_state() {
-            async_nats::connection::State::Connected => "connected",
-            async_nats::connection::State::Pending => "connecting",
-            async_nats::connection::State::Disconnected => "disconnected",
-        }
-        .into();
         s.backlog = backlog;
         s.published = sh.published.load(Ordering::Relaxed);
         s.received = sh.received.load(Ordering::Relaxed);
@@ -694,28 +716,63 @@ async fn sync(
     });
 }
 
-async fn read_directory(kv: &kv::Store) -> Result<BTreeMap<String, Entry>, String> {
-    let mut keys = kv.keys().await.map_err(|e| format!("directory: {e}"))?;
-    let mut names = Vec::new();
-    while let Some(k) = keys.next().await {
-        names.push(k.map_err(|e| format!("directory: {e}"))?);
+/// The directory as the watch has seen it, and why the watch is not running, if it is not.
+#[derive(Default)]
+struct Watched {
+    entries: BTreeMap<String, Entry>,
+    error: Option<String>,
+}
+
+/// Keeps [`Watched`] current from one watch of the directory bucket: every key's last value
+/// first, then each change as it is made. It replaced a read of every key on every pass, which
+/// grew with the federation and, while NATS was gone, hung the pass (and the status with it).
+/// A watch that fails or ends is made again; its replay brings the copy up to date (a deleted
+/// key replays as its delete marker).
+async fn watch_directory(kv: kv::Store, watched: Arc<RwLock<Watched>>) {
+    loop {
+        let why = match kv.watch_with_history(">").await {
+            Ok(mut changes) => {
+                set_watch_error(&watched, None);
+                loop {
+                    match changes.next().await {
+                        Some(Ok(change)) => apply_change(&watched, change),
+                        Some(Err(e)) => break format!("directory watch: {e}"),
+                        None => break "directory watch: ended by the server".to_owned(),
+                    }
+                }
+            }
+            Err(e) => format!("directory watch: {e}"),
+        };
+        tracing::debug!(why = %why, "federation: directory watch made again");
+        set_watch_error(&watched, Some(why));
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let mut out = BTreeMap::new();
-    for name in names {
-        match kv.get(&name).await {
-            Ok(Some(v)) => match serde_json::from_slice::<Entry>(&v) {
-                Ok(e) => {
-                    out.insert(name, e);
-                }
-                Err(e) => {
-                    tracing::warn!(%name, error = %e, "federation: unreadable directory entry")
-                }
-            },
-            Ok(None) => {}
-            Err(e) => return Err(format!("directory: {e}")),
+}
+
+fn set_watch_error(watched: &RwLock<Watched>, error: Option<String>) {
+    if let Ok(mut w) = watched.write() {
+        w.error = error;
+    }
+}
+
+fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
+    let Ok(mut w) = watched.write() else {
+        tracing::error!(name = %change.key, "federation: directory change lost: the copy is unwritable (a thread panicked)");
+        return;
+    };
+    match change.operation {
+        kv::Operation::Put => match serde_json::from_slice::<Entry>(&change.value) {
+            Ok(e) => {
+                w.entries.insert(change.key, e);
+            }
+            Err(e) => {
+                tracing::warn!(name = %change.key, error = %e, "federation: unreadable directory entry")
+            }
+        },
+        kv::Operation::Delete | kv::Operation::Purge => {
+            w.entries.remove(&change.key);
         }
     }
-    Ok(out)
 }
 
 fn spawn_standin(
