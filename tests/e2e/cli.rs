@@ -587,6 +587,22 @@ fn up_with_other_settings_than_the_running_relays_says_so_and_how_to_restart() {
     let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
     ok_stdout(&relay.cli(&["down"]));
     assert_eq!(v["settings"]["max-hops"], "50", "{v}");
+    // A relay reached by `--socket`: the commands it says carry the socket too (without it,
+    // `down` would stop another project's relay, or none).
+    ok_stdout(&relay.cli(&["up"]));
+    let sock = relay.socket.to_str().unwrap();
+    let out = relay
+        .command()
+        .env_remove("AGENT_RELAY_SOCKET")
+        .args(["--socket", sock, "up", "--max-hops", "7"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let restart =
+        format!("agent-relay --socket {sock} down && agent-relay --socket {sock} up --max-hops 7");
+    assert!(err.contains(&restart), "{err}");
+    ok_stdout(&relay.cli(&["down"]));
 }
 
 /// The pids of live processes whose command line contains `marker` (tmux servers aside: one

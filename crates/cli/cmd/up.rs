@@ -285,6 +285,19 @@ fn write_settings(paths: &Paths, settings: &UpSettings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `s` as one word for a POSIX shell: as it is when it has nothing the shell would read,
+/// else in single quotes.
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
+    if plain {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 /// Refuses (exit 1) when a setting given on the command line, by an environment variable or
 /// by the configuration file differs from the running relay's: saying "already running" and
 /// succeeding would leave the user believing the new setting is in force.
@@ -299,8 +312,19 @@ fn same_settings(paths: &Paths, pid: u32, resolved: &Resolved) -> anyhow::Result
     if given.is_empty() {
         return Ok(());
     }
-    // Options go on the command line again; a variable or the file is read again anyway.
-    let mut restart = String::from("agent-relay down && agent-relay up");
+    // Options go on the command line again; a variable or the file is read again anyway. A
+    // socket chosen by `--socket` goes on both commands, or they would reach another relay.
+    let socket_flag = std::env::var_os("AGENT_RELAY_SOCKET").is_none()
+        && Paths::from_env().ok().map(|p| p.socket).as_ref() != Some(&paths.socket);
+    let program = if socket_flag {
+        format!(
+            "agent-relay --socket {}",
+            shell_word(&paths.socket.to_string_lossy())
+        )
+    } else {
+        "agent-relay".to_owned()
+    };
+    let mut restart = format!("{program} down && {program} up");
     for (g, _) in given.iter().filter(|(_, source)| **source == Source::Flag) {
         match *g {
             "no-dashboard" if asked[*g] == "true" => restart.push_str(" --no-dashboard"),
