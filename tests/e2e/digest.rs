@@ -288,16 +288,20 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     bob.person_types("Index the repository");
     bob.wait_prompts(1);
     let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, name, b)).collect();
-    // Each waits in the wrapper, which has looked at the screen and seen Claude Code busy.
-    wait_for(LONG, &format!("{name}'s wrapper holds the three while busy"), || {
-        let log = bob.wrap_log();
-        let Some(last) = log.find(&format!("a message waits to be typed id={}", ids[2])) else {
-            return false;
-        };
-        ids.iter()
-            .all(|id| logged(&log, "a message waits to be typed", id) == 1)
-            && log[last..].contains("not ready for a message why=Busy")
-    });
+    // Each waits in the wrapper, which has looked at the screen and seen the CLI busy.
+    wait_for(
+        LONG,
+        &format!("{name}'s wrapper holds the three while busy"),
+        || {
+            let log = bob.wrap_log();
+            let Some(last) = log.find(&format!("a message waits to be typed id={}", ids[2])) else {
+                return false;
+            };
+            ids.iter()
+                .all(|id| logged(&log, "a message waits to be typed", id) == 1)
+                && log[last..].contains("not ready for a message why=Busy")
+        },
+    );
     bob.standin().release();
     let prompts = bob.wait_prompts(2);
     let expected = format!(
