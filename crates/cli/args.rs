@@ -8,6 +8,9 @@ const AFTER_HELP: &str = "\
 Quick start:
   agent-relay up                      start the relay for this project (in the background)
   agent-relay -n Alice claude         run an agent under the relay (starts the relay if needed)
+  agent-relay -n Bob --delivery digest codex --model o3
+                                      agent-relay's options before the agent command, the
+                                      agent's own after it
   agent-relay attach Alice            back to Alice's tmux session (detach: Ctrl-b d)
   agent-relay send Bob 'hello'        send a message as a person
   agent-relay history                 what was said
@@ -72,6 +75,10 @@ pub(crate) struct Cli {
     /// With an agent command: do not teach the agent the relay at start (see `wrap --help`).
     #[arg(long)]
     pub(crate) no_teach: bool,
+    /// With an agent command: type a one-line introduction once it is ready (see `wrap
+    /// --help`).
+    #[arg(long)]
+    pub(crate) intro: bool,
     /// With an agent command: how messages are typed in, each, digest or notice (see `wrap
     /// --help`).
     #[arg(long, value_enum, value_name = "HOW")]

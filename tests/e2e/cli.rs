@@ -1107,3 +1107,107 @@ fn send_from_a_terminal_says_how_to_end_the_message() {
         },
     );
 }
+
+/// Issue 15: `agent-relay claude --delivery digest` passed `--delivery digest` to Claude Code
+/// (which refuses it) and the agent ran with `each`. Everything after the agent command is
+/// the agent's, so agent-relay's own `--delivery`, `--backend` and `--detached` written there
+/// are refused (exit 2) with the command in the right order, the options given before the
+/// command kept; after `--` they are the agent's own.
+#[test]
+fn relay_options_after_the_agent_command_are_refused_with_the_fix() {
+    let relay = Relay::start();
+    let refused = |args: &[&str], fix: &str| {
+        let out = relay.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(
+            err.contains("would be passed to sh, not to agent-relay") && err.contains(fix),
+            "{args:?}: {err}"
+        );
+    };
+    refused(
+        &["sh", "-c", "exit 0", "--delivery", "digest"],
+        "\n  agent-relay --delivery digest sh -c 'exit 0'\n",
+    );
+    refused(
+        &["-n", "Al", "sh", "-c", "exit 0", "--delivery=notice", "x"],
+        "\n  agent-relay -n Al --delivery=notice sh -c 'exit 0' x\n",
+    );
+    refused(
+        &[
+            "-n",
+            "Al",
+            "--delivery",
+            "digest",
+            "sh",
+            "-c",
+            "exit 0",
+            "--backend",
+            "pty",
+        ],
+        "\n  agent-relay -n Al --delivery digest --backend pty sh -c 'exit 0'\n",
+    );
+    refused(
+        &["-n", "Al", "sh", "--detached", "-c", "exit 0"],
+        "\n  agent-relay -n Al --detached sh -c 'exit 0'\n",
+    );
+    refused(
+        &[
+            "wrap",
+            "-n",
+            "Al",
+            "sh",
+            "-c",
+            "exit 0",
+            "--delivery",
+            "digest",
+        ],
+        "\n  agent-relay -n Al --delivery digest sh -c 'exit 0'\n",
+    );
+    // The commands it suggests run (`--intro` too, which the shorthand did not take).
+    for fixed in [
+        &[
+            "-n",
+            "Al",
+            "--delivery",
+            "digest",
+            "--backend",
+            "pty",
+            "sh",
+            "-c",
+            "exit 0",
+        ][..],
+        &[
+            "-n",
+            "Al",
+            "--intro",
+            "--backend",
+            "pty",
+            "sh",
+            "-c",
+            "exit 0",
+        ],
+    ] {
+        let out = relay.cli(fixed);
+        assert_eq!(out.status.code(), Some(0), "{fixed:?}: {out:?}");
+    }
+    // After `--` they are the agent's own.
+    let out = relay.cli(&[
+        "-n",
+        "Al",
+        "--backend",
+        "pty",
+        "--",
+        "sh",
+        "-c",
+        "echo \"args: $*\"",
+        "x",
+        "--delivery",
+        "digest",
+        "--detached",
+    ]);
+    assert!(
+        ok_stdout(&out).contains("args: --delivery digest --detached"),
+        "{out:?}"
+    );
+}

@@ -253,11 +253,32 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
 /// once. Before digests, each was a prompt of its own.
 #[test]
 fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
+    digest_of_three_sent_while_busy(Cli::Claude, "Bob");
+}
+
+/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
+/// 0.169.0 (busy: `esc to interrupt`).
+#[test]
+fn codex_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
+    digest_of_three_sent_while_busy(Cli::Codex, "Cody");
+}
+
+/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
+/// 0.61.0 (busy: `esc to cancel`).
+#[test]
+fn gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
+    digest_of_three_sent_while_busy(Cli::Gemini, "Gemma");
+}
+
+/// A real CLI under `--delivery digest`, kept busy by a held reply while three messages come:
+/// its next model request holds the three in one prompt, byte for byte, each typed once and
+/// reported verified, stored once.
+fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     let relay = Relay::start();
     let bob = Agent::start_with(
         &relay,
-        Cli::Claude,
-        "Bob",
+        cli,
+        name,
         Script::new(vec![
             Rule::contains("Index the repository", "Indexed.").held(),
         ]),
@@ -266,17 +287,21 @@ fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
     bob.wait_ready();
     bob.person_types("Index the repository");
     bob.wait_prompts(1);
-    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, "Bob", b)).collect();
-    // Each waits in the wrapper, which has looked at the screen and seen Claude Code busy.
-    wait_for(LONG, "Bob's wrapper holds the three while busy", || {
-        let log = bob.wrap_log();
-        let Some(last) = log.find(&format!("a message waits to be typed id={}", ids[2])) else {
-            return false;
-        };
-        ids.iter()
-            .all(|id| logged(&log, "a message waits to be typed", id) == 1)
-            && log[last..].contains("not ready for a message why=Busy")
-    });
+    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, name, b)).collect();
+    // Each waits in the wrapper, which has looked at the screen and seen the CLI busy.
+    wait_for(
+        LONG,
+        &format!("{name}'s wrapper holds the three while busy"),
+        || {
+            let log = bob.wrap_log();
+            let Some(last) = log.find(&format!("a message waits to be typed id={}", ids[2])) else {
+                return false;
+            };
+            ids.iter()
+                .all(|id| logged(&log, "a message waits to be typed", id) == 1)
+                && log[last..].contains("not ready for a message why=Busy")
+        },
+    );
     bob.standin().release();
     let prompts = bob.wait_prompts(2);
     let expected = format!(
@@ -294,7 +319,7 @@ fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
         .and_then(|(_, rest)| rest.split_once("\">\n"))
         .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
         .map_or(prompts[1].as_str(), |(inner, _)| inner);
-    assert_eq!(inner, expected, "the prompt Bob sent: {:?}", prompts[1]);
+    assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[1]);
     wait_for(LONG, "each message is reported verified", || {
         ids.iter()
             .all(|id| delivery_status(&relay, id) == "verified")
@@ -315,35 +340,85 @@ fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
 /// result, and the message is reported verified, stored once, its body never typed.
 #[test]
 fn claude_code_reads_a_noticed_message_with_relay_inbox() {
+    reads_a_noticed_message_with_relay_inbox(Cli::Claude, "Bob");
+}
+
+/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Codex CLI 0.169.0: the
+/// server given with `-c mcp_servers.relay={...}` (what `codex mcp add` writes, and its
+/// tools approved), the stand-in calling `relay_inbox` in namespace `mcp__relay`.
+#[test]
+fn codex_reads_a_noticed_message_with_relay_inbox() {
+    reads_a_noticed_message_with_relay_inbox(Cli::Codex, "Cody");
+}
+
+/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Gemini CLI 0.61.0: the
+/// server in the project's `.gemini/settings.json` (what `gemini mcp add` writes, with
+/// `trust: true` so that Gemini does not ask), the stand-in calling `mcp_relay_relay_inbox`.
+#[test]
+fn gemini_reads_a_noticed_message_with_relay_inbox() {
+    reads_a_noticed_message_with_relay_inbox(Cli::Gemini, "Gemma");
+}
+
+/// A real CLI with the relay's MCP server under a wrapper with `--delivery notice`: the
+/// wrapper types only the one-line notice, the model calls relay_inbox (scripted by the
+/// stand-in), gets the exact multi-line body as the tool's result, and the message is
+/// reported verified, stored once, its body never typed.
+fn reads_a_noticed_message_with_relay_inbox(cli: Cli, name: &str) {
     let relay = Relay::start();
-    let config = relay.dir.path().join("mcp-bob.json");
-    let mcp = serde_json::json!({"mcpServers": {"relay": {
-        "type": "stdio",
-        "command": BIN,
-        "args": ["mcp", "--name", "Bob"],
-        "env": {
-            "AGENT_RELAY_SOCKET": &relay.socket,
-            "AGENT_RELAY_DATA_DIR": relay.data_dir(),
-        },
-    }}});
-    std::fs::write(&config, mcp.to_string()).unwrap();
-    let cli_args = format!(
-        "--mcp-config '{}' --strict-mcp-config --allowedTools mcp__relay__relay_inbox",
-        config.display()
-    );
+    let dir = relay.dir.path();
+    let env = serde_json::json!({
+        "AGENT_RELAY_SOCKET": &relay.socket,
+        "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+    });
+    let (cli_args, tool) = match cli {
+        Cli::Claude => {
+            let config = dir.join(format!("mcp-{name}.json"));
+            let mcp = serde_json::json!({"mcpServers": {"relay": {
+                "type": "stdio", "command": BIN, "args": ["mcp", "--name", name], "env": env,
+            }}});
+            std::fs::write(&config, mcp.to_string()).unwrap();
+            let args = format!(
+                "--mcp-config '{}' --strict-mcp-config --allowedTools mcp__relay__relay_inbox",
+                config.display()
+            );
+            (args, "mcp__relay__relay_inbox")
+        }
+        Cli::Codex => {
+            // TOML strings written as JSON strings: the paths are plain.
+            let server = format!(
+                "mcp_servers.relay={{command={}, args=[\"mcp\", \"--name\", \"{name}\"], \
+                 env={{AGENT_RELAY_SOCKET={}, AGENT_RELAY_DATA_DIR={}}}, \
+                 default_tools_approval_mode=\"approve\"}}",
+                serde_json::json!(BIN),
+                env["AGENT_RELAY_SOCKET"],
+                env["AGENT_RELAY_DATA_DIR"]
+            );
+            (format!("-c '{server}'"), "mcp__relay/relay_inbox")
+        }
+        Cli::Gemini => {
+            // The project's settings (Agent::start_with writes the user's).
+            let project = dir.join(format!("work-{name}/.gemini"));
+            std::fs::create_dir_all(&project).unwrap();
+            let settings = serde_json::json!({"mcpServers": {"relay": {
+                "command": BIN, "args": ["mcp", "--name", name], "env": env, "trust": true,
+            }}});
+            std::fs::write(project.join("settings.json"), settings.to_string()).unwrap();
+            (String::new(), "mcp_relay_relay_inbox")
+        }
+    };
     let bob = Agent::start_with(
         &relay,
-        Cli::Claude,
-        "Bob",
+        cli,
+        name,
         Script::new(vec![
             Rule::contains("call relay_inbox", "Reading them.")
-                .calling("mcp__relay__relay_inbox", &serde_json::json!({})),
+                .calling(tool, &serde_json::json!({})),
         ]),
         ("--delivery notice", &cli_args),
     );
     bob.wait_ready();
     let body = BODIES[1];
-    let id = send(&relay, "Bob", body);
+    let id = send(&relay, name, body);
     let notice = format!(
         "1 relay message from human [{}] — call relay_inbox to read it",
         short(&id)
@@ -351,7 +426,7 @@ fn claude_code_reads_a_noticed_message_with_relay_inbox() {
     let prompts = bob.wait_prompts(1);
     assert_eq!(prompts[0], notice);
     // The tool's result, as Claude Code sent it back to the model.
-    let want = serde_json::to_string(&format!("[{id}] from human to Bob:\n{body}")).unwrap();
+    let want = serde_json::to_string(&format!("[{id}] from human to {name}:\n{body}")).unwrap();
     let want = want.trim_matches('"');
     wait_for(LONG, "the model is given relay_inbox's result", || {
         bob.standin()
@@ -364,10 +439,11 @@ fn claude_code_reads_a_noticed_message_with_relay_inbox() {
     });
     bob.wait_replies_done();
     bob.wait_all_relayed("OK.");
-    // The notice, then the tool's result going back to the model (no user text): the body
-    // was never typed.
-    assert_eq!(bob.prompts(), [notice, String::new()]);
+    // The notice, then the tool's result going back to the model: the body was never typed.
+    let prompts = bob.prompts();
+    assert_eq!(prompts.len(), 2, "{prompts:#?}");
+    assert_eq!(prompts[0], notice);
     let log = bob.wrap_log();
     assert_eq!(logged(&log, "typing a message", &id), 1);
-    assert_eq!(history(&relay), [("Bob".to_owned(), body.to_owned())]);
+    assert_eq!(history(&relay), [(name.to_owned(), body.to_owned())]);
 }

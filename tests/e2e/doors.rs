@@ -724,9 +724,11 @@ fn an_mcp_server_under_a_wrapper_of_the_same_name_sends_through_the_wrapper() {
 /// agent-relay mcp -- --name NAME`; `--env`/`-e` point the server at this test's relay). The
 /// stand-in scripts a `relay_send` call (`tool`: the name the CLI gives the MCP tool) with a
 /// 40-line code block to Bob; Bob gets it once, byte for byte, and the CLI hands the relay's
-/// ACK back to the model. Run for Gemini; Codex 0.169.0 offers the server's tools to the
-/// model as one namespace (`mcp__relay`, tools inside), and a `function_call` the stand-in
-/// made of it did not reach the server yet (docs/AGENTS.md).
+/// ACK back to the model. Codex 0.169.0 offers the server's tools as one namespace
+/// (`mcp__relay`, tools inside) and runs a call that names both (`mcp__relay/relay_send`:
+/// `"namespace": "mcp__relay", "name": "relay_send"`); `codex exec` never asks, so the
+/// server's tools are approved with `-c mcp_servers.relay.default_tools_approval_mode=approve`
+/// (docs/AGENTS.md), else the call fails "requires approval".
 fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: &str, tool: &str) {
     use crate::agents::Cli;
     let relay = Relay::start();
@@ -790,7 +792,13 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: 
     };
     let prompt = "send Bob the fix";
     match cli {
-        Cli::Codex => command(&["exec", "--skip-git-repo-check", prompt]),
+        Cli::Codex => command(&[
+            "exec",
+            "--skip-git-repo-check",
+            "-c",
+            "mcp_servers.relay.default_tools_approval_mode=approve",
+            prompt,
+        ]),
         _ => command(&["-p", prompt, "--yolo"]),
     };
     let tools: Vec<String> = standin
@@ -835,6 +843,12 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: 
             .collect::<Vec<_>>()
             .join("\n")
     );
+    // The CLI has exited: what it sent is stored (checked first: a call that never reached
+    // the server would leave the DELIVER below waiting forever).
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let h = h.as_array().unwrap();
+    assert_eq!(h.len(), 1, "sent once: {h:#?}");
+    assert_eq!(h[0]["body"].as_str().unwrap(), body);
     let d = bob.expect("DELIVER");
     assert_eq!(d["from"], name);
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
@@ -852,10 +866,6 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: 
             .any(|t| t.contains("ACK [") && t.contains("accepted")),
         "{answered:#?}"
     );
-    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    let h = h.as_array().unwrap();
-    assert_eq!(h.len(), 1, "sent once: {h:#?}");
-    assert_eq!(h[0]["body"].as_str().unwrap(), body);
     crate::agents::kill_leftovers(&home);
 }
 
@@ -865,6 +875,15 @@ fn gemini_sends_through_the_mcp_server_exactly_once() {
         crate::agents::Cli::Gemini,
         "Gemma",
         "mcp_relay_relay_send",
+    );
+}
+
+#[test]
+fn codex_sends_through_the_mcp_server_exactly_once() {
+    cli_sends_through_the_mcp_server_exactly_once(
+        crate::agents::Cli::Codex,
+        "Cody",
+        "mcp__relay/relay_send",
     );
 }
 

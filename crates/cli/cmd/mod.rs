@@ -86,6 +86,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.backend = args.backend.or(cli.backend);
             args.detached |= cli.detached;
             args.no_teach |= cli.no_teach;
+            args.intro |= cli.intro;
             args.delivery = cli.delivery.unwrap_or(args.delivery);
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
@@ -101,7 +102,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 no_input: false,
                 max_body: 2000,
                 inbox: false,
-                intro: false,
+                intro: cli.intro,
                 no_teach: cli.no_teach,
                 delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,

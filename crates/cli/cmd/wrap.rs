@@ -31,9 +31,12 @@ fn generated_name() -> String {
 }
 
 /// agent-relay's own options that, written after the agent command, go to the agent instead:
-/// a person who wrote `agent-relay claude -n Alice` meant Alice. Refused (exit 2) with the
-/// command in the right order, unless the option was also given before the command or `--`
-/// marks where the agent's arguments begin (an agent CLI that takes `-n` itself).
+/// a person who wrote `agent-relay claude -n Alice` meant Alice, and `agent-relay claude
+/// --delivery digest` meant digests (Claude Code would refuse the option, or worse, take it).
+/// Everything after the command is the agent's, as for `env` or `sudo`, so such an option is
+/// refused (exit 2) with the command in the right order, unless the option was also given
+/// before the command or `--` marks where the agent's arguments begin (an agent CLI that
+/// takes `-n` itself, as Claude Code does for its session's name).
 fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
     let Some((cli, rest)) = args.command.split_first() else {
         return Ok(());
@@ -46,6 +49,12 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
         a if a.starts_with("--name=") => args.name.is_none(),
         "--intro" => !args.intro,
         "--no-teach" => !args.no_teach,
+        "--detached" => !args.detached,
+        a if a == "--backend" || a.starts_with("--backend=") => args.backend.is_none(),
+        // `each` is also the default: given before the command or not, a later one is misplaced.
+        a if a == "--delivery" || a.starts_with("--delivery=") => {
+            args.delivery == crate::args::Delivery::Each
+        }
         _ => false,
     });
     let Some(at) = misplaced else {
@@ -53,7 +62,7 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
     };
     let option = &rest[at];
     // The option and its value, moved before the command.
-    let takes_value = option == "-n" || option == "--name";
+    let takes_value = ["-n", "--name", "--backend", "--delivery"].contains(&option.as_str());
     let moved: Vec<&String> = rest[at..]
         .iter()
         .take(if takes_value { 2 } else { 1 })
@@ -97,6 +106,9 @@ fn misplaced_option(args: &WrapArgs, dashdash: bool) -> anyhow::Result<()> {
     }
     if args.no_teach {
         fixed.push_str(" --no-teach");
+    }
+    if args.delivery != crate::args::Delivery::Each {
+        fixed.push_str(&format!(" --delivery {}", args.delivery.as_str()));
     }
     fixed.push_str(&format!(" {}", words(&moved)));
     let cli = relay_protocol::text::one_line(cli, 80);

@@ -380,7 +380,13 @@ async fn handle(
         return axum::Json(answer).into_response();
     }
     // The first event goes out at once (the agent shows its spinner), then the hold and the
-    // rule's delay, then the text paced like a model streaming.
+    // rule's delay, then the text paced like a model streaming. Gemini's stream has no opening
+    // event: its first chunk is text (a short reply is one chunk, ending the turn), so the hold
+    // and the delay come before it (Gemini shows its spinner while it waits).
+    let first = match wire {
+        Wire::Gemini { .. } => 0,
+        Wire::Anthropic | Wire::OpenAi => 1,
+    };
     let frames: Vec<(bool, String)> = match wire {
         Wire::Anthropic => messages::reply_events(
             &model,
@@ -415,8 +421,8 @@ async fn handle(
         .enumerate()
         .map(move |(i, (paced, frame))| {
             let wait = match i {
+                _ if i == first => choice.delay,
                 0 => Duration::ZERO,
-                1 => choice.delay,
                 _ if paced => chunk_delay,
                 _ => Duration::ZERO,
             };
@@ -428,7 +434,7 @@ async fn handle(
         (frames.into_iter().enumerate(), Some(finish), Some(hold)),
         move |(mut it, mut finish, mut hold)| async move {
             let (i, (wait, frame)) = it.next()?;
-            if i == 1 {
+            if i == first {
                 if let Some(h) = hold.take() {
                     h().await;
                 }

@@ -17,6 +17,13 @@ pub fn latest_user_text(body: &Value) -> String {
         {
             match &items[items.len() - 1]["output"] {
                 Value::String(s) => s.clone(),
+                // Codex 0.169 hands an MCP tool's result back as content parts
+                // (`[{"type": "input_text", "text": ...}]`).
+                Value::Array(parts) if parts.iter().all(|p| p["text"].is_string()) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
                 other => other.to_string(),
             }
         }
@@ -42,7 +49,11 @@ pub fn latest_user_text(body: &Value) -> String {
 /// `response.output_item.added`, `response.content_part.added`, one
 /// `response.output_text.delta` per `chunk` characters, the matching `.done` events and
 /// `response.completed`; with `tool` (name, arguments as JSON text), a `function_call` item
-/// after the message, its arguments streamed at once.
+/// after the message, its arguments streamed at once. A name `NAMESPACE/TOOL` calls TOOL in a
+/// namespace of tools (`{"type": "namespace", "name": NAMESPACE, "tools": [...]}` in the
+/// request, how Codex 0.169 offers an MCP server's tools, `mcp__SERVER`): the item then says
+/// `"namespace": NAMESPACE, "name": TOOL`, the only form Codex routes to the server (a flat
+/// `mcp__SERVER__TOOL` is "unsupported call").
 pub fn reply_events(
     model: &str,
     text: &str,
@@ -103,9 +114,17 @@ pub fn reply_events(
     let mut output = vec![done_item];
     if let Some((name, input)) = tool {
         let arguments = crate::messages::tool_input(input).to_string();
+        let (namespace, name) = match name.split_once('/') {
+            Some((ns, tool)) => (Some(ns), tool),
+            None => (None, name.as_str()),
+        };
         let call = |status: &str, arguments: &str| {
-            json!({"id": "fc_standin", "type": "function_call", "status": status,
-                   "call_id": "call_standin", "name": name, "arguments": arguments})
+            let mut item = json!({"id": "fc_standin", "type": "function_call", "status": status,
+                   "call_id": "call_standin", "name": name, "arguments": arguments});
+            if let Some(ns) = namespace {
+                item["namespace"] = json!(ns);
+            }
+            item
         };
         let at = json!({"item_id": "fc_standin", "output_index": 1});
         events.push((
@@ -176,5 +195,26 @@ mod tests {
             {"type": "function_call_output", "call_id": "call_standin", "output": "ACK [1] to Bob"},
         ]});
         assert_eq!(latest_user_text(&body), "ACK [1] to Bob");
+        // A tool in a namespace (Codex's MCP servers): the item names both.
+        let tool = ("mcp__relay/relay_send".to_owned(), "{}".to_owned());
+        let events = reply_events("m", "Sending.", Some(&tool), 4);
+        let done = events
+            .iter()
+            .rfind(|(n, _)| *n == "response.output_item.done")
+            .unwrap();
+        assert_eq!(
+            (&done.1["item"]["namespace"], &done.1["item"]["name"]),
+            (&json!("mcp__relay"), &json!("relay_send"))
+        );
+        // Codex's MCP result: content parts, read as their text.
+        let body = json!({"input": [
+            {"type": "function_call_output", "call_id": "call_standin", "output": [
+                {"type": "input_text", "text": "Wall time: 0.01 seconds"},
+                {"type": "input_text", "text": "ACK [1] to Bob"}]},
+        ]});
+        assert_eq!(
+            latest_user_text(&body),
+            "Wall time: 0.01 seconds\nACK [1] to Bob"
+        );
     }
 }

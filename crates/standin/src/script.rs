@@ -99,7 +99,9 @@ impl Rule {
 
     /// The same rule, calling tool `name` with `input` after its text (on each API: a
     /// `tool_use` block, a Responses `function_call` item, a Gemini `functionCall` part; the
-    /// name is the one the CLI gave the tool, e.g. Claude Code's `mcp__SERVER__TOOL`).
+    /// name is the one the CLI gave the tool, e.g. Claude Code's `mcp__SERVER__TOOL`, Gemini
+    /// CLI's `mcp_SERVER_TOOL`; on the Responses API `NAMESPACE/TOOL` calls a tool in a
+    /// namespace, as Codex CLI's `mcp__SERVER/TOOL`).
     #[must_use]
     pub fn calling(mut self, name: &str, input: &serde_json::Value) -> Self {
         self.tool_use = Some((name.to_owned(), input.to_string()));
