@@ -294,6 +294,17 @@ impl<'r> Agent<'r> {
         );
     }
 
+    /// The person's terminal is resized to `cols` × `rows`.
+    pub(crate) fn resize(&self, cols: u16, rows: u16) {
+        let (x, y) = (cols.to_string(), rows.to_string());
+        self.tmux(&["resize-window", "-x", &x, "-y", &y]);
+    }
+
+    /// What the person's terminal shows now.
+    pub(crate) fn screen(&self) -> String {
+        self.pane()
+    }
+
     /// A person types `text` into this terminal and presses Enter (a separate key, once the
     /// text shows).
     pub(crate) fn person_types(&self, text: &str) {

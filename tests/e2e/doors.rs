@@ -496,6 +496,80 @@ fn gemini_gets_a_40_line_code_block_byte_for_byte() {
     code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
 }
 
+/// The body of a directive with a 40-line indented code block under it (the continuation
+/// rule keeps its lines). Under a directive's line it is no Markdown code block but the
+/// paragraph's continuation, so Claude Code draws its Markdown marks (`**`, `__`) as bold
+/// text without them: the screen's copy differs from what the model wrote.
+fn directive_code_block() -> String {
+    let mut s = String::from("Here is the fix:\n    fn main() {\n");
+    for i in 0..38 {
+        s.push_str(&format!(
+            "{}let x{i} = f(\"__init__\"); // **{i}**\n",
+            " ".repeat(8 + 4 * (i % 3))
+        ));
+    }
+    s.push_str("    }");
+    s
+}
+
+/// A directive whose body is a 40-line indented code block, written by Alice's model under
+/// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for byte,
+/// once. The whole reply fits Alice's screen, so the directive is read off it, but the screen
+/// shows what Claude Code drew of the Markdown; the wrapper sends the reply's own text from
+/// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
+#[test]
+fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
+    use crate::agents::{Agent, Cli};
+    let relay = Relay::start();
+    let body = directive_code_block();
+    // Lines and all, short of the 2,000 characters typed in full.
+    assert!(body.lines().count() == 41 && body.len() < 1900);
+    let reply = format!("Sending the fix to Bob.\n\n@relay:Bob {body}\n\nThat is all.");
+    let alice = Agent::start(
+        &relay,
+        Cli::Claude,
+        "Alice",
+        relay_standin::Script::new(vec![relay_standin::Rule::contains("Send the fix", &reply)]),
+    );
+    let bob = Agent::start(&relay, Cli::Claude, "Bob", relay_standin::Script::default());
+    // Tall enough for the whole reply: the directive is on the screen (the premise).
+    alice.resize(160, 70);
+    alice.wait_ready();
+    bob.wait_ready();
+    alice.person_types("Send the fix");
+    let prompts = bob.wait_prompts(1);
+    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    let sent = &h.as_array().unwrap()[0];
+    let id = sent["id"].as_str().unwrap();
+    let short = &id[id.len() - 8..];
+    let expected = format!("Relay message from Alice [{short}]:\n{body}");
+    let inner = prompts[0]
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    assert_eq!(
+        inner,
+        expected,
+        "what Bob's model was asked; Alice's screen:\n{}",
+        alice.screen()
+    );
+    assert_eq!(sent["body"].as_str(), Some(body.as_str()));
+    let log = alice.wrap_log();
+    assert!(
+        log.contains("sent with the reply's own text from Claude Code's transcript")
+            && !log.contains("the screen did not show it"),
+        "the directive was read off the screen: {log}"
+    );
+    alice.wait_replies_done();
+    bob.wait_replies_done();
+    alice.wait_all_relayed("That is all.");
+    bob.wait_all_relayed("OK.");
+    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 1, "sent once: {h:#}");
+    assert_eq!(bob.prompts().len(), 1, "asked once");
+}
+
 fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
     let out = relay
         .command()

@@ -556,7 +556,7 @@ impl Core {
         self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
     }
 
-    async fn send_checked(&mut self, d: Directive) {
+    async fn send_checked(&mut self, mut d: Directive) {
         self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
@@ -575,8 +575,14 @@ impl Core {
                     tracing::debug!(%to, "already sent from Claude Code's transcript; the screen shows it now");
                     return;
                 }
-                origin => {
-                    tracing::debug!(%to, ?origin, "directive checked against Claude Code's transcript")
+                relay_parse::transcript::Origin::Said(exact) => {
+                    // The screen shows what Claude Code drew of the reply's Markdown (a code
+                    // block without fences, lines re-wrapped): the reply's own text goes.
+                    tracing::debug!(%to, same = (exact.body == d.body), "sent with the reply's own text from Claude Code's transcript");
+                    d = exact;
+                }
+                relay_parse::transcript::Origin::Unknown => {
+                    tracing::debug!(%to, "directive not in Claude Code's transcript: sent as the screen shows it")
                 }
             }
         }
