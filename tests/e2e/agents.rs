@@ -272,7 +272,7 @@ impl<'r> Agent<'r> {
         &self.standin
     }
 
-    fn tmux(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn tmux(&self, args: &[&str]) -> std::process::Output {
         tmux_in(self.relay.dir.path(), &self.server, args)
     }
 

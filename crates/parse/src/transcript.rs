@@ -358,7 +358,10 @@ mod tests {
         let mut src = ReplySource::new();
         src.add_history("@relay:Bob old");
         assert_eq!(src.take_unseen(), []);
-        assert_eq!(src.check(&msg("Bob", "old")), Origin::Said(msg("Bob", "old")));
+        assert_eq!(
+            src.check(&msg("Bob", "old")),
+            Origin::Said(msg("Bob", "old"))
+        );
     }
 
     #[test]
