@@ -33,9 +33,10 @@ pub(crate) struct HooksArgs {
 /// What `agent-relay hooks` does.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum HooksAction {
-    /// Add the relay's Stop hook to this folder's .claude/settings.json (merged; a person's
-    /// settings are kept). Claude Code started here then gets waiting relay messages at the end
-    /// of its turns (an agent without a wrapper; a wrapped one keeps getting them typed).
+    /// Add the relay's Stop and UserPromptSubmit hooks to this folder's .claude/settings.json
+    /// (merged; a person's settings are kept). Claude Code started here then gets waiting relay
+    /// messages at the end of its turns and with a person's prompts (under a wrapper, those
+    /// that wait to be typed).
     Install {
         /// The CLI: claude.
         #[arg(value_parser = ["claude"])]
