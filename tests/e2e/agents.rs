@@ -272,7 +272,7 @@ impl<'r> Agent<'r> {
         &self.standin
     }
 
-    fn tmux(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn tmux(&self, args: &[&str]) -> std::process::Output {
         tmux_in(self.relay.dir.path(), &self.server, args)
     }
 
@@ -292,6 +292,17 @@ impl<'r> Agent<'r> {
                 pane.contains("? for shortcuts") || pane.contains("shift+tab to cycle")
             },
         );
+    }
+
+    /// The person's terminal is resized to `cols` × `rows`.
+    pub(crate) fn resize(&self, cols: u16, rows: u16) {
+        let (x, y) = (cols.to_string(), rows.to_string());
+        self.tmux(&["resize-window", "-x", &x, "-y", &y]);
+    }
+
+    /// What the person's terminal shows now.
+    pub(crate) fn screen(&self) -> String {
+        self.pane()
     }
 
     /// A person types `text` into this terminal and presses Enter (a separate key, once the

@@ -496,6 +496,80 @@ fn gemini_gets_a_40_line_code_block_byte_for_byte() {
     code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
 }
 
+/// The body of a directive with a 40-line indented code block under it (the continuation
+/// rule keeps its lines). Under a directive's line it is no Markdown code block but the
+/// paragraph's continuation, so Claude Code draws its Markdown marks (`**`, `__`) as bold
+/// text without them: the screen's copy differs from what the model wrote.
+fn directive_code_block() -> String {
+    let mut s = String::from("Here is the fix:\n    fn main() {\n");
+    for i in 0..38 {
+        s.push_str(&format!(
+            "{}let x{i} = f(\"__init__\"); // **{i}**\n",
+            " ".repeat(8 + 4 * (i % 3))
+        ));
+    }
+    s.push_str("    }");
+    s
+}
+
+/// A directive whose body is a 40-line indented code block, written by Alice's model under
+/// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for byte,
+/// once. The whole reply fits Alice's screen, so the directive is read off it, but the screen
+/// shows what Claude Code drew of the Markdown; the wrapper sends the reply's own text from
+/// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
+#[test]
+fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
+    use crate::agents::{Agent, Cli};
+    let relay = Relay::start();
+    let body = directive_code_block();
+    // Lines and all, short of the 2,000 characters typed in full.
+    assert!(body.lines().count() == 41 && body.len() < 1900);
+    let reply = format!("Sending the fix to Bob.\n\n@relay:Bob {body}\n\nThat is all.");
+    let alice = Agent::start(
+        &relay,
+        Cli::Claude,
+        "Alice",
+        relay_standin::Script::new(vec![relay_standin::Rule::contains("Send the fix", &reply)]),
+    );
+    let bob = Agent::start(&relay, Cli::Claude, "Bob", relay_standin::Script::default());
+    // Tall enough for the whole reply: the directive is on the screen (the premise).
+    alice.resize(160, 70);
+    alice.wait_ready();
+    bob.wait_ready();
+    alice.person_types("Send the fix");
+    let prompts = bob.wait_prompts(1);
+    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    let sent = &h.as_array().unwrap()[0];
+    let id = sent["id"].as_str().unwrap();
+    let short = &id[id.len() - 8..];
+    let expected = format!("Relay message from Alice [{short}]:\n{body}");
+    let inner = prompts[0]
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    assert_eq!(
+        inner,
+        expected,
+        "what Bob's model was asked; Alice's screen:\n{}",
+        alice.screen()
+    );
+    assert_eq!(sent["body"].as_str(), Some(body.as_str()));
+    let log = alice.wrap_log();
+    assert!(
+        log.contains("sent with the reply's own text from Claude Code's transcript")
+            && !log.contains("the screen did not show it"),
+        "the directive was read off the screen: {log}"
+    );
+    alice.wait_replies_done();
+    bob.wait_replies_done();
+    alice.wait_all_relayed("That is all.");
+    bob.wait_all_relayed("OK.");
+    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
+    assert_eq!(h.as_array().unwrap().len(), 1, "sent once: {h:#}");
+    assert_eq!(bob.prompts().len(), 1, "asked once");
+}
+
 fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
     let out = relay
         .command()
@@ -517,7 +591,7 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     let dir = relay.dir.path().join("proj");
     std::fs::create_dir_all(dir.join(".claude")).unwrap();
     let file = dir.join(".claude/settings.json");
-    let original = "{\n  \"permissions\": {\"allow\": [\"Bash(ls)\"]},\n  \"hooks\": {\n    \"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"notify-send done\"}]}]\n  },\n  \"model\": \"opus\"\n}\n";
+    let original = "{\n  \"permissions\": {\"allow\": [\"Bash(ls)\"]},\n  \"hooks\": {\n    \"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"notify-send done\"}]}],\n    \"UserPromptSubmit\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"log-prompt\"}]}]\n  },\n  \"model\": \"opus\"\n}\n";
     std::fs::write(&file, original).unwrap();
     hooks(&relay, &dir, &["install", "claude"]);
     hooks(&relay, &dir, &["install", "claude"]);
@@ -536,6 +610,19 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     assert!(
         commands[1].ends_with("agent-relay' hooks stop"),
         "{commands:?}"
+    );
+    let on_prompt: Vec<&str> = v["hooks"]["UserPromptSubmit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["hooks"].as_array().unwrap())
+        .map(|h| h["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(on_prompt.len(), 2, "{on_prompt:?}");
+    assert_eq!(on_prompt[0], "log-prompt");
+    assert!(
+        on_prompt[1].ends_with("agent-relay' hooks prompt"),
+        "{on_prompt:?}"
     );
     hooks(&relay, &dir, &["uninstall", "claude"]);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
@@ -570,10 +657,9 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     drop(relay.agent("Alice"));
     let (mut bob, _) = relay.agent("Bob");
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let id = bob.send("Alice", body);
-    bob.expect("ACK");
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
+        relay_standin::Rule::contains("hello there", "Hello.").held(),
     ]))
     .unwrap();
     let work = relay.dir.path().join("work-print");
@@ -583,7 +669,21 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     // Code's own settings give it to its hooks), the relay from the environment claude_print
     // sets.
     let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
-    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    // Bob's message comes while Alice works on her prompt (after its UserPromptSubmit hook
+    // found nothing): the Stop hook at the end of the turn hands it over.
+    let (id, out) = std::thread::scope(|s| {
+        let print =
+            s.spawn(|| claude_print(&relay, &standin, &["--settings", &settings], "hello there"));
+        crate::support::wait_for(
+            std::time::Duration::from_secs(60),
+            "Alice's model is asked",
+            || !standin.prompts().is_empty(),
+        );
+        let id = bob.send("Alice", body);
+        bob.expect("ACK");
+        standin.release();
+        (id, print.join().unwrap())
+    });
     let asked: Vec<String> = standin.prompts();
     let short = &id[id.len() - 8..];
     let with_it: Vec<&String> = asked
@@ -671,6 +771,139 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
     assert!(
         !log.contains(&format!("typing a message id={id}")),
         "the wrapper typed it:\n{log}"
+    );
+}
+
+/// The UserPromptSubmit door, without a wrapper: real Claude Code (print mode) with the
+/// relay's hooks installed, a message waiting for it: the prompt hook hands it over as the
+/// turn's additional context, so the model's one request holds it (byte for byte, lines kept)
+/// next to the person's prompt; the Stop hook has nothing more to hand over.
+#[test]
+fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
+    let relay = Relay::start();
+    drop(relay.agent("Alice"));
+    let (mut bob, _) = relay.agent("Bob");
+    let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
+    let id = bob.send("Alice", body);
+    bob.expect("ACK");
+    let standin = relay_standin::StandIn::start(relay_standin::Script::default()).unwrap();
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(&relay, &work, &["install", "claude"]);
+    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    let short = &id[id.len() - 8..];
+    let want = format!("Relay message from Bob [{short}]:\n{body}");
+    let main: Vec<relay_standin::Request> = standin
+        .requests()
+        .into_iter()
+        .filter(|r| r.kind == relay_standin::Kind::Main)
+        .collect();
+    assert_eq!(
+        main.len(),
+        1,
+        "one turn, not continued by the Stop hook: {:#?}\n{}",
+        main.iter().map(|r| &r.user_text).collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(main[0].user_text, "hello there");
+    let told = message_texts(&main[0].body);
+    assert_eq!(told.matches(&want).count(), 1, "{told}");
+}
+
+/// Every text of a Messages API request's messages, reminders and all. Claude Code 2.1.328
+/// puts a hook's additional context in a `system` message after the prompt:
+/// `UserPromptSubmit hook additional context: TEXT`.
+fn message_texts(body: &Value) -> String {
+    let mut out = Vec::new();
+    for msg in body["messages"].as_array().into_iter().flatten() {
+        match &msg["content"] {
+            Value::String(s) => out.push(s.as_str()),
+            Value::Array(blocks) => out.extend(blocks.iter().filter_map(|b| b["text"].as_str())),
+            _ => {}
+        }
+    }
+    out.join("\n")
+}
+
+/// The UserPromptSubmit door under a wrapper: a person has a half-written line in wrapped
+/// real Claude Code's input box when a three-line message comes; the wrapper holds it for
+/// them. When they submit, the relay's prompt hook asks the wrapper, which hands the message
+/// over with their prompt instead of typing it after: that turn's request holds it (byte for
+/// byte) next to the person's line, the relay records it injected and, once that turn's Stop
+/// hook runs, verified; it is never typed and never asked again.
+#[test]
+fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() {
+    use crate::agents::{Agent, Cli};
+    let relay = Relay::start();
+    let work = relay.dir.path().join("work-Bob");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(&relay, &work, &["install", "claude"]);
+    let bob = Agent::start(&relay, Cli::Claude, "Bob", relay_standin::Script::default());
+    bob.wait_ready();
+    bob.tmux(&["send-keys", "-l", "half a thought"]);
+    crate::support::wait_for(
+        std::time::Duration::from_secs(60),
+        "the person's line shows",
+        || bob.screen().contains("half a thought"),
+    );
+    let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
+    let out = relay.cli(&["send", "Bob", body, "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    let id = v["id"].as_str().unwrap().to_owned();
+    let queued = format!("a message waits to be typed id={id}");
+    crate::support::wait_for(
+        std::time::Duration::from_secs(60),
+        "Bob's wrapper holds the message for the person",
+        || {
+            let log = bob.wrap_log();
+            log.find(&queued).is_some_and(|at| {
+                log[at..].contains("a message is due; held while a person has a half-written line")
+            })
+        },
+    );
+    bob.tmux(&["send-keys", "Enter"]);
+    let prompts = bob.wait_prompts(1);
+    assert_eq!(prompts[0], "half a thought");
+    let short = &id[id.len() - 8..];
+    let want = format!("Relay message from human [{short}]:\n{body}");
+    let main: Vec<relay_standin::Request> = bob
+        .standin()
+        .requests()
+        .into_iter()
+        .filter(|r| r.kind == relay_standin::Kind::Main)
+        .collect();
+    let told = message_texts(&main[0].body);
+    assert_eq!(told.matches(&want).count(), 1, "{told}");
+    crate::support::wait_for(
+        std::time::Duration::from_secs(60),
+        "the delivery is verified",
+        || crate::agents::delivery_status(&relay, &id) == "verified",
+    );
+    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
+    let states: Vec<&str> = t["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    let at = |s: &str| states.iter().position(|x| *x == s);
+    assert!(
+        at("delivered") < at("injected")
+            && at("injected") < at("verified")
+            && at("delivered").is_some(),
+        "{states:?}"
+    );
+    bob.wait_replies_done();
+    bob.wait_all_relayed("OK.");
+    assert_eq!(bob.prompts().len(), 1, "asked once: {:#?}", bob.prompts());
+    let log = bob.wrap_log();
+    assert!(
+        !log.contains(&format!("typing a message id={id}"))
+            && log.contains(&format!(
+                "handed to Claude Code's hook instead of typing id={id} hook=\"UserPromptSubmit\""
+            )),
+        "the wrapper typed it, or handed it to another door:\n{log}"
     );
 }
 

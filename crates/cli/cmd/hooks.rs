@@ -9,6 +9,11 @@
 //! its door (`team/NAME/door.sock`): the wrapper hands over the messages waiting to be typed
 //! (recorded injected, then verified when the next Stop hook runs: the turn they started is
 //! over) and types what no hook takes, so each message goes in through one door.
+//!
+//! It also adds a `UserPromptSubmit` hook, `agent-relay hooks prompt`: when a person submits a
+//! prompt while messages wait (a wrapper holds them back while a person writes a line), they go
+//! in with that prompt as the turn's `additionalContext` (recorded the same way: injected, then
+//! verified when the turn's Stop hook runs; never typed after).
 
 use std::path::{Path, PathBuf};
 
@@ -28,9 +33,10 @@ pub(crate) struct HooksArgs {
 /// What `agent-relay hooks` does.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum HooksAction {
-    /// Add the relay's Stop hook to this folder's .claude/settings.json (merged; a person's
-    /// settings are kept). Claude Code started here then gets waiting relay messages at the end
-    /// of its turns (an agent without a wrapper; a wrapped one keeps getting them typed).
+    /// Add the relay's Stop and UserPromptSubmit hooks to this folder's .claude/settings.json
+    /// (merged; a person's settings are kept). Claude Code started here then gets waiting relay
+    /// messages at the end of its turns and with a person's prompts (under a wrapper, those
+    /// that wait to be typed).
     Install {
         /// The CLI: claude.
         #[arg(value_parser = ["claude"])]
@@ -47,10 +53,45 @@ pub(crate) enum HooksAction {
     /// block decision, or nothing.
     #[command(hide = true)]
     Stop,
+    /// Run by Claude Code's UserPromptSubmit hook: prints the messages waiting for
+    /// $AGENT_RELAY_NAME as the turn's additional context, or nothing.
+    #[command(hide = true)]
+    Prompt,
 }
 
-/// What marks the relay's own hook commands (so that uninstall takes out only those).
-const MARK: &str = " hooks stop";
+/// A Claude Code hook the relay answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// `Stop`: the model is about to stop; waiting messages make it go on.
+    Stop,
+    /// `UserPromptSubmit`: a prompt was submitted; waiting messages go in with it.
+    Prompt,
+}
+
+impl Event {
+    /// Every hook `install` adds.
+    const ALL: [Event; 2] = [Event::Stop, Event::Prompt];
+
+    /// Claude Code's name of the hook event (the key under `hooks` in its settings).
+    fn name(self) -> &'static str {
+        match self {
+            Event::Stop => "Stop",
+            Event::Prompt => "UserPromptSubmit",
+        }
+    }
+
+    /// The `agent-relay hooks` subcommand that answers it.
+    fn subcommand(self) -> &'static str {
+        match self {
+            Event::Stop => "stop",
+            Event::Prompt => "prompt",
+        }
+    }
+}
+
+/// What marks the relay's own hook commands (so that uninstall takes out only those): the
+/// command ends with ` hooks <subcommand>`.
+const MARK: &str = " hooks ";
 /// The settings file, relative to the folder Claude Code runs in.
 const SETTINGS: &str = ".claude/settings.json";
 /// The file as it was before `install`, for a byte-for-byte restore.
@@ -65,22 +106,30 @@ pub(crate) fn run(paths: &Paths, args: &HooksArgs) -> anyhow::Result<()> {
     match &args.action {
         HooksAction::Install { .. } => install(&dir),
         HooksAction::Uninstall { .. } => uninstall(&dir),
-        HooksAction::Stop => stop(paths),
+        HooksAction::Stop => answer(paths, Event::Stop),
+        HooksAction::Prompt => answer(paths, Event::Prompt),
     }
 }
 
-fn our_command() -> anyhow::Result<String> {
+fn our_command(event: Event) -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
     Ok(format!(
-        "{}{MARK}",
-        relay_wrap::tmux::sh_quote(&exe.to_string_lossy())
+        "{}{MARK}{}",
+        relay_wrap::tmux::sh_quote(&exe.to_string_lossy()),
+        event.subcommand()
     ))
 }
 
+/// Whether `hook` is the relay's own, answering `event`.
+fn is_ours_for(hook: &Value, event: Event) -> bool {
+    hook["command"].as_str().is_some_and(|c| {
+        c.contains("agent-relay") && c.ends_with(&format!("{MARK}{}", event.subcommand()))
+    })
+}
+
+/// Whether `hook` is one of the relay's own.
 fn is_ours(hook: &Value) -> bool {
-    hook["command"]
-        .as_str()
-        .is_some_and(|c| c.ends_with(MARK) && c.contains("agent-relay"))
+    Event::ALL.iter().any(|&e| is_ours_for(hook, e))
 }
 
 fn read_settings(file: &Path) -> anyhow::Result<Option<(String, Value)>> {
@@ -108,33 +157,39 @@ fn write_settings(file: &Path, value: &Value) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", file.display()))
 }
 
-/// Adds the Stop hook, unless it is there already.
+/// Adds the Stop and UserPromptSubmit hooks, each unless it is there already.
 fn install(dir: &Path) -> anyhow::Result<()> {
     let file = dir.join(SETTINGS);
     let existing = read_settings(&file)?;
     let mut value = existing
         .as_ref()
         .map_or_else(|| json!({}), |(_, v)| v.clone());
-    let stops = value
-        .as_object_mut()
-        .map(|o| o.entry("hooks").or_insert_with(|| json!({})))
-        .and_then(Value::as_object_mut)
-        .map(|h| h.entry("Stop").or_insert_with(|| json!([])))
-        .and_then(Value::as_array_mut)
-        .with_context(|| format!("{}: hooks.Stop is not a list", file.display()))?;
-    let present = stops.iter().any(|group| {
-        group["hooks"]
-            .as_array()
-            .is_some_and(|hs| hs.iter().any(is_ours))
-    });
-    if present {
+    let mut added = Vec::new();
+    for event in Event::ALL {
+        let groups = value
+            .as_object_mut()
+            .map(|o| o.entry("hooks").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut)
+            .map(|h| h.entry(event.name()).or_insert_with(|| json!([])))
+            .and_then(Value::as_array_mut)
+            .with_context(|| format!("{}: hooks.{} is not a list", file.display(), event.name()))?;
+        let present = groups.iter().any(|group| {
+            group["hooks"]
+                .as_array()
+                .is_some_and(|hs| hs.iter().any(|h| is_ours_for(h, event)))
+        });
+        if !present {
+            groups.push(json!({"hooks": [{"type": "command", "command": our_command(event)?}]}));
+            added.push(event.name());
+        }
+    }
+    if added.is_empty() {
         println!(
-            "agent-relay: the relay's Stop hook is already in {}",
+            "agent-relay: the relay's hooks are already in {}",
             file.display()
         );
         return Ok(());
     }
-    stops.push(json!({"hooks": [{"type": "command", "command": our_command()?}]}));
     std::fs::create_dir_all(dir.join(".claude"))
         .with_context(|| format!("cannot create {}", dir.join(".claude").display()))?;
     // The person's file as it was, for uninstall (not overwritten by a second install).
@@ -146,7 +201,9 @@ fn install(dir: &Path) -> anyhow::Result<()> {
     }
     write_settings(&file, &value)?;
     println!(
-        "agent-relay: added the relay's Stop hook to {} (undo: agent-relay hooks uninstall claude)",
+        "agent-relay: added the relay's {} hook{} to {} (undo: agent-relay hooks uninstall claude)",
+        added.join(" and "),
+        if added.len() == 1 { "" } else { "s" },
         file.display()
     );
     Ok(())
@@ -161,15 +218,18 @@ fn uninstall(dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     };
     if let Some(hooks) = value.get_mut("hooks").and_then(Value::as_object_mut) {
-        if let Some(stops) = hooks.get_mut("Stop").and_then(Value::as_array_mut) {
-            for group in stops.iter_mut() {
+        for event in Event::ALL {
+            let Some(groups) = hooks.get_mut(event.name()).and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for group in groups.iter_mut() {
                 if let Some(hs) = group.get_mut("hooks").and_then(Value::as_array_mut) {
                     hs.retain(|h| !is_ours(h));
                 }
             }
-            stops.retain(|g| g["hooks"].as_array().is_none_or(|hs| !hs.is_empty()));
-            if stops.is_empty() {
-                hooks.remove("Stop");
+            groups.retain(|g| g["hooks"].as_array().is_none_or(|hs| !hs.is_empty()));
+            if groups.is_empty() {
+                hooks.remove(event.name());
             }
         }
         if hooks.is_empty() {
@@ -213,12 +273,13 @@ fn seen_file(paths: &Paths, name: &str) -> PathBuf {
     paths.data_dir.join("team").join(name).join("hook-seen")
 }
 
-/// The Stop hook: the waiting messages as a block decision, or nothing (Claude Code stops).
+/// A Claude Code hook: the waiting messages as the Stop hook's block decision or the
+/// UserPromptSubmit hook's additional context, or nothing (Claude Code goes on as usual).
 /// Never fails the hook: a relay that is not running, or any error, means nothing to hand over
 /// (logged on stderr, which Claude Code shows only in its debug output).
-fn stop(paths: &Paths) -> anyhow::Result<()> {
-    // Claude Code's input (session, transcript, stop_hook_active): read whole, so that it is
-    // not left unread in the pipe; `stop_hook_active` says this turn was one a Stop hook
+fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
+    // Claude Code's input (session, transcript, stop_hook_active, prompt): read whole, so that
+    // it is not left unread in the pipe; `stop_hook_active` says this turn was one a Stop hook
     // continued.
     let mut input = String::new();
     if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
@@ -242,31 +303,32 @@ fn stop(paths: &Paths) -> anyhow::Result<()> {
         .join("team")
         .join(&name)
         .join(relay_wrap::DOOR_SOCKET);
+    let who = format!("agent-relay hooks {}", event.subcommand());
     if door.exists() {
         // A wrapper holds the name: it hands over what waits to be typed (or nothing).
-        match rt.block_on(from_wrapper(&door, active)) {
+        let ask = match event {
+            Event::Stop => json!({"hook": "stop", "active": active}),
+            Event::Prompt => json!({"hook": "prompt"}),
+        };
+        match rt.block_on(from_wrapper(&door, &ask)) {
             Ok(texts) if texts.is_empty() => {}
-            Ok(texts) => block(&name, &texts)?,
-            Err(e) => eprintln!("agent-relay hooks stop: nothing handed over: {e:#}"),
+            Ok(texts) => hand_over(event, &name, texts.len(), &texts)?,
+            Err(e) => eprintln!("{who}: nothing handed over: {e:#}"),
         }
         return Ok(());
     }
     let waiting = match rt.block_on(waiting(paths, &name)) {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("agent-relay hooks stop: nothing handed over: {e:#}");
+            eprintln!("{who}: nothing handed over: {e:#}");
             return Ok(());
         }
     };
     let Some(last) = waiting.iter().map(|m| m.pos).max() else {
         return Ok(());
     };
-    let mut reason = format!(
-        "{} relay message{} arrived for you ({name}) while you worked. Answer with @relay:NAME \
-         where an answer is needed.\n\n",
-        waiting.len(),
-        if waiting.len() == 1 { "" } else { "s" }
-    );
+    let mut texts = Vec::with_capacity(waiting.len());
+    let mut len = 0;
     for m in &waiting {
         let thread = m
             .thread
@@ -274,18 +336,19 @@ fn stop(paths: &Paths) -> anyhow::Result<()> {
             .map(|t| format!(" (thread {})", relay_protocol::short_id(t)))
             .unwrap_or_default();
         let piece = format!(
-            "Relay message from {} [{}]{thread}:\n{}\n\n",
+            "Relay message from {} [{}]{thread}:\n{}",
             for_terminal(&m.from),
             relay_protocol::short_id(&m.id),
             for_terminal(&m.body)
         );
-        if reason.len() + piece.len() > MAX_REASON {
-            reason.push_str(&format!(
-                "(more waiting: `agent-relay read ID` or `agent-relay history --to {name}`)\n"
+        len += piece.len() + 2;
+        if len > MAX_REASON {
+            texts.push(format!(
+                "(more waiting: `agent-relay read ID` or `agent-relay history --to {name}`)"
             ));
             break;
         }
-        reason.push_str(&piece);
+        texts.push(piece);
     }
     let file = seen_file(paths, &name);
     if let Some(dir) = file.parent() {
@@ -297,45 +360,46 @@ fn stop(paths: &Paths) -> anyhow::Result<()> {
         relay_protocol::file::Durability::ProcessCrash,
     )
     .with_context(|| format!("cannot write {}", file.display()))?;
-    println!(
-        "{}",
-        relay_protocol::text::json_line(
-            &json!({"decision": "block", "reason": reason.trim_end()})
-        )?
-    );
-    Ok(())
+    hand_over(event, &name, waiting.len(), &texts)
 }
 
-/// Prints the block decision that hands `texts` (as the wrapper would have typed them) to the
-/// model.
-fn block(name: &str, texts: &[String]) -> anyhow::Result<()> {
-    let mut reason = format!(
-        "{} relay message{} arrived for you ({name}) while you worked. Answer with @relay:NAME \
-         where an answer is needed.\n\n",
-        texts.len(),
-        if texts.len() == 1 { "" } else { "s" }
+/// Prints what hands `n` messages, `texts` (each as the wrapper would have typed it), to the
+/// model: the Stop hook's block decision (the model goes on with them), or the
+/// UserPromptSubmit hook's additional context (the model gets them with the prompt).
+fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Result<()> {
+    let plural = if n == 1 { "" } else { "s" };
+    let when = match event {
+        Event::Stop => "while you worked",
+        Event::Prompt => "before this prompt",
+    };
+    let mut text = format!(
+        "{n} relay message{plural} arrived for you ({name}) {when}. Answer with @relay:NAME \
+         where an answer is needed.\n\n"
     );
     for t in texts {
-        reason.push_str(t);
-        reason.push_str("\n\n");
+        text.push_str(t);
+        text.push_str("\n\n");
     }
-    println!(
-        "{}",
-        relay_protocol::text::json_line(
-            &json!({"decision": "block", "reason": reason.trim_end()})
-        )?
-    );
+    let text = text.trim_end();
+    let out = match event {
+        Event::Stop => json!({"decision": "block", "reason": text}),
+        Event::Prompt => json!({"hookSpecificOutput": {
+            "hookEventName": "UserPromptSubmit",
+            "additionalContext": text,
+        }}),
+    };
+    println!("{}", relay_protocol::text::json_line(&out)?);
     Ok(())
 }
 
 /// Asks the wrapper of this agent, through its door, for the messages waiting to be typed.
-async fn from_wrapper(door: &Path, active: bool) -> anyhow::Result<Vec<String>> {
+async fn from_wrapper(door: &Path, ask: &Value) -> anyhow::Result<Vec<String>> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let stream = tokio::net::UnixStream::connect(door)
         .await
         .with_context(|| format!("cannot reach the wrapper's door {}", door.display()))?;
     let (read, mut write) = stream.into_split();
-    let ask = format!("{}\n", json!({"hook": "stop", "active": active}));
+    let ask = format!("{ask}\n");
     write.write_all(ask.as_bytes()).await?;
     let mut line = String::new();
     tokio::io::BufReader::new(read).read_line(&mut line).await?;

@@ -103,10 +103,13 @@ fn scan(text: &str, open_fences: bool) -> Vec<Directive> {
 }
 
 /// What a directive found on the screen is, according to the agent's own text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
-    /// The reply says it (outside code): send it.
-    Said,
+    /// The reply says it (outside code): send it, as the reply wrote it. The screen's copy is
+    /// only what the CLI drew of the Markdown (a code block without its fences, lines
+    /// re-wrapped or re-indented, marks dropped); this one is the model's text, read with the
+    /// same continuation rule, so a body's lines and indentation arrive byte for byte.
+    Said(Directive),
     /// The reply shows it only inside a fenced code block: it is not a message.
     Quoted,
     /// Already sent from the transcript ([`ReplySource::take_unseen`]) before the screen
@@ -244,11 +247,13 @@ impl ReplySource {
 
     /// Where `d`, found on the screen, comes from. A match is used up: the screen shows a
     /// line once per time the reply has it (re-prints are dropped by the parser before this).
-    /// The caller sends `Said` and `Unknown`, and nothing else.
+    /// The caller sends the directive `Said` carries (in place of `d`) and `d` when
+    /// `Unknown`, and nothing else: each directive once, with the reply's own text when the
+    /// transcript has it.
     pub fn check(&mut self, d: &Directive) -> Origin {
         let key = Key::of(d);
-        if take(&mut self.said, &key, |s| &s.key).is_some() {
-            return Origin::Said;
+        if let Some(said) = take(&mut self.said, &key, |s| &s.key) {
+            return Origin::Said(said.directive);
         }
         if take(&mut self.quoted, &key, |k| k).is_some() {
             return Origin::Quoted;
@@ -322,7 +327,7 @@ mod tests {
     fn a_line_said_and_quoted_is_sent_once() {
         let mut src = ReplySource::new();
         src.add_reply("```text\n@relay:Bob hi\n```\n\n@relay:Bob hi");
-        assert_eq!(src.check(&msg("Bob", "hi")), Origin::Said);
+        assert_eq!(src.check(&msg("Bob", "hi")), Origin::Said(msg("Bob", "hi")));
         assert_eq!(src.check(&msg("Bob", "hi")), Origin::Quoted);
         assert_eq!(src.check(&msg("Bob", "hi")), Origin::Unknown);
     }
@@ -353,7 +358,10 @@ mod tests {
         let mut src = ReplySource::new();
         src.add_history("@relay:Bob old");
         assert_eq!(src.take_unseen(), []);
-        assert_eq!(src.check(&msg("Bob", "old")), Origin::Said);
+        assert_eq!(
+            src.check(&msg("Bob", "old")),
+            Origin::Said(msg("Bob", "old"))
+        );
     }
 
     #[test]
@@ -365,6 +373,23 @@ mod tests {
         );
         src.add_reply("@relay:Bob please review the parser changes in\n`crates/parse` today");
         assert_eq!(src.take_unseen(), []);
+    }
+
+    /// What the screen shows of a directive with a code block under it is what Claude Code
+    /// drew (re-indented, a long line wrapped, marks dropped); the reply's own text is what
+    /// is sent.
+    #[test]
+    fn a_said_directive_carries_the_replys_own_text() {
+        let mut src = ReplySource::new();
+        let body = "the fix:\n    fn main() {\n        let p = **q; // a long comment here\n    }";
+        src.add_reply(&format!("Sending it.\n\n@relay:Bob {body}\n\nDone."));
+        let drawn = msg(
+            "Bob",
+            "the fix: fn main() { let p = q; // a long comment\n  here }",
+        );
+        assert_eq!(src.check(&drawn), Origin::Said(msg("Bob", body)));
+        assert_eq!(src.take_unseen(), []);
+        assert_eq!(src.check(&drawn), Origin::Unknown);
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! of each turn) comes in by the same door: `{"hook": "stop", "active": bool}` (`active`:
 //! Claude Code's `stop_hook_active`, the turn was one a Stop hook continued), answered by
 //! `{"messages": [TEXT, ...]}`, the messages that waited to be typed, handed to the model
-//! instead (see `Core::hook_stop`).
+//! instead (see `Core::hook_stop`). Its UserPromptSubmit hook (`agent-relay hooks prompt`, run
+//! when a prompt is submitted) sends `{"hook": "prompt"}`, answered the same way: the messages
+//! go in with the person's prompt, as that turn's context (see `Core::hook_prompt`).
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +53,9 @@ pub(crate) enum Request {
         active: bool,
         reply: oneshot::Sender<Vec<String>>,
     },
+    /// Claude Code's UserPromptSubmit hook: a prompt was submitted; the texts that go in with
+    /// it as the turn's context.
+    Prompt { reply: oneshot::Sender<Vec<String>> },
 }
 
 /// The door's requests, for the wrapper's loop.
@@ -148,7 +153,11 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
                     Ok(ids) => shown(ids, &tx).await,
                 }
             }
-            Ok(v) if v["hook"] == "stop" => stop(v["active"].as_bool().unwrap_or(false), &tx).await,
+            Ok(v) if v["hook"] == "stop" => {
+                let active = v["active"].as_bool().unwrap_or(false);
+                hook(|reply| Request::Stop { active, reply }, &tx).await
+            }
+            Ok(v) if v["hook"] == "prompt" => hook(|reply| Request::Prompt { reply }, &tx).await,
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -207,10 +216,14 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
     }
 }
 
-/// The Stop hook's request: the messages the wrapper hands over.
-async fn stop(active: bool, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+/// A hook's request (`request` made with the channel for the answer): the messages the wrapper
+/// hands over.
+async fn hook(
+    request: impl FnOnce(oneshot::Sender<Vec<String>>) -> Request,
+    tx: &mpsc::Sender<Request>,
+) -> serde_json::Value {
     let (reply, rx) = oneshot::channel();
-    if tx.send(Request::Stop { active, reply }).await.is_err() {
+    if tx.send(request(reply)).await.is_err() {
         return serde_json::json!({"error": "the wrapper is ending"});
     }
     match rx.await {

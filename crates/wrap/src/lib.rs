@@ -556,7 +556,7 @@ impl Core {
         self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
     }
 
-    async fn send_checked(&mut self, d: Directive) {
+    async fn send_checked(&mut self, mut d: Directive) {
         self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
@@ -575,8 +575,14 @@ impl Core {
                     tracing::debug!(%to, "already sent from Claude Code's transcript; the screen shows it now");
                     return;
                 }
-                origin => {
-                    tracing::debug!(%to, ?origin, "directive checked against Claude Code's transcript")
+                relay_parse::transcript::Origin::Said(exact) => {
+                    // The screen shows what Claude Code drew of the reply's Markdown (a code
+                    // block without fences, lines re-wrapped): the reply's own text goes.
+                    tracing::debug!(%to, same = (exact.body == d.body), "sent with the reply's own text from Claude Code's transcript");
+                    d = exact;
+                }
+                relay_parse::transcript::Origin::Unknown => {
+                    tracing::debug!(%to, "directive not in Claude Code's transcript: sent as the screen shows it")
                 }
             }
         }
@@ -928,6 +934,17 @@ impl Core {
                 }
                 return;
             }
+            door::Request::Prompt { reply } => {
+                let texts = self.hook_prompt().await;
+                let n = texts.len();
+                if reply.send(texts).is_err() {
+                    tracing::warn!(
+                        n,
+                        "the UserPromptSubmit hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
+                    );
+                }
+                return;
+            }
         };
         let door::SendRequest { msg, reply } = req;
         match self.client.send_nowait(msg).await {
@@ -967,6 +984,28 @@ impl Core {
             tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
             return Vec::new();
         }
+        self.hand_to_hook("Stop").await
+    }
+
+    /// Claude Code ran its UserPromptSubmit hook (`agent-relay hooks prompt`, through the
+    /// door): a prompt was submitted. Unless the wrapper is typing one of its own (that is the
+    /// prompt submitted), a person submitted it: the messages waiting to be typed (held while
+    /// the person wrote their line) go in with it, as the turn's context, recorded as for the
+    /// Stop hook (injected now, verified when the turn's Stop hook runs) and never typed after.
+    async fn hook_prompt(&mut self) -> Vec<String> {
+        if self.injector.current().is_some() {
+            tracing::debug!(
+                "the prompt submitted is the wrapper's own typing: the other messages wait their turn"
+            );
+            return Vec::new();
+        }
+        self.hand_to_hook("UserPromptSubmit").await
+    }
+
+    /// Takes the messages waiting to be typed out of the queue for Claude Code's `hook` (named
+    /// in the log): recorded in `injected.log` as typed and entered, acknowledged injected, to
+    /// be verified by the next Stop hook; their texts are returned for the hook's answer.
+    async fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
         let taken = self
             .injector
             .take_queued(|item| matches!(item, Item::Messages(_)));
@@ -983,12 +1022,12 @@ impl Core {
                     .and_then(|()| self.log.entered(&m.id))
             });
             if let Err(e) = recorded {
-                tracing::warn!(error = %e, "cannot record a message handed to the Stop hook; it is typed instead");
+                tracing::warn!(hook, error = %e, "cannot record a message handed to a hook; it is typed instead");
                 self.injector.push(text, Item::Messages(messages), false);
                 continue;
             }
             for m in messages {
-                tracing::debug!(id = %m.id, "handed to Claude Code's Stop hook instead of typing");
+                tracing::debug!(id = %m.id, hook, "handed to Claude Code's hook instead of typing");
                 self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
                 self.ack(&m, DeliveryState::Injected).await;
                 self.hooked.push(m);

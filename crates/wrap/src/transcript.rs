@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(t.take_unseen(), []);
         std::fs::write(&file, format!("{REPLY}\n")).unwrap();
         assert_eq!(t.check(&msg("quoted")), Origin::Quoted);
-        assert_eq!(t.check(&msg("said")), Origin::Said);
+        assert_eq!(t.check(&msg("said")), Origin::Said(msg("said")));
         assert_eq!(t.check(&msg("said")), Origin::Unknown);
         assert_eq!(t.files(), 1);
     }
@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(t.take_unseen(), []);
         std::fs::write(folder.join("s1.jsonl"), format!("{old}\n{REPLY}\n")).unwrap();
         assert_eq!(t.take_unseen(), [msg("said")]);
-        assert_eq!(t.check(&msg("earlier")), Origin::Said);
+        assert_eq!(t.check(&msg("earlier")), Origin::Said(msg("earlier")));
     }
 
     #[test]
