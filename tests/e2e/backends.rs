@@ -532,6 +532,9 @@ fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
 fn a_resized_terminal(backend: Backend) {
     let relay = Relay::start();
     let dir = relay.dir.path();
+    // The test's tmux server (the agent's session, under tmux), killed with the test: without
+    // it the session and its relaying process outlived every run.
+    let _tmux = Tmux { dir };
     let (mut bob, _) = relay.agent("Bob");
     bob.read_timeout(Duration::from_secs(30));
     let mut heard = || {
