@@ -264,126 +264,6 @@ fn agents_on_different_backends_talk_both_ways() {
     );
 }
 
-/// The relaying process for a tmux agent is killed (-9) and started again, several times,
-/// while messages arrive for the agent and the agent (through a person at its session) prints
-/// directives: nothing is sent twice, typed twice or lost.
-#[test]
-fn a_restarted_wrapper_picks_up_its_tmux_session_sending_nothing_twice_and_missing_nothing() {
-    let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    // Carol is known (offline): Bob's answers wait in her inbox.
-    drop(relay.agent("Carol"));
-    let bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
-    wait_online(&relay, "Bob");
-    let lock = relay.data_dir().join("team/Bob/relay.lock");
-    let rounds = 4;
-    for round in 0..rounds {
-        ok_stdout(&relay.cli(&["send", "Bob", &format!("m{round}")]));
-        // Kill the relaying process at a different moment each round: before the message is
-        // typed, while it is, while the answer is printed, after it is relayed.
-        if round + 1 == rounds {
-            wait_for(
-                Duration::from_secs(20),
-                &format!("Bob answers m{round}"),
-                || {
-                    history(&relay)
-                        .iter()
-                        .any(|(_, _, b)| b == &format!("ack m{round}"))
-                },
-            );
-        } else {
-            std::thread::sleep(Duration::from_millis(250 * round as u64));
-        }
-        // Kill the relaying process; the agent keeps running in its session.
-        signal_pid(pid_in(&lock), rustix::process::Signal::Kill);
-        wait_for(Duration::from_secs(20), "Bob is seen offline", || {
-            !is_online(&relay, "Bob")
-        });
-        // Meanwhile a message waits for Bob, and a person makes Bob print a directive.
-        ok_stdout(&relay.cli(&["send", "Bob", &format!("while away {round}")]));
-        tmux.run(&[
-            "send-keys",
-            "-t",
-            &format!("={bob}:"),
-            "-l",
-            &format!("person:p{round}"),
-        ]);
-        tmux.run(&["send-keys", "-t", &format!("={bob}:"), "Enter"]);
-        wait_for(
-            Duration::from_secs(10),
-            "the agent answers the person",
-            || {
-                tmux.pane(&bob)
-                    .contains(&format!("@relay:Carol ack p{round}"))
-            },
-        );
-        // Run again: it picks the session up.
-        let out = rerun(&relay, "Bob");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && err.contains("picking it up"),
-            "{err}"
-        );
-        let arrived = || {
-            let h = history(&relay);
-            h.iter().any(|(_, _, b)| b == &format!("ack p{round}"))
-                && h.iter()
-                    .any(|(_, _, b)| b == &format!("ack while away {round}"))
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !arrived() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: the waiting message and the directive did not arrive\n\
-                 history: {:#?}\npane:\n{}\nwrapper log:\n{}",
-                history(&relay),
-                tmux.pane(&bob),
-                std::fs::read_to_string(relay.data_dir().join("team/Bob/wrap.log"))
-                    .unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    // Everything exactly once.
-    let h = history(&relay);
-    let pane = tmux.pane(&bob);
-    for round in 0..rounds {
-        for body in [
-            format!("ack m{round}"),
-            format!("ack p{round}"),
-            format!("ack while away {round}"),
-        ] {
-            let n = h
-                .iter()
-                .filter(|(f, _, b)| f == "Bob" && *b == body)
-                .count();
-            assert_eq!(n, 1, "{body:?} relayed {n} times: {h:#?}");
-        }
-        for typed in [format!("]: m{round}"), format!("]: while away {round}")] {
-            let n = pane
-                .lines()
-                .filter(|l| l.starts_with("got: Relay message from human [") && l.ends_with(&typed))
-                .count();
-            assert_eq!(n, 1, "{typed:?} typed {n} times:\n{pane}");
-        }
-    }
-    assert_eq!(h.len(), 2 * rounds + 3 * rounds, "{h:#?}");
-    // One relaying process at a time: running the command again while one runs starts none
-    // (it says so; the process it would start is spawned before it returns, so there is no
-    // moment to wait for), and the lock still names the running one.
-    let before = std::fs::read_to_string(&lock).unwrap();
-    let out = rerun(&relay, "Bob");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && err.contains("a process already relays for Bob; none started"),
-        "{err}"
-    );
-    assert_eq!(std::fs::read_to_string(&lock).unwrap(), before);
-    assert!(is_online(&relay, "Bob"));
-}
-
 #[test]
 fn attach_names_a_missing_session_clearly() {
     let relay = Relay::start();
@@ -565,65 +445,197 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
 /// (a person scrolling back) is taken out of it before typing, or the keys would drive the
 /// copy mode instead of the agent. The profile must know the agent's prompt for this (the
 /// built-in `generic` and `shell` ones do not: a person names it in an override, as here).
-/// `agent-relay attach NAME` from a person's terminal (not inside tmux): the terminal shows
-/// the agent's session; detaching (Ctrl-b d) returns with exit 0, and the agent keeps running
-/// and relaying.
+/// `agent-relay attach NAME` from a person's terminal (not inside tmux) shows the agent's
+/// session; detaching (Ctrl-b d) returns with exit 0 and leaves the agent running and relaying;
+/// attaching again, from a terminal of another size, the person sees the session as it went
+/// on, the window takes their size and the wrapper's screen follows it (it reads the person's
+/// half-written line there, at the new width, and types nothing over it), and messages keep
+/// arriving, once each. A reattach is the tmux backend's alone: a PTY agent is the child of
+/// the wrapper in the person's terminal (docs/ARCHITECTURE.md, terminal layer).
 #[test]
-fn attach_shows_the_agents_session_and_detaching_leaves_it_running() {
+fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
     let relay = Relay::start();
     let tmux = Tmux {
         dir: relay.dir.path(),
     };
-    let session = start_tmux_agent(&relay, "Dana", ECHO_AGENT, &[]);
+    let profiles = prompt_profile(&relay);
+    let session = start_tmux_agent_with(
+        &relay,
+        "Dana",
+        "echo \"I am $AGENT_RELAY_NAME\"\nwhile printf '> ' && IFS= read -r line; do echo \"got: $line\"; done\n",
+        &["--profile", "generic"],
+        &[("AGENT_RELAY_PROFILE_DIR", profiles.as_path())],
+    );
     wait_online(&relay, "Dana");
     wait_or_dump(&relay, &tmux, "Dana starts", || {
         tmux.pane(&session).contains("I am Dana")
     });
     let dir = relay.dir.path();
+    // Attach, and once detached attach again after the person presses Enter.
     let _terminal = crate::wrap::person_terminal(
         &relay,
         "relayattach",
         &format!(
-            "cd '{}' && unset TMUX && {{bin}} attach Dana\necho \"attach exit $?\"",
+            "cd '{}' && unset TMUX && {{bin}} attach Dana\necho \"attach exit $?\"\nread again\n\
+             {{bin}} attach Dana\necho \"attach exit $?\"",
             dir.display()
         ),
     );
     let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayattach", args);
-    let screen = || String::from_utf8_lossy(&person(&["capture-pane", "-p"]).stdout).into_owned();
-    wait_for(
-        Duration::from_secs(20),
-        "the person sees Dana's session",
-        || screen().contains("I am Dana"),
-    );
+    let screen =
+        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    wait_or_dump(&relay, &tmux, "the person sees Dana's session", || {
+        screen().contains("I am Dana")
+    });
     // The person's terminal, and the wrapper's control-mode client (which draws nothing).
-    let clients = tmux.run(&[
-        "list-clients",
-        "-t",
-        &format!("={session}"),
-        "-F",
-        "#{client_control_mode}",
-    ]);
-    let mut modes: Vec<String> = String::from_utf8_lossy(&clients.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    modes.sort();
+    let modes = || {
+        let clients = tmux.run(&[
+            "list-clients",
+            "-t",
+            &format!("={session}"),
+            "-F",
+            "#{client_control_mode}",
+        ]);
+        let mut modes: Vec<String> = String::from_utf8_lossy(&clients.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        modes.sort();
+        modes
+    };
     assert_eq!(
-        modes,
+        modes(),
         ["0", "1"],
         "one person's client and one control client attached to Dana's session"
     );
+    let status = |id: &str| -> String {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
+        v["deliveries"][0]["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let send = |body: &str| -> String {
+        let v: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Dana", body, "--json"])))
+                .unwrap();
+        v["id"].as_str().unwrap().to_owned()
+    };
+    let got = |body: &str| {
+        tmux.pane(&session)
+            .lines()
+            .filter(|l| l.starts_with("got: Relay message from human [") && l.ends_with(body))
+            .count()
+    };
     // A message arrives while the person watches: typed in, seen on their screen.
-    relay.cli(&["send", "Dana", "hello while you watch"]);
-    wait_for(Duration::from_secs(20), "the message shows", || {
-        screen().contains("got: Relay message from human")
+    send("hello while you watch");
+    wait_or_dump(&relay, &tmux, "the message shows", || {
+        screen().contains("]: hello while you watch")
     });
     // Detach: the prefix and d go to the attached client.
     person(&["send-keys", "C-b", "d"]);
-    wait_for(Duration::from_secs(20), "attach returns", || {
+    wait_or_dump(&relay, &tmux, "attach returns", || {
         screen().contains("attach exit 0")
     });
     assert!(tmux.has(&session), "the agent's session is still there");
+    assert!(is_online(&relay, "Dana"));
+    assert_eq!(modes(), ["1"], "the control client stays attached");
+    // Detached, the agent keeps relaying.
+    let away = send("while you are away");
+    wait_or_dump(&relay, &tmux, "the message is typed and verified", || {
+        got("]: while you are away") == 1 && status(&away) == "verified"
+    });
+
+    // The person comes back from a narrower, shorter terminal.
+    let resized = || {
+        std::fs::read_to_string(relay.data_dir().join("team/Dana/wrap.log"))
+            .unwrap_or_default()
+            .matches("the terminal was resized")
+            .count()
+    };
+    let before = resized();
+    let out = person(&["resize-window", "-x", "90", "-y", "25"]);
+    assert!(out.status.success(), "{out:?}");
+    person(&["send-keys", "Enter"]);
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "the person sees the session again, as it went on",
+        || screen().contains("]: while you are away"),
+    );
+    assert_eq!(modes(), ["0", "1"]);
+    let size = || {
+        let out = tmux.run(&[
+            "display-message",
+            "-p",
+            "-t",
+            &format!("={session}:"),
+            "#{pane_height} #{pane_width}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    wait_or_dump(&relay, &tmux, "the window takes the person's width", || {
+        size().ends_with(" 90")
+    });
+    let (rows, cols) = size()
+        .split_once(' ')
+        .map(|(r, c)| (r.to_owned(), c.to_owned()))
+        .unwrap();
+    wait_or_dump(&relay, &tmux, "the wrapper's screen follows it", || {
+        std::fs::read_to_string(relay.data_dir().join("team/Dana/wrap.log"))
+            .unwrap_or_default()
+            .contains(&format!("the terminal was resized rows={rows} cols={cols}"))
+    });
+    assert!(resized() > before);
+
+    // The person starts a line; a message that comes meanwhile waits for it.
+    person(&["send-keys", "-l", "half a thought"]);
+    wait_or_dump(&relay, &tmux, "the person's text shows", || {
+        screen().contains("> half a thought")
+    });
+    let back = send("after the reattach");
+    let log = relay.data_dir().join("team/Dana/wrap.log");
+    let queued = format!("a message waits to be typed id={back}");
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "the wrapper holds the message for the person",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find(&queued).is_some_and(|at| {
+                text[at..].contains("not ready for a message why=InputNotEmpty")
+                    || text[at..].contains("typing a message")
+            })
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains(&format!("typing a message id={back}")),
+        "typed over a person:\n{text}"
+    );
+    assert_eq!(status(&back), "queued");
+    // They finish it: their line goes in whole, then the message as a line of its own.
+    person(&["send-keys", "-l", " and more"]);
+    person(&["send-keys", "Enter"]);
+    wait_or_dump(&relay, &tmux, "the message follows and is verified", || {
+        got("]: after the reattach") == 1 && status(&back) == "verified"
+    });
+    let pane = tmux.pane(&session);
+    let lines: Vec<&str> = pane.lines().filter(|l| l.starts_with("got: ")).collect();
+    assert_eq!(lines.len(), 4, "{pane}");
+    assert_eq!(lines[2], "got: half a thought and more", "{pane}");
+    for body in [
+        "hello while you watch",
+        "while you are away",
+        "after the reattach",
+    ] {
+        assert_eq!(got(&format!("]: {body}")), 1, "{body}:\n{pane}");
+    }
+    person(&["send-keys", "C-b", "d"]);
+    wait_or_dump(&relay, &tmux, "attach returns again", || {
+        screen().matches("attach exit 0").count() == 2
+    });
     assert!(is_online(&relay, "Dana"));
     person(&["kill-server"]);
 }

@@ -463,32 +463,6 @@ fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
     );
 }
 
-#[test]
-fn the_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
-    let mut relay = Relay::start();
-    let agent = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Gus", "--", "sh", "-c"])
-        .arg(r#"while IFS= read -r l; do echo "got: $l"; case "$l" in *"after the restart"*) exit 0;; esac; done"#)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_online(&relay, "Gus");
-    relay.kill9();
-    relay.spawn();
-    wait_for(Duration::from_secs(30), "Gus reconnects by itself", || {
-        is_online(&relay, "Gus")
-    });
-    ok_stdout(&relay.cli(&["send", "Gus", "after the restart"]));
-    let (code, out) = output_of(agent);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        out.contains("got: Relay message from human [") && out.contains("]: after the restart"),
-        "{out}"
-    );
-}
-
 pub(crate) fn is_online(relay: &Relay, name: &str) -> bool {
     let v: Value =
         serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();

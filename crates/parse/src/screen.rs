@@ -164,6 +164,19 @@ impl Screen {
             // A resized terminal (tmux, xterm) resets its scrolling region to the whole screen.
             self.region = None;
         }
+        // A terminal made shorter (tmux's `screen_resize_y`, xterm) first drops the rows below
+        // the cursor, and only then scrolls rows off the top: the cursor's row and what is
+        // above it stay on screen. (Scrolling the top off first lost a prompt drawn near the
+        // top of a tall pane when a person attached from a shorter terminal: the wrapper then
+        // saw no input line until the agent drew again.) Only empty rows are dropped here: a
+        // row with text below the cursor (a TUI drawing upwards) is read as before, scrolled
+        // off the top and committed, never lost.
+        while self.grid.len() > rows
+            && self.grid.len() > self.cur_row + 1
+            && self.grid.back().is_some_and(|r| trimmed_len(&r.cells) == 0)
+        {
+            self.grid.pop_back();
+        }
         self.rows = rows;
         self.trim_top();
     }
@@ -916,6 +929,31 @@ mod tests {
                 Event::Repaint { .. } | Event::Clear => None,
             })
             .collect()
+    }
+
+    /// A tall screen (a pane created at 40 rows) with a prompt near its top, made shorter (a
+    /// person attaches from a 25-row terminal): as in tmux, the empty rows below the cursor
+    /// go, and the prompt stays where it was.
+    #[test]
+    fn a_shorter_screen_drops_rows_below_the_cursor_first() {
+        let mut s = Screen::new(40);
+        let mut p = vte::Parser::new();
+        let mut bytes = b"I am Dana\r\n> ".to_vec();
+        // The rest of a captured pane's rows, then the cursor put back on the prompt.
+        bytes.extend(b"\r\n".repeat(38));
+        bytes.extend(b"\x1b[2;3H");
+        for b in &bytes {
+            p.advance(&mut s, *b);
+        }
+        s.set_rows(24);
+        let (rows, cursor_row, cursor_col) = s.visible();
+        assert_eq!(rows.len(), 24);
+        assert_eq!((&rows[0][..], &rows[1][..]), ("I am Dana", ">"));
+        assert_eq!((cursor_row, cursor_col), (1, 2));
+        // Shorter than the cursor's row: the rows above it scroll off, the cursor's row stays.
+        s.set_rows(1);
+        let (rows, cursor_row, _) = s.visible();
+        assert_eq!((rows, cursor_row), (vec![">".to_owned()], 0));
     }
 
     #[test]
