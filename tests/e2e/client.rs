@@ -5,7 +5,7 @@ use std::time::Duration;
 use relay_client::{Client, ClientConfig, Event, Outgoing};
 use serde_json::json;
 
-use crate::support::Relay;
+use crate::support::{Relay, nothing_before_a_marker};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -22,14 +22,6 @@ async fn next_message(c: &mut Client) -> relay_client::Delivered {
             Ok(Some(_)) => {}
             other => panic!("no message: {other:?}"),
         }
-    }
-}
-
-async fn nothing_more(c: &mut Client) {
-    if let Ok(Some(Event::Message(m))) =
-        tokio::time::timeout(Duration::from_millis(500), c.next_event()).await
-    {
-        panic!("unexpected delivery: {m:?}");
     }
 }
 
@@ -80,7 +72,7 @@ fn acknowledged_messages_are_not_replayed_after_close() {
         // Acknowledgements gathered for a cumulative ACK must not be lost by closing.
         bob.close().await;
         let mut again = Client::connect(cfg).await.unwrap();
-        nothing_more(&mut again).await;
+        nothing_before_a_marker(&relay.socket, &mut again, "Bob").await;
         again.close().await;
         alice.close().await;
     });
@@ -111,7 +103,7 @@ fn a_message_handed_over_but_not_acknowledged_survives_a_crash_after_a_reconnect
                 other => panic!("no reconnect: {other:?}"),
             }
         }
-        nothing_more(&mut bob).await;
+        nothing_before_a_marker(&relay.socket, &mut bob, "Bob").await;
         // Now Bob's process dies without acknowledging: the message must still be there.
         drop(bob);
         let mut fresh = Client::connect(cfg).await.unwrap();

@@ -412,3 +412,28 @@ pub fn pid_in(path: &Path) -> i32 {
         .parse()
         .unwrap()
 }
+
+/// Proves that `client` (agent `to`) is handed nothing more than it has had: a marker is
+/// sent to it after everything else, and the next message it surfaces must be the marker
+/// (deliveries go out in store order, so a duplicate or a replay would come first). Waiting
+/// a while and seeing nothing proves nothing on a loaded machine; the marker is an event.
+pub async fn nothing_before_a_marker(socket: &Path, client: &mut relay_client::Client, to: &str) {
+    use relay_client::{Client, ClientConfig, Event, Outgoing};
+    let marker = Client::connect(ClientConfig::tool(socket.to_path_buf(), "Marker"))
+        .await
+        .unwrap();
+    let body = "marker: sent after everything else";
+    marker.send(Outgoing::new(to, body)).await.unwrap();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), client.next_event()).await {
+            Ok(Some(Event::Message(m))) if m.payload.body == body => {
+                client.ack(&m, None).await.unwrap();
+                break;
+            }
+            Ok(Some(Event::Message(m))) => panic!("delivered before the marker: {m:?}"),
+            Ok(Some(_)) => {}
+            other => panic!("the marker did not arrive: {other:?}"),
+        }
+    }
+    marker.close().await;
+}
