@@ -614,6 +614,7 @@ fn federation_options(
         ca: path(&args.cluster_ca),
         retention: Duration::from_secs(args.cluster_retention.max(1)),
         replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
+        inbox_ttl: Duration::from_secs(args.inbox_ttl),
     }))
 }
 

@@ -255,6 +255,7 @@ impl Router {
                     ack.seq,
                     ack.state,
                     ack.cumulative,
+                    None,
                     now(),
                 );
             }
@@ -265,6 +266,8 @@ impl Router {
                     None,
                     Some(DeliveryState::Failed),
                     false,
+                    Some(relay_protocol::text::one_line(&nack.reason, 600))
+                        .filter(|r| !r.is_empty()),
                     now(),
                 );
             }

@@ -80,6 +80,7 @@ pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMes
         },
         session_id: Some("sess".into()),
         recipients: recipients.iter().map(|r| rcpt(r)).collect(),
+        queued_at: None,
     }
 }
 
@@ -414,17 +415,20 @@ fn set_status<B: Backend>(mut b: B) {
                     recipient: "bob".into(),
                     pos: p2,
                     status: DeliveryStatus::Failed,
+                    reason: None,
                 },
                 // Unknown rows: no error, no effect.
                 WriteOp::SetStatus {
                     recipient: "bob".into(),
                     pos: 999,
                     status: DeliveryStatus::Acked,
+                    reason: None,
                 },
                 WriteOp::SetStatus {
                     recipient: "zed".into(),
                     pos: p1,
                     status: DeliveryStatus::Acked,
+                    reason: None,
                 },
             ],
             7,
@@ -451,6 +455,7 @@ fn set_status<B: Backend>(mut b: B) {
             recipient: "bob".into(),
             pos: p1,
             status: DeliveryStatus::Verified,
+            reason: None,
         }],
         9,
     )
@@ -464,6 +469,7 @@ fn set_status<B: Backend>(mut b: B) {
             recipient: "bob".into(),
             pos: p1,
             status: DeliveryStatus::Queued,
+            reason: None,
         }],
         10,
     )
@@ -977,11 +983,13 @@ fn trace_and_dead_letters<B: Backend>(mut b: B) {
                     recipient: "bob".into(),
                     msg_id: "ok-1".into(),
                     status: DeliveryStatus::Verified,
+                    reason: None,
                 },
                 WriteOp::SetStatus {
                     recipient: "bob".into(),
                     pos: p2,
                     status: DeliveryStatus::Failed,
+                    reason: None,
                 },
             ],
             13,
