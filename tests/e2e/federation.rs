@@ -1182,3 +1182,80 @@ fn a_messages_ttl_counts_from_its_acceptance_on_its_origin_node() {
     );
     drop(nats);
 }
+
+/// Issue 16, safety across nodes: `trace` on the sender's node shows the cross-node legs:
+/// published to NATS (with JetStream's stream sequence), then from the far node, stored there,
+/// delivered and verified; asked of the far node's link over NATS, so a restart of that node
+/// changes nothing.
+#[test]
+fn trace_on_the_senders_node_shows_the_legs_on_the_far_node() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let mut b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    let id = alice.send("Bob", "trace me");
+    alice.expect("ACK");
+    let d = bob.expect("DELIVER");
+    bob.send_env(
+        "ACK",
+        json!({}),
+        json!({"ack_id": id, "seq": d["delivery"]["seq"], "state": "verified"}),
+    );
+    let legs = |r: &Relay| -> Vec<(String, String, String)> {
+        json_of(r, &["trace", &id])["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["recipient"].as_str().unwrap_or("").to_owned(),
+                    e["state"].as_str().unwrap().to_owned(),
+                    e["detail"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let has = |l: &[(String, String, String)], who: &str, state: &str| {
+        l.iter().any(|(r, s, _)| r == who && s == state)
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "hostA's trace shows Bob verified on hostB",
+        || has(&legs(&a), "Bob@hostB", "verified"),
+    );
+    let l = legs(&a);
+    eprintln!("{l:#?}");
+    let published = l
+        .iter()
+        .find(|(r, s, _)| r == "Bob" && s == "published")
+        .unwrap_or_else(|| panic!("no published leg: {l:?}"));
+    assert!(
+        published.2.contains("hostB") && published.2.contains("seq "),
+        "{published:?}"
+    );
+    assert!(has(&l, "@hostB", "accepted"), "not stored on hostB: {l:?}");
+    for state in ["queued", "delivered", "verified"] {
+        assert!(has(&l, "Bob@hostB", state), "no {state} on hostB: {l:?}");
+    }
+    let out = ok_stdout(&a.cli(&["trace", &id]));
+    assert!(
+        out.contains("published") && out.contains("Bob@hostB") && out.contains("verified"),
+        "{out}"
+    );
+    // The far node restarts: its legs are in its store, and its link answers again.
+    drop(bob);
+    b.kill9();
+    b.spawn();
+    wait_for(Duration::from_secs(30), "hostB's link back", || {
+        federation(&b)["link"] == "connected"
+    });
+    wait_for(
+        Duration::from_secs(30),
+        "hostA's trace shows the far legs again",
+        || has(&legs(&a), "Bob@hostB", "verified"),
+    );
+    drop(nats);
+}

@@ -531,9 +531,14 @@ fn foreground(
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
     let federation = federation_options(paths, args)?;
+    // The link adds the legs on other nodes to a `trace` (asked over NATS).
+    let mut traces = None;
     if let Some(f) = &federation {
         cfg.federation = Some(relay_daemon::FederationCell::default());
         cfg.node = Some(f.node.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        cfg.federation_trace = Some(tx);
+        traces = Some(rx);
     }
     let cell = cfg.federation.clone();
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
@@ -558,9 +563,9 @@ fn foreground(
             }
             // The link speaks to this daemon over its socket, bound by now (connections wait
             // in the backlog until the accept loop starts).
-            if let (Some(opts), Some(cell)) = (federation, cell) {
+            if let (Some(opts), Some(cell), Some(traces)) = (federation, cell, traces) {
                 tokio::spawn(async move {
-                    if let Err(e) = relay_federation::run(opts, cell).await {
+                    if let Err(e) = relay_federation::run(opts, cell, traces).await {
                         tracing::error!(error = %e, "the federation link stopped");
                     }
                 });

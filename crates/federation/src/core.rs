@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use relay_protocol::Send;
+use relay_protocol::query::{TraceEvent, TraceRecord, TraceState};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -212,6 +213,115 @@ pub fn failure_of_notice(me: &str, name: &str, d: Delivered<'_>) -> Option<Failu
             None => reason,
         },
     })
+}
+
+/// The subject a node's link answers `trace` questions on (core NATS request/reply, outside
+/// the stream's subjects).
+pub fn trace_subject(node: &str) -> String {
+    format!("agent-relay.trace.{node}")
+}
+
+/// What one link asks another about a message: its story there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceAsk {
+    /// Sender.
+    pub from: String,
+    /// Message id.
+    pub id: String,
+}
+
+/// The answer: the far relay's trace of that message, or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TraceAnswer {
+    /// The story there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceRecord>,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The nodes to ask about a trace: those of its recipients that are agents of other nodes
+/// (`nodes`: remote agent -> its node).
+pub fn far_nodes(
+    trace: &TraceRecord,
+    nodes: &std::collections::HashMap<String, String>,
+) -> std::collections::BTreeSet<String> {
+    trace
+        .events
+        .iter()
+        .filter_map(|e| nodes.get(e.recipient.as_deref()?))
+        .cloned()
+        .collect()
+}
+
+/// A trace with the cross-node legs: the local delivery to a remote agent's stand-in
+/// acknowledged (after JetStream's PubAck) becomes `published` (with the stream sequence when
+/// this link still has it: `seqs`, node -> seq), and each far node's story follows, its
+/// recipients named `NAME@node` (`@node` for the message there: `accepted` = stored on that
+/// node). A node that did not answer is said on the last local line for it.
+pub fn merge_trace(
+    mut local: TraceRecord,
+    nodes: &std::collections::HashMap<String, String>,
+    seqs: &BTreeMap<String, u64>,
+    far: Vec<(String, Result<TraceRecord, String>)>,
+) -> TraceRecord {
+    for e in &mut local.events {
+        let Some(node) = e.recipient.as_deref().and_then(|r| nodes.get(r)) else {
+            continue;
+        };
+        match e.state {
+            TraceState::Injected => {
+                e.state = TraceState::Published;
+                e.detail = Some(match seqs.get(node) {
+                    Some(seq) => {
+                        format!("to node {node}: JetStream stored it (stream {STREAM}, seq {seq})")
+                    }
+                    None => format!("to node {node}: JetStream stored it (PubAck)"),
+                });
+            }
+            TraceState::Delivered => {
+                let d = e.detail.take().unwrap_or_default();
+                e.detail = Some(
+                    format!("{d} (the stand-in of an agent of node {node})")
+                        .trim()
+                        .to_owned(),
+                );
+            }
+            _ => {}
+        }
+    }
+    for (node, answer) in far {
+        match answer {
+            Ok(t) => local
+                .events
+                .extend(t.events.into_iter().map(|e| TraceEvent {
+                    recipient: Some(match e.recipient {
+                        Some(r) => format!("{r}@{node}"),
+                        None => format!("@{node}"),
+                    }),
+                    detail: match (e.state, e.detail) {
+                        (TraceState::Accepted, None) => Some(format!("stored on node {node}")),
+                        (_, d) => d,
+                    },
+                    ..e
+                })),
+            Err(why) => {
+                if let Some(e) = local
+                    .events
+                    .iter_mut()
+                    .rev()
+                    .find(|e| e.recipient.as_deref().and_then(|r| nodes.get(r)) == Some(&node))
+                {
+                    let d = e.detail.take().unwrap_or_default();
+                    e.detail = Some(format!("{d}; node {node} not asked: {why}"));
+                }
+            }
+        }
+    }
+    // Stable: equal times keep the order above.
+    local.events.sort_by_key(|e| e.ts);
+    local
 }
 
 /// One agent in the directory (the value under its name).
@@ -675,6 +785,75 @@ mod tests {
                 },
                 "n1"
             )
+        );
+    }
+
+    #[test]
+    fn a_trace_gets_the_far_legs() {
+        let ev = |ts, r: Option<&str>, state, d: Option<&str>| TraceEvent {
+            ts,
+            recipient: r.map(str::to_owned),
+            state,
+            detail: d.map(str::to_owned),
+        };
+        let local = TraceRecord {
+            id: "m1".into(),
+            pos: Some(1),
+            from: "Alice".into(),
+            to: "Bob".into(),
+            topic: None,
+            events: vec![
+                ev(1, None, TraceState::Accepted, None),
+                ev(1, Some("Bob"), TraceState::Queued, Some("seq 1")),
+                ev(2, Some("Bob"), TraceState::Delivered, Some("to session s")),
+                ev(
+                    4,
+                    Some("Bob"),
+                    TraceState::Injected,
+                    Some("acknowledged by the recipient"),
+                ),
+            ],
+        };
+        let nodes = [("Bob".to_owned(), "n2".to_owned())].into();
+        assert_eq!(far_nodes(&local, &nodes), ["n2".to_owned()].into());
+        let far = TraceRecord {
+            events: vec![
+                ev(3, None, TraceState::Accepted, None),
+                ev(5, Some("Bob"), TraceState::Verified, Some("seen")),
+            ],
+            ..local.clone()
+        };
+        let seqs = [("n2".to_owned(), 42)].into();
+        let t = merge_trace(local.clone(), &nodes, &seqs, vec![("n2".into(), Ok(far))]);
+        let states: Vec<_> = t
+            .events
+            .iter()
+            .map(|e| (e.recipient.clone().unwrap_or_default(), e.state))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (String::new(), TraceState::Accepted),
+                ("Bob".into(), TraceState::Queued),
+                ("Bob".into(), TraceState::Delivered),
+                ("@n2".into(), TraceState::Accepted),
+                ("Bob".into(), TraceState::Published),
+                ("Bob@n2".into(), TraceState::Verified),
+            ]
+        );
+        assert!(t.events[4].detail.as_deref().unwrap().contains("seq 42"));
+        let t = merge_trace(
+            local,
+            &nodes,
+            &BTreeMap::new(),
+            vec![("n2".into(), Err("no answer".into()))],
+        );
+        assert!(
+            t.events[3]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("node n2 not asked: no answer")
         );
     }
 

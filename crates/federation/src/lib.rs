@@ -34,7 +34,9 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_protocol::query::{FederationStatus, QueryRequest, QueryResult, RemoteAgent};
+use relay_protocol::query::{
+    FederationStatus, QueryRequest, QueryResult, RemoteAgent, TraceRecord,
+};
 use relay_protocol::{DeliveryState, ErrorCode};
 use tokio::sync::mpsc;
 
@@ -42,6 +44,10 @@ use crate::core::{Claim, Entry, Forward, Local, Wire};
 
 /// Where the link keeps its state for the daemon's `status` (the daemon's `FederationCell`).
 pub type Cell = Arc<Mutex<Option<FederationStatus>>>;
+
+/// The daemon's `trace` answers, each to be completed with the legs on other nodes (the other
+/// end of the daemon's `TraceAsk`).
+pub type TraceRequests = mpsc::Receiver<(TraceRecord, tokio::sync::oneshot::Sender<TraceRecord>)>;
 
 /// How to join the federation.
 #[derive(Debug, Clone)]
@@ -114,6 +120,31 @@ struct Shared {
     cell: Cell,
     /// This relay's inbox TTL ([`Options::inbox_ttl`]).
     inbox_ttl: Duration,
+    /// Agents of other nodes (with a stand-in here) and their node: whom `trace` asks.
+    nodes: RwLock<HashMap<String, String>>,
+    /// JetStream's sequence of recent publishes, by `Nats-Msg-Id` (for `trace`; bounded, and
+    /// not kept across a restart).
+    pubacks: Mutex<PubAcks>,
+}
+
+/// Recent PubAcks: `Nats-Msg-Id` -> stream sequence, the oldest forgotten first.
+#[derive(Default)]
+struct PubAcks {
+    seqs: HashMap<String, u64>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl PubAcks {
+    fn insert(&mut self, msg_id: &str, seq: u64) {
+        if self.seqs.insert(msg_id.to_owned(), seq).is_none() {
+            self.order.push_back(msg_id.to_owned());
+            while self.order.len() > REORDER_MEMORY {
+                if let Some(old) = self.order.pop_front() {
+                    self.seqs.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -153,7 +184,7 @@ impl Shared {
 ///
 /// # Errors
 /// [`FederationError`].
-pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
+pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(), FederationError> {
     core::validate_node(&opts.node)?;
     let servers = core::servers(&opts.cluster);
     if servers.is_empty() {
@@ -211,7 +242,10 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
         received: AtomicU64::new(0),
         cell,
         inbox_ttl: opts.inbox_ttl,
+        nodes: RwLock::new(HashMap::new()),
+        pubacks: Mutex::new(PubAcks::default()),
     });
+    tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
     let (kv, consumer) = loop {
         match setup(&shared, &opts, &mut resume_from).await {
@@ -237,6 +271,8 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
     };
     let (inbound_tx, inbound_rx) = mpsc::channel(1024);
     tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
+    let tool = Arc::new(tool);
+    tokio::spawn(serve_traces(shared.clone(), tool.clone()));
     manage(shared, opts, kv, tool, inbound_rx).await;
     Ok(())
 }
@@ -461,10 +497,9 @@ async fn manage(
     sh: Arc<Shared>,
     opts: Options,
     kv: kv::Store,
-    tool: Client,
+    tool: Arc<Client>,
     mut inbound: mpsc::Receiver<Arrival>,
 ) {
-    let tool = Arc::new(tool);
     let standins: Arc<tokio::sync::Mutex<HashMap<String, Standin>>> = Arc::default();
     // Client connections for tools of other nodes (never recipients, never holding a name).
     let mut tools: HashMap<String, Standin> = HashMap::new();
@@ -751,6 +786,12 @@ async fn sync(
     if let Ok(mut r) = sh.remote.write() {
         *r = wanted.keys().map(|n| (*n).to_owned()).collect();
         r.extend(standins.keys().cloned());
+    }
+    if let Ok(mut n) = sh.nodes.write() {
+        *n = wanted
+            .iter()
+            .map(|(name, e)| ((*name).to_owned(), e.node.clone()))
+            .collect();
     }
     let remote = wanted
         .iter()
@@ -1169,6 +1210,127 @@ async fn fail_here(client: &Client, name: &str, f: &core::Failure) -> bool {
     }
 }
 
+/// How long a trace waits for another node's link.
+const FAR_TRACE_WAIT: Duration = Duration::from_secs(2);
+
+/// Completes the daemon's traces with the legs on other nodes: each node a recipient is on is
+/// asked over NATS (request/reply, all at once); what does not answer in time is said.
+async fn answer_traces(sh: Arc<Shared>, mut traces: TraceRequests) {
+    while let Some((trace, reply)) = traces.recv().await {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let nodes = sh.nodes.read().map(|n| n.clone()).unwrap_or_default();
+            let far = core::far_nodes(&trace, &nodes);
+            let ask = core::TraceAsk {
+                from: trace.from.clone(),
+                id: trace.id.clone(),
+            };
+            let asks = far.iter().map(|node| {
+                let (sh, ask, node) = (sh.clone(), ask.clone(), node.clone());
+                async move {
+                    let answer = ask_trace(&sh, &node, &ask).await;
+                    (node, answer)
+                }
+            });
+            let answers = futures_util::future::join_all(asks).await;
+            let seqs = match sh.pubacks.lock() {
+                Ok(p) => far
+                    .iter()
+                    .filter_map(|node| {
+                        let id = core::msg_id(&trace.from, &trace.id, node);
+                        p.seqs.get(&id).map(|s| (node.clone(), *s))
+                    })
+                    .collect(),
+                Err(_) => BTreeMap::new(),
+            };
+            let merged = core::merge_trace(trace, &nodes, &seqs, answers);
+            if reply.send(merged).is_err() {
+                tracing::debug!("federation: the trace's asker is gone");
+            }
+        });
+    }
+}
+
+/// Asks `node`'s link for its story of a message.
+async fn ask_trace(sh: &Shared, node: &str, ask: &core::TraceAsk) -> Result<TraceRecord, String> {
+    let body = serde_json::to_vec(ask).map_err(|e| e.to_string())?;
+    let answer = tokio::time::timeout(
+        FAR_TRACE_WAIT,
+        sh.client.request(core::trace_subject(node), body.into()),
+    )
+    .await
+    .map_err(|_| format!("no answer within {} s", FAR_TRACE_WAIT.as_secs()))?
+    .map_err(|e| e.to_string())?;
+    let answer: core::TraceAnswer =
+        serde_json::from_slice(&answer.payload).map_err(|e| format!("unreadable answer: {e}"))?;
+    match (answer.trace, answer.error) {
+        (Some(t), _) => Ok(t),
+        (None, e) => Err(e.unwrap_or_else(|| "no trace".into())),
+    }
+}
+
+/// Answers other links' trace questions about messages from their agents: this relay's trace
+/// of the message, if it is the one that sender sent.
+async fn serve_traces(sh: Arc<Shared>, tool: Arc<Client>) {
+    loop {
+        let mut questions = match sh.client.subscribe(core::trace_subject(&sh.me)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "federation: cannot take trace questions yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        while let Some(q) = questions.next().await {
+            let Some(to) = q.reply.clone() else { continue };
+            let (sh, tool) = (sh.clone(), tool.clone());
+            tokio::spawn(async move {
+                let answer = match serde_json::from_slice::<core::TraceAsk>(&q.payload) {
+                    Ok(ask) => match tool.query(QueryRequest::Trace { id: ask.id.clone() }).await {
+                        Ok(QueryResult::Trace { trace }) if trace.from == ask.from => {
+                            core::TraceAnswer {
+                                trace: Some(trace),
+                                error: None,
+                            }
+                        }
+                        Ok(QueryResult::Trace { trace }) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(format!(
+                                "its id is another sender's here ({})",
+                                trace.from
+                            )),
+                        },
+                        Ok(QueryResult::Error { message, .. }) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(message),
+                        },
+                        Ok(_) => core::TraceAnswer::default(),
+                        Err(e) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(format!("its relay did not answer: {e}")),
+                        },
+                    },
+                    Err(e) => core::TraceAnswer {
+                        trace: None,
+                        error: Some(format!("unreadable question: {e}")),
+                    },
+                };
+                match serde_json::to_vec(&answer) {
+                    Ok(body) => {
+                        if let Err(e) = sh.client.publish(to, body.into()).await {
+                            tracing::debug!(error = %e, "federation: trace answer not sent");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "federation: cannot encode a trace answer")
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Writes one publish (in the stand-in's order); its PubAck is awaited by [`publish`].
 async fn start_publish(
     sh: &Shared,
@@ -1204,8 +1366,11 @@ async fn publish(
             Err(e) => Err(e),
         };
         match result {
-            Ok(_) => {
+            Ok(ack) => {
                 sh.published.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut p) = sh.pubacks.lock() {
+                    p.insert(msg_id, ack.sequence);
+                }
                 return;
             }
             Err(e) => {

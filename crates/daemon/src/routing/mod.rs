@@ -1311,6 +1311,14 @@ impl Core {
     }
 
     /// Queues a frame to connection `conn_id` (closing it if its queue is full).
+    /// Where to write frames for connection `conn_id` from another task (an answer that
+    /// waits for something else, like the far legs of a trace).
+    pub(crate) fn outbound(&self, conn_id: u64) -> Option<(mpsc::Sender<Outbound>, Killer)> {
+        self.conns
+            .get(&conn_id)
+            .map(|c| (c.tx.clone(), c.killer.clone()))
+    }
+
     pub(crate) fn send_to(&self, conn_id: u64, out: Outbound) {
         if let Some(conn) = self.conns.get(&conn_id) {
             send_or_kill(&conn.tx, &conn.killer, out);
@@ -2022,7 +2030,7 @@ fn delivered_event(
 }
 
 /// Queues a control frame; a connection whose queue is full does not read and is closed.
-fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
+pub(crate) fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
     if tx.try_send(out).is_err() {
         killer.kill(
             ErrorCode::SlowConsumer,
