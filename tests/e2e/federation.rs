@@ -1180,6 +1180,12 @@ fn a_messages_ttl_counts_from_its_acceptance_on_its_origin_node() {
         "it expired {} ms after it reached hostB: its TTL started again there",
         expired - arrived
     );
+    // And Alice, on hostA, is told, as for a local message that expired.
+    let n = expect_notice(&mut alice, &id, "Bob");
+    assert!(
+        n["reason"].as_str().unwrap().contains("hostB (expired)"),
+        "{n}"
+    );
     drop(nats);
 }
 
