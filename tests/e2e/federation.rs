@@ -1033,18 +1033,30 @@ fn expect_notice(c: &mut Raw, msg: &str, recipient: &str) -> Value {
 
 /// Issue 16, safety across nodes: a cross-node message that becomes a dead letter on the far
 /// node (reported failed by its recipient there, or refused there at its SEND by an access
-/// rule) is a dead letter on the sender's node too, with the far node's reason, and its sender
-/// is told once with the same `relay_notice` a local dead letter gives.
+/// rule or a rate limit) is a dead letter on the sender's node too, with the far node's
+/// reason, and its sender is told once with the same `relay_notice` a local dead letter gives.
 #[test]
 fn a_dead_letter_on_the_far_node_reaches_its_sender_once() {
     let nats = Nats::start();
     let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    // hostB lets Erin (of hostA) send one message a minute; hostA has no limit.
+    let url = nats.url();
+    let mut args = UNLIMITED.to_vec();
+    args.extend([
+        "--cluster",
+        &url,
+        "--node",
+        "hostB",
+        "--rate-override",
+        "Erin=1",
+    ]);
+    let b = Relay::start_with(&args);
     let (mut alice, _) = a.agent("Alice");
     let (mut carol, _) = a.agent("Carol");
+    let (mut erin, _) = a.agent("Erin");
     let (mut bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
-    for n in ["Alice", "Carol"] {
+    for n in ["Alice", "Carol", "Erin"] {
         wait_listed(&b, n, "hostA");
     }
     ok_stdout(&b.cli(&[
@@ -1105,6 +1117,22 @@ fn a_dead_letter_on_the_far_node_reaches_its_sender_once() {
     alice.expect("ACK");
     fail(&mut bob, &m3);
     expect_notice(&mut alice, &m3, "Bob");
+    // Over a rate limit on hostB only: Erin's first message reaches Bob, her second is refused
+    // there, and she is told.
+    let e1 = erin.send("Bob", "first");
+    erin.expect("ACK");
+    let d = next_deliver(&mut bob);
+    assert_eq!(d["id"], e1.as_str(), "{d}");
+    let e2 = erin.send("Bob", "second, over hostB's limit");
+    erin.expect("ACK");
+    let n = expect_notice(&mut erin, &e2, "Bob");
+    assert!(
+        n["reason"]
+            .as_str()
+            .unwrap()
+            .contains("hostB (rate_limited)"),
+        "{n}"
+    );
     drop(nats);
 }
 
