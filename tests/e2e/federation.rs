@@ -1016,3 +1016,280 @@ fn the_dashboard_shows_the_links_state_and_backlog() {
     assert_eq!(next(), "OK", "the page shows the link down and the backlog");
     assert!(node.wait().unwrap().success());
 }
+
+/// Reads the next DELIVER on `c`, which must be a dead-letter notice from `relay` about
+/// `msg` to `recipient`; acknowledges it and returns its `relay_notice`.
+fn expect_notice(c: &mut Raw, msg: &str, recipient: &str) -> Value {
+    let f = c.expect("DELIVER");
+    c.ack(&f);
+    assert_eq!(f["from"], "relay", "{f}");
+    assert_eq!(f["payload"]["in_reply_to"], msg, "{f}");
+    let n = f["payload"]["data"]["relay_notice"].clone();
+    assert_eq!(n["msg_id"], msg, "{f}");
+    assert_eq!(n["recipient"], recipient, "{f}");
+    assert_eq!(n["code"], "failed", "{f}");
+    n
+}
+
+/// Issue 16, safety across nodes: a cross-node message that becomes a dead letter on the far
+/// node (reported failed by its recipient there, or refused there at its SEND by an access
+/// rule or a rate limit) is a dead letter on the sender's node too, with the far node's
+/// reason, and its sender is told once with the same `relay_notice` a local dead letter gives.
+#[test]
+fn a_dead_letter_on_the_far_node_reaches_its_sender_once() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    // hostB lets Erin (of hostA) send one message a minute; hostA has no limit.
+    let url = nats.url();
+    let mut args = UNLIMITED.to_vec();
+    args.extend([
+        "--cluster",
+        &url,
+        "--node",
+        "hostB",
+        "--rate-override",
+        "Erin=1",
+    ]);
+    let b = Relay::start_with(&args);
+    let (mut alice, _) = a.agent("Alice");
+    let (mut carol, _) = a.agent("Carol");
+    let (mut erin, _) = a.agent("Erin");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    for n in ["Alice", "Carol", "Erin"] {
+        wait_listed(&b, n, "hostA");
+    }
+    ok_stdout(&b.cli(&[
+        "rules",
+        "add",
+        "--from",
+        "Carol@hostA",
+        "--to",
+        "Bob@hostB",
+        "--action",
+        "deny",
+    ]));
+    wait_for(Duration::from_secs(20), "the rule loaded on hostB", || {
+        json_of(&b, &["status"])["rules"] == 1
+    });
+    // Delivered on hostB, where Bob's connection reports it failed (NACK, with why).
+    let fail = |bob: &mut Raw, id: &str| {
+        let d = bob.expect("DELIVER");
+        assert_eq!(d["id"], id, "{d}");
+        bob.send_env(
+            "NACK",
+            json!({}),
+            json!({"ack_id": id, "code": "invalid", "reason": "the terminal is gone"}),
+        );
+    };
+    let m1 = alice.send("Bob", "fails on hostB");
+    alice.expect("ACK");
+    fail(&mut bob, &m1);
+    let n = expect_notice(&mut alice, &m1, "Bob");
+    let why = n["reason"].as_str().unwrap();
+    assert!(
+        why.contains("hostB") && why.contains("the terminal is gone"),
+        "{n}"
+    );
+    // Refused on hostB at its SEND (an access rule there), accepted on hostA.
+    let m2 = carol.send("Bob", "refused on hostB");
+    carol.expect("ACK");
+    let n = expect_notice(&mut carol, &m2, "Bob");
+    let why = n["reason"].as_str().unwrap();
+    assert!(why.contains("hostB") && why.contains("forbidden"), "{n}");
+    // One dead letter each on hostA, with hostB's reason.
+    let dl = json_of(&a, &["dlq", "list"])["dead_letters"].clone();
+    for (m, why) in [(&m1, "the terminal is gone"), (&m2, "access rule")] {
+        let mine: Vec<&Value> = dl
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["msg_id"] == m.as_str())
+            .collect();
+        assert_eq!(mine.len(), 1, "{dl}");
+        assert_eq!(mine[0]["code"], "failed", "{dl}");
+        assert_eq!(mine[0]["recipient"], "Bob", "{dl}");
+        let reason = mine[0]["reason"].as_str().unwrap();
+        assert!(reason.contains("hostB") && reason.contains(why), "{dl}");
+    }
+    // Once: the next notice Alice gets is about her next failed message, not m1 again.
+    let m3 = alice.send("Bob", "fails too");
+    alice.expect("ACK");
+    fail(&mut bob, &m3);
+    expect_notice(&mut alice, &m3, "Bob");
+    // Over a rate limit on hostB only: Erin's first message reaches Bob, her second is refused
+    // there, and she is told.
+    let e1 = erin.send("Bob", "first");
+    erin.expect("ACK");
+    let d = next_deliver(&mut bob);
+    assert_eq!(d["id"], e1.as_str(), "{d}");
+    let e2 = erin.send("Bob", "second, over hostB's limit");
+    erin.expect("ACK");
+    let n = expect_notice(&mut erin, &e2, "Bob");
+    assert!(
+        n["reason"]
+            .as_str()
+            .unwrap()
+            .contains("hostB (rate_limited)"),
+        "{n}"
+    );
+    drop(nats);
+}
+
+/// The `trace --json` events of `id` on `r` in state `state` (for `recipient`, if given).
+fn trace_times(r: &Relay, id: &str, state: &str, recipient: Option<&str>) -> Vec<u64> {
+    json_of(r, &["trace", id])["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == state)
+        .filter(|e| recipient.is_none_or(|n| e["recipient"] == n))
+        .map(|e| e["ts"].as_u64().unwrap())
+        .collect()
+}
+
+/// Issue 16, safety across nodes: a message's inbox TTL counts from its acceptance on its
+/// origin node. One that waited in the outbox while NATS was down longer than its TTL expires
+/// on the far node as soon as it gets there (the sweep after it arrives), not a TTL later.
+#[test]
+fn a_messages_ttl_counts_from_its_acceptance_on_its_origin_node() {
+    const TTL_MS: u64 = 4000;
+    let mut nats = Nats::start();
+    let ttl: &[&str] = &["--inbox-ttl", "4"];
+    let start = |name: &str| {
+        let mut args = UNLIMITED.to_vec();
+        let url = nats.url();
+        args.extend(["--cluster", &url, "--node", name]);
+        args.extend(ttl);
+        Relay::start_with(&args)
+    };
+    let a = start("hostA");
+    let b = start("hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // Bob goes offline on hostB (his messages wait in his inbox there, and expire).
+    drop(bob);
+    wait_for(Duration::from_secs(20), "hostB has Bob offline", || {
+        agents(&b)["Bob"]["online"] == false
+    });
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    let id = send_many(&mut alice, "Bob", 1, "waits out the outage").remove(0);
+    let accepted = trace_times(&a, &id, "accepted", None)[0];
+    // The outage outlasts the TTL.
+    while relay_protocol::now_ms() < accepted + TTL_MS + 500 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nats.spawn();
+    wait_for(
+        Duration::from_secs(60),
+        "hostB dead-letters it (expired)",
+        || {
+            json_of(&b, &["dlq", "list"])["dead_letters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["msg_id"] == id.as_str() && d["code"] == "expired")
+        },
+    );
+    let arrived = trace_times(&b, &id, "accepted", None)[0];
+    let expired = trace_times(&b, &id, "expired", Some("Bob"))[0];
+    eprintln!(
+        "accepted on hostA at {accepted}, reached hostB {} ms later, expired there {} ms after it arrived",
+        arrived - accepted,
+        expired.saturating_sub(arrived)
+    );
+    assert!(
+        expired < arrived + TTL_MS,
+        "it expired {} ms after it reached hostB: its TTL started again there",
+        expired - arrived
+    );
+    // And Alice, on hostA, is told, as for a local message that expired.
+    let n = expect_notice(&mut alice, &id, "Bob");
+    assert!(
+        n["reason"].as_str().unwrap().contains("hostB (expired)"),
+        "{n}"
+    );
+    drop(nats);
+}
+
+/// Issue 16, safety across nodes: `trace` on the sender's node shows the cross-node legs:
+/// published to NATS (with JetStream's stream sequence), then from the far node, stored there,
+/// delivered and verified; asked of the far node's link over NATS, so a restart of that node
+/// changes nothing.
+#[test]
+fn trace_on_the_senders_node_shows_the_legs_on_the_far_node() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let mut b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    let id = alice.send("Bob", "trace me");
+    alice.expect("ACK");
+    let d = bob.expect("DELIVER");
+    bob.send_env(
+        "ACK",
+        json!({}),
+        json!({"ack_id": id, "seq": d["delivery"]["seq"], "state": "verified"}),
+    );
+    let legs = |r: &Relay| -> Vec<(String, String, String)> {
+        json_of(r, &["trace", &id])["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["recipient"].as_str().unwrap_or("").to_owned(),
+                    e["state"].as_str().unwrap().to_owned(),
+                    e["detail"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let has = |l: &[(String, String, String)], who: &str, state: &str| {
+        l.iter().any(|(r, s, _)| r == who && s == state)
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "hostA's trace shows Bob verified on hostB",
+        || has(&legs(&a), "Bob@hostB", "verified"),
+    );
+    let l = legs(&a);
+    eprintln!("{l:#?}");
+    let published = l
+        .iter()
+        .find(|(r, s, _)| r == "Bob" && s == "published")
+        .unwrap_or_else(|| panic!("no published leg: {l:?}"));
+    assert!(
+        published.2.contains("hostB") && published.2.contains("seq "),
+        "{published:?}"
+    );
+    assert!(has(&l, "@hostB", "accepted"), "not stored on hostB: {l:?}");
+    for state in ["queued", "delivered", "verified"] {
+        assert!(has(&l, "Bob@hostB", state), "no {state} on hostB: {l:?}");
+    }
+    let out = ok_stdout(&a.cli(&["trace", &id]));
+    assert!(
+        out.contains("published") && out.contains("Bob@hostB") && out.contains("verified"),
+        "{out}"
+    );
+    // The far node restarts: its legs are in its store, and its link answers again.
+    drop(bob);
+    b.kill9();
+    b.spawn();
+    wait_for(Duration::from_secs(30), "hostB's link back", || {
+        federation(&b)["link"] == "connected"
+    });
+    wait_for(
+        Duration::from_secs(30),
+        "hostA's trace shows the far legs again",
+        || has(&legs(&a), "Bob@hostB", "verified"),
+    );
+    drop(nats);
+}

@@ -555,9 +555,14 @@ fn foreground(
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
     let federation = federation_options(paths, args)?;
+    // The link adds the legs on other nodes to a `trace` (asked over NATS).
+    let mut traces = None;
     if let Some(f) = &federation {
         cfg.federation = Some(relay_daemon::FederationCell::default());
         cfg.node = Some(f.node.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        cfg.federation_trace = Some(tx);
+        traces = Some(rx);
     }
     let cell = cfg.federation.clone();
     // Measured: a current-thread runtime spends the same CPU per message but confines routing
@@ -582,9 +587,9 @@ fn foreground(
             }
             // The link speaks to this daemon over its socket, bound by now (connections wait
             // in the backlog until the accept loop starts).
-            if let (Some(opts), Some(cell)) = (federation, cell) {
+            if let (Some(opts), Some(cell), Some(traces)) = (federation, cell, traces) {
                 tokio::spawn(async move {
-                    if let Err(e) = relay_federation::run(opts, cell).await {
+                    if let Err(e) = relay_federation::run(opts, cell, traces).await {
                         tracing::error!(error = %e, "the federation link stopped");
                     }
                 });
@@ -638,6 +643,7 @@ fn federation_options(
         ca: path(&args.cluster_ca),
         retention: Duration::from_secs(args.cluster_retention.max(1)),
         replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
+        inbox_ttl: Duration::from_secs(args.inbox_ttl),
     }))
 }
 

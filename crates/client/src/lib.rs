@@ -255,6 +255,11 @@ enum Cmd {
     },
     /// How the agent's terminal looks now (a wrapper's report, sent in PONGs).
     Terminal(TerminalReport),
+    /// A NACK of a message delivered earlier: it failed after all, for `reason`.
+    Fail {
+        id: String,
+        reason: String,
+    },
     Close(oneshot::Sender<()>),
 }
 
@@ -441,6 +446,23 @@ impl Client {
                 id: msg.id.clone(),
                 seq: msg.seq,
                 state,
+            })
+            .await
+            .map_err(|_| ClientError::Closed)
+    }
+
+    /// Reports a message delivered (and acknowledged) earlier as failed after all, with why:
+    /// a NACK. The daemon dead-letters it with `reason` and tells its sender. Nothing is kept
+    /// across a reconnection: a caller that must know it took asks (a `trace` of `id`, say)
+    /// afterwards on this client, whose answer comes after the failure is stored.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`].
+    pub async fn fail(&self, id: &str, reason: &str) -> Result<(), ClientError> {
+        self.cmds
+            .send(Cmd::Fail {
+                id: id.to_owned(),
+                reason: reason.to_owned(),
             })
             .await
             .map_err(|_| ClientError::Closed)
@@ -820,6 +842,10 @@ impl Driver {
             }
             // Carried in the first PONG of the next connection.
             Cmd::Terminal(report) => self.terminal = Some(report),
+            // Not kept: the caller checks that it took (see `Client::fail`).
+            Cmd::Fail { id, .. } => {
+                tracing::debug!(%id, "failure report not sent: disconnected");
+            }
             Cmd::Close(_) => {}
         }
     }
@@ -989,6 +1015,14 @@ impl Driver {
             Cmd::Terminal(report) => {
                 self.terminal = Some(report);
                 self.pong(out, None);
+            }
+            Cmd::Fail { id, reason } => {
+                let nack = relay_protocol::Nack {
+                    ack_id: id,
+                    code: relay_protocol::NackCode::Other,
+                    reason,
+                };
+                Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Nack(nack)));
             }
             Cmd::Close(_) => {}
         }

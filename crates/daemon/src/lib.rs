@@ -110,7 +110,17 @@ pub struct Config {
     /// This relay's node in a federation (`up --node`): access rules that name nodes
     /// (`Alice@laptop`) match this relay's own agents under it.
     pub node: Option<String>,
+    /// The federation link, asked to add the legs on other nodes to a `trace` (it asks their
+    /// links over NATS); `None` outside a federation.
+    pub federation_trace: Option<TraceAsk>,
 }
+
+/// A `trace` as this relay's store tells it, and where the federation link answers it with
+/// the legs on other nodes added (or as it was, if it cannot).
+pub type TraceAsk = tokio::sync::mpsc::Sender<(
+    relay_protocol::query::TraceRecord,
+    tokio::sync::oneshot::Sender<relay_protocol::query::TraceRecord>,
+)>;
 
 /// Where the federation link keeps its state for `status` to read (read only when asked).
 pub type FederationCell = Arc<std::sync::Mutex<Option<relay_protocol::query::FederationStatus>>>;
@@ -139,6 +149,7 @@ impl Config {
             breaker_cooldown: defaults::BREAKER_COOLDOWN,
             federation: None,
             node: None,
+            federation_trace: None,
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg

@@ -180,6 +180,7 @@ pub(crate) struct QueryCtx {
 pub(crate) enum QueryKind {
     Status,
     Agents,
+    Trace,
     Other,
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use relay_protocol::events::Watch;
 use relay_protocol::file::{Durability, write_atomic};
-use relay_protocol::query::{QueryRequest, QueryResult};
+use relay_protocol::query::{QueryRequest, QueryResult, TraceRecord};
 use relay_protocol::{DeliveryState, Envelope, Payload};
 use relay_store::{DeadNotice, WriteOp, WriteResult};
 use tokio::sync::{mpsc, oneshot};
@@ -255,6 +255,7 @@ impl Router {
                     ack.seq,
                     ack.state,
                     ack.cumulative,
+                    None,
                     now(),
                 );
             }
@@ -265,6 +266,8 @@ impl Router {
                     None,
                     Some(DeliveryState::Failed),
                     false,
+                    Some(relay_protocol::text::one_line(&nack.reason, 600))
+                        .filter(|r| !r.is_empty()),
                     now(),
                 );
             }
@@ -322,6 +325,7 @@ impl Router {
             let kind = match req {
                 QueryRequest::Status => QueryKind::Status,
                 QueryRequest::Agents => QueryKind::Agents,
+                QueryRequest::Trace { .. } => QueryKind::Trace,
                 _ => QueryKind::Other,
             };
             let ctx = QueryCtx {
@@ -430,6 +434,12 @@ impl Router {
         stats: relay_store::Stats,
         delivery: Option<Box<relay_protocol::query::DeliveryFigures>>,
     ) {
+        if let (QueryKind::Trace, Some(QueryResult::Trace { trace }), Some(ask)) =
+            (ctx.kind, &result, &self.cfg.federation_trace)
+        {
+            self.far_trace(ctx, trace.clone(), ask.clone());
+            return;
+        }
         let result = match (ctx.kind, result) {
             (QueryKind::Status, None) => {
                 let (agents, known_agents) = self.core.agent_counts();
@@ -481,6 +491,51 @@ impl Router {
             .send_to(ctx.conn_id, Outbound::Frame(Box::new(env)));
     }
 }
+
+impl Router {
+    /// Answers a trace once the federation link has added the legs on other nodes (it asks
+    /// their links over NATS, off this task), or with this relay's legs alone if it cannot
+    /// within [`FAR_TRACE_WAIT`].
+    fn far_trace(&self, ctx: QueryCtx, trace: TraceRecord, ask: crate::TraceAsk) {
+        let conn = if ctx.reply.is_some() {
+            None
+        } else {
+            self.core.outbound(ctx.conn_id)
+        };
+        tokio::spawn(async move {
+            let (tx, rx) = oneshot::channel();
+            let asked = async {
+                ask.send((trace.clone(), tx)).await.ok()?;
+                rx.await.ok()
+            };
+            let trace = match tokio::time::timeout(FAR_TRACE_WAIT, asked).await {
+                Ok(Some(t)) => t,
+                Ok(None) | Err(_) => {
+                    tracing::debug!("the federation link did not answer a trace in time");
+                    trace
+                }
+            };
+            let result = QueryResult::Trace { trace };
+            if let Some(reply) = ctx.reply {
+                if reply
+                    .send(Answer {
+                        result,
+                        live: Vec::new(),
+                    })
+                    .is_err()
+                {
+                    tracing::debug!("the dashboard request that asked for this is gone");
+                }
+            } else if let Some((tx, killer)) = conn {
+                let env = Envelope::new(ctx.env_id, now_ms(), Payload::Result(result));
+                crate::routing::send_or_kill(&tx, &killer, Outbound::Frame(Box::new(env)));
+            }
+        });
+    }
+}
+
+/// How long a trace waits for the legs on other nodes.
+const FAR_TRACE_WAIT: Duration = Duration::from_secs(5);
 
 /// A change of the rules file: the rules to put in force (`None`: keep the ones in force) and
 /// why the file could not be used, if it could not.

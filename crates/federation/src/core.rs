@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use relay_protocol::Send;
+use relay_protocol::query::{TraceEvent, TraceRecord, TraceState};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -112,6 +113,215 @@ pub struct Wire {
     /// this one until that one has gone to its relay ([`Reorder`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev: Option<String>,
+    /// When the message expires (Unix ms): its acceptance on the origin node plus that node's
+    /// inbox TTL. The far node's SEND carries it (`budget.expires_at`), so the time it waited
+    /// in the origin's outbox counts and its TTL does not start again there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+impl Wire {
+    /// The payload of the far node's SEND: as delivered on the origin node, with the
+    /// expiry it had there.
+    pub fn send_payload(&self) -> Send {
+        let mut p = self.payload.clone();
+        if let Some(at) = self.expires_at {
+            p.budget
+                .get_or_insert(relay_protocol::Budget {
+                    hops: 0,
+                    max_hops: 0,
+                    expires_at: None,
+                })
+                .expires_at = Some(at);
+        }
+        p
+    }
+}
+
+/// A message of another node that will not be delivered: sent back to the node its sender is
+/// on, whose relay then dead-letters its own copy (the delivery to the far recipient's
+/// stand-in) with this reason, and tells the sender as for a local dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The node where it failed.
+    pub node: String,
+    /// The sender: an agent (or tool) of the node this goes to.
+    pub from: String,
+    /// The message id.
+    pub id: String,
+    /// The recipient that did not get it: an agent of `node`.
+    pub recipient: String,
+    /// What the far node says: `expired`, `failed`, `forbidden`, `rate_limited`,
+    /// `budget_exceeded`, `unknown_target`...
+    pub code: String,
+    /// Its reason there.
+    pub reason: String,
+}
+
+impl Failure {
+    /// The reason the origin node's dead letter gives: where, what, and why.
+    pub fn reason_here(&self) -> String {
+        format!(
+            "not delivered on node {} ({}): {}",
+            self.node, self.code, self.reason
+        )
+    }
+}
+
+/// What comes in on a node's subject: a message, or a failure of one this node sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Record {
+    /// A failure on another node (`{"failure": {...}}`).
+    Failure {
+        /// It.
+        failure: Failure,
+    },
+    /// A message.
+    Message(Wire),
+}
+
+/// The `Nats-Msg-Id` of a failure: one per (far node, sender, message, recipient), so a
+/// failure published again (a crash before the ack) is kept once by JetStream.
+pub fn failure_msg_id(f: &Failure, to_node: &str) -> String {
+    msg_id(
+        &format!("failure@{}", f.node),
+        &format!("{}\u{0}{}\u{0}{}", f.from, f.id, f.recipient),
+        to_node,
+    )
+}
+
+/// A notice of this node's relay (a DELIVER from `relay` carrying `data.relay_notice`) that
+/// reached the stand-in of `name`, an agent of `node`: a message `name` sent from `node` is a
+/// dead letter here. Returns the failure to send back to `node`; `None` for anything else.
+pub fn failure_of_notice(me: &str, name: &str, d: Delivered<'_>) -> Option<Failure> {
+    if !d.from.eq_ignore_ascii_case("relay") {
+        return None;
+    }
+    let n = d.payload.data.as_ref()?.get("relay_notice")?;
+    let text = |k: &str| n.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let dlq = n.get("dlq_id").and_then(serde_json::Value::as_i64);
+    let reason = text("reason").unwrap_or_default();
+    Some(Failure {
+        node: me.to_owned(),
+        from: name.to_owned(),
+        id: text("msg_id")?,
+        recipient: text("recipient")?,
+        code: text("code").unwrap_or_else(|| "failed".into()),
+        reason: match dlq {
+            Some(n) => format!("{reason} (dead letter {n} there)"),
+            None => reason,
+        },
+    })
+}
+
+/// The subject a node's link answers `trace` questions on (core NATS request/reply, outside
+/// the stream's subjects).
+pub fn trace_subject(node: &str) -> String {
+    format!("agent-relay.trace.{node}")
+}
+
+/// What one link asks another about a message: its story there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceAsk {
+    /// Sender.
+    pub from: String,
+    /// Message id.
+    pub id: String,
+}
+
+/// The answer: the far relay's trace of that message, or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TraceAnswer {
+    /// The story there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceRecord>,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The nodes to ask about a trace: those of its recipients that are agents of other nodes
+/// (`nodes`: remote agent -> its node).
+pub fn far_nodes(
+    trace: &TraceRecord,
+    nodes: &std::collections::HashMap<String, String>,
+) -> std::collections::BTreeSet<String> {
+    trace
+        .events
+        .iter()
+        .filter_map(|e| nodes.get(e.recipient.as_deref()?))
+        .cloned()
+        .collect()
+}
+
+/// A trace with the cross-node legs: the local delivery to a remote agent's stand-in
+/// acknowledged (after JetStream's PubAck) becomes `published` (with the stream sequence when
+/// this link still has it: `seqs`, node -> seq), and each far node's story follows, its
+/// recipients named `NAME@node` (`@node` for the message there: `accepted` = stored on that
+/// node). A node that did not answer is said on the last local line for it.
+pub fn merge_trace(
+    mut local: TraceRecord,
+    nodes: &std::collections::HashMap<String, String>,
+    seqs: &BTreeMap<String, u64>,
+    far: Vec<(String, Result<TraceRecord, String>)>,
+) -> TraceRecord {
+    for e in &mut local.events {
+        let Some(node) = e.recipient.as_deref().and_then(|r| nodes.get(r)) else {
+            continue;
+        };
+        match e.state {
+            TraceState::Injected => {
+                e.state = TraceState::Published;
+                e.detail = Some(match seqs.get(node) {
+                    Some(seq) => {
+                        format!("to node {node}: JetStream stored it (stream {STREAM}, seq {seq})")
+                    }
+                    None => format!("to node {node}: JetStream stored it (PubAck)"),
+                });
+            }
+            TraceState::Delivered => {
+                let d = e.detail.take().unwrap_or_default();
+                e.detail = Some(
+                    format!("{d} (the stand-in of an agent of node {node})")
+                        .trim()
+                        .to_owned(),
+                );
+            }
+            _ => {}
+        }
+    }
+    for (node, answer) in far {
+        match answer {
+            Ok(t) => local
+                .events
+                .extend(t.events.into_iter().map(|e| TraceEvent {
+                    recipient: Some(match e.recipient {
+                        Some(r) => format!("{r}@{node}"),
+                        None => format!("@{node}"),
+                    }),
+                    detail: match (e.state, e.detail) {
+                        (TraceState::Accepted, None) => Some(format!("stored on node {node}")),
+                        (_, d) => d,
+                    },
+                    ..e
+                })),
+            Err(why) => {
+                if let Some(e) = local
+                    .events
+                    .iter_mut()
+                    .rev()
+                    .find(|e| e.recipient.as_deref().and_then(|r| nodes.get(r)) == Some(&node))
+                {
+                    let d = e.detail.take().unwrap_or_default();
+                    e.detail = Some(format!("{d}; node {node} not asked: {why}"));
+                }
+            }
+        }
+    }
+    // Stable: equal times keep the order above.
+    local.events.sort_by_key(|e| e.ts);
+    local
 }
 
 /// One agent in the directory (the value under its name).
@@ -220,6 +430,8 @@ pub struct Delivered<'a> {
     pub topic: Option<&'a str>,
     /// Payload.
     pub payload: &'a Send,
+    /// When it expires on this node (Unix ms): stored here at `ts`, plus this relay's inbox TTL.
+    pub expires_at: Option<u64>,
 }
 
 /// Decides whether a delivery to a stand-in goes out. `remote_sender` is true when `from` is
@@ -253,6 +465,7 @@ pub fn forward(
             payload: d.payload.clone(),
             tool,
             prev: None,
+            expires_at: d.expires_at,
         }),
     }
 }
@@ -462,6 +675,7 @@ mod tests {
             to: "*",
             topic: None,
             payload: &p,
+            expires_at: Some(7),
         };
         match forward("n1", "n2", d, false, false, false) {
             Forward::Publish {
@@ -521,6 +735,126 @@ mod tests {
             vec![("n1/A".to_owned(), "m9".to_owned(), 9)]
         );
         assert_eq!(r.waiting(), 0);
+    }
+
+    #[test]
+    fn a_notice_to_a_standin_becomes_a_failure_for_its_node() {
+        let mut p = payload();
+        p.data = Some(serde_json::json!({"relay_notice": {
+            "msg_id": "m1", "recipient": "Bob", "code": "expired",
+            "reason": "Bob did not take it", "dlq_id": 4}}));
+        let d = Delivered {
+            from: "relay",
+            id: "dead-letter-4",
+            to: "Alice",
+            topic: None,
+            payload: &p,
+            expires_at: None,
+        };
+        let f = failure_of_notice("n2", "Alice", d).unwrap();
+        assert_eq!((f.node.as_str(), f.from.as_str()), ("n2", "Alice"));
+        assert_eq!((f.id.as_str(), f.recipient.as_str()), ("m1", "Bob"));
+        assert_eq!(f.reason, "Bob did not take it (dead letter 4 there)");
+        assert!(f.reason_here().contains("node n2 (expired)"));
+        // Anything else from anyone else is no failure.
+        assert!(failure_of_notice("n2", "Alice", Delivered { from: "Carol", ..d }).is_none());
+        let plain = payload();
+        assert!(
+            failure_of_notice(
+                "n2",
+                "Alice",
+                Delivered {
+                    payload: &plain,
+                    ..d
+                }
+            )
+            .is_none()
+        );
+        // On the wire: told apart from a message.
+        let rec = Record::Failure { failure: f.clone() };
+        let back: Record = serde_json::from_slice(&serde_json::to_vec(&rec).unwrap()).unwrap();
+        assert_eq!(back, rec);
+        let id = failure_msg_id(&f, "n1");
+        assert_eq!(id, failure_msg_id(&f.clone(), "n1"));
+        assert_ne!(
+            id,
+            failure_msg_id(
+                &Failure {
+                    recipient: "Eve".into(),
+                    ..f
+                },
+                "n1"
+            )
+        );
+    }
+
+    #[test]
+    fn a_trace_gets_the_far_legs() {
+        let ev = |ts, r: Option<&str>, state, d: Option<&str>| TraceEvent {
+            ts,
+            recipient: r.map(str::to_owned),
+            state,
+            detail: d.map(str::to_owned),
+        };
+        let local = TraceRecord {
+            id: "m1".into(),
+            pos: Some(1),
+            from: "Alice".into(),
+            to: "Bob".into(),
+            topic: None,
+            events: vec![
+                ev(1, None, TraceState::Accepted, None),
+                ev(1, Some("Bob"), TraceState::Queued, Some("seq 1")),
+                ev(2, Some("Bob"), TraceState::Delivered, Some("to session s")),
+                ev(
+                    4,
+                    Some("Bob"),
+                    TraceState::Injected,
+                    Some("acknowledged by the recipient"),
+                ),
+            ],
+        };
+        let nodes = [("Bob".to_owned(), "n2".to_owned())].into();
+        assert_eq!(far_nodes(&local, &nodes), ["n2".to_owned()].into());
+        let far = TraceRecord {
+            events: vec![
+                ev(3, None, TraceState::Accepted, None),
+                ev(5, Some("Bob"), TraceState::Verified, Some("seen")),
+            ],
+            ..local.clone()
+        };
+        let seqs = [("n2".to_owned(), 42)].into();
+        let t = merge_trace(local.clone(), &nodes, &seqs, vec![("n2".into(), Ok(far))]);
+        let states: Vec<_> = t
+            .events
+            .iter()
+            .map(|e| (e.recipient.clone().unwrap_or_default(), e.state))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (String::new(), TraceState::Accepted),
+                ("Bob".into(), TraceState::Queued),
+                ("Bob".into(), TraceState::Delivered),
+                ("@n2".into(), TraceState::Accepted),
+                ("Bob".into(), TraceState::Published),
+                ("Bob@n2".into(), TraceState::Verified),
+            ]
+        );
+        assert!(t.events[4].detail.as_deref().unwrap().contains("seq 42"));
+        let t = merge_trace(
+            local,
+            &nodes,
+            &BTreeMap::new(),
+            vec![("n2".into(), Err("no answer".into()))],
+        );
+        assert!(
+            t.events[3]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("node n2 not asked: no answer")
+        );
     }
 
     #[test]

@@ -34,7 +34,9 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_protocol::query::{FederationStatus, QueryRequest, QueryResult, RemoteAgent};
+use relay_protocol::query::{
+    FederationStatus, QueryRequest, QueryResult, RemoteAgent, TraceRecord,
+};
 use relay_protocol::{DeliveryState, ErrorCode};
 use tokio::sync::mpsc;
 
@@ -42,6 +44,10 @@ use crate::core::{Claim, Entry, Forward, Local, Wire};
 
 /// Where the link keeps its state for the daemon's `status` (the daemon's `FederationCell`).
 pub type Cell = Arc<Mutex<Option<FederationStatus>>>;
+
+/// The daemon's `trace` answers, each to be completed with the legs on other nodes (the other
+/// end of the daemon's `TraceAsk`).
+pub type TraceRequests = mpsc::Receiver<(TraceRecord, tokio::sync::oneshot::Sender<TraceRecord>)>;
 
 /// How to join the federation.
 #[derive(Debug, Clone)]
@@ -61,6 +67,9 @@ pub struct Options {
     pub retention: Duration,
     /// Replicas of the stream and the bucket; 0: min(3, servers the cluster advertises).
     pub replicas: usize,
+    /// This relay's inbox TTL: a message published to another node expires there when it
+    /// would have here (its acceptance here plus this), not a TTL after it arrives.
+    pub inbox_ttl: Duration,
 }
 
 /// Why the link cannot start.
@@ -109,6 +118,33 @@ struct Shared {
     published: AtomicU64,
     received: AtomicU64,
     cell: Cell,
+    /// This relay's inbox TTL ([`Options::inbox_ttl`]).
+    inbox_ttl: Duration,
+    /// Agents of other nodes (with a stand-in here) and their node: whom `trace` asks.
+    nodes: RwLock<HashMap<String, String>>,
+    /// JetStream's sequence of recent publishes, by `Nats-Msg-Id` (for `trace`; bounded, and
+    /// not kept across a restart).
+    pubacks: Mutex<PubAcks>,
+}
+
+/// Recent PubAcks: `Nats-Msg-Id` -> stream sequence, the oldest forgotten first.
+#[derive(Default)]
+struct PubAcks {
+    seqs: HashMap<String, u64>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl PubAcks {
+    fn insert(&mut self, msg_id: &str, seq: u64) {
+        if self.seqs.insert(msg_id.to_owned(), seq).is_none() {
+            self.order.push_back(msg_id.to_owned());
+            while self.order.len() > REORDER_MEMORY {
+                if let Some(old) = self.order.pop_front() {
+                    self.seqs.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -148,7 +184,7 @@ impl Shared {
 ///
 /// # Errors
 /// [`FederationError`].
-pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
+pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(), FederationError> {
     core::validate_node(&opts.node)?;
     let servers = core::servers(&opts.cluster);
     if servers.is_empty() {
@@ -205,7 +241,11 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
         published: AtomicU64::new(0),
         received: AtomicU64::new(0),
         cell,
+        inbox_ttl: opts.inbox_ttl,
+        nodes: RwLock::new(HashMap::new()),
+        pubacks: Mutex::new(PubAcks::default()),
     });
+    tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
     let (kv, consumer) = loop {
         match setup(&shared, &opts, &mut resume_from).await {
@@ -231,6 +271,8 @@ pub async fn run(opts: Options, cell: Cell) -> Result<(), FederationError> {
     };
     let (inbound_tx, inbound_rx) = mpsc::channel(1024);
     tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
+    let tool = Arc::new(tool);
+    tokio::spawn(serve_traces(shared.clone(), tool.clone()));
     manage(shared, opts, kv, tool, inbound_rx).await;
     Ok(())
 }
@@ -373,8 +415,26 @@ struct Inbound {
     msg: jetstream::Message,
 }
 
+/// What comes off this node's subject.
+enum Arrival {
+    /// A message to SEND here.
+    Message(Inbound),
+    /// A message sent from here failed on another node; its JetStream handle is acknowledged
+    /// once the failure is stored here.
+    Failure(core::Failure, jetstream::Message),
+}
+
+/// What a stand-in is handed.
+enum ToStandin {
+    /// A message its agent sent on its node: SEND it here.
+    Send(Inbound),
+    /// A message sent here to its agent failed on the agent's node: report the delivery to
+    /// the stand-in failed, so it is a dead letter here and its sender is told.
+    Fail(core::Failure, jetstream::Message),
+}
+
 /// Takes this node's messages off the stream, in order, and hands each to the manager.
-async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Inbound>) {
+async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Arrival>) {
     loop {
         let mut messages = match consumer
             .stream()
@@ -399,8 +459,9 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Inbou
                     break;
                 }
             };
-            let wire: Wire = match serde_json::from_slice(&msg.payload) {
-                Ok(w) => w,
+            let arrival = match serde_json::from_slice::<core::Record>(&msg.payload) {
+                Ok(core::Record::Message(wire)) => Arrival::Message(Inbound { wire, msg }),
+                Ok(core::Record::Failure { failure }) => Arrival::Failure(failure, msg),
                 Err(e) => {
                     // Nothing can ever make this message readable: it is terminated, and said.
                     tracing::error!(error = %e, "federation: unreadable message from NATS; dropped (term)");
@@ -410,7 +471,7 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Inbou
                     continue;
                 }
             };
-            if tx.send(Inbound { wire, msg }).await.is_err() {
+            if tx.send(arrival).await.is_err() {
                 return;
             }
         }
@@ -423,7 +484,7 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Inbou
 
 /// A running stand-in: its inbound queue and what it was started with.
 struct Standin {
-    tx: mpsc::Sender<Inbound>,
+    tx: mpsc::Sender<ToStandin>,
     node: String,
     topics: Vec<String>,
     task: tokio::task::JoinHandle<()>,
@@ -436,10 +497,9 @@ async fn manage(
     sh: Arc<Shared>,
     opts: Options,
     kv: kv::Store,
-    tool: Client,
-    mut inbound: mpsc::Receiver<Inbound>,
+    tool: Arc<Client>,
+    mut inbound: mpsc::Receiver<Arrival>,
 ) {
-    let tool = Arc::new(tool);
     let standins: Arc<tokio::sync::Mutex<HashMap<String, Standin>>> = Arc::default();
     // Client connections for tools of other nodes (never recipients, never holding a name).
     let mut tools: HashMap<String, Standin> = HashMap::new();
@@ -466,7 +526,15 @@ async fn manage(
         let mut ready = Vec::new();
         tokio::select! {
             m = inbound.recv() => {
-                let Some(m) = m else { return };
+                let m = match m {
+                    None => return,
+                    Some(Arrival::Message(m)) => m,
+                    Some(Arrival::Failure(f, msg)) => {
+                        // Not a message: no order to keep. To the stand-in of its recipient.
+                        route_failure(&sh, &opts, &standins, f, msg).await;
+                        continue;
+                    }
+                };
                 let sender = sender_key(&m.wire);
                 let check = reorder.check(&sender, &m.wire.id, m.wire.prev.as_deref());
                 match (check, m.wire.prev.clone()) {
@@ -553,11 +621,38 @@ async fn route(
         map.get(&from).map(|s| s.tx.clone())
     };
     if let Some(tx) = tx
-        && let Err(mpsc::error::SendError(m)) = tx.send(m).await
+        && let Err(mpsc::error::SendError(ToStandin::Send(m))) = tx.send(ToStandin::Send(m)).await
     {
         // The stand-in ended (its name is taken here): JetStream gives the message
         // again later.
         nak(&m.msg, "its sender's stand-in is not running").await;
+    }
+}
+
+/// Hands a failure on another node to the stand-in of its recipient (started if needed: its
+/// node is the failure's).
+async fn route_failure(
+    sh: &Arc<Shared>,
+    opts: &Options,
+    standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
+    f: core::Failure,
+    msg: jetstream::Message,
+) {
+    let tx = {
+        let mut map = standins.lock().await;
+        if map.get(&f.recipient).is_none_or(|s| s.task.is_finished()) {
+            map.insert(
+                f.recipient.clone(),
+                spawn_standin(sh, opts, &f.recipient, &f.node, Vec::new(), false),
+            );
+        }
+        map.get(&f.recipient).map(|s| s.tx.clone())
+    };
+    if let Some(tx) = tx
+        && let Err(mpsc::error::SendError(ToStandin::Fail(_, msg))) =
+            tx.send(ToStandin::Fail(f, msg)).await
+    {
+        nak(&msg, "its recipient's stand-in is not running").await;
     }
 }
 
@@ -692,6 +787,12 @@ async fn sync(
         *r = wanted.keys().map(|n| (*n).to_owned()).collect();
         r.extend(standins.keys().cloned());
     }
+    if let Ok(mut n) = sh.nodes.write() {
+        *n = wanted
+            .iter()
+            .map(|(name, e)| ((*name).to_owned(), e.node.clone()))
+            .collect();
+    }
     let remote = wanted
         .iter()
         .map(|(name, e)| RemoteAgent {
@@ -811,7 +912,7 @@ async fn standin(
     node: String,
     topics: Vec<String>,
     tool: bool,
-    mut inbound: mpsc::Receiver<Inbound>,
+    mut inbound: mpsc::Receiver<ToStandin>,
 ) {
     let mut cfg = if tool {
         // A tool of another node: a client connection, which never holds the name.
@@ -848,6 +949,7 @@ async fn standin(
         }
     }
     tracing::debug!(%name, %node, "federation: stand-in connected");
+    let ttl_ms = u64::try_from(sh.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
     // Publishes in flight, in delivery order: each resolves once JetStream has the message
     // (or it is refused), and the DELIVERs are acknowledged in that order.
     let mut inflight: FuturesOrdered<
@@ -869,6 +971,24 @@ async fn standin(
             ev = client.next_event(), if inflight.len() < PUBLISH_WINDOW => {
                 let Some(ev) = ev else { return };
                 if let Event::Message(d) = ev {
+                    // A dead letter here of a message this stand-in's agent sent from its
+                    // node: the relay's notice goes back to that node as a failure.
+                    let notice = core::Delivered {
+                        from: &d.from,
+                        id: &d.id,
+                        to: &d.to,
+                        topic: d.topic.as_deref(),
+                        payload: &d.payload,
+                        expires_at: None,
+                    };
+                    if !tool && let Some(f) = core::failure_of_notice(&sh.me, &name, notice) {
+                        let done = publish_failure(&sh, &node, f);
+                        inflight.push_back(Box::pin(async move {
+                            done.await;
+                            (d, None)
+                        }));
+                        continue;
+                    }
                     let remote = sh.is_remote(&d.from);
                     // A sender that is neither remote nor a known agent here: asked again
                     // (an agent's HELLO comes before its SENDs, so a fresh list has it).
@@ -898,6 +1018,7 @@ async fn standin(
                             to: &d.to,
                             topic: d.topic.as_deref(),
                             payload: &d.payload,
+                            expires_at: Some(d.ts.saturating_add(ttl_ms)),
                         },
                         remote,
                         sh.is_conflict(&d.from),
@@ -933,12 +1054,25 @@ async fn standin(
                 }
             }
             m = inbound.recv() => {
-                let Some(m) = m else { return };
+                let m = match m {
+                    None => return,
+                    Some(ToStandin::Send(m)) => m,
+                    Some(ToStandin::Fail(f, msg)) => {
+                        if !fail_here(&client, &name, &f).await {
+                            nak(&msg, "the failure is not stored here yet").await;
+                            return;
+                        }
+                        if let Err(e) = msg.double_ack().await {
+                            tracing::debug!(error = %e, "federation: ack to JetStream lost; the failure comes again and is stored once");
+                        }
+                        continue;
+                    }
+                };
                 let out = Outgoing {
                     id: Some(m.wire.id.clone()),
                     to: m.wire.to.clone(),
                     topic: m.wire.topic.clone(),
-                    payload: m.wire.payload.clone(),
+                    payload: m.wire.send_payload(),
                 };
                 match client.send_nowait(out).await {
                     Ok((_, receipt)) => {
@@ -953,19 +1087,26 @@ async fn standin(
                                         tracing::debug!(error = %e, "federation: ack to JetStream lost; the redelivery will be a duplicate here");
                                     }
                                 }
-                                Err(ClientError::Rejected { code: relay_protocol::NackCode::Forbidden, reason }) if tool => {
-                                    // A tool's name held by an agent here: only that agent
-                                    // speaks as it. Not stored, and said.
-                                    tracing::warn!(%reason, "federation: a tool's message from another node refused here: an agent of this node has its name");
-                                    if let Err(e) = m.msg.ack().await {
-                                        tracing::debug!(error = %e, "federation: ack to JetStream lost");
-                                    }
-                                }
                                 Err(ClientError::Rejected { code, reason }) => {
-                                    // Refused here by rules, budget or rate: a dead letter on
-                                    // this node with its reason, like a local SEND refused.
-                                    tracing::info!(?code, %reason, "federation: message from another node refused here (dead-lettered)");
-                                    if let Err(e) = m.msg.ack().await {
+                                    if tool && code == relay_protocol::NackCode::Forbidden {
+                                        // A tool's name held by an agent here: only that agent
+                                        // speaks as it. Not stored, and said.
+                                        tracing::warn!(%reason, "federation: a tool's message from another node refused here: an agent of this node has its name");
+                                    } else {
+                                        // Refused here by rules, budget or rate: a dead letter
+                                        // on this node with its reason, like a local SEND
+                                        // refused.
+                                        tracing::info!(?code, %reason, "federation: message from another node refused here (dead-lettered)");
+                                    }
+                                    // Its sender's node accepted it: it is told, and its copy
+                                    // there becomes a dead letter too. Acknowledged to
+                                    // JetStream only once that node has the failure; a crash
+                                    // before brings the message again, refused again, and the
+                                    // failure published again under the same id.
+                                    if let Some(f) = refused_failure(&sh.me, &m.wire, code, &reason) {
+                                        publish_failure(&sh, &m.wire.origin, f).await;
+                                    }
+                                    if let Err(e) = m.msg.double_ack().await {
                                         tracing::debug!(error = %e, "federation: ack to JetStream lost");
                                     }
                                 }
@@ -980,6 +1121,213 @@ async fn standin(
                 }
             }
         }
+    }
+}
+
+/// The failure to send back for a message this node refused at its SEND: only for a message
+/// to one agent (a broadcast's or topic message's copies are refused one by one, as locally,
+/// and their dead letters stay here).
+fn refused_failure(
+    me: &str,
+    w: &Wire,
+    code: relay_protocol::NackCode,
+    reason: &str,
+) -> Option<core::Failure> {
+    let to = w.to.as_deref().filter(|t| *t != "*" && w.topic.is_none())?;
+    let code = serde_json::to_value(code)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "refused".into());
+    Some(core::Failure {
+        node: me.to_owned(),
+        from: w.from.clone(),
+        id: w.id.clone(),
+        recipient: to.to_owned(),
+        code,
+        reason: reason.to_owned(),
+    })
+}
+
+/// Publishes a failure to `node` (the sender's) until JetStream has it.
+fn publish_failure(
+    sh: &Arc<Shared>,
+    node: &str,
+    f: core::Failure,
+) -> futures_util::future::BoxFuture<'static, ()> {
+    let sh = sh.clone();
+    let subject = core::subject(node);
+    let msg_id = core::failure_msg_id(&f, node);
+    Box::pin(async move {
+        let body = match serde_json::to_vec(&core::Record::Failure { failure: f }) {
+            Ok(b) => bytes::Bytes::from(b),
+            Err(e) => {
+                tracing::error!(error = %e, "federation: cannot encode a failure; its sender's node is not told");
+                return;
+            }
+        };
+        let first = start_publish(&sh, &subject, &msg_id, body.clone()).await;
+        publish(&sh, &subject, &msg_id, body, first).await;
+    })
+}
+
+/// Stores here a failure on another node: the stand-in `name` (its recipient) reports the
+/// delivery failed, with the far node's reason; true once the local store has it (the trace
+/// asked after the report is answered after it is committed, and shows it).
+async fn fail_here(client: &Client, name: &str, f: &core::Failure) -> bool {
+    if let Err(e) = client.fail(&f.id, &f.reason_here()).await {
+        tracing::debug!(error = %e, "federation: cannot report a failure");
+        return false;
+    }
+    match client.query(QueryRequest::Trace { id: f.id.clone() }).await {
+        Ok(QueryResult::Trace { trace }) => {
+            trace.events.iter().any(|e| {
+                e.recipient.as_deref() == Some(name)
+                    && e.state == relay_protocol::query::TraceState::Failed
+            }) || {
+                // No delivery of it to this agent here (forgotten, or never sent from here):
+                // nothing to fail, and nothing to wait for.
+                !trace
+                    .events
+                    .iter()
+                    .any(|e| e.recipient.as_deref() == Some(name))
+            }
+        }
+        Ok(QueryResult::Error { code, message }) if code == "not_found" => {
+            tracing::warn!(id = %f.id, %message, "federation: a failure on another node for a message not stored here");
+            true
+        }
+        Ok(other) => {
+            tracing::debug!(
+                ?other,
+                "federation: unexpected answer while storing a failure"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "federation: cannot check a failure was stored");
+            false
+        }
+    }
+}
+
+/// How long a trace waits for another node's link.
+const FAR_TRACE_WAIT: Duration = Duration::from_secs(2);
+
+/// Completes the daemon's traces with the legs on other nodes: each node a recipient is on is
+/// asked over NATS (request/reply, all at once); what does not answer in time is said.
+async fn answer_traces(sh: Arc<Shared>, mut traces: TraceRequests) {
+    while let Some((trace, reply)) = traces.recv().await {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let nodes = sh.nodes.read().map(|n| n.clone()).unwrap_or_default();
+            let far = core::far_nodes(&trace, &nodes);
+            let ask = core::TraceAsk {
+                from: trace.from.clone(),
+                id: trace.id.clone(),
+            };
+            let asks = far.iter().map(|node| {
+                let (sh, ask, node) = (sh.clone(), ask.clone(), node.clone());
+                async move {
+                    let answer = ask_trace(&sh, &node, &ask).await;
+                    (node, answer)
+                }
+            });
+            let answers = futures_util::future::join_all(asks).await;
+            let seqs = match sh.pubacks.lock() {
+                Ok(p) => far
+                    .iter()
+                    .filter_map(|node| {
+                        let id = core::msg_id(&trace.from, &trace.id, node);
+                        p.seqs.get(&id).map(|s| (node.clone(), *s))
+                    })
+                    .collect(),
+                Err(_) => BTreeMap::new(),
+            };
+            let merged = core::merge_trace(trace, &nodes, &seqs, answers);
+            if reply.send(merged).is_err() {
+                tracing::debug!("federation: the trace's asker is gone");
+            }
+        });
+    }
+}
+
+/// Asks `node`'s link for its story of a message.
+async fn ask_trace(sh: &Shared, node: &str, ask: &core::TraceAsk) -> Result<TraceRecord, String> {
+    let body = serde_json::to_vec(ask).map_err(|e| e.to_string())?;
+    let answer = tokio::time::timeout(
+        FAR_TRACE_WAIT,
+        sh.client.request(core::trace_subject(node), body.into()),
+    )
+    .await
+    .map_err(|_| format!("no answer within {} s", FAR_TRACE_WAIT.as_secs()))?
+    .map_err(|e| e.to_string())?;
+    let answer: core::TraceAnswer =
+        serde_json::from_slice(&answer.payload).map_err(|e| format!("unreadable answer: {e}"))?;
+    match (answer.trace, answer.error) {
+        (Some(t), _) => Ok(t),
+        (None, e) => Err(e.unwrap_or_else(|| "no trace".into())),
+    }
+}
+
+/// Answers other links' trace questions about messages from their agents: this relay's trace
+/// of the message, if it is the one that sender sent.
+async fn serve_traces(sh: Arc<Shared>, tool: Arc<Client>) {
+    loop {
+        let mut questions = match sh.client.subscribe(core::trace_subject(&sh.me)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "federation: cannot take trace questions yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        while let Some(q) = questions.next().await {
+            let Some(to) = q.reply.clone() else { continue };
+            let (sh, tool) = (sh.clone(), tool.clone());
+            tokio::spawn(async move {
+                let answer = match serde_json::from_slice::<core::TraceAsk>(&q.payload) {
+                    Ok(ask) => match tool.query(QueryRequest::Trace { id: ask.id.clone() }).await {
+                        Ok(QueryResult::Trace { trace }) if trace.from == ask.from => {
+                            core::TraceAnswer {
+                                trace: Some(trace),
+                                error: None,
+                            }
+                        }
+                        Ok(QueryResult::Trace { trace }) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(format!(
+                                "its id is another sender's here ({})",
+                                trace.from
+                            )),
+                        },
+                        Ok(QueryResult::Error { message, .. }) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(message),
+                        },
+                        Ok(_) => core::TraceAnswer::default(),
+                        Err(e) => core::TraceAnswer {
+                            trace: None,
+                            error: Some(format!("its relay did not answer: {e}")),
+                        },
+                    },
+                    Err(e) => core::TraceAnswer {
+                        trace: None,
+                        error: Some(format!("unreadable question: {e}")),
+                    },
+                };
+                match serde_json::to_vec(&answer) {
+                    Ok(body) => {
+                        if let Err(e) = sh.client.publish(to, body.into()).await {
+                            tracing::debug!(error = %e, "federation: trace answer not sent");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "federation: cannot encode a trace answer")
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -1018,8 +1366,11 @@ async fn publish(
             Err(e) => Err(e),
         };
         match result {
-            Ok(_) => {
+            Ok(ack) => {
                 sh.published.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut p) = sh.pubacks.lock() {
+                    p.insert(msg_id, ack.sequence);
+                }
                 return;
             }
             Err(e) => {

@@ -333,6 +333,9 @@ pub enum TraceState {
     DeadLettered,
     /// Taken out of the dead-letter queue by `agent-relay dlq retry`.
     Retried,
+    /// Federation: published to another node through NATS (JetStream's PubAck came back).
+    /// Never stored: `trace` shows it in place of a stand-in's acknowledgement.
+    Published,
 }
 
 impl TraceState {
@@ -349,6 +352,7 @@ impl TraceState {
             Self::Rejected => 7,
             Self::DeadLettered => 8,
             Self::Retried => 9,
+            Self::Published => 10,
         }
     }
 
@@ -365,6 +369,7 @@ impl TraceState {
             7 => Self::Rejected,
             8 => Self::DeadLettered,
             9 => Self::Retried,
+            10 => Self::Published,
             _ => return None,
         })
     }
@@ -382,6 +387,7 @@ impl TraceState {
             Self::Rejected => "rejected",
             Self::DeadLettered => "dead_lettered",
             Self::Retried => "retried",
+            Self::Published => "published",
         }
     }
 }

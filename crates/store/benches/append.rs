@@ -44,6 +44,7 @@ fn batch(next_id: &Cell<u64>, n: usize, ack_through: i64) -> Vec<WriteOp> {
             },
             session_id: Some("01JSESSION0000000000000000".into()),
             recipients: vec![Recipient { name: to }],
+            queued_at: None,
         }));
     }
     for r in 0..RECIPIENTS {
@@ -205,6 +206,7 @@ impl RealLoad {
                 },
                 session_id: Some(self.sessions[s as usize].clone()),
                 recipients: vec![Recipient { name: to }],
+                queued_at: None,
             }));
         }
         if ack {

@@ -57,6 +57,7 @@ fn main() {
                 },
                 session_id: Some("01JSESSION0000000000000000".into()),
                 recipients: vec![Recipient { name: to }],
+                queued_at: None,
             }));
         }
         for r in 0..RECIPIENTS {

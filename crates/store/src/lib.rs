@@ -86,6 +86,10 @@ pub struct NewMessage {
     pub session_id: Option<String>,
     /// Who gets a copy; may be empty (a broadcast nobody hears is still stored).
     pub recipients: Vec<Recipient>,
+    /// When its deliveries count as queued (Unix ms), if earlier than now: a message from
+    /// another node of a federation was accepted there first, and its time to live runs from
+    /// then (docs/FEDERATION.md). `None`: now.
+    pub queued_at: Option<u64>,
 }
 
 /// A message as stored, shared by every recipient's delivery.
@@ -159,6 +163,8 @@ pub enum WriteOp {
         pos: i64,
         /// New status.
         status: DeliveryStatus,
+        /// Why, for a failure (the recipient's NACK reason): the dead letter's reason.
+        reason: Option<String>,
     },
     /// Like [`WriteOp::SetStatus`], for the newest message with id `msg_id` that has a
     /// delivery to `recipient` (a later state reported after the message was acknowledged,
@@ -170,6 +176,8 @@ pub enum WriteOp {
         msg_id: String,
         /// New status.
         status: DeliveryStatus,
+        /// Why, for a failure (the recipient's NACK reason): the dead letter's reason.
+        reason: Option<String>,
     },
     /// An agent connected (creates it on first sight).
     AgentConnected {

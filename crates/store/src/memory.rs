@@ -121,6 +121,43 @@ impl MemoryStore {
         record(&m.message, deliveries)
     }
 
+    /// [`WriteOp::SetStatus`] (and [`WriteOp::MarkById`], with the recipient's reason).
+    fn set_status(
+        &mut self,
+        recipient: &str,
+        pos: i64,
+        status: DeliveryStatus,
+        reason: Option<&str>,
+        now: u64,
+    ) -> WriteResult {
+        let cursor = self.cursor(recipient);
+        let mut old = None;
+        if let Some(d) = self
+            .deliveries
+            .get_mut(recipient)
+            .and_then(|ds| ds.get_mut(&pos))
+        {
+            // As in the SQLite store: a state already recorded is not recorded again,
+            // and an acknowledgement never overwrites.
+            if status != DeliveryStatus::Queued && d.status == status {
+                return WriteResult::Done;
+            }
+            if status == DeliveryStatus::Acked && d.status != DeliveryStatus::Queued {
+                return WriteResult::Done;
+            }
+            old = Some((d.status, d.updated_at));
+            d.status = status;
+            d.updated_at = Some(now);
+            if status == DeliveryStatus::Queued && pos <= cursor {
+                self.cursors.insert(recipient.to_owned(), pos - 1);
+            }
+        }
+        match old {
+            Some(old) => self.status_changed(pos, recipient, old, status, reason, now),
+            None => WriteResult::Done,
+        }
+    }
+
     fn append(&mut self, m: &NewMessage, now: u64) -> AppendOutcome {
         let key = (m.id.clone(), m.from.clone());
         if let Some(&pos) = self.by_id.get(&key) {
@@ -147,7 +184,7 @@ impl MemoryStore {
                     seq,
                     status: DeliveryStatus::Queued,
                     attempts: 0,
-                    queued_at: now,
+                    queued_at: m.queued_at.map_or(now, |q| q.min(now)),
                     updated_at: None,
                 },
             );
@@ -217,30 +254,8 @@ impl MemoryStore {
                 recipient,
                 pos,
                 status,
-            } => {
-                let cursor = self.cursor(recipient);
-                let mut old = None;
-                if let Some(d) = self
-                    .deliveries
-                    .get_mut(recipient)
-                    .and_then(|ds| ds.get_mut(pos))
-                {
-                    // As in the SQLite store: an acknowledgement never overwrites.
-                    if *status == DeliveryStatus::Acked && d.status != DeliveryStatus::Queued {
-                        return WriteResult::Done;
-                    }
-                    old = Some((d.status, d.updated_at));
-                    d.status = *status;
-                    d.updated_at = Some(now);
-                    if *status == DeliveryStatus::Queued && *pos <= cursor {
-                        self.cursors.insert(recipient.clone(), pos - 1);
-                    }
-                }
-                match old {
-                    Some(old) => self.status_changed(*pos, recipient, old, *status, now),
-                    None => WriteResult::Done,
-                }
-            }
+                reason,
+            } => self.set_status(recipient, *pos, *status, reason.as_deref(), now),
             WriteOp::AgentConnected {
                 name,
                 cli,
@@ -342,6 +357,7 @@ impl MemoryStore {
                 recipient,
                 msg_id,
                 status,
+                reason,
             } => {
                 let lo = (msg_id.clone(), String::new());
                 let pos = self
@@ -356,14 +372,7 @@ impl MemoryStore {
                     })
                     .max();
                 match pos {
-                    Some(pos) => self.apply(
-                        &WriteOp::SetStatus {
-                            recipient: recipient.clone(),
-                            pos,
-                            status: *status,
-                        },
-                        now,
-                    ),
+                    Some(pos) => self.set_status(recipient, pos, *status, reason.as_deref(), now),
                     None => WriteResult::Done,
                 }
             }

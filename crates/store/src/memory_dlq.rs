@@ -92,6 +92,7 @@ impl MemoryStore {
         recipient: &str,
         old: (DeliveryStatus, Option<u64>),
         status: DeliveryStatus,
+        reason: Option<&str>,
         now: u64,
     ) -> WriteResult {
         if let (DeliveryStatus::Acked, Some(at)) = old
@@ -108,6 +109,7 @@ impl MemoryStore {
         let Some((state, detail)) = crate::common::status_event(status) else {
             return WriteResult::Done;
         };
+        let detail = reason.unwrap_or(detail);
         self.event(pos, recipient, now, state, detail);
         if status == DeliveryStatus::Failed {
             return WriteResult::DeadLettered(

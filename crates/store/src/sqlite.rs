@@ -973,55 +973,8 @@ impl Batch<'_> {
                 recipient,
                 pos,
                 status,
-            } => {
-                let Some(rid) = self.names.get(recipient) else {
-                    return Ok(WriteResult::Done);
-                };
-                let old: Option<(i64, i64)> = tx
-                    .prepare_cached(
-                        "SELECT status, updated_at FROM deliveries WHERE msg = ?1 AND recipient = ?2",
-                    )?
-                    .query_row(params![pos, rid], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                // An acknowledgement only acknowledges what waits: it never overwrites a
-                // later state (or the time of an earlier acknowledgement).
-                if *status == DeliveryStatus::Acked
-                    && old.is_some_and(|(s, _)| s != DeliveryStatus::Queued.code())
-                {
-                    return Ok(WriteResult::Done);
-                }
-                let queued_at: Option<i64> = tx
-                    .prepare_cached(
-                        "UPDATE deliveries SET status = ?1, updated_at = ?2
-                         WHERE msg = ?3 AND recipient = ?4 RETURNING queued_at",
-                    )?
-                    .query_row(params![status.code(), now, pos, rid], |r| r.get(0))
-                    .optional()?;
-                let mut result = WriteResult::Done;
-                if let (Some(old), Some(_)) = (old, queued_at) {
-                    self.moved(old.0, status.code());
-                    result = self.status_changed(*pos, rid, recipient, old, *status)?;
-                }
-                if let Some(queued_at) = queued_at {
-                    let q = self.queued.entry(rid).or_default();
-                    let i = q.partition_point(|w| w.pos < *pos);
-                    let listed = q.get(i).is_some_and(|w| w.pos == *pos);
-                    if *status == DeliveryStatus::Queued {
-                        if !listed {
-                            q.insert(
-                                i,
-                                Waiting {
-                                    pos: *pos,
-                                    queued_at,
-                                },
-                            );
-                        }
-                    } else if listed {
-                        q.remove(i);
-                    }
-                }
-                Ok(result)
-            }
+                reason,
+            } => self.set_status(recipient, *pos, *status, reason.as_deref()),
             WriteOp::AgentConnected {
                 name,
                 cli,
@@ -1119,6 +1072,7 @@ impl Batch<'_> {
                 recipient,
                 msg_id,
                 status,
+                reason,
             } => {
                 let Some(rid) = self.names.get(recipient) else {
                     return Ok(WriteResult::Done);
@@ -1132,11 +1086,7 @@ impl Batch<'_> {
                     .query_row(params![msg_id, rid], |r| r.get(0))
                     .optional()?;
                 match pos {
-                    Some(pos) => self.apply(&WriteOp::SetStatus {
-                        recipient: recipient.clone(),
-                        pos,
-                        status: *status,
-                    }),
+                    Some(pos) => self.set_status(recipient, pos, *status, reason.as_deref()),
                     None => Ok(WriteResult::Done),
                 }
             }
@@ -1149,6 +1099,64 @@ impl Batch<'_> {
                 Ok(WriteResult::Forgot(name.clone()))
             }
         }
+    }
+
+    /// [`WriteOp::SetStatus`] (and [`WriteOp::MarkById`], with the recipient's reason).
+    fn set_status(
+        &mut self,
+        recipient: &str,
+        pos: i64,
+        status: DeliveryStatus,
+        reason: Option<&str>,
+    ) -> Result<WriteResult, StoreError> {
+        let tx = self.tx;
+        let now = self.now;
+        let Some(rid) = self.names.get(recipient) else {
+            return Ok(WriteResult::Done);
+        };
+        let old: Option<(i64, i64)> = tx
+            .prepare_cached(
+                "SELECT status, updated_at FROM deliveries WHERE msg = ?1 AND recipient = ?2",
+            )?
+            .query_row(params![pos, rid], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        // A state already recorded is not recorded again: a report that comes twice
+        // (a federation's failure from another node, redelivered) is one dead letter.
+        if status != DeliveryStatus::Queued && old.is_some_and(|(s, _)| s == status.code()) {
+            return Ok(WriteResult::Done);
+        }
+        // An acknowledgement only acknowledges what waits: it never overwrites a
+        // later state (or the time of an earlier acknowledgement).
+        if status == DeliveryStatus::Acked
+            && old.is_some_and(|(s, _)| s != DeliveryStatus::Queued.code())
+        {
+            return Ok(WriteResult::Done);
+        }
+        let queued_at: Option<i64> = tx
+            .prepare_cached(
+                "UPDATE deliveries SET status = ?1, updated_at = ?2
+                         WHERE msg = ?3 AND recipient = ?4 RETURNING queued_at",
+            )?
+            .query_row(params![status.code(), now, pos, rid], |r| r.get(0))
+            .optional()?;
+        let mut result = WriteResult::Done;
+        if let (Some(old), Some(_)) = (old, queued_at) {
+            self.moved(old.0, status.code());
+            result = self.status_changed(pos, rid, recipient, old, status, reason)?;
+        }
+        if let Some(queued_at) = queued_at {
+            let q = self.queued.entry(rid).or_default();
+            let i = q.partition_point(|w| w.pos < pos);
+            let listed = q.get(i).is_some_and(|w| w.pos == pos);
+            if status == DeliveryStatus::Queued {
+                if !listed {
+                    q.insert(i, Waiting { pos, queued_at });
+                }
+            } else if listed {
+                q.remove(i);
+            }
+        }
+        Ok(result)
     }
 
     fn append(&mut self, m: &NewMessage) -> Result<AppendOutcome, StoreError> {
@@ -1205,6 +1213,8 @@ impl Batch<'_> {
             None | Some("") => NO_TOPIC,
             Some(t) => self.intern(t)?,
         };
+        // A message from another node counts as queued since its acceptance there.
+        let queued_at = m.queued_at.map_or(self.now, |q| to_i64(q).min(self.now));
         let mut seqs = Vec::with_capacity(m.recipients.len());
         for (i, r) in m.recipients.iter().enumerate() {
             if let Some(j) = earlier_duplicate(&m.recipients, i) {
@@ -1214,13 +1224,13 @@ impl Batch<'_> {
             let rid = self.intern(&r.name)?;
             let seq = self.next_seq((rid, topic, sender));
             self.insert_delivery
-                .execute(params![rid, pos, to_i64(seq), 0i64, self.now])?;
+                .execute(params![rid, pos, to_i64(seq), 0i64, queued_at])?;
             self.by_state[0] += 1;
             // Positions only grow (messages are never deleted), so this keeps the list sorted.
-            self.queued.entry(rid).or_default().push_back(Waiting {
-                pos,
-                queued_at: self.now,
-            });
+            self.queued
+                .entry(rid)
+                .or_default()
+                .push_back(Waiting { pos, queued_at });
             seqs.push(seq);
         }
         let message = Arc::new(StoredMessage {
@@ -1646,6 +1656,7 @@ mod tests {
             recipient: r.into(),
             pos,
             status,
+            reason: None,
         };
         s.write_batch(
             &[
@@ -1812,6 +1823,7 @@ mod tests {
             recipient: "bob".into(),
             pos: 2,
             status: DeliveryStatus::Queued,
+            reason: None,
         };
         s.write_batch(&[requeue], 11).unwrap();
         let mut s = b.reopen(s);
@@ -1857,6 +1869,7 @@ mod tests {
             recipient: "bob".into(),
             pos,
             status,
+            reason: None,
         };
         s.write_batch(&[set(2, DeliveryStatus::Failed), ack(1)], 10)
             .unwrap();

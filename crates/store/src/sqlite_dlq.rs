@@ -120,6 +120,7 @@ impl Batch<'_> {
         recipient: &str,
         old: (i64, i64),
         status: DeliveryStatus,
+        reason: Option<&str>,
     ) -> Result<WriteResult, StoreError> {
         let (old_status, old_updated) = old;
         if old_status == DeliveryStatus::Acked.code()
@@ -137,6 +138,7 @@ impl Batch<'_> {
         let Some((state, detail)) = crate::common::status_event(status) else {
             return Ok(WriteResult::Done);
         };
+        let detail = reason.unwrap_or(detail);
         self.event(pos, rid, self.now, state, detail)?;
         if status == DeliveryStatus::Failed {
             let notice = self.dead_letter(pos, recipient, "failed", detail)?;
@@ -230,6 +232,7 @@ impl Batch<'_> {
                 payload: refused.payload,
                 session_id: None,
                 recipients: Vec::new(),
+                queued_at: None,
             };
             return Ok(retried(RetryOutcome::Resend { message, entry }));
         };

@@ -80,6 +80,7 @@ pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMes
         },
         session_id: Some("sess".into()),
         recipients: recipients.iter().map(|r| rcpt(r)).collect(),
+        queued_at: None,
     }
 }
 
@@ -414,17 +415,20 @@ fn set_status<B: Backend>(mut b: B) {
                     recipient: "bob".into(),
                     pos: p2,
                     status: DeliveryStatus::Failed,
+                    reason: None,
                 },
                 // Unknown rows: no error, no effect.
                 WriteOp::SetStatus {
                     recipient: "bob".into(),
                     pos: 999,
                     status: DeliveryStatus::Acked,
+                    reason: None,
                 },
                 WriteOp::SetStatus {
                     recipient: "zed".into(),
                     pos: p1,
                     status: DeliveryStatus::Acked,
+                    reason: None,
                 },
             ],
             7,
@@ -451,6 +455,7 @@ fn set_status<B: Backend>(mut b: B) {
             recipient: "bob".into(),
             pos: p1,
             status: DeliveryStatus::Verified,
+            reason: None,
         }],
         9,
     )
@@ -464,6 +469,7 @@ fn set_status<B: Backend>(mut b: B) {
             recipient: "bob".into(),
             pos: p1,
             status: DeliveryStatus::Queued,
+            reason: None,
         }],
         10,
     )
@@ -920,6 +926,48 @@ fn urgent_survives_reopen<B: Backend>(mut b: B) {
     assert_eq!(marks, vec![("u1", true), ("n1", false)]);
 }
 
+/// A failure reported after the acknowledgement (a federation's stand-in reporting a dead
+/// letter on another node) keeps its reason, and reported again it is not a second dead
+/// letter; a message from another node counts as queued since its acceptance there.
+fn a_late_failure_keeps_its_reason_and_counts_once<B: Backend>(mut b: B) {
+    let mut s = b.open();
+    let (p1, _) = put(&mut s, msg("far-1", "alice", "bob", &["bob"]), 10);
+    s.write_batch(&[ack("bob", p1)], 11).unwrap();
+    let fail = WriteOp::MarkById {
+        recipient: "bob".into(),
+        msg_id: "far-1".into(),
+        status: DeliveryStatus::Failed,
+        reason: Some("not delivered on node n2 (expired): gone".into()),
+    };
+    let res = s.write_batch(&[fail.clone()], 12).unwrap();
+    match &res[0] {
+        WriteResult::DeadLettered(n) => {
+            assert_eq!(n.len(), 1);
+            assert_eq!(n[0].reason, "not delivered on node n2 (expired): gone");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.write_batch(&[fail], 13).unwrap(), vec![WriteResult::Done]);
+    assert_eq!(s.dead_letters(true, 10).unwrap().len(), 1);
+    // Queued since its acceptance on its origin node: the expiry sweep counts from then.
+    let mut far = msg("far-2", "alice", "carol", &["carol"]);
+    far.queued_at = Some(5);
+    put(&mut s, far, 20);
+    match &s
+        .write_batch(
+            &[WriteOp::Expire {
+                queued_before: 6,
+                except: vec![],
+            }],
+            21,
+        )
+        .unwrap()[0]
+    {
+        WriteResult::Expired(n) => assert_eq!(n.len(), 1, "{n:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 macro_rules! for_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -977,11 +1025,13 @@ fn trace_and_dead_letters<B: Backend>(mut b: B) {
                     recipient: "bob".into(),
                     msg_id: "ok-1".into(),
                     status: DeliveryStatus::Verified,
+                    reason: None,
                 },
                 WriteOp::SetStatus {
                     recipient: "bob".into(),
                     pos: p2,
                     status: DeliveryStatus::Failed,
+                    reason: None,
                 },
             ],
             13,
@@ -1217,6 +1267,7 @@ for_both!(
     agents_and_subscriptions,
     empty_store,
     urgent_survives_reopen,
+    a_late_failure_keeps_its_reason_and_counts_once,
 );
 
 #[test]

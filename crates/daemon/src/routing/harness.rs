@@ -260,13 +260,13 @@ impl World {
 
     pub(super) fn ack(&mut self, conn: u64, id: &str, state: Option<DeliveryState>) {
         let now = self.now();
-        self.core.on_ack(conn, id, None, state, false, now);
+        self.core.on_ack(conn, id, None, state, false, None, now);
         self.settle();
     }
 
     pub(super) fn ack_through(&mut self, conn: u64, id: &str) {
         let now = self.now();
-        self.core.on_ack(conn, id, None, None, true, now);
+        self.core.on_ack(conn, id, None, None, true, None, now);
         self.settle();
     }
 

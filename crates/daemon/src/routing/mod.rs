@@ -819,6 +819,7 @@ impl Core {
                     payload,
                     session_id,
                     recipients: Vec::new(),
+                    queued_at: None,
                 };
                 let code = serde_json::to_value(code)
                     .ok()
@@ -882,6 +883,7 @@ impl Core {
                     payload: payload.clone(),
                     session_id: session_id.clone(),
                     recipients: Vec::new(),
+                    queued_at: None,
                 };
                 self.store(StoreCmd::Write(
                     WriteOp::Reject {
@@ -910,10 +912,24 @@ impl Core {
             .in_reply_to
             .as_deref()
             .map_or(0, |parent| self.hops.reply_hops(parent));
-        let budget = (hops > 0).then_some(Budget {
+        // A stand-in's SEND (a message from another node of a federation) carries when the
+        // message expires there: its time to live runs from its acceptance on its origin node,
+        // not again from now (time spent in an outbox while NATS was away counts).
+        let expires_at = payload
+            .budget
+            .as_ref()
+            .and_then(|b| b.expires_at)
+            .filter(|_| {
+                self.conns
+                    .get(&conn_id)
+                    .is_some_and(|c| c.remote_node.is_some())
+            });
+        let ttl = u64::try_from(self.cfg.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
+        let queued_at = expires_at.map(|e| e.saturating_sub(ttl));
+        let budget = (hops > 0 || expires_at.is_some()).then_some(Budget {
             hops,
             max_hops: self.cfg.max_hops,
-            expires_at: None,
+            expires_at,
         });
         if payload.budget != budget {
             payload.budget = budget;
@@ -949,6 +965,7 @@ impl Core {
                 .iter()
                 .map(|n| Recipient { name: n.clone() })
                 .collect(),
+            queued_at,
         };
         if let Some((code, word, reason)) = refusal {
             tracing::info!(from = %new.from, to = %new.to, id = %id, code = word, "SEND refused; dead-lettered");
@@ -1044,6 +1061,7 @@ impl Core {
                 recipients: vec![Recipient {
                     name: n.from.clone(),
                 }],
+                queued_at: None,
             };
             self.store(StoreCmd::Write(
                 WriteOp::Append(new),
@@ -1293,6 +1311,14 @@ impl Core {
     }
 
     /// Queues a frame to connection `conn_id` (closing it if its queue is full).
+    /// Where to write frames for connection `conn_id` from another task (an answer that
+    /// waits for something else, like the far legs of a trace).
+    pub(crate) fn outbound(&self, conn_id: u64) -> Option<(mpsc::Sender<Outbound>, Killer)> {
+        self.conns
+            .get(&conn_id)
+            .map(|c| (c.tx.clone(), c.killer.clone()))
+    }
+
     pub(crate) fn send_to(&self, conn_id: u64, out: Outbound) {
         if let Some(conn) = self.conns.get(&conn_id) {
             send_or_kill(&conn.tx, &conn.killer, out);
@@ -1614,6 +1640,8 @@ impl Core {
     }
 
     /// An ACK (or, as `state: failed`, a NACK) of a DELIVER from connection `conn_id`.
+    /// `reason`: a NACK's, kept as the dead letter's reason.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_ack(
         &mut self,
         conn_id: u64,
@@ -1621,14 +1649,21 @@ impl Core {
         seq: Option<u64>,
         state: Option<DeliveryState>,
         cumulative: bool,
+        reason: Option<String>,
         now: Now,
     ) {
         self.now = now;
+        // A federation's stand-in reports failures on another node (a dead letter there), not
+        // a recipient that cannot take messages: they never pause its deliveries.
+        let standin = self
+            .conns
+            .get(&conn_id)
+            .is_some_and(|c| c.remote_node.is_some());
         let Some((name, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
             return;
         };
         let failed = state == Some(DeliveryState::Failed);
-        let opened = if failed {
+        let opened = if failed && !standin {
             on.failed(
                 self.cfg.breaker_failures,
                 self.cfg.breaker_cooldown,
@@ -1664,6 +1699,7 @@ impl Core {
                         recipient: name.clone(),
                         msg_id: ack_id.to_owned(),
                         status: DeliveryStatus::Acked,
+                        reason: None,
                     },
                     WriteCtx::None,
                 ));
@@ -1673,6 +1709,7 @@ impl Core {
                     recipient: name,
                     msg_id: ack_id.to_owned(),
                     status,
+                    reason,
                 },
                 WriteCtx::Notify,
             ));
@@ -1720,6 +1757,7 @@ impl Core {
                     recipient: name.clone(),
                     pos,
                     status,
+                    reason: reason.filter(|_| status == DeliveryStatus::Failed),
                 },
                 WriteCtx::Notify,
             ));
@@ -1769,6 +1807,7 @@ impl Core {
                     recipient: name.clone(),
                     pos,
                     status: DeliveryStatus::Acked,
+                    reason: None,
                 },
                 WriteCtx::None,
             ));
@@ -1991,7 +2030,7 @@ fn delivered_event(
 }
 
 /// Queues a control frame; a connection whose queue is full does not read and is closed.
-fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
+pub(crate) fn send_or_kill(tx: &mpsc::Sender<Outbound>, killer: &Killer, out: Outbound) {
     if tx.try_send(out).is_err() {
         killer.kill(
             ErrorCode::SlowConsumer,
