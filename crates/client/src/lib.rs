@@ -252,6 +252,8 @@ enum Cmd {
         id: String,
         seq: u64,
         state: Option<DeliveryState>,
+        /// With a failed state: why.
+        reason: Option<String>,
     },
     /// How the agent's terminal looks now (a wrapper's report, sent in PONGs).
     Terminal(TerminalReport),
@@ -446,6 +448,26 @@ impl Client {
                 id: msg.id.clone(),
                 seq: msg.seq,
                 state,
+                reason: None,
+            })
+            .await
+            .map_err(|_| ClientError::Closed)
+    }
+
+    /// Acknowledges a delivered message as failed, saying why: it could not be handed to the
+    /// agent. The daemon dead-letters it with `reason` and tells its sender (like
+    /// [`Client::ack`] with a failed state, which gives no reason).
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`].
+    pub async fn ack_failed(&self, msg: &Delivered, reason: &str) -> Result<(), ClientError> {
+        self.cmds
+            .send(Cmd::Ack {
+                from: msg.from.clone(),
+                id: msg.id.clone(),
+                seq: msg.seq,
+                state: Some(DeliveryState::Failed),
+                reason: Some(reason.to_owned()),
             })
             .await
             .map_err(|_| ClientError::Closed)
@@ -1011,7 +1033,8 @@ impl Driver {
                 id,
                 seq,
                 state,
-            } => self.on_app_ack(&from, id, seq, state, out),
+                reason,
+            } => self.on_app_ack(&from, id, seq, state, reason, out),
             Cmd::Terminal(report) => {
                 self.terminal = Some(report);
                 self.pong(out, None);
@@ -1037,6 +1060,7 @@ impl Driver {
         id: String,
         seq: u64,
         state: Option<DeliveryState>,
+        reason: Option<String>,
         out: &mut Vec<u8>,
     ) {
         if self.cfg.dedupe {
@@ -1054,6 +1078,7 @@ impl Driver {
                 recipients: None,
                 state,
                 cumulative: false,
+                reason,
             };
             Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
             if let Some(u) = at.and_then(|i| self.unacked.get_mut(i)) {
@@ -1086,6 +1111,7 @@ impl Driver {
                 recipients: None,
                 state: None,
                 cumulative: true,
+                reason: None,
             };
             Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
         }
@@ -1155,6 +1181,7 @@ impl Driver {
                             recipients: None,
                             state: None,
                             cumulative: false,
+                            reason: None,
                         };
                         Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
                         return Ok(());
@@ -1279,7 +1306,7 @@ mod tests {
         let mut d = driver();
         let mut out = Vec::new();
         for i in 1..=3 {
-            d.on_app_ack("A", format!("m{i}"), i, None, &mut out);
+            d.on_app_ack("A", format!("m{i}"), i, None, None, &mut out);
         }
         assert!(out.is_empty(), "nothing written until the batch is flushed");
         d.flush_acks(&mut out);
@@ -1291,16 +1318,42 @@ mod tests {
     fn out_of_order_and_explicit_states_are_reported_at_once() {
         let mut d = driver();
         let mut out = Vec::new();
-        d.on_app_ack("A", "m3".into(), 3, None, &mut out);
-        d.on_app_ack("A", "m2".into(), 2, Some(DeliveryState::Failed), &mut out);
+        d.on_app_ack("A", "m3".into(), 3, None, None, &mut out);
+        d.on_app_ack(
+            "A",
+            "m2".into(),
+            2,
+            Some(DeliveryState::Failed),
+            Some("stuck in the input line".into()),
+            &mut out,
+        );
         assert_eq!(
             acks(&out),
             vec![("m3".to_owned(), false), ("m2".to_owned(), false)]
         );
+        // The failure goes with its reason.
+        let mut buf = BytesMut::from(&out[..]);
+        let mut reasons = Vec::new();
+        while let Some(n) = frame_len(&buf, MAX_FRAME_BYTES).unwrap() {
+            if let Payload::Ack(a) = Envelope::from_json(&buf[4..n]).unwrap().payload {
+                reasons.push((a.state, a.reason));
+            }
+            buf.advance(n);
+        }
+        assert_eq!(
+            reasons,
+            vec![
+                (None, None),
+                (
+                    Some(DeliveryState::Failed),
+                    Some("stuck in the input line".to_owned())
+                )
+            ]
+        );
         out.clear();
         // m1 completes the prefix m1..m3: one cumulative ACK names m1, the newest entry of
         // the prefix not already reported; m2 and m3 were reported on their own.
-        d.on_app_ack("A", "m1".into(), 1, None, &mut out);
+        d.on_app_ack("A", "m1".into(), 1, None, None, &mut out);
         d.flush_acks(&mut out);
         assert_eq!(acks(&out), vec![("m1".to_owned(), true)]);
         assert_eq!(
@@ -1318,6 +1371,7 @@ mod tests {
             id: "m1".into(),
             seq: 1,
             state: None,
+            reason: None,
         });
         // The replay after the reconnect is acknowledged, not left waiting for an ACK that
         // already happened (which would stall every later cumulative ACK).
@@ -1369,7 +1423,7 @@ mod tests {
     fn an_unknown_acknowledgement_is_sent_plainly() {
         let mut d = driver();
         let mut out = Vec::new();
-        d.on_app_ack("A", "elsewhere".into(), 9, None, &mut out);
+        d.on_app_ack("A", "elsewhere".into(), 9, None, None, &mut out);
         assert_eq!(acks(&out), vec![("elsewhere".to_owned(), false)]);
         assert_eq!(d.unacked.len(), 4);
     }

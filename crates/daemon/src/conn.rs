@@ -543,6 +543,7 @@ fn encode(
                 recipients,
                 state: None,
                 cumulative: false,
+                reason: None,
             });
             encode_with(buf, max, |w| ack.write_json(w, &header))
         }

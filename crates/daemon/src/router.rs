@@ -255,7 +255,11 @@ impl Router {
                     ack.seq,
                     ack.state,
                     ack.cumulative,
-                    None,
+                    // A failure's reason, as a NACK's (the store keeps it only with a failure).
+                    ack.reason
+                        .as_deref()
+                        .map(|r| relay_protocol::text::one_line(r, 600))
+                        .filter(|r| !r.is_empty()),
                     now(),
                 );
             }

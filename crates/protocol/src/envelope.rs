@@ -323,6 +323,10 @@ pub struct Ack {
     /// connection up to and including `ack_id`, so a burst of acknowledgements takes one frame.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cumulative: bool,
+    /// Extension, recipient → daemon, with `state: failed`: why the message could not be
+    /// handed to the agent (kept as the dead letter's reason, told to its sender).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -111,8 +111,13 @@ fn payload() -> impl Strategy<Value = Payload> {
         ),
         send_payload().prop_map(Payload::Send),
         send_payload().prop_map(Payload::Deliver),
-        (text(), proptest::option::of(any::<u64>()), any::<bool>()).prop_map(
-            |(ack_id, seq, dup)| {
+        (
+            text(),
+            proptest::option::of(any::<u64>()),
+            any::<bool>(),
+            proptest::option::of(text()),
+        )
+            .prop_map(|(ack_id, seq, dup, reason)| {
                 Payload::Ack(Ack {
                     ack_id,
                     seq,
@@ -128,9 +133,9 @@ fn payload() -> impl Strategy<Value = Payload> {
                         Some(DeliveryState::Verified)
                     },
                     cumulative: !dup,
+                    reason,
                 })
-            }
-        ),
+            }),
         (text(), text()).prop_map(|(ack_id, reason)| Payload::Nack(Nack {
             ack_id,
             code: NackCode::UnknownTarget,

@@ -188,8 +188,13 @@ impl Core {
             let state = if self.read_early.remove(&m.id) {
                 // The agent's tool showed it while its notice was typed.
                 DeliveryState::Verified
-            } else if !verified {
-                DeliveryState::Failed
+            } else if let Outcome::Failed(why) = &outcome {
+                self.fail(
+                    &m,
+                    &format!("typed into the agent but not submitted: {why}"),
+                )
+                .await;
+                continue;
             } else if self.cfg.delivery == Delivery::Notice {
                 tracing::debug!(id = %m.id, "notice submitted: the message waits for the agent's tool");
                 self.ack(&m, DeliveryState::Injected).await;

@@ -803,7 +803,11 @@ impl Core {
                 error = %e,
                 "a message with an id the relay should have refused: not typed, reported failed"
             );
-            self.ack(&m, DeliveryState::Failed).await;
+            self.fail(
+                &m,
+                &format!("not typed: its id is not one the relay accepts ({e})"),
+            )
+            .await;
             return;
         }
         // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
@@ -824,7 +828,11 @@ impl Core {
                 return;
             }
             Some(Remembered::Failed) => {
-                self.ack(&m, DeliveryState::Failed).await;
+                self.fail(
+                    &m,
+                    "typed into the agent earlier and not submitted (recorded in injected.log)",
+                )
+                .await;
                 return;
             }
             Some(state @ (Remembered::Started | Remembered::Entered)) => {
@@ -872,13 +880,17 @@ impl Core {
                     // have read the line: say so (a failure report makes it a dead letter and
                     // tells the sender) rather than call it delivered. A tmux pane's history
                     // showed the text, so there it was given.
-                    let state = if pane.is_some() {
-                        DeliveryState::Injected
+                    if pane.is_some() {
+                        self.ack(&m, DeliveryState::Injected).await;
                     } else {
                         tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
-                        DeliveryState::Failed
-                    };
-                    self.ack(&m, state).await;
+                        self.fail(
+                            &m,
+                            "submitted to an agent that ended with its wrapper before the \
+                             wrapper saw it taken; whether the agent read it is unknown",
+                        )
+                        .await;
+                    }
                     return;
                 }
             }
@@ -1040,6 +1052,19 @@ impl Core {
     /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
     /// (its driver is gone): the relay will deliver the message again to the next connection
     /// under this name, and `injected.log` keeps it from being typed twice then.
+    /// Reports `m` failed, saying why (the dead letter's reason, told to its sender).
+    async fn fail(&self, m: &Delivered, why: &str) {
+        if let Err(e) = self.client.ack_failed(m, why).await {
+            tracing::warn!(
+                id = %m.id,
+                why,
+                error = %e,
+                "cannot report a message failed (the relay client stopped); it will be delivered \
+                 again after a reconnect and reported from injected.log"
+            );
+        }
+    }
+
     async fn ack(&self, m: &Delivered, state: DeliveryState) {
         if let Err(e) = self.client.ack(m, Some(state)).await {
             tracing::warn!(

@@ -81,6 +81,22 @@ impl Link {
         }
     }
 
+    /// See [`Client::ack_failed`].
+    pub(crate) async fn ack_failed(
+        &self,
+        msg: &relay_client::Delivered,
+        reason: &str,
+    ) -> Result<(), ClientError> {
+        match self {
+            Self::Client(c) => c.ack_failed(msg, reason).await,
+            #[cfg(test)]
+            Self::Fake(f) => {
+                f.ack_failed(msg, reason);
+                Ok(())
+            }
+        }
+    }
+
     /// See [`Client::report_terminal`].
     pub(crate) async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
         match self {
@@ -114,6 +130,8 @@ pub(crate) mod fake {
     pub(crate) struct Log {
         /// Acknowledgements: message id and the state reported.
         pub(crate) acks: Vec<(String, Option<DeliveryState>)>,
+        /// The reasons given with failures: message id and reason.
+        pub(crate) reasons: Vec<(String, String)>,
         /// Messages the wrapper sent (directives it relayed).
         pub(crate) sent: Vec<Outgoing>,
         /// Terminal reports.
@@ -170,6 +188,12 @@ pub(crate) mod fake {
 
         pub(crate) fn ack(&self, msg: &Delivered, state: Option<DeliveryState>) {
             self.log().acks.push((msg.id.clone(), state));
+        }
+
+        pub(crate) fn ack_failed(&self, msg: &Delivered, reason: &str) {
+            let mut log = self.log();
+            log.acks.push((msg.id.clone(), Some(DeliveryState::Failed)));
+            log.reasons.push((msg.id.clone(), reason.to_owned()));
         }
     }
 }

@@ -189,6 +189,11 @@ impl Rig {
         self.log.lock().unwrap().acks.clone()
     }
 
+    /// The reasons given with failures: message id and reason.
+    fn reasons(&self) -> Vec<(String, String)> {
+        self.log.lock().unwrap().reasons.clone()
+    }
+
     /// The last terminal state reported to the relay, and why.
     fn reported(&self) -> Option<(TerminalState, Option<String>)> {
         self.log
@@ -353,6 +358,16 @@ async fn an_unsubmitted_text_gets_enter_again_then_is_reported_failed() {
         rig.acks(),
         vec![("m-stuck".to_owned(), Some(DeliveryState::Failed))]
     );
+    // With why: the dead letter's reason, told to the sender.
+    assert_eq!(
+        rig.reasons(),
+        vec![(
+            "m-stuck".to_owned(),
+            "typed into the agent but not submitted: the text was still in the input line \
+             after Enter was pressed 2 times"
+                .to_owned()
+        )]
+    );
     settle(60_000).await;
     assert_eq!(rig.enters(), 2);
     assert_eq!(rig.texts().len(), 1);
@@ -451,6 +466,14 @@ async fn a_restarted_wrapper_types_again_only_what_was_never_entered() {
     assert!(
         acks.contains(&("m-entered".to_owned(), Some(DeliveryState::Failed))),
         "{acks:?}"
+    );
+    let reasons = rig.reasons();
+    assert!(
+        reasons
+            .iter()
+            .any(|(id, why)| id == "m-entered"
+                && why.contains("whether the agent read it is unknown")),
+        "{reasons:?}"
     );
     assert!(
         acks.contains(&("m-typed".to_owned(), Some(DeliveryState::Verified))),

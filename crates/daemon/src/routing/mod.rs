@@ -1310,7 +1310,6 @@ impl Core {
         Some(conn.tx.clone())
     }
 
-    /// Queues a frame to connection `conn_id` (closing it if its queue is full).
     /// Where to write frames for connection `conn_id` from another task (an answer that
     /// waits for something else, like the far legs of a trace).
     pub(crate) fn outbound(&self, conn_id: u64) -> Option<(mpsc::Sender<Outbound>, Killer)> {
@@ -1319,6 +1318,7 @@ impl Core {
             .map(|c| (c.tx.clone(), c.killer.clone()))
     }
 
+    /// Queues a frame to connection `conn_id` (closing it if its queue is full).
     pub(crate) fn send_to(&self, conn_id: u64, out: Outbound) {
         if let Some(conn) = self.conns.get(&conn_id) {
             send_or_kill(&conn.tx, &conn.killer, out);
