@@ -939,7 +939,7 @@ fn a_late_failure_keeps_its_reason_and_counts_once<B: Backend>(mut b: B) {
         status: DeliveryStatus::Failed,
         reason: Some("not delivered on node n2 (expired): gone".into()),
     };
-    let res = s.write_batch(&[fail.clone()], 12).unwrap();
+    let res = s.write_batch(std::slice::from_ref(&fail), 12).unwrap();
     match &res[0] {
         WriteResult::DeadLettered(n) => {
             assert_eq!(n.len(), 1);
