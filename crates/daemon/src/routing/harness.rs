@@ -181,6 +181,20 @@ impl World {
         ack: bool,
         token: Option<String>,
     ) -> Result<(u64, String), (ErrorCode, String)> {
+        self.open_hello(Self::hello(name, role, window, ack, token))
+    }
+
+    /// A federation stand-in for `name`, an agent of node `node` (its HELLO's cli is
+    /// `remote@NODE`, as `relay-federation` says).
+    pub(super) fn standin(&mut self, name: &str, node: &str) -> u64 {
+        let hello = Hello {
+            cli: Some(format!("remote@{node}")),
+            ..Self::hello(name, Role::Agent, 256, true, None)
+        };
+        self.open_hello(hello).expect("stand-in connects").0
+    }
+
+    fn open_hello(&mut self, hello: Hello) -> Result<(u64, String), (ErrorCode, String)> {
         let id = self.next_conn;
         self.next_conn += 1;
         let (tx, mut rx) = mpsc::channel(self.queue);
@@ -190,7 +204,6 @@ impl World {
             tx,
             killer: killer.clone(),
         };
-        let hello = Self::hello(name, role, window, ack, token);
         let session: Arc<str> = format!("session-{id}").into();
         let token = format!("token-{id}");
         let now = self.now();

@@ -925,6 +925,9 @@ impl Core {
                     .is_some_and(|c| c.remote_node.is_some())
             });
         let ttl = u64::try_from(self.cfg.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
+        // Never later than a message accepted here now would expire: a connection that calls
+        // itself a stand-in can shorten its own message's life, not lengthen it.
+        let expires_at = expires_at.map(|e| e.min(self.now.ms.saturating_add(ttl)));
         let queued_at = expires_at.map(|e| e.saturating_sub(ttl));
         let budget = (hops > 0 || expires_at.is_some()).then_some(Budget {
             hops,

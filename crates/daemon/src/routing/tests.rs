@@ -428,6 +428,67 @@ fn a_message_waiting_past_the_inbox_ttl_expires_and_its_sender_is_told() {
     assert!(w.delivered(bob).is_empty());
 }
 
+/// A federation's stand-in brings when a message expires on its origin node: its life is
+/// not started again here (it waited in an outbox), and it is never made longer than a
+/// message accepted here now would have (a connection calling itself a stand-in cannot keep
+/// its messages past the relay's TTL).
+#[test]
+fn a_standins_expiry_shortens_a_messages_life_and_never_lengthens_it() {
+    let mut cfg = config();
+    cfg.inbox_ttl = Duration::from_secs(60);
+    let mut w = World::new(cfg);
+    let bob = w.agent("Bob", 8);
+    w.disconnect(bob);
+    let far = w.standin("Alice", "hostA");
+    let now_ms = w.now().ms;
+    let with_expiry = |body: &str, expires_at: u64| relay_protocol::Send {
+        budget: Some(Budget {
+            hops: 0,
+            max_hops: 10,
+            expires_at: Some(expires_at),
+        }),
+        ..payload(body)
+    };
+    // Waited 50 s on its origin: 10 s left.
+    w.send_full(
+        far,
+        "m-short",
+        Some("Bob"),
+        None,
+        with_expiry("short", now_ms + 10_000),
+    );
+    // Claims a day.
+    w.send_full(
+        far,
+        "m-long",
+        Some("Bob"),
+        None,
+        with_expiry("long", now_ms + 86_400_000),
+    );
+    w.frames(far);
+    w.advance(Duration::from_secs(11));
+    let now = w.now();
+    w.core.sweep(now);
+    w.settle();
+    assert_eq!(
+        dead_letters(&mut w),
+        [("m-short".into(), "Bob".into(), "expired".into())]
+    );
+    w.advance(Duration::from_secs(50));
+    let now = w.now();
+    w.core.sweep(now);
+    w.settle();
+    let mut dead = dead_letters(&mut w);
+    dead.sort();
+    assert_eq!(
+        dead,
+        [
+            ("m-long".into(), "Bob".into(), "expired".into()),
+            ("m-short".into(), "Bob".into(), "expired".into())
+        ]
+    );
+}
+
 #[test]
 fn an_online_recipients_messages_do_not_expire() {
     let mut cfg = config();
