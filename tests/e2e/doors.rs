@@ -588,7 +588,12 @@ fn directive_code_block_arrives(cli: crate::agents::Cli, name: &str) {
     alice.wait_all_relayed("That is all.");
     bob.wait_all_relayed("OK.");
     let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
-    assert_eq!(h.as_array().unwrap().len(), 1, "sent once: {h:#}");
+    assert_eq!(
+        h.as_array().unwrap().len(),
+        1,
+        "sent once: {h:#}\n{name}'s wrapper: {}",
+        alice.wrap_log()
+    );
     assert_eq!(bob.prompts().len(), 1, "asked once");
 }
 

@@ -251,6 +251,11 @@ pub struct ReplySource {
     screen_sent: VecDeque<Key>,
     /// Sent from the transcript before the screen showed them.
     transcript_sent: VecDeque<Key>,
+    /// Whether a directive the screen shows again after it went with the reply's text is a
+    /// re-print ([`ReplySource::dropping_reprints`]).
+    drop_reprints: bool,
+    /// Sent with the reply's text ([`Origin::Said`]), while re-prints are dropped.
+    said_sent: VecDeque<Key>,
 }
 
 impl Default for ReplySource {
@@ -278,7 +283,20 @@ impl ReplySource {
             quoted: VecDeque::new(),
             screen_sent: VecDeque::new(),
             transcript_sent: VecDeque::new(),
+            drop_reprints: false,
+            said_sent: VecDeque::new(),
         }
+    }
+
+    /// A directive the screen shows again after it was sent with a reply's text, which no
+    /// later reply read since has, is taken for a re-print of it ([`Origin::Sent`]), not sent
+    /// again. For a CLI whose record has every reply once its output went quiet (Codex,
+    /// Gemini: their wrapper waits that long before it asks), so a second directive of the
+    /// same text in a later reply is in the record by then; Codex 0.169.0 was once seen
+    /// drawing a directive a second time at the end of a long reply.
+    pub fn dropping_reprints(mut self) -> Self {
+        self.drop_reprints = true;
+        self
     }
 
     /// Remembers the directives of one reply (its Markdown text), written while the wrapper
@@ -328,12 +346,17 @@ impl ReplySource {
     pub fn check(&mut self, d: &Directive) -> Origin {
         let key = Key::of(d);
         if let Some(said) = take(&mut self.said, &key, self.min_prefix, |s| &s.key) {
+            if self.drop_reprints {
+                push(&mut self.said_sent, said.key);
+            }
             return Origin::Said(said.directive);
         }
         if take(&mut self.quoted, &key, self.min_prefix, |k| k).is_some() {
             return Origin::Quoted;
         }
-        if take(&mut self.transcript_sent, &key, self.min_prefix, |k| k).is_some() {
+        if take(&mut self.transcript_sent, &key, self.min_prefix, |k| k).is_some()
+            || take(&mut self.said_sent, &key, self.min_prefix, |k| k).is_some()
+        {
             return Origin::Sent;
         }
         push(&mut self.screen_sent, key);
@@ -497,6 +520,39 @@ mod tests {
         let mut src = ReplySource::new();
         src.add_reply(&format!("@relay:Bob {body}"));
         assert!(!src.knows(&msg("Bob", "Here is the fix:")));
+    }
+
+    /// Dropping re-prints: the screen showing a directive again after it went with the
+    /// reply's text is not sent again; a later reply saying it again is.
+    #[test]
+    fn a_reprint_after_the_replys_text_went_is_not_sent_again() {
+        let mut src = ReplySource::with_min_prefix(1).dropping_reprints();
+        src.add_reply("@relay:Bob Here:\n    x()");
+        assert_eq!(
+            src.check(&msg("Bob", "Here:")),
+            Origin::Said(msg("Bob", "Here:\n    x()"))
+        );
+        assert!(!src.knows(&msg("Bob", "Here:")));
+        assert_eq!(src.check(&msg("Bob", "Here:")), Origin::Sent);
+        // Once: a third showing with no reply saying it is the screen's own.
+        assert_eq!(src.check(&msg("Bob", "Here:")), Origin::Unknown);
+        src.add_reply("@relay:Bob Here:\n    y()");
+        src.add_reply("@relay:Bob Here:\n    z()");
+        assert_eq!(
+            src.check(&msg("Bob", "Here:")),
+            Origin::Said(msg("Bob", "Here:\n    z()"))
+        );
+        // Without it (Claude Code), each showing the transcript lacks goes.
+        let mut src = ReplySource::new();
+        src.add_reply("@relay:Bob a directive long enough to match by its start");
+        assert!(matches!(
+            src.check(&msg("Bob", "a directive long enough to match by its start")),
+            Origin::Said(_)
+        ));
+        assert_eq!(
+            src.check(&msg("Bob", "a directive long enough to match by its start")),
+            Origin::Unknown
+        );
     }
 
     #[test]

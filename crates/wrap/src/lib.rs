@@ -591,8 +591,9 @@ impl Core {
                     return;
                 }
                 relay_parse::transcript::Origin::Sent => {
-                    // The transcript was read first and it went from there.
-                    tracing::debug!(%to, cli, "already sent from the agent's transcript; the screen shows it now");
+                    // The transcript was read first and it went from there, or (Codex, Gemini)
+                    // it went with the reply's text and the screen shows it again.
+                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "already sent from or with the agent's transcript; the screen shows it now");
                     return;
                 }
                 relay_parse::transcript::Origin::Said(exact) => {
@@ -603,7 +604,7 @@ impl Core {
                     d = exact;
                 }
                 relay_parse::transcript::Origin::Unknown => {
-                    tracing::debug!(%to, cli, "directive not in the agent's transcript: sent as the screen shows it")
+                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "directive not in the agent's transcript: sent as the screen shows it")
                 }
             }
         }

@@ -276,10 +276,13 @@ impl Transcript {
     fn for_other(other: Other, cwd: &Path) -> Self {
         // Codex ends a directive with a block under it after its first line: held until the
         // rollout has it, any start matches (see `ReplySource::with_min_prefix`).
+        // Both have every reply in their record once the output went quiet, and the wrapper
+        // waits that long: a directive shown again after it went is a re-print.
         let source = match other {
             Other::Codex { .. } => ReplySource::with_min_prefix(1),
             Other::Gemini { .. } => ReplySource::new(),
-        };
+        }
+        .dropping_reprints();
         let mut t = Self {
             source,
             ..Self::empty(Some(other), Path::new(""), cwd)
