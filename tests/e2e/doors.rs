@@ -519,6 +519,28 @@ fn directive_code_block() -> String {
 /// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
 #[test]
 fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
+    directive_code_block_arrives(crate::agents::Cli::Claude, "Alice");
+}
+
+/// The same from Codex CLI: its screen draws the block's lines at the directive's own
+/// indentation, so the screen's copy ends after `Here is the fix:`; the wrapper sends the
+/// reply's text from Codex's session rollout (before, Bob got the first line only).
+#[test]
+fn codex_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
+    directive_code_block_arrives(crate::agents::Cli::Codex, "Cody");
+}
+
+/// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
+/// (`__init__` shows as `init`); the wrapper sends the reply's text from Gemini's chat
+/// recording (before, Bob got the drawn text).
+#[test]
+fn gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
+    directive_code_block_arrives(crate::agents::Cli::Gemini, "Gemma");
+}
+
+/// `cli`'s agent `name` (wrapped) replies with a directive to Bob (Claude Code, wrapped) whose
+/// body is a 40-line indented code block; Bob's model is asked it byte for byte, once.
+fn directive_code_block_arrives(cli: crate::agents::Cli, name: &str) {
     use crate::agents::{Agent, Cli};
     let relay = Relay::start();
     let body = directive_code_block();
@@ -527,8 +549,8 @@ fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
     let reply = format!("Sending the fix to Bob.\n\n@relay:Bob {body}\n\nThat is all.");
     let alice = Agent::start(
         &relay,
-        Cli::Claude,
-        "Alice",
+        cli,
+        name,
         relay_standin::Script::new(vec![relay_standin::Rule::contains("Send the fix", &reply)]),
     );
     let bob = Agent::start(&relay, Cli::Claude, "Bob", relay_standin::Script::default());
@@ -542,7 +564,7 @@ fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
     let sent = &h.as_array().unwrap()[0];
     let id = sent["id"].as_str().unwrap();
     let short = &id[id.len() - 8..];
-    let expected = format!("Relay message from Alice [{short}]:\n{body}");
+    let expected = format!("Relay message from {name} [{short}]:\n{body}");
     let inner = prompts[0]
         .split_once("<pasted_content id=")
         .and_then(|(_, rest)| rest.split_once("\">\n"))
@@ -551,13 +573,13 @@ fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
     assert_eq!(
         inner,
         expected,
-        "what Bob's model was asked; Alice's screen:\n{}",
+        "what Bob's model was asked; {name}'s screen:\n{}",
         alice.screen()
     );
     assert_eq!(sent["body"].as_str(), Some(body.as_str()));
     let log = alice.wrap_log();
     assert!(
-        log.contains("sent with the reply's own text from Claude Code's transcript")
+        log.contains("sent with the reply's own text from the agent's transcript")
             && !log.contains("the screen did not show it"),
         "the directive was read off the screen: {log}"
     );
@@ -566,7 +588,12 @@ fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
     alice.wait_all_relayed("That is all.");
     bob.wait_all_relayed("OK.");
     let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
-    assert_eq!(h.as_array().unwrap().len(), 1, "sent once: {h:#}");
+    assert_eq!(
+        h.as_array().unwrap().len(),
+        1,
+        "sent once: {h:#}\n{name}'s wrapper: {}",
+        alice.wrap_log()
+    );
     assert_eq!(bob.prompts().len(), 1, "asked once");
 }
 

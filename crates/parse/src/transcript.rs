@@ -46,6 +46,51 @@ pub fn claude_reply_text(line: &str) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n\n"))
 }
 
+/// The Markdown text of the agent's reply in one line of a Codex CLI session rollout
+/// (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`, 0.169.0): the `output_text` parts of a
+/// `response_item` that is an `assistant` message. `None` for every other line (the session's
+/// header, the person's and the developer's messages, events, the same reply repeated as an
+/// `event_msg`) and for a line that is not JSON.
+pub fn codex_reply_text(line: &str) -> Option<String> {
+    let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+    if entry.get("type")?.as_str()? != "response_item" {
+        return None;
+    }
+    let payload = entry.get("payload")?;
+    if payload.get("type")?.as_str()? != "message" || payload.get("role")?.as_str()? != "assistant"
+    {
+        return None;
+    }
+    let texts: Vec<&str> = payload
+        .get("content")?
+        .as_array()?
+        .iter()
+        .filter(|b| b.get("type").and_then(serde_json::Value::as_str) == Some("output_text"))
+        .filter_map(|b| b.get("text").and_then(serde_json::Value::as_str))
+        .collect();
+    (!texts.is_empty()).then(|| texts.concat())
+}
+
+/// The Markdown text of the model's reply in one line of a Gemini CLI chat recording
+/// (`~/.gemini/tmp/<project>/chats/session-*.jsonl`, 0.61.0): the `content` of a `gemini`
+/// message (a string, or parts with `text`). `None` for every other line (the session's
+/// header, `$set` updates, the person's messages) and for a line that is not JSON.
+pub fn gemini_reply_text(line: &str) -> Option<String> {
+    let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+    if entry.get("type")?.as_str()? != "gemini" {
+        return None;
+    }
+    let text = match entry.get("content")? {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(serde_json::Value::as_str))
+            .collect(),
+        _ => return None,
+    };
+    (!text.is_empty()).then_some(text)
+}
+
 /// The directives in Markdown text: those it says (outside fenced code and block quotes) and
 /// those it only quotes (the `@relay:` lines inside fenced code or a `>` block quote, and
 /// escaped ones, `\@relay:`, read as if they were plain).
@@ -145,8 +190,9 @@ impl Key {
         }
     }
 
-    /// The same directive, or one body the start of the other (long enough not to be chance).
-    fn similar(&self, other: &Key) -> bool {
+    /// The same directive, or one body the start of the other, the shorter at least
+    /// `min_prefix` letters and digits long (not to be chance).
+    fn similar(&self, other: &Key, min_prefix: usize) -> bool {
         if self.to != other.to || self.kind != other.kind {
             return false;
         }
@@ -155,16 +201,21 @@ impl Key {
         } else {
             (&other.body, &self.body)
         };
-        a.chars().count() >= PREFIX_MATCH && b.starts_with(a.as_str())
+        !a.is_empty() && a.chars().count() >= min_prefix && b.starts_with(a.as_str())
     }
 }
 
 /// Takes the entry matching `key` out of `list`: an equal one first, else a similar one.
-fn take<T>(list: &mut VecDeque<T>, key: &Key, of: impl Fn(&T) -> &Key) -> Option<T> {
+fn take<T>(
+    list: &mut VecDeque<T>,
+    key: &Key,
+    min_prefix: usize,
+    of: impl Fn(&T) -> &Key,
+) -> Option<T> {
     let i = list
         .iter()
         .position(|x| of(x) == key)
-        .or_else(|| list.iter().position(|x| of(x).similar(key)))?;
+        .or_else(|| list.iter().position(|x| of(x).similar(key, min_prefix)))?;
     list.remove(i)
 }
 
@@ -190,20 +241,62 @@ struct Said {
 /// was sent from where: each directive a reply says is sent once, from the screen when the
 /// screen shows it, else from the transcript (a reply taller than the screen: Claude Code
 /// draws only its last screenful of a reply that arrives at once).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReplySource {
+    /// Fewest letters and digits a body the start of another needs to match it.
+    min_prefix: usize,
     said: VecDeque<Said>,
     quoted: VecDeque<Key>,
     /// Sent from the screen before the transcript had them.
     screen_sent: VecDeque<Key>,
     /// Sent from the transcript before the screen showed them.
     transcript_sent: VecDeque<Key>,
+    /// Whether a directive the screen shows again after it went with the reply's text is a
+    /// re-print ([`ReplySource::dropping_reprints`]).
+    drop_reprints: bool,
+    /// Sent with the reply's text ([`Origin::Said`]), while re-prints are dropped.
+    said_sent: VecDeque<Key>,
+}
+
+impl Default for ReplySource {
+    fn default() -> Self {
+        Self::with_min_prefix(PREFIX_MATCH)
+    }
 }
 
 impl ReplySource {
     /// Nothing read yet: every directive is [`Origin::Unknown`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Like [`ReplySource::new`], with a screen's body that is the start of a reply's (or the
+    /// other way round) matching it from `min_prefix` letters and digits on (at least one).
+    /// Codex CLI ends a directive with an indented block under it after its first line (it
+    /// draws the block at the directive's own indentation), often shorter than the default
+    /// 24; its wrapper asks only about directives the screen showed, each once, so a short
+    /// start is enough there.
+    pub fn with_min_prefix(min_prefix: usize) -> Self {
+        Self {
+            min_prefix: min_prefix.max(1),
+            said: VecDeque::new(),
+            quoted: VecDeque::new(),
+            screen_sent: VecDeque::new(),
+            transcript_sent: VecDeque::new(),
+            drop_reprints: false,
+            said_sent: VecDeque::new(),
+        }
+    }
+
+    /// A directive the screen shows again after it was sent with a reply's text, which no
+    /// later reply read since has, is taken for a re-print of it ([`Origin::Sent`]), not sent
+    /// again. For a CLI whose record has every reply once its output went quiet (Codex,
+    /// Gemini: their wrapper waits that long before it asks), so a second directive of the
+    /// same text in a later reply is in the record by then; Codex 0.169.0 was once seen
+    /// drawing a directive a second time at the end of a long reply.
+    pub fn dropping_reprints(mut self) -> Self {
+        self.drop_reprints = true;
+        self
     }
 
     /// Remembers the directives of one reply (its Markdown text), written while the wrapper
@@ -223,7 +316,7 @@ impl ReplySource {
         for d in said {
             let key = Key::of(&d);
             // The screen was faster: already sent.
-            if take(&mut self.screen_sent, &key, |k| k).is_some() {
+            if take(&mut self.screen_sent, &key, self.min_prefix, |k| k).is_some() {
                 continue;
             }
             push(
@@ -238,7 +331,7 @@ impl ReplySource {
         for d in quoted {
             let key = Key::of(&d);
             // Sent from the screen before it was known to be quoted: too late to take back.
-            if take(&mut self.screen_sent, &key, |k| k).is_some() {
+            if take(&mut self.screen_sent, &key, self.min_prefix, |k| k).is_some() {
                 continue;
             }
             push(&mut self.quoted, key);
@@ -252,13 +345,18 @@ impl ReplySource {
     /// transcript has it.
     pub fn check(&mut self, d: &Directive) -> Origin {
         let key = Key::of(d);
-        if let Some(said) = take(&mut self.said, &key, |s| &s.key) {
+        if let Some(said) = take(&mut self.said, &key, self.min_prefix, |s| &s.key) {
+            if self.drop_reprints {
+                push(&mut self.said_sent, said.key);
+            }
             return Origin::Said(said.directive);
         }
-        if take(&mut self.quoted, &key, |k| k).is_some() {
+        if take(&mut self.quoted, &key, self.min_prefix, |k| k).is_some() {
             return Origin::Quoted;
         }
-        if take(&mut self.transcript_sent, &key, |k| k).is_some() {
+        if take(&mut self.transcript_sent, &key, self.min_prefix, |k| k).is_some()
+            || take(&mut self.said_sent, &key, self.min_prefix, |k| k).is_some()
+        {
             return Origin::Sent;
         }
         push(&mut self.screen_sent, key);
@@ -271,7 +369,7 @@ impl ReplySource {
     /// with the screen.
     pub fn knows(&self, d: &Directive) -> bool {
         let key = Key::of(d);
-        let has = |k: &Key| k == &key || k.similar(&key);
+        let has = |k: &Key| k == &key || k.similar(&key, self.min_prefix);
         self.said.iter().any(|s| has(&s.key))
             || self.quoted.iter().any(has)
             || self.transcript_sent.iter().any(has)
@@ -400,6 +498,84 @@ mod tests {
             src.check(&msg("Bob", "a long line wrapped inside a word")),
             Origin::Quoted
         );
+    }
+
+    /// Codex draws only a directive's first line when an indented block follows it: held until
+    /// the rollout has it, the screen's short copy matches the reply's and carries its text.
+    #[test]
+    fn a_short_start_matches_with_a_small_min_prefix() {
+        let body = "Here is the fix:\n    fn main() {}";
+        let mut src = ReplySource::with_min_prefix(1);
+        src.add_reply(&format!("@relay:Bob {body}"));
+        assert!(src.knows(&msg("Bob", "Here is the fix:")));
+        assert_eq!(
+            src.check(&msg("Bob", "Here is the fix:")),
+            Origin::Said(msg("Bob", body))
+        );
+        // Sent from the screen first (no rollout in time): the rollout's copy is not kept.
+        assert_eq!(src.check(&msg("Bob", "Next:")), Origin::Unknown);
+        src.add_reply("@relay:Bob Next:\n    more");
+        assert!(!src.knows(&msg("Bob", "Next:")));
+        // The default needs 24 letters and digits.
+        let mut src = ReplySource::new();
+        src.add_reply(&format!("@relay:Bob {body}"));
+        assert!(!src.knows(&msg("Bob", "Here is the fix:")));
+    }
+
+    /// Dropping re-prints: the screen showing a directive again after it went with the
+    /// reply's text is not sent again; a later reply saying it again is.
+    #[test]
+    fn a_reprint_after_the_replys_text_went_is_not_sent_again() {
+        let mut src = ReplySource::with_min_prefix(1).dropping_reprints();
+        src.add_reply("@relay:Bob Here:\n    x()");
+        assert_eq!(
+            src.check(&msg("Bob", "Here:")),
+            Origin::Said(msg("Bob", "Here:\n    x()"))
+        );
+        assert!(!src.knows(&msg("Bob", "Here:")));
+        assert_eq!(src.check(&msg("Bob", "Here:")), Origin::Sent);
+        // Once: a third showing with no reply saying it is the screen's own.
+        assert_eq!(src.check(&msg("Bob", "Here:")), Origin::Unknown);
+        src.add_reply("@relay:Bob Here:\n    y()");
+        src.add_reply("@relay:Bob Here:\n    z()");
+        assert_eq!(
+            src.check(&msg("Bob", "Here:")),
+            Origin::Said(msg("Bob", "Here:\n    z()"))
+        );
+        // Without it (Claude Code), each showing the transcript lacks goes.
+        let mut src = ReplySource::new();
+        src.add_reply("@relay:Bob a directive long enough to match by its start");
+        assert!(matches!(
+            src.check(&msg("Bob", "a directive long enough to match by its start")),
+            Origin::Said(_)
+        ));
+        assert_eq!(
+            src.check(&msg("Bob", "a directive long enough to match by its start")),
+            Origin::Unknown
+        );
+    }
+
+    #[test]
+    fn codex_and_gemini_replies_are_read() {
+        let codex = r#"{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"@relay:Bob **hi**"}]}}"#;
+        assert_eq!(
+            codex_reply_text(codex).as_deref(),
+            Some("@relay:Bob **hi**")
+        );
+        let user = r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":"@relay:Bob typed"}]}}"#;
+        assert_eq!(codex_reply_text(user), None);
+        let event = r#"{"type":"event_msg","payload":{"type":"task_complete","last_agent_message":"@relay:Bob hi"}}"#;
+        assert_eq!(codex_reply_text(event), None);
+        let gemini = r#"{"id":"1","type":"gemini","content":"@relay:Bob __init__","thoughts":[]}"#;
+        assert_eq!(
+            gemini_reply_text(gemini).as_deref(),
+            Some("@relay:Bob __init__")
+        );
+        let parts = r#"{"id":"2","type":"gemini","content":[{"text":"a"},{"text":"b"}]}"#;
+        assert_eq!(gemini_reply_text(parts).as_deref(), Some("ab"));
+        let user = r#"{"id":"3","type":"user","content":[{"text":"@relay:Bob typed"}]}"#;
+        assert_eq!(gemini_reply_text(user), None);
+        assert_eq!(gemini_reply_text(r#"{"$set":{"lastUpdated":"x"}}"#), None);
     }
 
     #[test]

@@ -58,6 +58,9 @@ const BUSY_AFTER: Duration = Duration::from_secs(1);
 const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
 /// How often Claude Code's transcript is read while a directive waits for its reply there.
 const HELD_RECHECK: Duration = Duration::from_millis(5);
+/// Longest a directive of Codex's or Gemini's waits for their record of the reply while the
+/// output goes on (they write it when the reply ends; see [`Core::release_held`]).
+const HELD_MAX: Duration = Duration::from_secs(10);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -401,18 +404,20 @@ impl Core {
         if let Some(joiner) = deliver::joiner(&cfg, form) {
             injector.set_joiner(joiner);
         }
-        let transcript = if cfg.profile.parse.claude_transcript() {
-            let t = std::env::current_dir()
-                .ok()
-                .and_then(|cwd| transcript::Transcript::for_claude(&cwd));
-            if t.is_none() {
-                tracing::warn!(
-                    "no HOME, CLAUDE_CONFIG_DIR or working directory: Claude Code's transcript cannot be read, and a @relay: line in a ```text code block would be sent"
-                );
+        let transcript = match &cfg.profile.transcript {
+            Some(source) => {
+                let t = std::env::current_dir()
+                    .ok()
+                    .and_then(|cwd| transcript::Transcript::new(source, &cwd));
+                if t.is_none() {
+                    tracing::warn!(
+                        dir = %source.dir,
+                        "no working directory, or the profile's transcript_dir names an unset variable: the agent's own record of its replies cannot be read; directives go as the screen shows them"
+                    );
+                }
+                t
             }
-            t
-        } else {
-            None
+            None => None,
         };
         Ok(Self {
             injector,
@@ -510,10 +515,12 @@ impl Core {
     fn set_agent_pid(&mut self, pid: Option<u32>) {
         match (&mut self.transcript, pid) {
             (Some(t), Some(pid)) => t.set_agent_pid(pid),
-            (Some(_), None) => tracing::warn!(
+            // Claude Code's sessions are found from its process; Codex's and Gemini's records
+            // from the working directory.
+            (Some(t), None) if t.sends_unseen() => tracing::warn!(
                 "the agent's process id is unknown: its Claude Code transcript is not read, and a @relay: line in a ```text code block would be sent"
             ),
-            (None, _) => {}
+            (_, _) => {}
         }
     }
 
@@ -539,14 +546,26 @@ impl Core {
         if self.held_due.is_none_or(|due| now < due) {
             return;
         }
+        // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
+        // reply for a while after a directive at its top showed: their directives wait until
+        // the output has been quiet the settle time (at most HELD_MAX).
+        let at_reply_end = self.transcript.as_ref().is_some_and(|t| !t.sends_unseen());
+        let quiet_at = self.last_output + self.cfg.profile.settle;
         while let Some((d, until)) = self.held.front() {
             let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
-            if !known && now < *until {
+            let until = if at_reply_end {
+                (*until).max(quiet_at.min(*until + HELD_MAX))
+            } else {
+                *until
+            };
+            if !known && now < until {
                 break;
             }
             if !known {
+                let cli = self.transcript.as_ref().map_or("", |t| t.cli());
                 tracing::debug!(
-                    "Claude Code's transcript does not have a directive's reply yet; it goes by the screen"
+                    cli,
+                    "the agent's transcript does not have a directive's reply yet; it goes by the screen"
                 );
             }
             if let Some((d, _)) = self.held.pop_front() {
@@ -564,25 +583,28 @@ impl Core {
         };
         if let Some(t) = &mut self.transcript {
             self.screen_directives += 1;
+            let cli = t.cli();
             match t.check(&d) {
                 relay_parse::transcript::Origin::Quoted => {
                     // Not a message: the agent showed the syntax, in a code block or escaped.
-                    tracing::info!(%to, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (Claude Code's transcript)");
+                    tracing::info!(%to, cli, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (the agent's transcript)");
                     return;
                 }
                 relay_parse::transcript::Origin::Sent => {
-                    // The transcript was read first and it went from there.
-                    tracing::debug!(%to, "already sent from Claude Code's transcript; the screen shows it now");
+                    // The transcript was read first and it went from there, or (Codex, Gemini)
+                    // it went with the reply's text and the screen shows it again.
+                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "already sent from or with the agent's transcript; the screen shows it now");
                     return;
                 }
                 relay_parse::transcript::Origin::Said(exact) => {
-                    // The screen shows what Claude Code drew of the reply's Markdown (a code
-                    // block without fences, lines re-wrapped): the reply's own text goes.
-                    tracing::debug!(%to, same = (exact.body == d.body), "sent with the reply's own text from Claude Code's transcript");
+                    // The screen shows what the CLI drew of the reply's Markdown (a code block
+                    // without fences, lines re-wrapped or re-indented, marks dropped; Codex:
+                    // only a directive's first line): the reply's own text goes.
+                    tracing::debug!(%to, cli, same = (exact.body == d.body), "sent with the reply's own text from the agent's transcript");
                     d = exact;
                 }
                 relay_parse::transcript::Origin::Unknown => {
-                    tracing::debug!(%to, "directive not in Claude Code's transcript: sent as the screen shows it")
+                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "directive not in the agent's transcript: sent as the screen shows it")
                 }
             }
         }
@@ -596,6 +618,11 @@ impl Core {
         let Some(t) = &mut self.transcript else {
             return;
         };
+        // Codex and Gemini draw every line of a reply: their records only give the screen's
+        // directives their text, so each is sent once, by the screen.
+        if !t.sends_unseen() {
+            return;
+        }
         let unseen = t.take_unseen();
         if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
             // Replies with directives, but no transcript where it should be: a directive above

@@ -69,6 +69,8 @@ pub struct Overrides {
     tested_versions: Option<Vec<String>>,
     args: Option<Vec<String>>,
     multiline: Option<bool>,
+    transcript: Option<String>,
+    transcript_dir: Option<String>,
 }
 
 /// The profile files' own name for their fields, kept for the code that reads them.
@@ -97,9 +99,51 @@ impl Overrides {
             starting,
             tested_versions,
             args,
-            multiline
+            multiline,
+            transcript,
+            transcript_dir
         );
     }
+}
+
+/// How a CLI's own record of its replies is read (the code differs per CLI; see
+/// `transcript.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TranscriptFormat {
+    /// Claude Code: `<dir>/projects/<cwd slug>/<session>.jsonl`, the sessions found from
+    /// `<dir>/sessions/<pid>.json`.
+    Claude,
+    /// Codex CLI: `<dir>/YYYY/MM/DD/rollout-*.jsonl`, those whose header names the working
+    /// directory.
+    Codex,
+    /// Gemini CLI: `<dir>/tmp/<project>/chats/*.jsonl`, the project named for the working
+    /// directory in `<dir>/projects.json` (or the SHA-256 of its path).
+    Gemini,
+}
+
+impl TranscriptFormat {
+    /// The names a profile file gives (`transcript = "..."`).
+    pub const NAMES: [&'static str; 3] = ["claude", "codex", "gemini"];
+
+    fn by_name(name: &str) -> Option<Self> {
+        match name {
+            "claude" => Some(Self::Claude),
+            "codex" => Some(Self::Codex),
+            "gemini" => Some(Self::Gemini),
+            _ => None,
+        }
+    }
+}
+
+/// Where and how the wrapper reads a CLI's record of its replies, to send a directive with
+/// the reply's own text (profile fields `transcript` and `transcript_dir`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranscriptSource {
+    /// How the files are found and read.
+    pub format: TranscriptFormat,
+    /// Their folder, as the profile gives it: `${VAR:-default}` and a leading `~` are
+    /// expanded when the wrapper starts (see `transcript::expand`).
+    pub dir: String,
 }
 
 /// Why an agent is not ready for a message now.
@@ -155,6 +199,9 @@ pub struct Profile {
     /// The CLI takes a bracketed paste of several lines as one prompt (measured per CLI): a
     /// message's body is typed with its lines. Otherwise it is flattened to one line.
     pub multiline: bool,
+    /// The CLI's record of its replies, read for a directive's exact text; `None`: the
+    /// screen alone (`transcript = "none"`, or a profile without one).
+    pub transcript: Option<TranscriptSource>,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -286,6 +333,26 @@ impl Profile {
                 .map(|p| regex(p, source))
                 .collect()
         };
+        let transcript = match f.transcript.as_deref() {
+            None | Some("none") => None,
+            Some(t) => {
+                let format = TranscriptFormat::by_name(t).ok_or_else(|| ProfileError::Invalid {
+                    path: source.to_owned(),
+                    message: format!(
+                        "transcript = {t:?}: known: none, {}",
+                        TranscriptFormat::NAMES.join(", ")
+                    ),
+                })?;
+                let dir = f
+                    .transcript_dir
+                    .clone()
+                    .ok_or_else(|| ProfileError::Invalid {
+                        path: source.to_owned(),
+                        message: format!("transcript = {t:?} needs transcript_dir"),
+                    })?;
+                Some(TranscriptSource { format, dir })
+            }
+        };
         Ok(Self {
             name: name.to_owned(),
             parse,
@@ -309,6 +376,7 @@ impl Profile {
             tested_versions: f.tested_versions.unwrap_or_default(),
             args: f.args.unwrap_or_default(),
             multiline: f.multiline.unwrap_or(false),
+            transcript,
         })
     }
 

@@ -19,13 +19,28 @@
 //! file name), and the wrapper takes the sessions of the agent's process and its descendants.
 //! Until one is found nothing is read (the screen alone decides, as without a transcript):
 //! reading the folder whole sent another agent's directives as this agent's.
+//!
+//! Codex CLI and Gemini CLI keep such records too (the profile's `transcript`): Codex its
+//! session rollout, `${CODEX_HOME:-~/.codex}/sessions/YYYY/MM/DD/rollout-*.jsonl`, whose first
+//! line names the session's working directory; Gemini its chat recording,
+//! `~/.gemini/tmp/<project>/chats/session-*.jsonl`, `<project>` the name `projects.json` gives
+//! the working directory (older versions: the SHA-256 of its path). For them the record only
+//! gives a directive the screen showed its exact text (their screens draw every line of a
+//! reply, but not as the model wrote it): nothing is sent from it alone, so each directive is
+//! sent once, by the screen. Neither records which process wrote a file: two agents of one
+//! person in one working directory share them (a screen's directive may then take the other's
+//! text of the same directive).
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use relay_parse::Directive;
-use relay_parse::transcript::{Origin, ReplySource, claude_reply_text};
+use relay_parse::transcript::{
+    Origin, ReplySource, claude_reply_text, codex_reply_text, gemini_reply_text,
+};
+
+use crate::profile::{TranscriptFormat, TranscriptSource};
 
 /// Longest slug Claude Code uses as is; longer ones are cut and given a hash suffix.
 const MAX_SLUG: usize = 200;
@@ -33,8 +48,56 @@ const MAX_SLUG: usize = 200;
 /// session): only its recent replies can be on the screen.
 const FIRST_READ: u64 = 8 << 20;
 
-/// The transcripts of this agent's Claude Code sessions (in one working directory).
+/// A profile's `transcript_dir` as a path: a leading `${VAR:-default}` is `$VAR` when set and
+/// not empty, else `default` (expanded the same way); a leading `~` is `$HOME`. `None` when a
+/// variable it needs (HOME) is not set.
+pub(crate) fn expand(pattern: &str) -> Option<PathBuf> {
+    if let Some(rest) = pattern.strip_prefix("${") {
+        let end = rest.find('}')?;
+        let (inner, tail) = (&rest[..end], &rest[end + 1..]);
+        let (var, default) = inner.split_once(":-").unwrap_or((inner, ""));
+        let base = match std::env::var_os(var).filter(|v| !v.is_empty()) {
+            Some(v) => PathBuf::from(v),
+            None if default.is_empty() => return None,
+            None => expand(default)?,
+        };
+        let tail = tail.trim_start_matches('/');
+        return Some(if tail.is_empty() {
+            base
+        } else {
+            base.join(tail)
+        });
+    }
+    if pattern == "~" || pattern.starts_with("~/") {
+        let home = PathBuf::from(std::env::var_os("HOME")?);
+        let tail = pattern[1..].trim_start_matches('/');
+        return Some(if tail.is_empty() {
+            home
+        } else {
+            home.join(tail)
+        });
+    }
+    Some(PathBuf::from(pattern))
+}
+
+/// Where a CLI other than Claude Code keeps its records, and which are this agent's.
+enum Other {
+    /// Codex's `sessions` folder; its rollouts' first lines say whether they are this working
+    /// directory's (`Some(true)`), once read.
+    Codex {
+        sessions: PathBuf,
+        owned: HashMap<PathBuf, bool>,
+    },
+    /// Gemini's folder (`~/.gemini`).
+    Gemini { root: PathBuf },
+}
+
+/// The transcripts of this agent's CLI sessions (in one working directory).
 pub(crate) struct Transcript {
+    /// Codex or Gemini: where their records are (`None`: Claude Code's, the fields below).
+    other: Option<Other>,
+    /// The working directory, as the wrapper's process has it.
+    cwd: PathBuf,
     projects: PathBuf,
     /// Where Claude Code records its running processes (`<pid>.json`).
     sessions: PathBuf,
@@ -125,30 +188,179 @@ fn slug(cwd: &Path) -> String {
         .collect()
 }
 
+/// Whether the first line of a Codex rollout names `cwd` as its session's working directory;
+/// `None` while that line is not written whole.
+fn codex_rollout_of(path: &Path, cwd: &Path) -> Option<bool> {
+    // The header carries Codex's base instructions: tens of kilobytes.
+    const MAX_HEADER: u64 = 1 << 20;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_HEADER)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
+        return (bytes.len() as u64 >= MAX_HEADER).then_some(false);
+    };
+    let v: serde_json::Value = match serde_json::from_slice(&bytes[..end]) {
+        Ok(v) => v,
+        Err(_) => return Some(false),
+    };
+    let Some(theirs) = v
+        .get("payload")
+        .and_then(|p| p.get("cwd"))
+        .and_then(serde_json::Value::as_str)
+    else {
+        return Some(false);
+    };
+    let theirs = Path::new(theirs);
+    // The same folder, however either side spelled it (a symlink such as macOS's /tmp).
+    let same = theirs == cwd
+        || matches!(
+            (theirs.canonicalize(), cwd.canonicalize()),
+            (Ok(a), Ok(b)) if a == b
+        );
+    Some(same)
+}
+
+/// The sub-folders of `dir` (names sorted), the last `n` of them.
+fn last_dirs(dir: &Path, n: usize) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    names.sort();
+    let skip = names.len().saturating_sub(n);
+    names.split_off(skip)
+}
+
+/// The `.jsonl` files in `dir` whose names start with `prefix`.
+fn jsonl_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "jsonl")
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 impl Transcript {
-    /// The transcripts of a Claude Code started in `cwd` with this process's environment
-    /// (`CLAUDE_CONFIG_DIR`, else `$HOME/.claude`); `None` without either.
-    pub(crate) fn for_claude(cwd: &Path) -> Option<Self> {
-        let root = std::env::var_os("CLAUDE_CONFIG_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".claude")))?;
-        Some(Self::for_claude_in(&root, cwd))
+    /// The records a CLI started in `cwd` with this process's environment keeps, as the
+    /// profile says; `None` when its folder cannot be named (no HOME, no variable it needs).
+    pub(crate) fn new(source: &TranscriptSource, cwd: &Path) -> Option<Self> {
+        let root = expand(&source.dir)?;
+        Some(match source.format {
+            TranscriptFormat::Claude => Self::for_claude_in(&root, cwd),
+            TranscriptFormat::Codex => Self::for_other(
+                Other::Codex {
+                    sessions: root,
+                    owned: HashMap::new(),
+                },
+                cwd,
+            ),
+            TranscriptFormat::Gemini => Self::for_other(Other::Gemini { root }, cwd),
+        })
+    }
+
+    /// The records of Codex or Gemini, those there already remembered as history.
+    fn for_other(other: Other, cwd: &Path) -> Self {
+        // Codex ends a directive with a block under it after its first line: held until the
+        // rollout has it, any start matches (see `ReplySource::with_min_prefix`).
+        // Both have every reply in their record once the output went quiet, and the wrapper
+        // waits that long: a directive shown again after it went is a re-print.
+        let source = match other {
+            Other::Codex { .. } => ReplySource::with_min_prefix(1),
+            Other::Gemini { .. } => ReplySource::new(),
+        }
+        .dropping_reprints();
+        let mut t = Self {
+            source,
+            ..Self::empty(Some(other), Path::new(""), cwd)
+        };
+        for path in t.other_files() {
+            if let Ok(m) = std::fs::metadata(&path) {
+                t.start_len.insert(path, m.len());
+            }
+        }
+        t
+    }
+
+    /// Whether directives the record has and the screen never showed are sent from it
+    /// (Claude Code: it draws only the last screenful of a reply that arrives at once). Codex
+    /// and Gemini draw every line: their records only give the screen's directives their text.
+    pub(crate) fn sends_unseen(&self) -> bool {
+        self.other.is_none()
+    }
+
+    /// The CLI's name, for log lines.
+    pub(crate) fn cli(&self) -> &'static str {
+        match self.other {
+            None => "Claude Code",
+            Some(Other::Codex { .. }) => "Codex",
+            Some(Other::Gemini { .. }) => "Gemini CLI",
+        }
+    }
+
+    /// The record files of Codex or Gemini that may be this agent's (Codex: in the two latest
+    /// day folders, so that a session over midnight is found).
+    fn other_files(&self) -> Vec<PathBuf> {
+        match &self.other {
+            None => Vec::new(),
+            Some(Other::Codex { sessions, .. }) => {
+                let mut out = Vec::new();
+                let mut days = Vec::new();
+                for year in last_dirs(sessions, 2) {
+                    for month in last_dirs(&year, 2) {
+                        days.extend(last_dirs(&month, 2));
+                    }
+                }
+                days.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+                let skip = days.len().saturating_sub(2);
+                for day in &days[skip..] {
+                    out.extend(jsonl_files(day, "rollout-"));
+                }
+                out
+            }
+            Some(Other::Gemini { root }) => {
+                let mut projects = Vec::new();
+                // 0.61.0: a short name per working directory, in `projects.json`.
+                if let Ok(bytes) = std::fs::read(root.join("projects.json"))
+                    && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    && let Some(name) = v
+                        .get("projects")
+                        .and_then(|p| p.get(self.cwd.to_string_lossy().as_ref()))
+                        .and_then(serde_json::Value::as_str)
+                    && !name.is_empty()
+                    && name != ".."
+                    && !name.contains(['/', '\\'])
+                {
+                    projects.push(name.to_owned());
+                }
+                // Before: the SHA-256 of the path, in hex.
+                use sha2::Digest;
+                let hash = sha2::Sha256::digest(self.cwd.to_string_lossy().as_bytes());
+                projects.push(hash.iter().map(|b| format!("{b:02x}")).collect());
+                projects
+                    .iter()
+                    .flat_map(|p| jsonl_files(&root.join("tmp").join(p).join("chats"), ""))
+                    .collect()
+            }
+        }
     }
 
     /// The transcripts under Claude Code's configuration folder `root`.
     fn for_claude_in(root: &Path, cwd: &Path) -> Self {
-        let mut t = Self {
-            projects: root.join("projects"),
-            sessions: root.join("sessions"),
-            slug: slug(cwd),
-            agent_pid: None,
-            claude_pid: None,
-            own: Vec::new(),
-            start_len: HashMap::new(),
-            read: HashMap::new(),
-            source: ReplySource::new(),
-            files: 0,
-        };
+        let mut t = Self::empty(None, root, cwd);
         // What a resumed session said before the wrapper started: already sent (or not) by
         // an earlier wrapper; only to judge what the screen shows again.
         for folder in t.folders() {
@@ -162,6 +374,24 @@ impl Transcript {
             }
         }
         t
+    }
+
+    /// Nothing read or found yet.
+    fn empty(other: Option<Other>, root: &Path, cwd: &Path) -> Self {
+        Self {
+            other,
+            cwd: cwd.to_owned(),
+            projects: root.join("projects"),
+            sessions: root.join("sessions"),
+            slug: slug(cwd),
+            agent_pid: None,
+            claude_pid: None,
+            own: Vec::new(),
+            start_len: HashMap::new(),
+            read: HashMap::new(),
+            source: ReplySource::new(),
+            files: 0,
+        }
     }
 
     /// The agent's process: only the transcripts of Claude Code sessions it (or a descendant)
@@ -184,7 +414,11 @@ impl Transcript {
 
     /// Where the transcripts are looked for (for a log line).
     pub(crate) fn folder(&self) -> PathBuf {
-        self.projects.join(&self.slug)
+        match &self.other {
+            None => self.projects.join(&self.slug),
+            Some(Other::Codex { sessions, .. }) => sessions.clone(),
+            Some(Other::Gemini { root }) => root.join("tmp"),
+        }
     }
 
     /// Where `d` (found on the screen) comes from, after reading what was added to the
@@ -253,6 +487,10 @@ impl Transcript {
 
     /// Reads what was added to this agent's transcripts.
     fn read_new(&mut self) {
+        if self.other.is_some() {
+            self.read_new_other();
+            return;
+        }
         self.find_own();
         for folder in self.folders() {
             for i in 0..self.own.len() {
@@ -264,6 +502,38 @@ impl Transcript {
                     Err(e) => {
                         tracing::debug!(file = %path.display(), error = %e, "cannot read Claude Code's transcript; code blocks are told by colour only");
                     }
+                }
+            }
+        }
+    }
+
+    /// Reads what was added to Codex's or Gemini's records of this working directory.
+    fn read_new_other(&mut self) {
+        for path in self.other_files() {
+            if let Some(Other::Codex { owned, .. }) = &mut self.other {
+                let ours = match owned.get(&path) {
+                    Some(&ours) => ours,
+                    None => match codex_rollout_of(&path, &self.cwd) {
+                        Some(ours) => {
+                            if ours {
+                                tracing::debug!(file = %path.display(), "a Codex session of this working directory");
+                            }
+                            owned.insert(path.clone(), ours);
+                            ours
+                        }
+                        // Its header is not written whole yet.
+                        None => false,
+                    },
+                };
+                if !ours {
+                    continue;
+                }
+            }
+            match self.read_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::debug!(file = %path.display(), error = %e, "cannot read the CLI's record of its replies; the screen's copy goes");
                 }
             }
         }
@@ -305,9 +575,14 @@ impl Transcript {
             // Written before the wrapper started: history.
             let history = at_start.is_some_and(|n| at < n);
             at += line.len() as u64;
+            let reply_text = match self.other {
+                None => claude_reply_text,
+                Some(Other::Codex { .. }) => codex_reply_text,
+                Some(Other::Gemini { .. }) => gemini_reply_text,
+            };
             if let Some(reply) = std::str::from_utf8(line)
                 .ok()
-                .and_then(|l| claude_reply_text(l.trim_end()))
+                .and_then(|l| reply_text(l.trim_end()))
             {
                 if history {
                     self.source.add_history(&reply);
@@ -344,18 +619,7 @@ mod tests {
     }
 
     fn transcript(dir: &Path, cwd: &Path) -> Transcript {
-        let mut t = Transcript {
-            projects: dir.join("projects"),
-            sessions: dir.join("sessions"),
-            slug: slug(cwd),
-            agent_pid: None,
-            claude_pid: None,
-            own: Vec::new(),
-            start_len: HashMap::new(),
-            read: HashMap::new(),
-            source: ReplySource::new(),
-            files: 0,
-        };
+        let mut t = Transcript::for_claude_in(dir, cwd);
         t.set_agent_pid(std::process::id());
         t
     }
@@ -440,6 +704,91 @@ mod tests {
         std::fs::write(folder.join("s1.jsonl"), format!("{old}\n{REPLY}\n")).unwrap();
         assert_eq!(t.take_unseen(), [msg("said")]);
         assert_eq!(t.check(&msg("earlier")), Origin::Said(msg("earlier")));
+    }
+
+    #[test]
+    fn a_profiles_folder_is_expanded() {
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(
+            expand("~/.gemini"),
+            Some(PathBuf::from(format!("{home}/.gemini")))
+        );
+        assert_eq!(
+            expand("${RELAY_TEST_SURELY_UNSET:-~/.codex}/sessions"),
+            Some(PathBuf::from(format!("{home}/.codex/sessions")))
+        );
+        assert_eq!(
+            expand("${HOME:-/x}/y"),
+            Some(PathBuf::from(format!("{home}/y")))
+        );
+        assert_eq!(expand("${RELAY_TEST_SURELY_UNSET}/y"), None);
+        assert_eq!(expand("/abs"), Some(PathBuf::from("/abs")));
+    }
+
+    /// Codex: only rollouts whose header names this working directory are read, and only
+    /// what was added after the wrapper started is more than history.
+    #[test]
+    fn codex_reads_this_working_directorys_rollouts() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join("2026/11/26");
+        std::fs::create_dir_all(&day).unwrap();
+        let header =
+            |cwd: &str| format!(r#"{{"type":"session_meta","payload":{{"cwd":"{cwd}"}}}}"#);
+        let reply = |text: &str| {
+            format!(
+                r#"{{"type":"response_item","payload":{{"type":"message","role":"assistant","content":[{{"type":"output_text","text":"{text}"}}]}}}}"#
+            )
+        };
+        std::fs::write(
+            day.join("rollout-other.jsonl"),
+            format!("{}\n{}\n", header("/elsewhere"), reply("@relay:Bob theirs")),
+        )
+        .unwrap();
+        let source = TranscriptSource {
+            format: TranscriptFormat::Codex,
+            dir: dir.path().display().to_string(),
+        };
+        let mut t = Transcript::new(&source, Path::new("/w")).unwrap();
+        assert!(!t.sends_unseen());
+        std::fs::write(
+            day.join("rollout-mine.jsonl"),
+            format!(
+                "{}\n{}\n",
+                header("/w"),
+                reply("@relay:Bob Here:\\n    x()")
+            ),
+        )
+        .unwrap();
+        assert!(!t.knows(&msg("theirs")));
+        assert!(t.knows(&msg("Here:")));
+        assert_eq!(t.check(&msg("Here:")), Origin::Said(msg("Here:\n    x()")));
+    }
+
+    /// Gemini: the chats of the project `projects.json` names for this working directory.
+    #[test]
+    fn gemini_reads_its_projects_chats() {
+        let dir = tempfile::tempdir().unwrap();
+        let chats = dir.path().join("tmp/work/chats");
+        std::fs::create_dir_all(&chats).unwrap();
+        std::fs::write(
+            dir.path().join("projects.json"),
+            r#"{"projects":{"/w":"work"}}"#,
+        )
+        .unwrap();
+        let source = TranscriptSource {
+            format: TranscriptFormat::Gemini,
+            dir: dir.path().display().to_string(),
+        };
+        let mut t = Transcript::new(&source, Path::new("/w")).unwrap();
+        std::fs::write(
+            chats.join("session-1.jsonl"),
+            "{\"id\":\"1\",\"type\":\"gemini\",\"content\":\"@relay:Bob a **bold** step, long enough to match\"}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.check(&msg("a bold step, long enough to match")),
+            Origin::Said(msg("a **bold** step, long enough to match"))
+        );
     }
 
     #[test]

@@ -298,3 +298,39 @@ fn profile_args_are_added_unless_given() {
         cmd(&["codex", "--no-alt-screen"])
     );
 }
+
+/// Each of the three CLIs' profiles names the record of its replies; an override can turn it
+/// off or point it elsewhere, and an unknown format is refused.
+#[test]
+fn profiles_name_the_clis_record_of_their_replies() {
+    let of = |name: &str| Profile::builtin(name).unwrap().transcript;
+    assert_eq!(
+        of("codex"),
+        Some(TranscriptSource {
+            format: TranscriptFormat::Codex,
+            dir: "${CODEX_HOME:-~/.codex}/sessions".into()
+        })
+    );
+    assert_eq!(of("gemini").unwrap().format, TranscriptFormat::Gemini);
+    assert_eq!(of("claude").unwrap().format, TranscriptFormat::Claude);
+    assert_eq!(of("shell"), None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("codex.toml");
+    std::fs::write(&path, "transcript = \"none\"\n").unwrap();
+    let p = Profile::load("codex", Some(dir.path())).unwrap();
+    assert_eq!(p.transcript, None);
+    std::fs::write(&path, "transcript_dir = \"/elsewhere\"\n").unwrap();
+    let p = Profile::load("codex", Some(dir.path())).unwrap();
+    assert_eq!(p.transcript.unwrap().dir, "/elsewhere");
+    std::fs::write(&path, "transcript = \"vim\"\n").unwrap();
+    let e = Profile::load("codex", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("transcript = \"vim\""), "{e}");
+    let generic = dir.path().join("generic.toml");
+    std::fs::write(&generic, "transcript = \"codex\"\n").unwrap();
+    let e = Profile::load("generic", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs transcript_dir"), "{e}");
+}
