@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::support::{BIN, Relay, ok_stdout};
+use crate::support::{BIN, Raw, Relay, ok_stdout};
 
 /// Runs `up --foreground` with its socket at `socket` and returns its output once it exits;
 /// a daemon that starts instead is killed and the test fails.
@@ -383,8 +383,9 @@ fn escape_sequences_never_reach_the_terminal_from_trace_or_the_dead_letter_queue
 #[test]
 fn past_the_connection_limit_a_new_connection_is_told_to_try_again_later() {
     let relay = Relay::start_with(&["--max-connections", "2"]);
-    let (mut ann, _) = relay.agent("Ann");
-    let (ben, _) = relay.agent("Ben");
+    // `Relay::start`'s readiness probe holds a place until the daemon has seen it close.
+    let (mut ann, _) = hello_once_a_place_is_free(&relay, "Ann");
+    let (ben, _) = hello_once_a_place_is_free(&relay, "Ben");
     let mut third = relay.connect();
     let e = third.expect("ERROR");
     assert!(
@@ -400,23 +401,32 @@ fn past_the_connection_limit_a_new_connection_is_told_to_try_again_later() {
     assert_eq!(ann.expect("ACK")["payload"]["status"], "accepted");
     // Ben leaves: his place goes to the next one (once the daemon has seen him go).
     drop(ben);
+    let (_, welcome) = hello_once_a_place_is_free(&relay, "Cid");
+    assert!(welcome["payload"]["session_id"].is_string(), "{welcome}");
+}
+
+/// HELLO as `name`, again while the daemon answers "too many connections" (a place frees once
+/// it has seen a connection close), for up to 20 s; the connection and its WELCOME.
+fn hello_once_a_place_is_free(relay: &Relay, name: &str) -> (Raw, Value) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let welcome = loop {
+    loop {
         let mut c = relay.connect();
         // A refused connection may be closed before HELLO is written: only the answer counts.
         let hello = serde_json::to_vec(&json!({"v": 1, "type": "HELLO", "id": "h", "ts": 1,
-            "payload": {"agent": "Cid", "cli": "test"}}))
+            "payload": {"agent": name, "cli": "test"}}))
         .unwrap();
         let mut frame = u32::try_from(hello.len()).unwrap().to_be_bytes().to_vec();
         frame.extend_from_slice(&hello);
-        let _ = std::io::Write::write_all(&mut c.stream, &frame);
+        let written = std::io::Write::write_all(&mut c.stream, &frame);
         match c.read() {
-            Some(f) if f["type"] == "WELCOME" => break f,
-            other => assert!(Instant::now() < deadline, "no place freed: {other:?}"),
+            Some(f) if f["type"] == "WELCOME" => return (c, f),
+            other => assert!(
+                Instant::now() < deadline,
+                "no place for {name}: {other:?} (HELLO written: {written:?})"
+            ),
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(welcome["payload"]["session_id"].is_string(), "{welcome}");
+    }
 }
 
 /// SIGTERM the moment the socket accepts (what `down` right after `up` does) stops the daemon
