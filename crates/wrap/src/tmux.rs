@@ -447,11 +447,39 @@ impl Pane {
     /// Reads the pane's screen and, from row `from` of its history on (counted from the
     /// oldest row tmux ever kept, see [`Pane::row`]; `None`: all of it), what no wrapper
     /// read. With colours (`-e`), as the parser reads them from live output.
+    ///
+    /// The pane may print between the commands that read it (the agent runs on): the snapshot
+    /// is taken again until the pane's state (history size, cursor, size) is the same after
+    /// the captures as before them, so that the rows and the cursor agree. A cursor read before
+    /// output the captures then showed put the parser's cursor on a row above it: the next
+    /// text typed overwrote, in the parser's copy only, a directive below it, never relayed.
     pub(crate) fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
-        let info = self.run(&format!(
+        let mut info = self.pane_state()?;
+        for _ in 0..SNAPSHOT_TRIES {
+            let snap = self.snapshot_at(from, &info)?;
+            let after = self.pane_state()?;
+            if after == info {
+                return Ok(snap);
+            }
+            tracing::debug!(before = %info, after = %after, "the pane changed while it was read; reading it again");
+            info = after;
+        }
+        // Printing without a pause: the last reading, its cursor read just before it.
+        tracing::warn!("the pane kept changing while it was read; its last reading is used");
+        self.snapshot_at(from, &info)
+    }
+
+    /// `history_size cursor_y cursor_x pane_height pane_width`, as tmux says it.
+    fn pane_state(&self) -> Result<String, WrapError> {
+        self.run(&format!(
             "display-message -p -t {} \"#{{history_size}} #{{cursor_y}} #{{cursor_x}} #{{pane_height}} #{{pane_width}}\"",
             self.target
-        ))?;
+        ))
+        .map(|s| s.trim().to_owned())
+    }
+
+    /// One reading of the pane for [`Pane::snapshot`], `info` its state just before.
+    fn snapshot_at(&self, from: Option<u64>, info: &str) -> Result<Snapshot, WrapError> {
         // Every field a number, or the answer is refused: a field read as 0 would put the
         // checkpoint on the wrong row.
         let n: Vec<i64> = info
@@ -603,6 +631,9 @@ pub(crate) struct TmuxTerminal {
     term: tokio::signal::unix::Signal,
 }
 
+/// How many times [`Pane::snapshot`] reads a pane that keeps changing under it.
+const SNAPSHOT_TRIES: usize = 5;
+
 impl TmuxTerminal {
     /// The terminal of `pane` (attached to `session`), whose notes arrive on `output`.
     pub(crate) fn new(
@@ -724,6 +755,9 @@ impl crate::terminal::Terminal for TmuxTerminal {
 /// tmux paths with it: the checkpoint's row, the history a restarted wrapper looks in, the
 /// Enter it presses).
 #[cfg(test)]
+use std::collections::VecDeque;
+
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(crate) struct FakePane {
     /// The pane's history and screen, as `capture-pane -J -S -` gives it.
@@ -734,13 +768,22 @@ pub(crate) struct FakePane {
     pub(crate) commands: Vec<String>,
     /// The pane is in a mode (copy mode: a person scrolling back) until cancelled.
     pub(crate) in_mode: bool,
+    /// Answers to the snapshot's state query (`history_size cursor_y cursor_x height width`),
+    /// one per query, the last one kept: the pane printing while it is read.
+    pub(crate) states: VecDeque<String>,
 }
 
 #[cfg(test)]
 impl FakePane {
     fn answer(&mut self, line: &str) -> String {
         self.commands.push(line.to_owned());
-        if line.contains("#{history_size} #{cursor_y}") {
+        if line.contains("#{pane_height}") && !self.states.is_empty() {
+            if self.states.len() > 1 {
+                self.states.pop_front().unwrap_or_default()
+            } else {
+                self.states[0].clone()
+            }
+        } else if line.contains("#{history_size} #{cursor_y}") {
             format!("0 {}", self.row)
         } else if line.starts_with("capture-pane") {
             self.history.clone()
@@ -815,6 +858,38 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x` \"q\"\nline two"
+        );
+    }
+
+    /// A pane that prints between the commands reading it is read again: the snapshot's rows
+    /// and cursor come from one state of the pane (the cursor was read before output the
+    /// captures showed, and the parser's copy then lost a directive under it).
+    #[test]
+    fn a_pane_that_prints_while_it_is_read_is_read_again() {
+        let fake = std::sync::Arc::new(std::sync::Mutex::new(FakePane {
+            history: "got: one\n@relay:B two\n".into(),
+            // Before the captures, then after them (it printed: one more row, cursor lower),
+            // then the same again: that reading is used.
+            states: ["0 0 0 24 80", "0 2 0 24 80", "0 2 0 24 80"]
+                .map(String::from)
+                .into(),
+            ..FakePane::default()
+        }));
+        let pane = Pane::fake(fake.clone());
+        let snap = pane.snapshot(None).unwrap();
+        let states = fake
+            .lock()
+            .unwrap()
+            .commands
+            .iter()
+            .filter(|c| c.contains("#{pane_height}"))
+            .count();
+        assert_eq!(states, 3, "read, changed, read again, unchanged");
+        // The cursor is the one read with the rows: below the directive.
+        assert!(
+            snap.unseen.ends_with(b"\x1b[3;1H"),
+            "{:?}",
+            String::from_utf8_lossy(&snap.unseen)
         );
     }
 
