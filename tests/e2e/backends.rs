@@ -399,29 +399,7 @@ fn a_persons_line(backend: Backend) {
     let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
     let first: Value = serde_json::from_str(&first).unwrap();
     let first_id = first["id"].as_str().unwrap().to_owned();
-    // The wrapper logs the moment the message came due (output quiet) and was held for the
-    // person's line (their keys under the PTY, the input line under tmux): a wrapper that
-    // typed over a person would type at that moment instead.
-    let log = relay.data_dir().join("team/Dana/wrap.log");
-    let queued = format!("a message waits to be typed id={first_id}");
-    crate::tmux::wait_or_dump(
-        &relay,
-        &tmux,
-        "the wrapper holds the note for the person",
-        || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.find(&queued).is_some_and(|at| {
-                text[at..].contains("a message is due; held while a person has a half-written line")
-                    || text[at..].contains("not ready for a message why=InputNotEmpty")
-                    || text[at..].contains("typing a message")
-            })
-        },
-    );
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        !text.contains(&format!("typing a message id={first_id}")),
-        "typed over a person:\n{text}"
-    );
+    crate::tmux::held_for_a_person(&relay, &tmux, "Dana", &first_id);
     let shown = pane.text();
     assert!(
         !shown.contains("Relay message"),

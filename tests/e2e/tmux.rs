@@ -166,6 +166,32 @@ pub(crate) fn history(relay: &Relay) -> Vec<(String, String, String)> {
     v
 }
 
+/// Waits until agent `name`'s wrapper has message `id` due and holds it for a person's
+/// half-written line (their keys under the PTY, the input line under tmux), then checks it
+/// did not type it: a wrapper that typed over a person would type at that moment instead.
+pub(crate) fn held_for_a_person(relay: &Relay, tmux: &Tmux<'_>, name: &str, id: &str) {
+    let log = relay.data_dir().join(format!("team/{name}/wrap.log"));
+    let queued = format!("a message waits to be typed id={id}");
+    wait_or_dump(
+        relay,
+        tmux,
+        &format!("{name}'s wrapper holds {id} for the person"),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.find(&queued).is_some_and(|at| {
+                text[at..].contains("a message is due; held while a person has a half-written line")
+                    || text[at..].contains("not ready for a message why=InputNotEmpty")
+                    || text[at..].contains("typing a message")
+            })
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains(&format!("typing a message id={id}")),
+        "typed over a person:\n{text}"
+    );
+}
+
 /// Waits until `cond`; on timeout fails with what every session shows and every wrapper
 /// logged, and the relay's history.
 pub(crate) fn wait_or_dump(
@@ -595,25 +621,7 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
         screen().contains("> half a thought")
     });
     let back = send("after the reattach");
-    let log = relay.data_dir().join("team/Dana/wrap.log");
-    let queued = format!("a message waits to be typed id={back}");
-    wait_or_dump(
-        &relay,
-        &tmux,
-        "the wrapper holds the message for the person",
-        || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.find(&queued).is_some_and(|at| {
-                text[at..].contains("not ready for a message why=InputNotEmpty")
-                    || text[at..].contains("typing a message")
-            })
-        },
-    );
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        !text.contains(&format!("typing a message id={back}")),
-        "typed over a person:\n{text}"
-    );
+    held_for_a_person(&relay, &tmux, "Dana", &back);
     assert_eq!(status(&back), "queued");
     // They finish it: their line goes in whole, then the message as a line of its own.
     person(&["send-keys", "-l", " and more"]);

@@ -201,7 +201,8 @@ pub fn failure_of_notice(me: &str, name: &str, d: Delivered<'_>) -> Option<Failu
     let n = d.payload.data.as_ref()?.get("relay_notice")?;
     let text = |k: &str| n.get(k).and_then(|v| v.as_str()).map(str::to_owned);
     let dlq = n.get("dlq_id").and_then(serde_json::Value::as_i64);
-    let reason = text("reason").unwrap_or_default();
+    // The relay's notices always say why; one that does not still says where it failed.
+    let reason = text("reason").unwrap_or_else(|| format!("no reason given by node {me}"));
     Some(Failure {
         node: me.to_owned(),
         from: name.to_owned(),

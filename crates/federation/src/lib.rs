@@ -1219,7 +1219,15 @@ async fn answer_traces(sh: Arc<Shared>, mut traces: TraceRequests) {
     while let Some((trace, reply)) = traces.recv().await {
         let sh = sh.clone();
         tokio::spawn(async move {
-            let nodes = sh.nodes.read().map(|n| n.clone()).unwrap_or_default();
+            let nodes = match sh.nodes.read() {
+                Ok(n) => n.clone(),
+                Err(_) => {
+                    tracing::error!(
+                        "federation: the nodes' list is unreadable (a thread panicked); the trace shows this node's legs only"
+                    );
+                    Default::default()
+                }
+            };
             let far = core::far_nodes(&trace, &nodes);
             let ask = core::TraceAsk {
                 from: trace.from.clone(),
