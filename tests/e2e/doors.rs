@@ -326,20 +326,7 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
     // The tool result Claude Code sent back to the model is the relay's receipt.
-    let results: Vec<String> = standin
-        .requests()
-        .iter()
-        .flat_map(|r| {
-            r.body["messages"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|m| m["content"].as_array().into_iter().flatten())
-                .filter(|b| b["type"] == "tool_result")
-                .map(|b| b["content"].to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let results = crate::record::tool_results(&standin, 0);
     assert!(
         results
             .iter()

@@ -8,13 +8,22 @@
 //! wrapper already holds the name (the same agent, wrapped), it joins that identity instead:
 //! it sends as that name on a client connection and reads the inbox from the store, without a
 //! second agent connection (`docs/DESIGN` §11, one agent, several doors).
+//!
+//! What was handed to the model is recorded in the relay's store, never in this process: a
+//! server that holds the name keeps the relay's deliveries unacknowledged until `relay_inbox`
+//! shows them to the model, oldest first and page by page, and acknowledges each then as
+//! verified by this door (`trace` says so). A server that stops, or a relay that restarts,
+//! leaves what was not shown waiting in the store, for the next server or the agent's wrapper.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use relay_client::paths::Paths;
-use relay_client::{Client, ClientConfig, ClientError, Event, Outgoing};
+use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_protocol::query::DeliveryStatus;
 use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
 use relay_protocol::{AckStatus, ErrorCode, Kind};
@@ -36,8 +45,9 @@ pub(crate) struct McpArgs {
 /// What the server says about itself to the model at `initialize`.
 const INSTRUCTIONS: &str = "Tools of agent-relay, which connects you with other AI agents \
 working in other terminals. relay_send sends a message (the result is the relay's receipt or \
-its refusal); relay_inbox lists messages sent to you that you have not seen; relay_read shows \
-one message in full; relay_agents lists the agents; relay_search searches the history.";
+its refusal; an answer to a message relay_inbox showed you is sent as a reply to it); \
+relay_inbox shows the messages sent to you that you have not seen, oldest first, a page at a \
+time (call it again while it says more are waiting); relay_read shows one message in full; relay_agents lists the agents; relay_search searches the history.";
 
 /// Runs the MCP server on stdin/stdout until the client closes it.
 pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
@@ -69,7 +79,7 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         hold_name(&socket, &name).await?
     };
     let (agent, reader) = match held {
-        Some((client, reader)) => (Some(client), Some(reader)),
+        Some((client, held, reader)) => (Some((client, held)), Some(reader)),
         None => (None, None),
     };
     let server = RelayMcp {
@@ -78,6 +88,7 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         door,
         agent,
         seen_pos: Arc::new(AtomicI64::new(0)),
+        replying_to: Arc::new(Mutex::new(HashMap::new())),
         tool_router: RelayMcp::tool_router(),
     };
     let running = server.serve(rmcp::transport::stdio()).await?;
@@ -89,15 +100,42 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
     Ok(())
 }
 
+/// The relay's deliveries this server holds for its agent, in the order the relay handed them
+/// over (store order, oldest first), none acknowledged yet: each is acknowledged (verified, by
+/// this door) only when `relay_inbox` shows it to the model. What this process holds when it
+/// ends was never acknowledged, so the relay keeps it for the next connection under the name.
+#[derive(Default)]
+struct Held {
+    messages: Mutex<VecDeque<Delivered>>,
+    /// Woken at each delivery (`relay_inbox` waits for those the relay has not handed over yet).
+    arrived: tokio::sync::Notify,
+    /// Acknowledged by this server since it started.
+    acked: AtomicU64,
+}
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Delivered>> {
+        // A panic while holding the lock leaves a queue that is still whole.
+        self.messages.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The door's name in a delivery's trace.
+const DOOR: &str = "shown to the model by relay_inbox (MCP server)";
+/// How long `relay_inbox` waits for the deliveries the relay still has to hand over (the
+/// catch-up right after this server connected), at most.
+const CATCH_UP: Duration = Duration::from_secs(3);
+
 /// Connects as the agent `name` when no one holds the name, so that it is a known, online
-/// agent and its messages are stored for it; deliveries are acknowledged as they arrive (the
-/// model reads them from the store with `relay_inbox`). `None` when a wrapper holds the name.
+/// agent and its messages are stored for it; deliveries are held unacknowledged until the
+/// model is shown them (see [`Held`]). `None` when a wrapper holds the name.
 async fn hold_name(
     socket: &std::path::Path,
     name: &str,
-) -> anyhow::Result<Option<(Arc<Client>, tokio::task::JoinHandle<()>)>> {
+) -> anyhow::Result<Option<(Arc<Client>, Arc<Held>, tokio::task::JoinHandle<()>)>> {
     let cfg = ClientConfig {
         cli: Some("mcp".to_owned()),
+        max_inflight: WINDOW,
         ..ClientConfig::agent(socket.to_path_buf(), name)
     };
     let mut client = match Client::connect(cfg).await {
@@ -113,18 +151,18 @@ async fn hold_name(
     };
     let mut events = client.take_events();
     let client = Arc::new(client);
-    let acker = Arc::clone(&client);
+    let held = Arc::new(Held::default());
+    let holder = Arc::clone(&held);
     let reader = tokio::spawn(async move {
         while let Some(event) = events.next().await {
             if let Event::Message(msg) = event {
-                // Stored, and read from the store by relay_inbox: the delivery is done.
-                if let Err(e) = acker.ack(&msg, None).await {
-                    tracing::warn!(error = %e, id = %msg.id, "cannot acknowledge a delivery; the relay will deliver it again");
-                }
+                // Not acknowledged: only the model's reading of it (relay_inbox) hands it over.
+                holder.lock().push_back(msg);
+                holder.arrived.notify_waiters();
             }
         }
     });
-    Ok(Some((client, reader)))
+    Ok(Some((client, held, reader)))
 }
 
 /// Arguments of `relay_send`.
@@ -145,16 +183,22 @@ struct SendParams {
     /// Deliver before other waiting messages.
     #[serde(default)]
     urgent: bool,
+    /// The id of the message this answers (or its first 8 or more characters, as shown in
+    /// brackets): the answer joins its thread and counts in the conversation's hop budget.
+    /// Without it, a message to an agent whose message relay_inbox showed you last is an
+    /// answer to that message.
+    #[serde(default)]
+    reply_to: Option<String>,
 }
 
 /// Arguments of `relay_inbox`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
 struct InboxParams {
-    /// Also show messages already shown by an earlier relay_inbox call.
+    /// Show the latest messages to you, whether shown before or not (nothing is marked read).
     #[serde(default)]
     all: bool,
-    /// At most this many messages (default 20).
+    /// At most this many messages (default 20); call again for the next ones.
     #[serde(default)]
     limit: Option<u32>,
 }
@@ -185,6 +229,9 @@ struct SearchParams {
     limit: Option<u32>,
 }
 
+/// A message the model was shown, as an answer to it names it: (id, thread).
+type Answered = (String, Option<String>);
+
 /// The MCP server of one agent.
 #[derive(Clone)]
 struct RelayMcp {
@@ -193,11 +240,15 @@ struct RelayMcp {
     /// The wrapper's door (`relay_wrap` `door.rs`): under a wrapper that holds the name, sends
     /// go through the wrapper's connection.
     door: PathBuf,
-    /// The agent's own connection, when this server holds the name: only it may send as the
-    /// agent.
-    agent: Option<Arc<Client>>,
-    /// The newest store position `relay_inbox` has shown.
+    /// The agent's own connection, when this server holds the name (only it may send as the
+    /// agent), and the deliveries it holds.
+    agent: Option<(Arc<Client>, Arc<Held>)>,
+    /// Under a wrapper: the newest store position `relay_inbox` has shown (what the store
+    /// records as handed over is the wrapper's to say).
     seen_pos: Arc<AtomicI64>,
+    /// Per sender, the latest of its messages the model was shown (id, thread): a message to
+    /// that sender is an answer to it.
+    replying_to: Arc<Mutex<HashMap<String, Answered>>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -249,6 +300,7 @@ impl RelayMcp {
             "body": msg.payload.body,
             "topic": msg.topic,
             "thread": msg.payload.thread,
+            "in_reply_to": msg.payload.in_reply_to,
             "urgent": msg.payload.urgent,
         });
         let exchange = async {
@@ -317,7 +369,7 @@ impl RelayMcp {
     }
 
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
-        if let Some(agent) = &self.agent {
+        if let Some((agent, _)) = &self.agent {
             return agent.query(req).await;
         }
         let client = self.client().await?;
@@ -334,6 +386,195 @@ impl RelayMcp {
             ))),
         }
     }
+    /// What a message to `to` answers, as (id, thread): the message `reply_to` names, or else
+    /// the latest message from `to` this server showed the model. The thread is the answered
+    /// message's own thread, or the answered message itself (so the conversation has one).
+    async fn answers(
+        &self,
+        to: &str,
+        reply_to: Option<&str>,
+    ) -> Result<Option<(String, Option<String>)>, String> {
+        let threaded = |id: String, thread: Option<String>| {
+            let thread = thread.unwrap_or_else(|| id.clone());
+            Some((id, Some(thread)))
+        };
+        if let Some(wanted) = reply_to {
+            return match self
+                .query(QueryRequest::Read {
+                    id: wanted.to_owned(),
+                })
+                .await
+            {
+                Ok(QueryResult::Read { message }) => Ok(threaded(message.id, message.thread)),
+                Ok(QueryResult::Error { message, .. }) => Err(format!(
+                    "reply_to {}: {}",
+                    for_terminal(wanted),
+                    for_terminal(&message)
+                )),
+                Ok(other) => Err(format!("reply_to: unexpected answer {other:?}")),
+                Err(e) => Err(format!("reply_to {}: {e}", for_terminal(wanted))),
+            };
+        }
+        let shown = self
+            .replying_to
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(shown
+            .get(to)
+            .and_then(|(id, thread)| threaded(id.clone(), thread.clone())))
+    }
+
+    /// A server that holds the name showed `message` in full (`relay_read`): if it holds that
+    /// delivery, it is handed over now (acknowledged verified by this door), not shown again.
+    async fn shown_held(&self, message: &MessageRecord) {
+        let Some((client, held)) = &self.agent else {
+            return;
+        };
+        let taken = {
+            let mut q = held.lock();
+            q.iter()
+                .position(|m| m.id == message.id && m.from == message.from)
+                .and_then(|at| q.remove(at))
+        };
+        if let Some(m) = taken {
+            if let Err(e) = client.ack_shown(&m, DOOR).await {
+                tracing::warn!(error = %e, id = %m.id, "cannot acknowledge a message shown to the model; the relay will hand it over again");
+            }
+            held.acked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The latest `limit` messages to this agent, oldest first, shown or not (nothing is
+    /// marked).
+    async fn latest(&self, limit: usize) -> Result<Vec<MessageRecord>, ClientError> {
+        let filter = HistoryFilter {
+            to: Some(self.name.clone()),
+            limit: Some(u32::try_from(limit).unwrap_or(1000)),
+            ..HistoryFilter::default()
+        };
+        let mut messages: Vec<MessageRecord> = self
+            .history(filter)
+            .await?
+            .into_iter()
+            .filter(|m| m.from != self.name)
+            .collect();
+        messages.reverse();
+        Ok(messages)
+    }
+
+    /// A server that holds the name: the oldest `limit` deliveries it holds (after waiting, a
+    /// bounded time, for those the relay still has to hand over, as right after it connected),
+    /// each acknowledged verified by this door before the model is answered. Returns them
+    /// with how many more wait.
+    async fn take_held(
+        &self,
+        client: &Client,
+        held: &Held,
+        limit: usize,
+    ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
+        // Stored for the agent and not acknowledged, as the relay counts them (it may still
+        // count some this server acknowledged a moment ago: then it waits less, never more).
+        let pending = match client.query(QueryRequest::Agents).await? {
+            QueryResult::Agents { agents } => agents
+                .iter()
+                .find(|a| a.name == self.name)
+                .map_or(0, |a| a.pending),
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "unexpected answer to agents: {other:?}"
+                )));
+            }
+        };
+        let expected = usize::try_from(
+            pending
+                .saturating_sub(held.acked.load(Ordering::Relaxed))
+                .min(u64::from(WINDOW)),
+        )
+        .unwrap_or(usize::MAX);
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        loop {
+            let arrived = held.arrived.notified();
+            // All the relay has for the agent, not only a page: the count of what stays
+            // waiting is then true too.
+            if held.lock().len() >= expected {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                tracing::debug!(
+                    expected,
+                    "the relay has not handed over every waiting message yet; showing what came"
+                );
+                break;
+            }
+        }
+        let (taken, left) = {
+            let mut q = held.lock();
+            let n = q.len().min(limit);
+            (q.drain(..n).collect::<Vec<_>>(), q.len())
+        };
+        for m in &taken {
+            // Acknowledged before the model is answered: once the answer is on its way, the
+            // store says who got it. A failed acknowledgement leaves it waiting in the store
+            // (shown again later, never lost).
+            if let Err(e) = client.ack_shown(m, DOOR).await {
+                tracing::warn!(error = %e, id = %m.id, "cannot acknowledge a message shown to the model; the relay will hand it over again");
+            }
+        }
+        held.acked.fetch_add(taken.len() as u64, Ordering::Relaxed);
+        let more = left.max(expected.saturating_sub(taken.len()));
+        Ok((taken.iter().map(record_of).collect(), more))
+    }
+
+    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages to this agent
+    /// the store does not record as verified or ended, and newer than what this server showed;
+    /// the wrapper is told they were shown. Returns them with how many more wait.
+    async fn unread_in_store(
+        &self,
+        limit: usize,
+    ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
+        let seen = self.seen_pos.load(Ordering::Relaxed);
+        let mut waiting: Vec<MessageRecord> = self
+            .latest(1000)
+            .await?
+            .into_iter()
+            .filter(|m| {
+                m.pos > seen
+                    && m.deliveries.iter().any(|d| {
+                        d.recipient == self.name
+                            && matches!(d.status, DeliveryStatus::Queued | DeliveryStatus::Acked)
+                    })
+            })
+            .collect();
+        let more = waiting.len().saturating_sub(limit);
+        waiting.truncate(limit);
+        if let Some(last) = waiting.iter().map(|m| m.pos).max() {
+            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        }
+        self.tell_shown(waiting.iter().map(|m| m.id.clone()).collect())
+            .await;
+        Ok((waiting, more))
+    }
+}
+
+/// Deliveries a server that holds the name accepts at once (the relay's window for it).
+const WINDOW: u32 = 256;
+
+/// A held delivery as the record the tools show.
+fn record_of(m: &Delivered) -> MessageRecord {
+    MessageRecord {
+        pos: 0,
+        id: m.id.clone(),
+        ts: m.ts,
+        from: m.from.clone(),
+        to: m.to.clone(),
+        topic: m.topic.clone(),
+        kind: m.payload.kind,
+        body: m.payload.body.clone(),
+        data: m.payload.data.clone(),
+        thread: m.payload.thread.clone(),
+        in_reply_to: m.payload.in_reply_to.clone(),
+        deliveries: Vec::new(),
+    }
 }
 
 #[tool_router(router = tool_router)]
@@ -347,6 +588,11 @@ impl RelayMcp {
         if p.body.trim().is_empty() {
             return failed("not sent: the body is empty");
         }
+        let (in_reply_to, thread) = match self.answers(&p.to, p.reply_to.as_deref()).await {
+            Ok(Some((id, thread))) => (Some(id), p.thread.or(thread)),
+            Ok(None) => (None, p.thread),
+            Err(e) => return failed(format!("not sent: {e}")),
+        };
         let msg = Outgoing {
             id: None,
             to: Some(p.to.clone()),
@@ -355,14 +601,14 @@ impl RelayMcp {
                 kind: Kind::Message,
                 body: p.body,
                 data: None,
-                thread: p.thread,
-                in_reply_to: None,
+                thread,
+                in_reply_to,
                 budget: None,
                 urgent: p.urgent,
             },
         };
         let res = match &self.agent {
-            Some(agent) => agent.send(msg).await,
+            Some((agent, _)) => agent.send(msg).await,
             None if self.door.exists() => return self.door_send(&p.to, msg).await,
             None => match self.client().await {
                 Ok(client) => {
@@ -404,40 +650,46 @@ impl RelayMcp {
         }
     }
 
-    /// The messages sent to this agent that it has not seen.
+    /// The messages sent to this agent that it has not seen, oldest first, a page at a time.
     #[tool(
         name = "relay_inbox",
-        description = "List the relay messages sent to you (to your name or to everyone) that an earlier relay_inbox call did not show, oldest first, each with its id, sender, thread and full body. all=true shows the latest ones even if already shown."
+        description = "Show the relay messages sent to you (to your name or to everyone) that you have not been shown yet, oldest first, each with its id, sender, thread and full body; at most `limit` (default 20) at a time: when it says more are waiting, call it again. Once shown here a message counts as read. all=true shows the latest ones whether shown before or not."
     )]
     async fn relay_inbox(&self, Parameters(p): Parameters<InboxParams>) -> CallToolResult {
-        let filter = HistoryFilter {
-            to: Some(self.name.clone()),
-            limit: Some(p.limit.unwrap_or(20).clamp(1, 1000)),
-            ..HistoryFilter::default()
+        let limit = usize::try_from(p.limit.unwrap_or(20).clamp(1, 1000)).unwrap_or(20);
+        let taken = if p.all {
+            self.latest(limit).await.map(|m| (m, 0))
+        } else if let Some((client, held)) = &self.agent {
+            self.take_held(client, held, limit).await
+        } else {
+            self.unread_in_store(limit).await
         };
-        let messages = match self.history(filter).await {
-            Ok(m) => m,
+        let (shown, more) = match taken {
+            Ok(t) => t,
             Err(e) => return failed(format!("cannot read the inbox: {e}")),
         };
-        let seen = self.seen_pos.load(Ordering::Relaxed);
-        let mut new: Vec<MessageRecord> = messages
-            .into_iter()
-            .filter(|m| m.from != self.name && (p.all || m.pos > seen))
-            .collect();
-        new.reverse();
-        if let Some(last) = new.iter().map(|m| m.pos).max() {
-            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        {
+            let mut replying = self
+                .replying_to
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for m in &shown {
+                replying.insert(m.from.clone(), (m.id.clone(), m.thread.clone()));
+            }
         }
-        if new.is_empty() {
-            return text("No new relay messages.");
+        let more = if more > 0 {
+            format!("\n\n({more} more waiting: call relay_inbox again for the next ones.)")
+        } else {
+            String::new()
+        };
+        if shown.is_empty() {
+            return text(format!("No new relay messages.{more}"));
         }
-        self.tell_shown(new.iter().map(|m| m.id.clone()).collect())
-            .await;
         text(format!(
-            "{} relay message{}:\n\n{}",
-            new.len(),
-            if new.len() == 1 { "" } else { "s" },
-            show_all(&new)
+            "{} relay message{}:\n\n{}{more}",
+            shown.len(),
+            if shown.len() == 1 { "" } else { "s" },
+            show_all(&shown)
         ))
     }
 
@@ -451,6 +703,7 @@ impl RelayMcp {
             Ok(QueryResult::Read { message }) => {
                 if message.to == self.name || message.to == "*" {
                     self.tell_shown(vec![message.id.clone()]).await;
+                    self.shown_held(&message).await;
                 }
                 text(show(&message))
             }

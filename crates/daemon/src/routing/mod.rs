@@ -1760,7 +1760,11 @@ impl Core {
                     recipient: name.clone(),
                     pos,
                     status,
-                    reason: reason.filter(|_| status == DeliveryStatus::Failed),
+                    // A failure's reason, or the door that showed a verified message to
+                    // its agent's model (`trace` names it).
+                    reason: reason.filter(|_| {
+                        matches!(status, DeliveryStatus::Failed | DeliveryStatus::Verified)
+                    }),
                 },
                 WriteCtx::Notify,
             ));

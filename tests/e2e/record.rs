@@ -1,0 +1,266 @@
+//! The relay's store as the one record of what each door handed over (issue 23, points 5–9;
+//! issue 24, point 1): every door reads and advances that record through the daemon, oldest
+//! first, page by page, and a restart of any process resumes from it.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::doors::Mcp;
+use crate::support::{Relay, ok_stdout, wait_for};
+
+/// `name` has connected once and is offline now: messages to it wait in the store.
+fn known_offline(relay: &Relay, name: &str) {
+    let (agent, _) = relay.agent(name);
+    drop(agent);
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{name} is offline"),
+        || !crate::wrap::is_online(relay, name),
+    );
+}
+
+/// Bob sends `bodies` to `to`, each stored before the next.
+fn bob_sends(relay: &Relay, to: &str, bodies: &[String]) -> Vec<String> {
+    let (mut bob, _) = relay.agent("Bob");
+    bodies
+        .iter()
+        .map(|b| {
+            let id = bob.send(to, b);
+            let ack = bob.expect("ACK");
+            assert_eq!(ack["payload"]["ack_id"], id.as_str(), "{ack}");
+            id
+        })
+        .collect()
+}
+
+/// The bodies a `relay_inbox` answer shows, in its order (each message's body is one line
+/// here, after its header line).
+fn shown_bodies(inbox: &str) -> Vec<String> {
+    inbox
+        .lines()
+        .filter(|l| l.starts_with("msg "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn trace(relay: &Relay, id: &str) -> Value {
+    serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"]))).unwrap()
+}
+
+/// The trace events of `id` in `state`, with their details.
+fn trace_details(relay: &Relay, id: &str, state: &str) -> Vec<String> {
+    trace(relay, id)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == state)
+        .map(|e| e["detail"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// Issue 23.6 and 23.5: with 25 messages waiting, `relay_inbox` shows the 20 oldest, oldest
+/// first, and says 5 more wait; after the MCP server and the relay restart, a new server shows
+/// the rest page by page (`limit: 1` skips nothing), never one shown before; `trace` names the
+/// door. Before: the newest 20 were shown, the next call said "no new messages", and every new
+/// server showed everything again (its position was in memory).
+#[test]
+fn relay_inbox_pages_oldest_first_and_a_new_server_resumes_from_the_store() {
+    let mut relay = Relay::start();
+    known_offline(&relay, "Alice");
+    let bodies: Vec<String> = (0..25).map(|i| format!("msg {i:02}")).collect();
+    let ids = bob_sends(&relay, "Alice", &bodies);
+
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let (err, first) = mcp.tool("relay_inbox", json!({}));
+    assert!(!err, "{first}");
+    assert!(first.starts_with("20 relay messages:"), "{first}");
+    assert_eq!(shown_bodies(&first), bodies[..20], "{first}");
+    assert!(first.contains("5 more waiting"), "{first}");
+    drop(mcp);
+
+    // Both processes restart: what was shown is in the store, not in either of them.
+    relay.stop();
+    relay.spawn();
+    let mut mcp = Mcp::start(&relay, "Alice");
+    for body in &bodies[20..22] {
+        let (_, one) = mcp.tool("relay_inbox", json!({"limit": 1}));
+        assert_eq!(shown_bodies(&one), std::slice::from_ref(body), "{one}");
+    }
+    let (_, rest) = mcp.tool("relay_inbox", json!({}));
+    assert_eq!(shown_bodies(&rest), bodies[22..], "{rest}");
+    assert!(!rest.contains("more waiting"), "{rest}");
+    let (_, none) = mcp.tool("relay_inbox", json!({}));
+    assert_eq!(none, "No new relay messages.");
+    drop(mcp);
+
+    // Each was handed over once, verified by the MCP door.
+    for id in [&ids[0], &ids[21], &ids[24]] {
+        let verified = trace_details(&relay, id, "verified");
+        assert_eq!(
+            verified,
+            ["shown to the model by relay_inbox (MCP server)"],
+            "{id}"
+        );
+    }
+}
+
+/// Issue 23.7: an MCP server that holds the name of an offline (wrapped) agent does not
+/// acknowledge its queued mail: what the model was not shown is still there for the agent's
+/// next connection. Before: the server acknowledged every delivery on arrival (`trace` said
+/// injected) and the agent never got them.
+#[test]
+fn an_mcp_server_holding_an_offline_agents_name_leaves_what_it_did_not_show() {
+    let relay = Relay::start();
+    known_offline(&relay, "Alice");
+    let bodies: Vec<String> = (1..=3).map(|i| format!("msg {i}")).collect();
+    let ids = bob_sends(&relay, "Alice", &bodies);
+
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let (_, one) = mcp.tool("relay_inbox", json!({"limit": 1}));
+    assert_eq!(shown_bodies(&one), [bodies[0].clone()], "{one}");
+    assert!(one.contains("2 more waiting"), "{one}");
+    drop(mcp);
+    wait_for(Duration::from_secs(20), "the MCP server is gone", || {
+        !crate::wrap::is_online(&relay, "Alice")
+    });
+
+    // Alice's own connection gets the two the model was not shown, in order, and only them.
+    let (mut alice, _) = relay.agent("Alice");
+    for (id, body) in ids[1..].iter().zip(&bodies[1..]) {
+        let d = alice.expect("DELIVER");
+        assert_eq!(
+            (d["id"].as_str(), d["payload"]["body"].as_str()),
+            (Some(id.as_str()), Some(body.as_str()))
+        );
+        alice.ack(&d);
+    }
+    // A marker sent after everything: nothing else came before it.
+    let marker = bob_sends(&relay, "Alice", &["marker".to_owned()]);
+    let d = alice.expect("DELIVER");
+    assert_eq!(d["id"], marker[0].as_str(), "{d}");
+    assert!(trace_details(&relay, &ids[1], "verified").is_empty());
+    assert_eq!(
+        trace_details(&relay, &ids[0], "verified"),
+        ["shown to the model by relay_inbox (MCP server)"]
+    );
+}
+
+/// Issue 23.9: an answer through `relay_send` to the agent whose message `relay_inbox` showed
+/// is a reply (`in_reply_to`, `thread`), so the relay's hop budget stops two MCP agents that
+/// answer each other forever. Before: replies carried neither and the chain never ended.
+#[test]
+fn answers_through_mcp_are_replies_and_count_in_the_hop_budget() {
+    let relay = Relay::start_with(&["--max-hops", "3"]);
+    let mut alice = Mcp::start(&relay, "Alice");
+    let mut bob = Mcp::start(&relay, "Bob");
+    let (err, ack) = alice.tool("relay_send", json!({"to": "Bob", "body": "ping 0"}));
+    assert!(!err, "{ack}");
+    let first = ack
+        .strip_prefix("ACK [")
+        .and_then(|r| r.split(']').next())
+        .unwrap()
+        .to_owned();
+    let mut turn = [&mut bob, &mut alice];
+    let mut refused = None;
+    for hop in 1..=6 {
+        let (me, other) = if hop % 2 == 1 {
+            ("Bob", "Alice")
+        } else {
+            ("Alice", "Bob")
+        };
+        let mcp = &mut turn[(hop + 1) % 2];
+        let (_, inbox) = mcp.tool("relay_inbox", json!({}));
+        assert!(inbox.starts_with("1 relay message:"), "{me}: {inbox}");
+        // The first answer names what it answers; the others are answers by default.
+        let args = if hop == 1 {
+            json!({"to": other, "body": format!("pong {hop}"), "reply_to": &first[..10]})
+        } else {
+            json!({"to": other, "body": format!("pong {hop}")})
+        };
+        let (err, ack) = mcp.tool("relay_send", args);
+        if err {
+            refused = Some((hop, ack));
+            break;
+        }
+    }
+    let (hop, nack) = refused.expect("the chain of answers was never stopped");
+    assert_eq!(hop, 4, "{nack}");
+    assert!(nack.contains("NACK budget_exceeded"), "{nack}");
+    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
+    let replies: Vec<&Value> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["body"].as_str().unwrap().starts_with("pong"))
+        .collect();
+    assert_eq!(replies.len(), 3, "{h:#}");
+    for m in replies {
+        assert_eq!(m["thread"], first.as_str(), "{m:#}");
+        assert!(m["in_reply_to"].is_string(), "{m:#}");
+    }
+}
+
+/// The `tool_result` texts of the stand-in's requests from `from` on.
+pub(crate) fn tool_results(standin: &relay_standin::StandIn, from: usize) -> Vec<String> {
+    standin.requests()[from..]
+        .iter()
+        .flat_map(|r| {
+            r.body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|m| m["content"].as_array().into_iter().flatten())
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| b["content"].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Issue 23.5 with real Claude Code: two `claude -p` runs in a row, each starting its own MCP
+/// server (and the relay restarted between them), read the inbox; the message waiting is
+/// shown to the first only. Before: the second run's new server showed it again.
+#[test]
+fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
+    let mut relay = Relay::start();
+    known_offline(&relay, "Alice");
+    let body = "please run the database migration once";
+    bob_sends(&relay, "Alice", &[body.to_owned()]);
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("check the relay", "Checking.")
+            .calling("mcp__relay__relay_inbox", &json!({})),
+    ]))
+    .unwrap();
+    let config = json!({"mcpServers": {"relay": {
+        "type": "stdio",
+        "command": crate::support::BIN,
+        "args": ["mcp", "--name", "Alice"],
+        "env": {
+            "AGENT_RELAY_SOCKET": &relay.socket,
+            "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+        },
+    }}})
+    .to_string();
+    let args = [
+        "--mcp-config",
+        &config,
+        "--strict-mcp-config",
+        "--allowedTools",
+        "mcp__relay__relay_inbox",
+    ];
+    crate::doors::claude_print(&relay, &standin, &args, "check the relay");
+    let first = tool_results(&standin, 0);
+    assert!(first.iter().any(|r| r.contains(body)), "{first:?}");
+
+    relay.stop();
+    relay.spawn();
+    let seen = standin.requests().len();
+    crate::doors::claude_print(&relay, &standin, &args, "check the relay");
+    let second = tool_results(&standin, seen);
+    assert!(
+        second.iter().any(|r| r.contains("No new relay messages.")),
+        "{second:?}"
+    );
+    assert!(!second.iter().any(|r| r.contains(body)), "{second:?}");
+}
