@@ -264,3 +264,115 @@ fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
     );
     assert!(!second.iter().any(|r| r.contains(body)), "{second:?}");
 }
+
+/// `agent-relay inbox --json` (or with `--as NAME`), as JSON Lines.
+fn inbox_json(relay: &Relay, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["inbox", "--json"];
+    all.extend_from_slice(args);
+    ok_stdout(&relay.cli(&all))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Issue 24.1: the person always has a mailbox. `send Bob` signs as `human`; Bob's answer to
+/// `human` waits in the store (no adapter), across a relay restart; `inbox` shows it once and
+/// marks it read through the store's record (`trace` names the door); `reply` answers it in
+/// its thread; `inbox --follow` shows what comes next. Before: Bob's answer was refused ("no
+/// agent named human") and lost.
+#[test]
+fn the_persons_mailbox_keeps_an_answer_and_reply_is_threaded() {
+    let mut relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let question = ok_stdout(&relay.cli(&["send", "Bob", "status?", "--json"]));
+    let question: Value = serde_json::from_str(&question).unwrap();
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (d["from"].as_str(), d["id"].as_str()),
+        (Some("human"), question["id"].as_str())
+    );
+    bob.ack(&d);
+    let answer = bob.send_env(
+        "SEND",
+        json!({"to": "human"}),
+        json!({"kind": "message", "body": "All good", "in_reply_to": d["id"]}),
+    );
+    let ack = bob.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    drop(bob);
+
+    relay.stop();
+    relay.spawn();
+    let shown = inbox_json(&relay, &[]);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(
+        (
+            shown[0]["id"].as_str(),
+            shown[0]["from"].as_str(),
+            shown[0]["body"].as_str()
+        ),
+        (Some(answer.as_str()), Some("Bob"), Some("All good"))
+    );
+    assert_eq!(shown[0]["unread"], true);
+    assert_eq!(
+        ok_stdout(&relay.cli(&["inbox"])).trim(),
+        "No new messages for human."
+    );
+    assert_eq!(
+        trace_details(&relay, &answer, "verified"),
+        ["shown to the person by agent-relay inbox"]
+    );
+    let read = inbox_json(&relay, &["--all"]);
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert_eq!(read[0]["unread"], false);
+
+    // The person answers by the short id the inbox showed; Bob gets it threaded.
+    let (mut bob, _) = relay.agent("Bob");
+    let short = &answer[answer.len() - 8..];
+    ok_stdout(&relay.cli(&["reply", short, "thanks"]));
+    let d = bob.expect("DELIVER");
+    assert_eq!(d["from"], "human");
+    assert_eq!(d["payload"]["body"], "thanks");
+    assert_eq!(d["payload"]["in_reply_to"], answer.as_str(), "{d}");
+    assert_eq!(d["payload"]["thread"], answer.as_str(), "{d}");
+    bob.ack(&d);
+
+    // Following: a message sent while `inbox --follow` runs is shown as it comes.
+    let mut follow = relay
+        .command()
+        .args(["inbox", "--follow", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(follow.stdout.take().unwrap());
+    crate::wrap::wait_online(&relay, "human");
+    bob.send("human", "one more thing");
+    bob.expect("ACK");
+    let mut l = String::new();
+    std::io::BufRead::read_line(&mut out, &mut l).unwrap();
+    let v: Value = serde_json::from_str(&l).unwrap();
+    assert_eq!(
+        (v["body"].as_str(), v["unread"].as_bool()),
+        (Some("one more thing"), Some(true))
+    );
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+}
+
+/// Issue 24.1: a declared person needs no adapter: `[people.Kim]` alone is accepted, Kim can
+/// be addressed before any door of hers ever connected, and `inbox --as Kim` shows it. Before:
+/// the configuration was refused ("no way to reach this person") and the relay did not start.
+#[test]
+fn a_declared_person_without_an_adapter_is_a_mailbox() {
+    let mut relay = Relay::unstarted();
+    let dir = relay.dir.path().join(".agent-relay");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), "[people.Kim]\n").unwrap();
+    relay.spawn();
+    let ids = bob_sends(&relay, "Kim", &["msg for Kim".to_owned()]);
+    let shown = inbox_json(&relay, &["--as", "Kim"]);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0]["id"], ids[0].as_str());
+    assert_eq!(shown[0]["body"], "msg for Kim");
+    assert!(inbox_json(&relay, &["--as", "Kim"]).is_empty());
+}

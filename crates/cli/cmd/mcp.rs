@@ -15,23 +15,24 @@
 //! verified by this door (`trace` says so). A server that stops, or a relay that restarts,
 //! leaves what was not shown waiting in the store, for the next server or the agent's wrapper.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use relay_client::paths::Paths;
-use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_client::{Client, ClientConfig, ClientError, Delivered, Outgoing};
 use relay_protocol::query::DeliveryStatus;
 use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
-use relay_protocol::{AckStatus, ErrorCode, Kind};
+use relay_protocol::{AckStatus, Kind};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
+
+use crate::cmd::mailbox::Mailbox;
 
 /// Arguments of `agent-relay mcp`.
 #[derive(Debug, clap::Args)]
@@ -72,15 +73,15 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
     // A wrapper answering on its door holds the name: join it at once (asking the relay for
     // the name would wait for it to come free, as for a restarting agent, before joining).
     let wrapped = tokio::net::UnixStream::connect(&door).await.is_ok();
-    let held = if wrapped {
+    let agent = if wrapped {
         tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
         None
     } else {
-        hold_name(&socket, &name).await?
-    };
-    let (agent, reader) = match held {
-        Some((client, held, reader)) => (Some((client, held)), Some(reader)),
-        None => (None, None),
+        let mailbox = Mailbox::open(&socket, &name, "mcp", true).await?;
+        if mailbox.is_none() {
+            tracing::info!(agent = %name, "the name is held (a wrapper): joining it");
+        }
+        mailbox.map(Arc::new)
     };
     let server = RelayMcp {
         socket,
@@ -92,78 +93,12 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         tool_router: RelayMcp::tool_router(),
     };
     let running = server.serve(rmcp::transport::stdio()).await?;
-    let quit = running.waiting().await;
-    if let Some(reader) = reader {
-        reader.abort();
-    }
-    quit?;
+    running.waiting().await?;
     Ok(())
-}
-
-/// The relay's deliveries this server holds for its agent, in the order the relay handed them
-/// over (store order, oldest first), none acknowledged yet: each is acknowledged (verified, by
-/// this door) only when `relay_inbox` shows it to the model. What this process holds when it
-/// ends was never acknowledged, so the relay keeps it for the next connection under the name.
-#[derive(Default)]
-struct Held {
-    messages: Mutex<VecDeque<Delivered>>,
-    /// Woken at each delivery (`relay_inbox` waits for those the relay has not handed over yet).
-    arrived: tokio::sync::Notify,
-    /// Acknowledged by this server since it started.
-    acked: AtomicU64,
-}
-
-impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Delivered>> {
-        // A panic while holding the lock leaves a queue that is still whole.
-        self.messages.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// The door's name in a delivery's trace.
 const DOOR: &str = "shown to the model by relay_inbox (MCP server)";
-/// How long `relay_inbox` waits for the deliveries the relay still has to hand over (the
-/// catch-up right after this server connected), at most.
-const CATCH_UP: Duration = Duration::from_secs(3);
-
-/// Connects as the agent `name` when no one holds the name, so that it is a known, online
-/// agent and its messages are stored for it; deliveries are held unacknowledged until the
-/// model is shown them (see [`Held`]). `None` when a wrapper holds the name.
-async fn hold_name(
-    socket: &std::path::Path,
-    name: &str,
-) -> anyhow::Result<Option<(Arc<Client>, Arc<Held>, tokio::task::JoinHandle<()>)>> {
-    let cfg = ClientConfig {
-        cli: Some("mcp".to_owned()),
-        max_inflight: WINDOW,
-        ..ClientConfig::agent(socket.to_path_buf(), name)
-    };
-    let mut client = match Client::connect(cfg).await {
-        Ok(c) => c,
-        Err(ClientError::Refused {
-            code: ErrorCode::NameInUse,
-            ..
-        }) => {
-            tracing::info!(agent = name, "the name is held (a wrapper): joining it");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let mut events = client.take_events();
-    let client = Arc::new(client);
-    let held = Arc::new(Held::default());
-    let holder = Arc::clone(&held);
-    let reader = tokio::spawn(async move {
-        while let Some(event) = events.next().await {
-            if let Event::Message(msg) = event {
-                // Not acknowledged: only the model's reading of it (relay_inbox) hands it over.
-                holder.lock().push_back(msg);
-                holder.arrived.notify_waiters();
-            }
-        }
-    });
-    Ok(Some((client, held, reader)))
-}
 
 /// Arguments of `relay_send`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -241,8 +176,8 @@ struct RelayMcp {
     /// go through the wrapper's connection.
     door: PathBuf,
     /// The agent's own connection, when this server holds the name (only it may send as the
-    /// agent), and the deliveries it holds.
-    agent: Option<(Arc<Client>, Arc<Held>)>,
+    /// agent), with the deliveries it holds.
+    agent: Option<Arc<Mailbox>>,
     /// Under a wrapper: the newest store position `relay_inbox` has shown (what the store
     /// records as handed over is the wrapper's to say).
     seen_pos: Arc<AtomicI64>,
@@ -369,8 +304,8 @@ impl RelayMcp {
     }
 
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
-        if let Some((agent, _)) = &self.agent {
-            return agent.query(req).await;
+        if let Some(mailbox) = &self.agent {
+            return mailbox.client().query(req).await;
         }
         let client = self.client().await?;
         let res = client.query(req).await;
@@ -424,26 +359,6 @@ impl RelayMcp {
             .and_then(|(id, thread)| threaded(id.clone(), thread.clone())))
     }
 
-    /// A server that holds the name showed `message` in full (`relay_read`): if it holds that
-    /// delivery, it is handed over now (acknowledged verified by this door), not shown again.
-    async fn shown_held(&self, message: &MessageRecord) {
-        let Some((client, held)) = &self.agent else {
-            return;
-        };
-        let taken = {
-            let mut q = held.lock();
-            q.iter()
-                .position(|m| m.id == message.id && m.from == message.from)
-                .and_then(|at| q.remove(at))
-        };
-        if let Some(m) = taken {
-            if let Err(e) = client.ack_shown(&m, DOOR).await {
-                tracing::warn!(error = %e, id = %m.id, "cannot acknowledge a message shown to the model; the relay will hand it over again");
-            }
-            held.acked.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     /// The latest `limit` messages to this agent, oldest first, shown or not (nothing is
     /// marked).
     async fn latest(&self, limit: usize) -> Result<Vec<MessageRecord>, ClientError> {
@@ -460,69 +375,6 @@ impl RelayMcp {
             .collect();
         messages.reverse();
         Ok(messages)
-    }
-
-    /// A server that holds the name: the oldest `limit` deliveries it holds (after waiting, a
-    /// bounded time, for those the relay still has to hand over, as right after it connected),
-    /// each acknowledged verified by this door before the model is answered. Returns them
-    /// with how many more wait.
-    async fn take_held(
-        &self,
-        client: &Client,
-        held: &Held,
-        limit: usize,
-    ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
-        // Stored for the agent and not acknowledged, as the relay counts them (it may still
-        // count some this server acknowledged a moment ago: then it waits less, never more).
-        let pending = match client.query(QueryRequest::Agents).await? {
-            QueryResult::Agents { agents } => agents
-                .iter()
-                .find(|a| a.name == self.name)
-                .map_or(0, |a| a.pending),
-            other => {
-                return Err(ClientError::Protocol(format!(
-                    "unexpected answer to agents: {other:?}"
-                )));
-            }
-        };
-        let expected = usize::try_from(
-            pending
-                .saturating_sub(held.acked.load(Ordering::Relaxed))
-                .min(u64::from(WINDOW)),
-        )
-        .unwrap_or(usize::MAX);
-        let deadline = tokio::time::Instant::now() + CATCH_UP;
-        loop {
-            let arrived = held.arrived.notified();
-            // All the relay has for the agent, not only a page: the count of what stays
-            // waiting is then true too.
-            if held.lock().len() >= expected {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
-                tracing::debug!(
-                    expected,
-                    "the relay has not handed over every waiting message yet; showing what came"
-                );
-                break;
-            }
-        }
-        let (taken, left) = {
-            let mut q = held.lock();
-            let n = q.len().min(limit);
-            (q.drain(..n).collect::<Vec<_>>(), q.len())
-        };
-        for m in &taken {
-            // Acknowledged before the model is answered: once the answer is on its way, the
-            // store says who got it. A failed acknowledgement leaves it waiting in the store
-            // (shown again later, never lost).
-            if let Err(e) = client.ack_shown(m, DOOR).await {
-                tracing::warn!(error = %e, id = %m.id, "cannot acknowledge a message shown to the model; the relay will hand it over again");
-            }
-        }
-        held.acked.fetch_add(taken.len() as u64, Ordering::Relaxed);
-        let more = left.max(expected.saturating_sub(taken.len()));
-        Ok((taken.iter().map(record_of).collect(), more))
     }
 
     /// Under a wrapper (which holds the deliveries): the oldest `limit` messages to this agent
@@ -555,9 +407,6 @@ impl RelayMcp {
         Ok((waiting, more))
     }
 }
-
-/// Deliveries a server that holds the name accepts at once (the relay's window for it).
-const WINDOW: u32 = 256;
 
 /// A held delivery as the record the tools show.
 fn record_of(m: &Delivered) -> MessageRecord {
@@ -608,7 +457,7 @@ impl RelayMcp {
             },
         };
         let res = match &self.agent {
-            Some((agent, _)) => agent.send(msg).await,
+            Some(mailbox) => mailbox.client().send(msg).await,
             None if self.door.exists() => return self.door_send(&p.to, msg).await,
             None => match self.client().await {
                 Ok(client) => {
@@ -659,8 +508,11 @@ impl RelayMcp {
         let limit = usize::try_from(p.limit.unwrap_or(20).clamp(1, 1000)).unwrap_or(20);
         let taken = if p.all {
             self.latest(limit).await.map(|m| (m, 0))
-        } else if let Some((client, held)) = &self.agent {
-            self.take_held(client, held, limit).await
+        } else if let Some(mailbox) = &self.agent {
+            mailbox
+                .take(limit, DOOR)
+                .await
+                .map(|(taken, more)| (taken.iter().map(record_of).collect(), more))
         } else {
             self.unread_in_store(limit).await
         };
@@ -703,7 +555,11 @@ impl RelayMcp {
             Ok(QueryResult::Read { message }) => {
                 if message.to == self.name || message.to == "*" {
                     self.tell_shown(vec![message.id.clone()]).await;
-                    self.shown_held(&message).await;
+                    if let Some(mailbox) = &self.agent {
+                        mailbox
+                            .shown_elsewhere(&message.from, &message.id, DOOR)
+                            .await;
+                    }
                 }
                 text(show(&message))
             }
