@@ -291,7 +291,7 @@ impl Drop for KillOnDrop {
 }
 
 /// A POST to the dashboard's listener, with a body; (status, JSON answer).
-fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
+pub(crate) fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut req = format!(

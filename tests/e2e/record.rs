@@ -376,3 +376,47 @@ fn a_declared_person_without_an_adapter_is_a_mailbox() {
     assert_eq!(shown[0]["body"], "msg for Kim");
     assert!(inbox_json(&relay, &["--as", "Kim"]).is_empty());
 }
+
+/// Issue 24.1, the dashboard: `/api/inbox` lists the messages to `human` (a mailbox that
+/// always exists), unread marked, and `POST /api/reply` answers one in its thread, as
+/// `agent-relay reply` does. Before: neither existed (404).
+#[test]
+fn the_dashboard_shows_the_persons_inbox_and_replies_in_the_thread() {
+    let relay = Relay::start();
+    let (mut bob, _) = relay.agent("Bob");
+    let asked = bob.send_env(
+        "SEND",
+        json!({"to": "human"}),
+        json!({"kind": "message", "body": "may I deploy?", "thread": "deploy-1"}),
+    );
+    let ack = bob.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    let (port, token) = crate::support::dashboard(&relay);
+    let inbox = crate::support::api(port, &token, "/api/inbox");
+    let listed = inbox["messages"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{inbox}");
+    assert_eq!(
+        (listed[0]["id"].as_str(), listed[0]["unread"].as_bool()),
+        (Some(asked.as_str()), Some(true))
+    );
+    let body = json!({"id": asked, "body": "yes, go"}).to_string();
+    let (status, answer) =
+        crate::people::post(port, &format!("/api/reply?token={token}"), &[], &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["to"], "Bob", "{answer}");
+    let d = bob.expect("DELIVER");
+    assert_eq!(
+        (
+            d["from"].as_str(),
+            d["payload"]["body"].as_str(),
+            d["payload"]["in_reply_to"].as_str(),
+            d["payload"]["thread"].as_str()
+        ),
+        (
+            Some("human"),
+            Some("yes, go"),
+            Some(asked.as_str()),
+            Some("deploy-1")
+        )
+    );
+}
