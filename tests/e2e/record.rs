@@ -420,3 +420,147 @@ fn the_dashboard_shows_the_persons_inbox_and_replies_in_the_thread() {
         )
     );
 }
+
+/// `agent-relay hooks stop` run as Claude Code runs it, for `name`, without a wrapper: its
+/// stdout (a block decision, or nothing).
+fn stop_hook(relay: &Relay, name: &str) -> String {
+    use std::io::Write;
+    let mut child = relay
+        .command()
+        .args(["hooks", "stop"])
+        .env("AGENT_RELAY_NAME", name)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"stop_hook_active": false}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Issue 23.8, the unwrapped hook: 3 large messages and 100 small ones wait; each Stop hook
+/// hands over the oldest that fit its bound (Claude Code shows longer output only as a
+/// preview), the relay restarted between two of them; together they hand over every message
+/// once, in order, and `relay_inbox` then shows none again (one record for both doors).
+/// Before: the hook handed over 2 of the 3 large ones and skipped the third, dropped what was
+/// past the newest 100, and relay_inbox showed what a hook had handed over.
+#[test]
+fn the_unwrapped_hook_hands_over_everything_once_oldest_first_within_its_bound() {
+    let mut relay = Relay::start_with(crate::support::UNLIMITED);
+    known_offline(&relay, "Alice");
+    let mut bodies: Vec<String> = (0..3)
+        .map(|i| format!("<<large {i}>> {}", "x".repeat(4000)))
+        .collect();
+    bodies.extend((0..100).map(|i| format!("<<small {i:03}>>")));
+    bob_sends(&relay, "Alice", &bodies);
+    let marker = |b: &str| b.split(">>").next().unwrap().to_owned() + ">>";
+    let mut seen: Vec<String> = Vec::new();
+    for round in 0.. {
+        assert!(round < 50, "the hooks never ran dry");
+        if round == 1 {
+            relay.stop();
+            relay.spawn();
+        }
+        let out = stop_hook(&relay, "Alice");
+        if out.trim().is_empty() {
+            break;
+        }
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["decision"], "block", "{v}");
+        let reason = v["reason"].as_str().unwrap();
+        assert!(
+            reason.len() <= 10_000,
+            "round {round}: {} bytes",
+            reason.len()
+        );
+        let mut here: Vec<(usize, String)> = bodies
+            .iter()
+            .map(|b| marker(b))
+            .filter_map(|m| reason.find(&m).map(|at| (at, m)))
+            .collect();
+        here.sort();
+        for (_, m) in here {
+            let whole = bodies.iter().find(|b| marker(b) == m).unwrap();
+            assert!(reason.contains(whole.as_str()), "{m} cut in round {round}");
+            seen.push(m);
+        }
+    }
+    let want: Vec<String> = bodies.iter().map(|b| marker(b)).collect();
+    assert_eq!(seen, want);
+    let mut mcp = Mcp::start(&relay, "Alice");
+    let (_, none) = mcp.tool("relay_inbox", json!({}));
+    assert_eq!(none, "No new relay messages.");
+}
+
+/// Issue 23.8, the wrapped hook door, with real Claude Code: 15 messages of 1.2 KB wait while
+/// Bob works; the Stop hook hands over as many as fit its bound, and the rest are typed (or
+/// handed over by a later hook): the model gets every one whole, each verified once. Before:
+/// one hook answer held all 15, Claude Code kept it in a file and showed the model a preview,
+/// and all 15 were recorded verified.
+#[test]
+fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_lost() {
+    let relay = Relay::start_with(crate::support::UNLIMITED);
+    let bob = crate::doors::claude_bob_held_in_a_turn(&relay);
+    let bodies: Vec<String> = (0..15)
+        .map(|i| format!("note {i:02}: {}", "abcdefghij".repeat(120)))
+        .collect();
+    let mut ids = Vec::new();
+    for b in &bodies {
+        let v: Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", b, "--json"]))).unwrap();
+        ids.push(v["id"].as_str().unwrap().to_owned());
+    }
+    wait_for(
+        Duration::from_secs(60),
+        "the messages wait in Bob's wrapper",
+        || {
+            let log = bob.wrap_log();
+            ids.iter()
+                .all(|id| log.contains(&format!("a message waits to be typed id={id}")))
+        },
+    );
+    bob.standin().release();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let prompts = bob.prompts().join("\n");
+        let missing: Vec<usize> = (0..15)
+            .filter(|&i| !prompts.contains(bodies[i].as_str()))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the model whole: {missing:?}\nprompts:\n{}\nwrap log:\n{}",
+            prompts.chars().take(6000).collect::<String>(),
+            bob.wrap_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for(Duration::from_secs(60), "every message is verified", || {
+        ids.iter().all(|id| {
+            let r: Value = serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout)
+                .unwrap_or_default();
+            r["deliveries"][0]["status"] == "verified"
+        })
+    });
+    let log = bob.wrap_log();
+    let hooked = ids
+        .iter()
+        .filter(|id| {
+            log.contains(&format!(
+                "handed to Claude Code's hook instead of typing id={id}"
+            ))
+        })
+        .count();
+    assert!(
+        hooked > 0 && hooked < 15,
+        "{hooked} of 15 handed to the hook at once"
+    );
+}

@@ -103,6 +103,24 @@ impl Mailbox {
         limit: usize,
         door: &str,
     ) -> Result<(Vec<Delivered>, usize), ClientError> {
+        let mut n = 0;
+        self.take_while(
+            |_| {
+                n += 1;
+                n <= limit
+            },
+            door,
+        )
+        .await
+    }
+
+    /// [`Mailbox::take`], taking the oldest deliveries while `fits` says the next one fits
+    /// (the first is always taken: a page is never empty while something waits).
+    pub(crate) async fn take_while(
+        &self,
+        mut fits: impl FnMut(&Delivered) -> bool,
+        door: &str,
+    ) -> Result<(Vec<Delivered>, usize), ClientError> {
         // Stored for the name and not acknowledged, as the relay counts them (it may still
         // count some this door acknowledged a moment ago: then it waits less, never more).
         let pending = match self.client.query(QueryRequest::Agents).await? {
@@ -140,7 +158,13 @@ impl Mailbox {
         }
         let (taken, left) = {
             let mut q = self.held.lock();
-            let n = q.len().min(limit);
+            let mut n = 0;
+            while let Some(m) = q.get(n) {
+                if !fits(m) && n > 0 {
+                    break;
+                }
+                n += 1;
+            }
             (q.drain(..n).collect::<Vec<_>>(), q.len())
         };
         for m in &taken {

@@ -26,6 +26,11 @@ mod terminal;
 pub mod tmux;
 /// The door's socket file name in the team directory (see `door.rs`).
 pub use door::SOCKET as DOOR_SOCKET;
+
+/// The most message text one Claude Code hook answer hands over (bytes, one message at least):
+/// Claude Code replaces longer hook output with a file path and a short preview, which the
+/// model would take for the messages. What does not fit waits for the next hook or typing.
+pub const HOOK_TEXT_MAX: usize = 9000;
 mod transcript;
 mod turn;
 
@@ -1045,9 +1050,22 @@ impl Core {
     /// in the log): recorded in `injected.log` as typed and entered, acknowledged injected, to
     /// be verified by the next Stop hook; their texts are returned for the hook's answer.
     async fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
-        let taken = self
-            .injector
-            .take_queued(|item| matches!(item, Item::Messages(_)));
+        // At most HOOK_TEXT_MAX bytes of text in one answer (always one message at least):
+        // Claude Code puts longer hook output in a file and shows the model a preview, so
+        // the rest stays queued, in order, for the next hook or for typing.
+        let mut used = 0;
+        let mut full = false;
+        let taken = self.injector.take_queued(|text, item| {
+            if full || !matches!(item, Item::Messages(_)) {
+                return false;
+            }
+            if used > 0 && used + text.len() > HOOK_TEXT_MAX {
+                full = true;
+                return false;
+            }
+            used += text.len();
+            true
+        });
         let mut texts = Vec::with_capacity(taken.len());
         for (text, item) in taken {
             // A queued entry holds one message (digests are joined when typed).
