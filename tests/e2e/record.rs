@@ -564,3 +564,27 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         "{hooked} of 15 handed to the hook at once"
     );
 }
+
+/// Issue 23.8, two doors of one unwrapped agent: while its MCP server holds the name (and so
+/// its messages), the Stop hook asks that server for a page; what the hook handed over,
+/// `relay_inbox` does not show again. Before: the hook read the history past its own position
+/// file and relay_inbox showed the same messages again.
+#[test]
+fn the_hook_and_the_mcp_server_of_one_agent_never_hand_a_message_over_twice() {
+    let relay = Relay::start();
+    known_offline(&relay, "Alice");
+    let mut mcp = Mcp::start(&relay, "Alice");
+    crate::wrap::wait_online(&relay, "Alice");
+    let bodies: Vec<String> = (1..=2).map(|i| format!("msg {i}")).collect();
+    bob_sends(&relay, "Alice", &bodies);
+    let out = stop_hook(&relay, "Alice");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(":\nmsg 1\n") && reason.ends_with(":\nmsg 2"),
+        "{reason}"
+    );
+    let (_, none) = mcp.tool("relay_inbox", json!({}));
+    assert_eq!(none, "No new relay messages.");
+    assert!(stop_hook(&relay, "Alice").trim().is_empty());
+}

@@ -307,14 +307,33 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
             Event::Stop => json!({"hook": "stop", "active": active}),
             Event::Prompt => json!({"hook": "prompt"}),
         };
-        match rt.block_on(from_wrapper(&door, &ask)) {
-            Ok(texts) if texts.is_empty() => {}
-            Ok(texts) => hand_over(event, &name, texts.len(), &texts)?,
+        match rt.block_on(from_door(&door, &ask)) {
+            Ok((texts, _)) if texts.is_empty() => {}
+            Ok((texts, _)) => hand_over(event, &name, texts.len(), &texts)?,
             Err(e) => eprintln!("{who}: nothing handed over: {e:#}"),
         }
         return Ok(());
     }
-    let (texts, more) = match rt.block_on(from_mailbox(paths, &name, event)) {
+    // The agent's MCP server holds the name (and its messages): it hands over a page.
+    let mcp_door = paths.data_dir.join("team").join(&name).join(MCP_DOOR);
+    let from_mcp = if mcp_door.exists() {
+        let ask = json!({"hook": event.subcommand()});
+        match rt.block_on(from_door(&mcp_door, &ask)) {
+            Ok(t) => Some(t),
+            // A socket a server left behind: the hook takes the messages itself.
+            Err(e) => {
+                tracing::debug!(error = %e, "the MCP server's door does not answer");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let found = match from_mcp {
+        Some(t) => Ok(Some(t)),
+        None => rt.block_on(from_mailbox(paths, &name, event)),
+    };
+    let (texts, more) = match found {
         Ok(Some(t)) => t,
         Ok(None) => {
             eprintln!(
@@ -339,12 +358,54 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
     hand_over(event, &name, texts.len() - usize::from(more > 0), &texts)
 }
 
+/// The socket, in the agent's team directory, of the agent's MCP server when it holds the
+/// agent's name (no wrapper): the hooks ask it for a page of messages.
+pub(crate) const MCP_DOOR: &str = "mcp-door.sock";
+
 /// The door's name in a delivery's trace.
 fn door_name(event: Event) -> &'static str {
     match event {
         Event::Stop => "handed to the model by Claude Code's Stop hook",
         Event::Prompt => "handed to the model by Claude Code's UserPromptSubmit hook",
     }
+}
+
+/// The hook named `subcommand` (`stop`, `prompt`), if it is one.
+fn event_of(subcommand: &str) -> Option<Event> {
+    Event::ALL
+        .into_iter()
+        .find(|e| e.subcommand() == subcommand)
+}
+
+/// A door holding the agent's messages (the MCP server's) answers the hook `subcommand`: the
+/// oldest messages within [`relay_wrap::HOOK_TEXT_MAX`], each recorded verified by that hook,
+/// as `{"messages": [TEXT, ...], "more": N}`.
+pub(crate) async fn answer_from(mailbox: &Mailbox, subcommand: &str) -> Value {
+    let Some(event) = event_of(subcommand) else {
+        return json!({"error": format!("no hook {subcommand:?}")});
+    };
+    match take_page(mailbox, event).await {
+        Ok((texts, more)) => json!({"messages": texts, "more": more}),
+        Err(e) => json!({"error": e.to_string()}),
+    }
+}
+
+/// The oldest messages within the bound, each acknowledged verified by `event`'s hook.
+async fn take_page(
+    mailbox: &Mailbox,
+    event: Event,
+) -> Result<(Vec<String>, usize), relay_client::ClientError> {
+    let mut used = 0;
+    let (taken, more) = mailbox
+        .take_while(
+            |m| {
+                used += text_of(m).len() + 2;
+                used <= relay_wrap::HOOK_TEXT_MAX
+            },
+            door_name(event),
+        )
+        .await?;
+    Ok((taken.iter().map(text_of).collect(), more))
 }
 
 /// Without a wrapper: the hook holds the agent's name for a moment (a mailbox door) and takes
@@ -357,23 +418,14 @@ async fn from_mailbox(
     name: &str,
     event: Event,
 ) -> anyhow::Result<Option<(Vec<String>, usize)>> {
-    let Some(mailbox) = Mailbox::open(&paths.socket, name, "claude-hook", false).await? else {
+    let Some(mailbox) = Mailbox::open(&paths.socket, name, "claude-hook", false, false).await?
+    else {
         return Ok(None);
     };
-    let mut used = 0;
-    let taken = mailbox
-        .take_while(
-            |m| {
-                used += text_of(m).len() + 2;
-                used <= relay_wrap::HOOK_TEXT_MAX
-            },
-            door_name(event),
-        )
-        .await;
+    let page = take_page(&mailbox, event).await;
     // Closed, not dropped: the acknowledgements are written before the hook answers.
     mailbox.close().await;
-    let (taken, more) = taken?;
-    Ok(Some((taken.iter().map(text_of).collect(), more)))
+    Ok(Some(page?))
 }
 
 /// One message as a hook hands it to the model (as the wrapper would have typed it).
@@ -421,8 +473,9 @@ fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Re
     Ok(())
 }
 
-/// Asks the wrapper of this agent, through its door, for the messages waiting to be typed.
-async fn from_wrapper(door: &Path, ask: &Value) -> anyhow::Result<Vec<String>> {
+/// Asks a door of this agent (its wrapper's, for the messages waiting to be typed; its MCP
+/// server's) for the messages it hands to the hook, and how many more wait.
+async fn from_door(door: &Path, ask: &Value) -> anyhow::Result<(Vec<String>, usize)> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let stream = tokio::net::UnixStream::connect(door)
         .await
@@ -432,14 +485,19 @@ async fn from_wrapper(door: &Path, ask: &Value) -> anyhow::Result<Vec<String>> {
     write.write_all(ask.as_bytes()).await?;
     let mut line = String::new();
     tokio::io::BufReader::new(read).read_line(&mut line).await?;
-    let answer: Value = serde_json::from_str(&line).context("the wrapper's answer")?;
+    let answer: Value = serde_json::from_str(&line).context("the door's answer")?;
     if let Some(e) = answer["error"].as_str() {
-        anyhow::bail!("the wrapper: {e}");
+        anyhow::bail!("the door: {e}");
     }
-    Ok(answer["messages"]
+    let texts = answer["messages"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|m| m.as_str().map(String::from))
-        .collect())
+        .collect();
+    let more = answer["more"]
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    Ok((texts, more))
 }

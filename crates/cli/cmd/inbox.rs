@@ -35,6 +35,7 @@ pub(crate) async fn inbox(paths: &Paths, args: &InboxArgs) -> anyhow::Result<()>
         &args.person,
         relay_protocol::PERSON_CLI,
         args.follow,
+        false,
     )
     .await?
     else {

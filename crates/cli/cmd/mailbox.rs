@@ -48,13 +48,27 @@ pub(crate) struct Mailbox {
 
 impl Mailbox {
     /// Connects as `name` (saying `cli` in HELLO) when no one holds the name; `None` when a
-    /// connection already does (a wrapper, the person's adapters, another door).
+    /// connection already does (a wrapper, the person's adapters, another door). `patient`:
+    /// wait a moment for a name that is held to come free, as a door restarting under its old
+    /// name must (the relay may not have seen its previous connection close yet); otherwise a
+    /// name online now is given up at once.
     pub(crate) async fn open(
         socket: &Path,
         name: &str,
         cli: &str,
         reconnect: bool,
+        patient: bool,
     ) -> Result<Option<Self>, ClientError> {
+        if !patient {
+            let tool = Client::connect(ClientConfig::tool(socket.to_path_buf(), "cli")).await?;
+            let agents = tool.query(QueryRequest::Agents).await;
+            tool.close().await;
+            if let QueryResult::Agents { agents } = agents?
+                && agents.iter().any(|a| a.name == name && a.online)
+            {
+                return Ok(None);
+            }
+        }
         let cfg = ClientConfig {
             cli: Some(cli.to_owned()),
             max_inflight: WINDOW,

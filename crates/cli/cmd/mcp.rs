@@ -77,11 +77,17 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
         None
     } else {
-        let mailbox = Mailbox::open(&socket, &name, "mcp", true).await?;
+        let mailbox = Mailbox::open(&socket, &name, "mcp", true, true).await?;
         if mailbox.is_none() {
             tracing::info!(agent = %name, "the name is held (a wrapper): joining it");
         }
         mailbox.map(Arc::new)
+    };
+    // Holding the name, this server has the agent's messages: Claude Code's hooks (no
+    // wrapper) ask it for a page through a socket in the agent's team directory.
+    let _hook_door = match &agent {
+        Some(mailbox) => hook_door(&door, Arc::clone(mailbox)),
+        None => None,
     };
     let server = RelayMcp {
         socket,
@@ -95,6 +101,82 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
     let running = server.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())
+}
+
+/// Removes the hook door's socket when the server ends.
+struct HookDoor(PathBuf);
+
+impl Drop for HookDoor {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.0) {
+            tracing::debug!(error = %e, "cannot remove the hook door's socket");
+        }
+    }
+}
+
+/// Opens the socket `hooks.rs` asks (`team/NAME/mcp-door.sock`, next to where a wrapper's door
+/// would be): one JSON line `{"hook": "stop"|"prompt"}`, answered by one JSON line, a page of
+/// messages taken from `mailbox` (see `hooks::answer_from`). A door that cannot open is
+/// logged: the hooks then hand nothing over while this server holds the name.
+fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<HookDoor> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = wrapper_door.parent()?;
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot create the team directory for the hooks' door");
+        return None;
+    }
+    let path = dir.join(crate::cmd::hooks::MCP_DOOR);
+    // A socket left by a server that died: this server holds the name now.
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(error = %e, "cannot remove an old hook door socket");
+    }
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot open the door for Claude Code's hooks");
+            return None;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the hooks' door stopped accepting");
+                    return;
+                }
+            };
+            let mailbox = Arc::clone(&mailbox);
+            tokio::spawn(async move {
+                use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+                let (read, mut write) = stream.into_split();
+                let mut line = String::new();
+                let answer = match tokio::io::BufReader::new(read.take(4096))
+                    .read_line(&mut line)
+                    .await
+                {
+                    Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+                        Ok(v) => {
+                            let hook = v["hook"].as_str().unwrap_or("");
+                            crate::cmd::hooks::answer_from(&mailbox, hook).await
+                        }
+                        Err(e) => serde_json::json!({"error": format!("not a hook request: {e}")}),
+                    },
+                    Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
+                };
+                if let Err(e) = write.write_all(format!("{answer}\n").as_bytes()).await {
+                    tracing::warn!(error = %e, "the hook left before its answer: the messages it was handed are recorded as handed over");
+                }
+            });
+        }
+    });
+    Some(HookDoor(path))
 }
 
 /// The door's name in a delivery's trace.
