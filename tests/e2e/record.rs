@@ -563,6 +563,11 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         hooked > 0 && hooked < 15,
         "{hooked} of 15 handed to the hook at once"
     );
+    // `trace` names the door that handed it over.
+    assert_eq!(
+        trace_details(&relay, &ids[0], "verified"),
+        ["handed to the model by Claude Code's hook (through the wrapper)"]
+    );
 }
 
 /// Issue 23.8, two doors of one unwrapped agent: while its MCP server holds the name (and so

@@ -27,6 +27,11 @@ pub mod tmux;
 /// The door's socket file name in the team directory (see `door.rs`).
 pub use door::SOCKET as DOOR_SOCKET;
 
+/// The door a message handed to a Claude Code hook is verified by, in its trace.
+const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";
+/// The door a message the agent's own tool showed is verified by, in its trace.
+const TOOL_DOOR: &str = "shown to the model by the agent's MCP tool (relay_inbox, relay_read)";
+
 /// The most message text one Claude Code hook answer hands over (bytes, one message at least):
 /// Claude Code replaces longer hook output with a file path and a short preview, which the
 /// model would take for the messages. What does not fit waits for the next hook or typing.
@@ -1022,7 +1027,7 @@ impl Core {
                 tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            self.ack(&m, DeliveryState::Verified).await;
+            self.ack_door(&m, HOOK_DOOR).await;
         }
         if active {
             tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
@@ -1106,6 +1111,20 @@ impl Core {
                 error = %e,
                 "cannot report a message failed (the relay client stopped); it will be delivered \
                  again after a reconnect and reported from injected.log"
+            );
+        }
+    }
+
+    /// Acknowledges `m` verified because `door` showed it to the model whole (a hook's
+    /// answer, the agent's own tool): `trace` names the door.
+    async fn ack_door(&self, m: &Delivered, door: &str) {
+        if let Err(e) = self.client.ack_shown(m, door).await {
+            tracing::warn!(
+                id = %m.id,
+                door,
+                error = %e,
+                "cannot acknowledge a message (the relay client stopped); it will be delivered \
+                 again after a reconnect and acknowledged from injected.log"
             );
         }
     }
