@@ -421,6 +421,8 @@ pub(crate) enum AgentsAction {
 #[derive(Debug, Args)]
 pub(crate) struct SendArgs {
     /// Recipient agent name, or '*' for every agent (with --topic: the topic's subscribers).
+    /// A name that has not connected yet is accepted: the message waits for that agent (for the
+    /// relay's --inbox-ttl); one a letter or two from a known name is refused ("did you mean").
     pub(crate) to: String,
     /// The message text; '-' or nothing reads it from stdin.
     pub(crate) body: Option<String>,

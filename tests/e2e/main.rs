@@ -16,6 +16,7 @@ mod doors;
 mod faults;
 mod federation;
 mod hardening;
+mod names;
 mod newcomer;
 mod parse;
 mod people;

@@ -28,6 +28,7 @@ pub(crate) async fn serve(
     cfg: Arc<Config>,
     router: mpsc::Sender<RouterMsg>,
     shutdown: CancellationToken,
+    in_process: bool,
 ) {
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel(cfg.outbound_queue);
@@ -55,6 +56,7 @@ pub(crate) async fn serve(
             Instant::now(),
         ),
         registered: false,
+        in_process,
     };
     let exit = reader.run(rd, shutdown).await;
     // On shutdown the router says BYE to every registered connection and closes it; an
@@ -109,6 +111,8 @@ struct Reader {
     killer: Killer,
     session: Session,
     registered: bool,
+    /// The peer is this daemon's own process.
+    in_process: bool,
 }
 
 /// Why the reader stopped.
@@ -427,6 +431,7 @@ impl Reader {
             id: self.conn_id,
             tx: self.tx.clone(),
             killer: self.killer.clone(),
+            in_process: self.in_process,
         };
         if self
             .router

@@ -113,7 +113,15 @@ pub struct Config {
     /// The federation link, asked to add the legs on other nodes to a `trace` (it asks their
     /// links over NATS); `None` outside a federation.
     pub federation_trace: Option<TraceAsk>,
+    /// The person's names: `human` and every declared `[people.NAME]`. They belong to the
+    /// person's doors (the CLI, and the adapters and dashboard this process runs): no agent
+    /// connection from another process takes them, they are known names for "did you mean",
+    /// and a message to one is never "not connected yet".
+    pub person_names: Vec<String>,
 }
+
+/// The person's name when no other is declared (what `agent-relay send` signs with).
+pub const HUMAN: &str = "human";
 
 /// A `trace` as this relay's store tells it, and where the federation link answers it with
 /// the legs on other nodes added (or as it was, if it cannot).
@@ -150,6 +158,7 @@ impl Config {
             federation: None,
             node: None,
             federation_trace: None,
+            person_names: vec![HUMAN.to_owned()],
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg
@@ -351,6 +360,7 @@ pub async fn run_with(
         stop: stop.clone(),
     });
     let uid = rustix::process::getuid().as_raw();
+    let own_pid = i32::try_from(std::process::id()).ok();
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let mut next_id: u64 = 1;
     tokio::pin!(shutdown);
@@ -369,8 +379,10 @@ pub async fn run_with(
                 continue;
             }
         };
-        match stream.peer_cred() {
-            Ok(cred) if cred.uid() == uid => {}
+        // Whether the peer is this process (the people adapters and the federation link
+        // connect over the socket too): a person's names are theirs (`routing/names.rs`).
+        let in_process = match stream.peer_cred() {
+            Ok(cred) if cred.uid() == uid => own_pid.is_some() && cred.pid() == own_pid,
             other => {
                 let peer = other.as_ref().map(|c| c.uid()).ok();
                 tracing::warn!(?peer, "refusing connection from another user");
@@ -382,7 +394,7 @@ pub async fn run_with(
                 ));
                 continue;
             }
-        }
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::warn!(
                 max = cfg.max_connections,
@@ -405,6 +417,7 @@ pub async fn run_with(
                 cfg.clone(),
                 router_tx.clone(),
                 stop.clone(),
+                in_process,
             )
             .inspect_done(permit),
         );

@@ -89,6 +89,9 @@ pub(crate) struct ConnHandle {
     pub(crate) id: u64,
     pub(crate) tx: mpsc::Sender<Outbound>,
     pub(crate) killer: Killer,
+    /// The peer is this daemon's own process (its people adapters, its federation link):
+    /// only such a connection takes a person's name as an agent (`routing/names.rs`).
+    pub(crate) in_process: bool,
 }
 
 /// Messages to the router.

@@ -48,6 +48,8 @@ use crate::msg::{
 };
 use crate::rules::Rules;
 
+mod names;
+
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
@@ -354,6 +356,12 @@ pub(crate) struct Core {
     cfg: Arc<Config>,
     conns: HashMap<u64, Conn>,
     agents: HashMap<String, Agent>,
+    /// Every name in `agents`, lowercased, to its spelling there (names that differ only by
+    /// case are one name: `names.rs`).
+    folded: HashMap<String, String>,
+    /// (sender, recipient) pairs whose sender was told that the recipient has not connected
+    /// yet: told once per pair while the daemon runs.
+    told_not_yet: HashSet<(String, String)>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
@@ -397,7 +405,7 @@ impl Core {
             hops.record(&id, h);
         }
         let limiter = RateLimiter::new(cfg.rates.clone());
-        let agents = known
+        let agents: HashMap<String, Agent> = known
             .into_iter()
             .map(|k| {
                 (
@@ -409,10 +417,18 @@ impl Core {
                 )
             })
             .collect();
+        let mut folded = HashMap::with_capacity(agents.len());
+        for name in agents.keys() {
+            folded
+                .entry(name.to_ascii_lowercase())
+                .or_insert_with(|| name.clone());
+        }
         Self {
             cfg,
             conns: HashMap::new(),
             agents,
+            folded,
+            told_not_yet: HashSet::new(),
             dirty: HashSet::new(),
             agents_changed: false,
             limiter,
@@ -454,15 +470,7 @@ impl Core {
     ) -> Result<(), (ErrorCode, String)> {
         self.now = now;
         let mut resumed = false;
-        // Reserved in any case: `Relay` would read as the relay's notices on every screen.
-        if hello.agent.eq_ignore_ascii_case(RELAY) {
-            return Err((
-                ErrorCode::BadName,
-                format!(
-                    "the name {RELAY:?} is reserved for the relay's own notices; choose another"
-                ),
-            ));
-        }
+        self.may_take(&hello.agent, hello.role, conn.in_process)?;
         let live = self
             .agents
             .get(&hello.agent)
@@ -524,6 +532,7 @@ impl Core {
             return Ok(());
         }
         let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
+        self.fold_in(&hello.agent);
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
         agent.connected_at = self.now.ms;
@@ -700,12 +709,8 @@ impl Core {
             (Some(name), _) => {
                 validate_agent_name(name)
                     .map_err(|e| (NackCode::Invalid, format!("bad recipient: {e}")))?;
-                if !self.agents.contains_key(name) {
-                    return Err((
-                        NackCode::UnknownTarget,
-                        format!("no agent named {name:?}; {}", self.known_names()),
-                    ));
-                }
+                // A known agent, a person, or a name not seen yet (it waits): `names.rs`.
+                self.admit_recipient(name)?;
                 Ok((name.to_owned(), vec![name.to_owned()]))
             }
             (None, None) => Err((
@@ -770,6 +775,12 @@ impl Core {
                 "{name} is a connected agent, and only its own connection speaks as it; send as yourself (agent-relay send --from YOUR_NAME ...) or print the directive in {name}'s terminal",
                 name = conn.name
             );
+            self.nack(conn_id, id, NackCode::Forbidden, reason);
+            return;
+        }
+        if conn.role == Role::Client
+            && let Err(reason) = self.may_sign(&conn.name)
+        {
             self.nack(conn_id, id, NackCode::Forbidden, reason);
             return;
         }
@@ -1039,46 +1050,58 @@ impl Core {
                 "msg_id": n.msg_id, "recipient": n.recipient, "code": n.code,
                 "reason": n.reason, "dlq_id": n.dlq_id,
             }});
-            let hops = self.hops.reply_hops(&n.msg_id);
-            let payload = Send {
-                kind: relay_protocol::Kind::Message,
-                body,
-                data: Some(data),
-                thread: None,
-                in_reply_to: Some(n.msg_id.clone()),
-                budget: Some(Budget {
-                    hops,
-                    max_hops: self.cfg.max_hops,
-                    expires_at: None,
-                }),
-                urgent: false,
-            };
             let id = format!("dead-letter-{}", n.dlq_id);
-            let new = NewMessage {
-                id: id.clone(),
-                from: RELAY.to_owned(),
-                to: n.from.clone(),
-                topic: None,
-                payload,
-                session_id: None,
-                recipients: vec![Recipient {
-                    name: n.from.clone(),
-                }],
-                queued_at: None,
-            };
-            self.store(StoreCmd::Write(
-                WriteOp::Append(new),
-                WriteCtx::Send {
-                    conn_id: NO_CONN,
-                    env_id: id,
-                    recipients: vec![n.from],
-                    raw: None,
-                },
-            ));
+            self.relay_notice(n.from, id, &n.msg_id, body, data);
             // After the notice in command order, so at worst a crash repeats the notice
             // (stored once), never loses it.
             self.store(StoreCmd::Write(told, WriteCtx::None));
         }
+    }
+
+    /// Stores a message from [`RELAY`] to `to` about its message `about` (an answer to it, in
+    /// its chain), delivered like any other. `id` names the notice so that telling it twice
+    /// stores it once.
+    fn relay_notice(
+        &mut self,
+        to: String,
+        id: String,
+        about: &str,
+        body: String,
+        data: serde_json::Value,
+    ) {
+        let hops = self.hops.reply_hops(about);
+        let payload = Send {
+            kind: relay_protocol::Kind::Message,
+            body,
+            data: Some(data),
+            thread: None,
+            in_reply_to: Some(about.to_owned()),
+            budget: Some(Budget {
+                hops,
+                max_hops: self.cfg.max_hops,
+                expires_at: None,
+            }),
+            urgent: false,
+        };
+        let new = NewMessage {
+            id: id.clone(),
+            from: RELAY.to_owned(),
+            to: to.clone(),
+            topic: None,
+            payload,
+            session_id: None,
+            recipients: vec![Recipient { name: to.clone() }],
+            queued_at: None,
+        };
+        self.store(StoreCmd::Write(
+            WriteOp::Append(new),
+            WriteCtx::Send {
+                conn_id: NO_CONN,
+                env_id: id,
+                recipients: vec![to],
+                raw: None,
+            },
+        ));
     }
 
     /// Acts on a dead letter taken out of the queue, and says what was done.
@@ -1292,6 +1315,7 @@ impl Core {
             )),
             Some(_) => {
                 self.agents.remove(name);
+                self.fold_out(name);
                 Ok(())
             }
             None => Err((
@@ -1432,6 +1456,18 @@ impl Core {
         if let Some(sender) = self.agents.get_mut(&message.from) {
             sender.sent += 1;
         }
+        // A recipient nobody has connected as yet (`names.rs`): the message waits for it like
+        // one for an offline agent, and its sender is told.
+        let not_yet = match recipients.as_slice() {
+            [only]
+                if *only == message.to
+                    && !self.agents.contains_key(only)
+                    && !self.is_person(only) =>
+            {
+                Some(only.clone())
+            }
+            _ => None,
+        };
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
         let mut slow: Vec<String> = Vec::new();
@@ -1494,12 +1530,11 @@ impl Core {
         } else {
             AckStatus::Queued
         };
-        self.receipt(
-            conn_id,
-            env_id,
-            status,
-            Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
-        );
+        let count = Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX));
+        match not_yet {
+            Some(name) => self.tell_not_yet(conn_id, env_id, &message, name, count),
+            None => self.receipt(conn_id, env_id, status, count),
+        }
         for (target, pending) in busy {
             tracing::warn!(%target, pending, "recipient is far behind; telling sender BUSY");
             self.reply(
@@ -1514,6 +1549,54 @@ impl Core {
         for name in slow {
             self.drop_slow(&name);
         }
+    }
+
+    /// The receipt for a message to `name`, which has not connected yet, says so (the line
+    /// `agent-relay send` prints); an agent that sent it is also told with a notice from the
+    /// relay, once per recipient while the daemon runs (its model reads it).
+    fn tell_not_yet(
+        &mut self,
+        conn_id: u64,
+        ack_id: String,
+        message: &StoredMessage,
+        name: String,
+        recipients: Option<u32>,
+    ) {
+        let note = self.not_yet_seen_note(&name);
+        self.reply(
+            conn_id,
+            Payload::Ack(relay_protocol::Ack {
+                ack_id,
+                seq: None,
+                status: Some(AckStatus::Queued),
+                recipients,
+                state: None,
+                cumulative: false,
+                reason: Some(note.clone()),
+            }),
+        );
+        let agent_sender = self
+            .conns
+            .get(&conn_id)
+            .is_some_and(|c| c.role == Role::Agent && c.name == message.from);
+        if !agent_sender
+            || !self
+                .told_not_yet
+                .insert((message.from.clone(), name.clone()))
+        {
+            return;
+        }
+        let short = relay_protocol::short_id(&message.id);
+        let body = format!(
+            "relay: your message [{short}] to {name} is kept: {note}. Later messages to {name} wait the same way, without this notice."
+        );
+        let data = serde_json::json!({"relay_notice": {
+            "msg_id": message.id, "recipient": name, "code": "not_connected_yet",
+        }});
+        // An id of its own (its short id is not the message's): told once per pair, not
+        // repeated after a crash, so it needs no id derived from the message.
+        let id = ulid::Ulid::new().to_string();
+        self.relay_notice(message.from.clone(), id, &message.id, body, data);
     }
 
     fn drop_slow(&mut self, name: &str) {
