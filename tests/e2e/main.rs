@@ -2,6 +2,7 @@
 //! SQLite file, spoken to with raw frames, the client crate, and the CLI.
 #![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
 
+pub(crate) mod ackfalse;
 mod afterfirst;
 mod agents;
 mod backends;

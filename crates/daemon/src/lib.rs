@@ -21,6 +21,7 @@ mod routing;
 pub mod rules;
 mod session;
 mod store_actor;
+mod unread;
 
 use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};

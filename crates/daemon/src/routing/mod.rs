@@ -1851,8 +1851,8 @@ impl Core {
         self.advance_watermark(&name);
     }
 
-    /// DELIVERs written to the socket of a connection that does not acknowledge: that is
-    /// their acknowledgement. (What was queued but never written stays in flight, and
+    /// DELIVERs read off the socket by a connection that does not acknowledge: that is their
+    /// acknowledgement. (What was queued, or written and never read, stays in flight, and
     /// `end_session` leaves it pending for the next connection.)
     pub(crate) fn on_written(&mut self, conn_id: u64, positions: &[i64], now: Now) {
         self.now = now;
