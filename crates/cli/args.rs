@@ -455,6 +455,10 @@ pub(crate) struct ReadArgs {
     /// Message id, its short id as shown in `[5DZ82MJ3]` (the id's last 8 characters), or a
     /// unique prefix of at least 8 characters.
     pub(crate) id: String,
+    /// Only the message of this sender: ids are unique per sender, so an id and its sender
+    /// always name one message (needed when two senders used the same id).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) from: Option<String>,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,

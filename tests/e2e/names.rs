@@ -1,6 +1,8 @@
-//! Names (issue 23.3, issue 24.3): a person's names belong to the person's doors, names that
-//! differ only by case are one name, and a message to an agent that has not run yet waits
-//! for it (its sender told once) unless the name is a typo of a known one.
+//! Names and ids (issue 23.3, issue 24.3, issue 24.7): a person's names belong to the person's
+//! doors, names that differ only by case are one name, a message to an agent that has not run
+//! yet waits for it (its sender told once) unless the name is a typo of a known one, and a
+//! message's id names it: short ids do not repeat across an agent's runs, and an id with its
+//! sender always resolves.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -212,4 +214,75 @@ done
     }
     assert_eq!(history(&relay).len(), before);
     wait_online(&relay, "Bob");
+}
+
+/// An agent started again (tmux: a new session under the same name) printing the same line
+/// gets new ids, short ids included, so `read SHORT` names one message; and an id two senders
+/// chose alike resolves with its sender. Before the fix the second run's directive had the
+/// first's short id (`read` said "matches 2 messages").
+#[test]
+fn a_restarted_agent_gets_new_short_ids_and_an_id_with_its_sender_always_resolves() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let (mut bob, _) = relay.agent("Bob");
+    let script = r#"echo "@relay:Bob the very same words"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in *"time to quit"*) exit 0;; esac
+done
+"#;
+    let mut ids = Vec::new();
+    for run in 0..2 {
+        let session = start_tmux_agent(&relay, "Alice", script, &[]);
+        let d = bob.expect("DELIVER");
+        bob.ack(&d);
+        assert_eq!(d["payload"]["body"], "the very same words", "{d}");
+        ids.push(d["id"].as_str().unwrap().to_owned());
+        // Alice's run ends (her session with it).
+        bob.send("Alice", "time to quit");
+        bob.expect("ACK");
+        wait_for(Duration::from_secs(20), "Alice's session ends", || {
+            !tmux.has(&session)
+        });
+        wait_for(
+            Duration::from_secs(20),
+            &format!("Alice run {run} is offline"),
+            || !crate::wrap::is_online(&relay, "Alice"),
+        );
+    }
+    let short = |id: &str| relay_protocol::short_id(id).to_owned();
+    assert_ne!(short(&ids[0]), short(&ids[1]), "{ids:?}");
+    for id in &ids {
+        let out = ok_stdout(&relay.cli(&["read", &short(id)]));
+        assert!(out.contains("the very same words"), "{out}");
+    }
+    // Two senders choosing one id: the id alone is ambiguous, and says how to name one; with
+    // its sender it resolves, for `read` and `trace`.
+    for (name, body) in [("Carol", "Carol's words"), ("Dave", "Dave's words")] {
+        let (mut c, _) = relay.agent(name);
+        c.send_env(
+            "SEND",
+            json!({"id": "same-id-0001", "to": "Bob"}),
+            json!({"body": body}),
+        );
+        c.expect("ACK");
+    }
+    let out = relay.cli(&["read", "same-id-0001"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("same-id-0001 from Carol")
+            && err.contains("same-id-0001 from Dave")
+            && err.contains("--from"),
+        "{err}"
+    );
+    let out = ok_stdout(&relay.cli(&["read", "same-id-0001", "--from", "Dave"]));
+    assert!(
+        out.contains("Dave's words") && !out.contains("Carol's"),
+        "{out}"
+    );
+    let out = ok_stdout(&relay.cli(&["trace", "same-id-0001", "--from", "Carol"]));
+    assert!(out.contains("Carol"), "{out}");
 }

@@ -356,8 +356,11 @@ fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
 
 /// `agent-relay read`.
 pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Read { message } =
-        ask_id(paths, &args.id, |id| QueryRequest::Read { id }).await?
+    let QueryResult::Read { message } = ask_id(paths, &args.id, |id| QueryRequest::Read {
+        id,
+        from: args.from.clone(),
+    })
+    .await?
     else {
         anyhow::bail!("unexpected answer to read")
     };
@@ -479,8 +482,11 @@ fn print_event(e: &TraceEvent, start: u64) -> anyhow::Result<()> {
 
 /// `agent-relay trace`.
 pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Trace { trace } =
-        ask_id(paths, &args.id, |id| QueryRequest::Trace { id }).await?
+    let QueryResult::Trace { trace } = ask_id(paths, &args.id, |id| QueryRequest::Trace {
+        id,
+        from: args.from.clone(),
+    })
+    .await?
     else {
         anyhow::bail!("unexpected answer to trace")
     };

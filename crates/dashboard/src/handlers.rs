@@ -212,7 +212,7 @@ pub(crate) async fn message(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    let answer = ask(&app, QueryRequest::Read { id }).await?;
+    let answer = ask(&app, QueryRequest::Read { id, from: None }).await?;
     let QueryResult::Read { message } = answer.result else {
         return Err(unexpected());
     };
@@ -221,6 +221,7 @@ pub(crate) async fn message(
         &app,
         QueryRequest::Trace {
             id: message.id.clone(),
+            from: Some(message.from.clone()),
         },
     )
     .await?;

@@ -21,6 +21,10 @@ pub enum QueryRequest {
     Read {
         /// Full id or prefix.
         id: String,
+        /// Only the message of this sender: ids are unique per sender, so `(from, id)` always
+        /// names one message (two senders may choose the same id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// Stored messages matching a filter, newest first.
     History(HistoryFilter),
@@ -28,6 +32,9 @@ pub enum QueryRequest {
     Trace {
         /// Full id or prefix.
         id: String,
+        /// Only the message of this sender (as for `Read`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// The dead-letter queue, newest first.
     DlqList {
