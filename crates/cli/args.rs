@@ -123,6 +123,10 @@ pub(crate) enum Cmd {
     Dlq(DlqArgs),
     /// Access rules: which agent may send to which (applied without a restart).
     Rules(RulesArgs),
+    /// Reply chains: `chain extend THREAD N` lets a conversation stopped by the hop budget
+    /// (`budget_exceeded`) run N more replies, without restarting the relay (kept across
+    /// restarts).
+    Chain(ChainArgs),
     /// List the people adapters (webhook, Telegram) of the running relay with their state:
     /// connected, failing and the last error, and what each sent, received and refused.
     Adapters(JsonArg),
@@ -288,6 +292,31 @@ pub(crate) struct DlqArgs {
     /// Print JSON for scripts.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+}
+
+/// `agent-relay chain`.
+#[derive(Debug, Args)]
+pub(crate) struct ChainArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) action: ChainAction,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay chain` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ChainAction {
+    /// Let the reply chain of THREAD run HOPS more replies than `up --max-hops` allows
+    /// (added to any earlier extension). The thread is the one the refusal names;
+    /// `agent-relay dlq retry ID` then sends the refused reply again.
+    Extend {
+        /// The chain's thread id.
+        thread: String,
+        /// Replies more (1 to 1000).
+        hops: u32,
+    },
 }
 
 /// `agent-relay rules`.

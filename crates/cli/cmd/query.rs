@@ -594,3 +594,40 @@ pub(crate) async fn dlq(paths: &Paths, args: DlqArgs) -> anyhow::Result<()> {
         _ => anyhow::bail!("unexpected answer to dlq"),
     }
 }
+
+/// `agent-relay chain extend THREAD HOPS`.
+pub(crate) async fn chain(paths: &Paths, args: crate::args::ChainArgs) -> anyhow::Result<()> {
+    let crate::args::ChainAction::Extend { thread, hops } = args.action;
+    // Checked here too: a bad value from the command line is bad usage (exit 2).
+    relay_protocol::text::validate_message_id(&thread).map_err(|e| {
+        crate::exit::usage(format!(
+            "thread {:?}: {e}",
+            relay_protocol::text::one_line(&thread, 64)
+        ))
+    })?;
+    if !(1..=1000).contains(&hops) {
+        return Err(crate::exit::usage(format!(
+            "extend by 1 to 1000 replies, not {hops}"
+        )));
+    }
+    let QueryResult::ChainExtend {
+        thread,
+        extra,
+        max_hops,
+    } = ask(paths, QueryRequest::ChainExtend { thread, hops }).await?
+    else {
+        anyhow::bail!("unexpected answer to chain extend")
+    };
+    if args.json {
+        return json(&serde_json::json!({
+            "thread": relay_protocol::text::one_line(&thread, usize::MAX),
+            "extra": extra,
+            "max_hops": max_hops,
+        }));
+    }
+    line(format!(
+        "the reply chain of thread {} may now run {max_hops} replies ({extra} more than the relay's --max-hops); `agent-relay dlq retry ID` sends a refused reply again",
+        relay_protocol::text::one_line(&thread, 128)
+    ))?;
+    Ok(())
+}

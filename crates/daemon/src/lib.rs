@@ -337,6 +337,7 @@ pub async fn run_with(
     let known = store.known_agents()?;
     let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
     let untold = store.unnotified(100_000)?;
+    let chains = store.chain_extensions()?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -345,7 +346,7 @@ pub async fn run_with(
     let (router_tx, router_rx) = mpsc::channel(16 * 1024);
     let stop = CancellationToken::new();
     let feed = feed::Feed::new();
-    let router = router::Router::new(
+    let mut router = router::Router::new(
         cfg.clone(),
         store_tx,
         known,
@@ -354,6 +355,7 @@ pub async fn run_with(
         storage_kind.to_owned(),
         feed.clone(),
     );
+    router.set_chains(chains);
     let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     started(Handle {
         feed,

@@ -258,7 +258,8 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         // Writes: the router sends these as store writes, never as queries.
         QueryRequest::DlqRetry { .. }
         | QueryRequest::DlqPurge
-        | QueryRequest::ForgetAgent { .. } => QueryResult::Error {
+        | QueryRequest::ForgetAgent { .. }
+        | QueryRequest::ChainExtend { .. } => QueryResult::Error {
             code: "internal".into(),
             message: "not a read".into(),
         },

@@ -82,6 +82,35 @@ pub(crate) const RELAY: &str = "relay";
 /// Connection ids start at 1.
 pub(crate) const NO_CONN: u64 = 0;
 
+/// Why a reply over the hop budget is refused, and how a person lets the chain go on: short
+/// enough to reach an agent whole in a notice (issue 24.8).
+fn budget_reason(hops: u32, max_hops: u32, thread: Option<&str>) -> String {
+    let go_on = match thread {
+        Some(t) => format!(
+            "to go on, a person runs `agent-relay chain extend {t} 10` (no restart) or starts a new message"
+        ),
+        None => "to go on, a person starts a new message".to_owned(),
+    };
+    format!(
+        "this reply would be hop {hops} of a chain of replies; the limit is {max_hops}, so agents cannot answer each other forever; {go_on}"
+    )
+}
+
+/// Whether `chain extend THREAD HOPS` makes sense: a thread id (the id alphabet) and 1 to
+/// 1,000 replies more.
+pub(crate) fn check_extension(thread: &str, hops: u32) -> Result<(), String> {
+    relay_protocol::text::validate_message_id(thread).map_err(|e| {
+        format!(
+            "thread {:?}: {e}",
+            relay_protocol::text::one_line(thread, 64)
+        )
+    })?;
+    if !(1..=1000).contains(&hops) {
+        return Err(format!("extend by 1 to 1000 replies, not {hops}"));
+    }
+    Ok(())
+}
+
 /// The live record of the agent connection `conn_id` speaks for, with the agent's name;
 /// `None` if it is gone or was taken over by a newer connection. (Over the two maps, not
 /// `&mut self`, so that callers can still reach the router's other fields.)
@@ -359,6 +388,9 @@ pub(crate) struct Core {
     /// Every name in `agents`, lowercased, to its spelling there (names that differ only by
     /// case are one name: `names.rs`).
     folded: HashMap<String, String>,
+    /// Replies more than `max_hops` that a person allowed a thread's chain
+    /// (`agent-relay chain extend`; stored, loaded at start).
+    chains: HashMap<String, u32>,
     /// (sender, recipient) pairs whose sender was told that the recipient has not connected
     /// yet: told once per pair while the daemon runs.
     told_not_yet: HashSet<(String, String)>,
@@ -428,6 +460,7 @@ impl Core {
             conns: HashMap::new(),
             agents,
             folded,
+            chains: HashMap::new(),
             told_not_yet: HashSet::new(),
             dirty: HashSet::new(),
             agents_changed: false,
@@ -940,9 +973,10 @@ impl Core {
         // itself a stand-in can shorten its own message's life, not lengthen it.
         let expires_at = expires_at.map(|e| e.min(self.now.ms.saturating_add(ttl)));
         let queued_at = expires_at.map(|e| e.saturating_sub(ttl));
+        let max_hops = self.max_hops_in(payload.thread.as_deref());
         let budget = (hops > 0 || expires_at.is_some()).then_some(Budget {
             hops,
-            max_hops: self.cfg.max_hops,
+            max_hops,
             expires_at,
         });
         if payload.budget != budget {
@@ -952,14 +986,11 @@ impl Core {
         }
         let refusal = if checked {
             None
-        } else if hops > self.cfg.max_hops {
+        } else if hops > max_hops {
             Some((
                 NackCode::BudgetExceeded,
                 "budget_exceeded",
-                format!(
-                    "this reply would be hop {hops} of a chain of replies; the limit is {} (a relay started with `agent-relay up --max-hops N` allows more; the running one must be stopped first with `agent-relay down`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
-                    self.cfg.max_hops
-                ),
+                budget_reason(hops, max_hops, payload.thread.as_deref()),
             ))
         } else {
             let direct = (names.len() == 1 && to_name != "*").then_some(to_name.as_str());
@@ -1102,6 +1133,19 @@ impl Core {
                 raw: None,
             },
         ));
+    }
+
+    /// The chain of `thread` may run `extra` replies beyond `max_hops` (its stored extension
+    /// in all); returns its limit now.
+    pub(crate) fn chain_extended(&mut self, thread: String, extra: u32) -> u32 {
+        self.chains.insert(thread, extra);
+        self.cfg.max_hops.saturating_add(extra)
+    }
+
+    /// The hop limit of a message in `thread`: the relay's, plus what a person allowed it.
+    fn max_hops_in(&self, thread: Option<&str>) -> u32 {
+        let extra = thread.and_then(|t| self.chains.get(t)).copied();
+        self.cfg.max_hops.saturating_add(extra.unwrap_or(0))
     }
 
     /// Acts on a dead letter taken out of the queue, and says what was done.
