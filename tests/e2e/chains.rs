@@ -86,6 +86,35 @@ done
         h.as_array().unwrap().iter().any(|m| m["body"] == "and on"),
         "not stored: {h}"
     );
+    // From the dashboard: the dead letter names the thread (its button extends the chain
+    // through this endpoint), and the extension adds up.
+    let (port, token) = crate::support::dashboard(&relay);
+    let dead = crate::support::api(port, &token, "/api/dead");
+    assert!(
+        dead["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["code"] == "budget_exceeded"
+                && d["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("chain extend {thread} 10"))),
+        "{dead}"
+    );
+    let (status, body) = crate::support::http(
+        port,
+        "POST",
+        &format!("/api/chains/{thread}/extend?hops=5&token={token}"),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["extra"].as_u64(), v["max_hops"].as_u64()),
+        (Some(15), Some(17)),
+        "{v}"
+    );
     // A bad extension is bad usage.
     let out = relay.cli(&["chain", "extend", &thread, "0"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");

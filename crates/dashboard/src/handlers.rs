@@ -278,6 +278,35 @@ pub(crate) async fn retry(
     ))
 }
 
+/// How many replies a `POST /api/chains/{thread}/extend` adds (`?hops=N`, default 10).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ExtendQuery {
+    hops: Option<u32>,
+}
+
+/// `POST /api/chains/{thread}/extend?hops=N`: lets the reply chain of `thread` run N more
+/// replies (issue 24.8; what `agent-relay chain extend` does), from the dead letter a hop
+/// budget made.
+pub(crate) async fn extend_chain(
+    State(app): State<Arc<App>>,
+    Path(thread): Path<String>,
+    Query(q): Query<ExtendQuery>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let hops = q.hops.unwrap_or(10);
+    let answer = ask(&app, QueryRequest::ChainExtend { thread, hops }).await?;
+    let QueryResult::ChainExtend {
+        thread,
+        extra,
+        max_hops,
+    } = answer.result
+    else {
+        return Err(unexpected());
+    };
+    Ok(Json(
+        json!({ "thread": thread, "extra": extra, "max_hops": max_hops }),
+    ))
+}
+
 /// `GET /api/stats`: status, counters and the per-second rates of the last minutes.
 pub(crate) async fn stats(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {
     let answer = ask(&app, QueryRequest::Status).await?;
