@@ -130,6 +130,10 @@ pub(crate) enum Cmd {
     Dlq(DlqArgs),
     /// Access rules: which agent may send to which (applied without a restart).
     Rules(RulesArgs),
+    /// Reply chains: `chain extend THREAD N` lets a conversation stopped by the hop budget
+    /// (`budget_exceeded`) run N more replies, without restarting the relay (kept across
+    /// restarts).
+    Chain(ChainArgs),
     /// List the people adapters (webhook, Telegram) of the running relay with their state:
     /// connected, failing and the last error, and what each sent, received and refused.
     Adapters(JsonArg),
@@ -297,6 +301,31 @@ pub(crate) struct DlqArgs {
     pub(crate) json: bool,
 }
 
+/// `agent-relay chain`.
+#[derive(Debug, Args)]
+pub(crate) struct ChainArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) action: ChainAction,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay chain` actions.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ChainAction {
+    /// Let the reply chain of THREAD run HOPS more replies than `up --max-hops` allows
+    /// (added to any earlier extension). The thread is the one the refusal names;
+    /// `agent-relay dlq retry ID` then sends the refused reply again.
+    Extend {
+        /// The chain's thread id.
+        thread: String,
+        /// Replies more (1 to 1000).
+        hops: u32,
+    },
+}
+
 /// `agent-relay rules`.
 #[derive(Debug, Args)]
 pub(crate) struct RulesArgs {
@@ -428,6 +457,8 @@ pub(crate) enum AgentsAction {
 #[derive(Debug, Args)]
 pub(crate) struct SendArgs {
     /// Recipient agent name, or '*' for every agent (with --topic: the topic's subscribers).
+    /// A name that has not connected yet is accepted: the message waits for that agent (for the
+    /// relay's --inbox-ttl); one a letter or two from a known name is refused ("did you mean").
     pub(crate) to: String,
     /// The message text; '-' or nothing reads it from stdin.
     pub(crate) body: Option<String>,
@@ -499,6 +530,10 @@ pub(crate) struct ReadArgs {
     /// Message id, its short id as shown in `[5DZ82MJ3]` (the id's last 8 characters), or a
     /// unique prefix of at least 8 characters.
     pub(crate) id: String,
+    /// Only the message of this sender: ids are unique per sender, so an id and its sender
+    /// always name one message (needed when two senders used the same id).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) from: Option<String>,
     /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,

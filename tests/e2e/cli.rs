@@ -927,7 +927,8 @@ fn the_exit_code_table_in_the_docs_is_what_commands_return() {
                 relay.cli(&["rules", "remove", "9"]),
             ],
         ),
-        (5, "refused", vec![relay.cli(&["send", "Nobody", "hi"])]),
+        // A typo of a known name (a name never seen is accepted and waits for its agent).
+        (5, "refused", vec![relay.cli(&["send", "Bobb", "hi"])]),
     ];
     let docs = documented_exit_codes();
     for (code, meaning, outs) in &runs {

@@ -275,7 +275,7 @@ fn dashboard_page_in_chromium() {
     let d = bob.expect("DELIVER");
     bob.ack(&d);
     drop(carol);
-    alice.send("Nobody", "is anyone there?");
+    alice.send("Bobb", "is anyone there?");
     alice.expect("NACK");
     let mut old = String::new();
     for i in 0..30 {

@@ -2,9 +2,11 @@
 //! SQLite file, spoken to with raw frames, the client crate, and the CLI.
 #![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
 
+pub(crate) mod ackfalse;
 mod afterfirst;
 mod agents;
 mod backends;
+mod chains;
 mod cli;
 mod client;
 mod config;
@@ -16,6 +18,7 @@ mod doors;
 mod faults;
 mod federation;
 mod hardening;
+mod names;
 mod newcomer;
 mod parse;
 mod people;

@@ -15,17 +15,17 @@ use crate::wrap::{output_of, spawn_wrapped, wait_online};
 
 const TOKEN: &str = "4242:SECRET-bot-token-never-logged";
 const PERSON_TG: i64 = 42;
-const WEBHOOK_SECRET: &str = "webhook-shared-secret";
+pub(crate) const WEBHOOK_SECRET: &str = "webhook-shared-secret";
 
 /// A secret file with `mode`.
-fn secret(relay: &Relay, name: &str, text: &str, mode: u32) {
+pub(crate) fn secret(relay: &Relay, name: &str, text: &str, mode: u32) {
     let path = relay.dir.path().join(name);
     std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// Writes the project's configuration file.
-fn configure(relay: &Relay, text: &str) {
+pub(crate) fn configure(relay: &Relay, text: &str) {
     let dir = relay.dir.path().join(".agent-relay");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.toml"), text).unwrap();

@@ -79,7 +79,7 @@ pub(crate) fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
 }
 
 /// Starts `script` as agent `name` in tmux, detached; returns its session name.
-fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> String {
+pub(crate) fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> String {
     start_tmux_agent_with(relay, name, script, extra, &[])
 }
 

@@ -91,30 +91,9 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
 fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
     const N: usize = 20_000;
     let relay = Relay::start_with(UNLIMITED);
-    let mut bob = relay.connect();
-    bob.hello("Bob", json!({"capabilities": {"ack": false}}));
-    let (mut alice, _) = relay.agent("Alice");
-    // Alice sends everything and waits until every SEND is stored (ACKed); Bob reads nothing.
-    // Her ACKs are read on a thread while she sends, so her own connection never backs up.
-    let mut reader = alice.reader();
-    let acks = std::thread::spawn(move || {
-        let mut acked = 0;
-        while acked < N {
-            let f = reader.read().expect("Alice's connection stays open");
-            match f["type"].as_str() {
-                Some("ACK") => acked += 1,
-                Some("PING" | "BUSY") => {}
-                _ => panic!("unexpected frame for Alice: {f}"),
-            }
-        }
-    });
-    let mut sent = std::collections::HashSet::new();
-    for i in 0..N {
-        let id = format!("m{i:06}");
-        alice.send_env("SEND", json!({"id": id, "to": "Bob"}), json!({"body": "x"}));
-        sent.insert(id);
-    }
-    acks.join().unwrap();
+    let mut bob = crate::ackfalse::connect_bob(&relay);
+    // Bob reads nothing while everything is stored for him.
+    let sent = crate::ackfalse::alice_sends_bob(&relay, N);
     // Bob stops reading for good: from here the daemon's writes to him fail (EPIPE), so what
     // is in his socket buffer now is exactly what was written to him.
     bob.stream.shutdown(Shutdown::Read).unwrap();
@@ -137,19 +116,7 @@ fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
         .collect();
     let before = got.len();
     // Bob comes back (the daemon may still be closing his first connection: retry the name).
-    let mut bob = loop {
-        let mut c = relay.connect();
-        c.send_env(
-            "HELLO",
-            json!({}),
-            json!({"agent": "Bob", "cli": "test", "capabilities": {"ack": false}}),
-        );
-        let f = c.read().expect("an answer to HELLO");
-        if f["type"] == "WELCOME" {
-            break c;
-        }
-        assert_eq!(f["payload"]["code"], "name_in_use", "{f}");
-    };
+    let mut bob = crate::ackfalse::connect_bob(&relay);
     let end = Instant::now() + Duration::from_secs(120);
     while got.len() < N {
         assert!(

@@ -148,7 +148,8 @@ fn watch_json_follows_a_conversation() {
     );
     assert_eq!(ev["id"], id.as_str());
 
-    alice.send("Nobody", "anyone there?");
+    // A typo of a known name (a name never seen would wait for its agent).
+    alice.send("Bobb", "anyone there?");
     alice.expect("NACK");
     let ev = next();
     assert_eq!(

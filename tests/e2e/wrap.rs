@@ -321,7 +321,7 @@ done
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(5), "{text}");
     assert!(
-        text.contains("got: relay: your message to Bobb was not sent: no agent named \"Bobb\"; known: Alice, Bob"),
+        text.contains("got: relay: your message to Bobb was not sent: no agent named \"Bobb\"; did you mean \"Bob\"?"),
         "{text}"
     );
     // Nothing was stored, and the notice's echo was not sent anywhere either.

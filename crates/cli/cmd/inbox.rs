@@ -200,7 +200,8 @@ fn print_records(messages: &[MessageRecord], unread: bool, json: bool) -> anyhow
 /// the answered message itself).
 pub(crate) async fn reply(paths: &Paths, args: ReplyArgs) -> anyhow::Result<()> {
     let QueryResult::Read { message } =
-        crate::cmd::query::ask_id(paths, &args.id, |id| QueryRequest::Read { id }).await?
+        crate::cmd::query::ask_id(paths, &args.id, |id| QueryRequest::Read { id, from: None })
+            .await?
     else {
         anyhow::bail!("unexpected answer to read")
     };

@@ -419,6 +419,7 @@ impl RelayMcp {
             return match self
                 .query(QueryRequest::Read {
                     id: wanted.to_owned(),
+                    from: None,
                 })
                 .await
             {
@@ -633,7 +634,13 @@ impl RelayMcp {
         description = "Show one relay message in full, by its id or the first 8 or more characters of it."
     )]
     async fn relay_read(&self, Parameters(p): Parameters<ReadParams>) -> CallToolResult {
-        match self.query(QueryRequest::Read { id: p.id }).await {
+        match self
+            .query(QueryRequest::Read {
+                id: p.id,
+                from: None,
+            })
+            .await
+        {
             Ok(QueryResult::Read { message }) => {
                 if message.to == self.name || message.to == "*" {
                     self.tell_shown(vec![message.id.clone()]).await;

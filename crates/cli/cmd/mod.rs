@@ -135,6 +135,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::History(a) => query::history(&paths, &a).await,
                     Cmd::Trace(a) => query::trace(&paths, &a).await,
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
+                    Cmd::Chain(a) => query::chain(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Inbox(a) => inbox::inbox(&paths, &a).await,
                     Cmd::Reply(a) => inbox::reply(&paths, a).await,

@@ -356,8 +356,11 @@ fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
 
 /// `agent-relay read`.
 pub(crate) async fn read(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Read { message } =
-        ask_id(paths, &args.id, |id| QueryRequest::Read { id }).await?
+    let QueryResult::Read { message } = ask_id(paths, &args.id, |id| QueryRequest::Read {
+        id,
+        from: args.from.clone(),
+    })
+    .await?
     else {
         anyhow::bail!("unexpected answer to read")
     };
@@ -479,8 +482,11 @@ fn print_event(e: &TraceEvent, start: u64) -> anyhow::Result<()> {
 
 /// `agent-relay trace`.
 pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> {
-    let QueryResult::Trace { trace } =
-        ask_id(paths, &args.id, |id| QueryRequest::Trace { id }).await?
+    let QueryResult::Trace { trace } = ask_id(paths, &args.id, |id| QueryRequest::Trace {
+        id,
+        from: args.from.clone(),
+    })
+    .await?
     else {
         anyhow::bail!("unexpected answer to trace")
     };
@@ -587,4 +593,41 @@ pub(crate) async fn dlq(paths: &Paths, args: DlqArgs) -> anyhow::Result<()> {
         QueryResult::DlqPurge { removed } => Ok(line(format!("removed {removed} dead letters"))?),
         _ => anyhow::bail!("unexpected answer to dlq"),
     }
+}
+
+/// `agent-relay chain extend THREAD HOPS`.
+pub(crate) async fn chain(paths: &Paths, args: crate::args::ChainArgs) -> anyhow::Result<()> {
+    let crate::args::ChainAction::Extend { thread, hops } = args.action;
+    // Checked here too: a bad value from the command line is bad usage (exit 2).
+    relay_protocol::text::validate_message_id(&thread).map_err(|e| {
+        crate::exit::usage(format!(
+            "thread {:?}: {e}",
+            relay_protocol::text::one_line(&thread, 64)
+        ))
+    })?;
+    if !(1..=1000).contains(&hops) {
+        return Err(crate::exit::usage(format!(
+            "extend by 1 to 1000 replies, not {hops}"
+        )));
+    }
+    let QueryResult::ChainExtend {
+        thread,
+        extra,
+        max_hops,
+    } = ask(paths, QueryRequest::ChainExtend { thread, hops }).await?
+    else {
+        anyhow::bail!("unexpected answer to chain extend")
+    };
+    if args.json {
+        return json(&serde_json::json!({
+            "thread": relay_protocol::text::one_line(&thread, usize::MAX),
+            "extra": extra,
+            "max_hops": max_hops,
+        }));
+    }
+    line(format!(
+        "the reply chain of thread {} may now run {max_hops} replies ({extra} more than the relay's --max-hops); `agent-relay dlq retry ID` sends a refused reply again",
+        relay_protocol::text::one_line(&thread, 128)
+    ))?;
+    Ok(())
 }

@@ -71,12 +71,20 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
             "id": receipt.id,
             "status": receipt.status,
             "recipients": receipt.recipients,
+            "note": receipt.note.as_deref().map(|n| relay_protocol::text::one_line(n, usize::MAX)),
         }));
     }
-    let what = match receipt.status {
-        AckStatus::Accepted => "accepted".to_owned(),
-        AckStatus::Queued => "queued (recipient offline; delivered when it connects)".to_owned(),
-        AckStatus::Duplicate => {
+    let what = match (receipt.status, &receipt.note) {
+        // The relay says why it waits (a recipient that has not connected yet).
+        (AckStatus::Queued, Some(note)) => format!(
+            "queued ({})",
+            relay_protocol::text::one_line(note, usize::MAX)
+        ),
+        (AckStatus::Accepted, _) => "accepted".to_owned(),
+        (AckStatus::Queued, None) => {
+            "queued (recipient offline; delivered when it connects)".to_owned()
+        }
+        (AckStatus::Duplicate, _) => {
             "duplicate (this id was sent before; nothing new was stored)".to_owned()
         }
     };

@@ -190,6 +190,9 @@ pub struct Receipt {
     pub status: AckStatus,
     /// Recipients it was stored for (absent for duplicates).
     pub recipients: Option<u32>,
+    /// What the relay adds about it (the ACK's `reason`): for a recipient that has not
+    /// connected yet, that the message waits for it.
+    pub note: Option<String>,
 }
 
 /// A message delivered to this client.
@@ -1162,6 +1165,7 @@ impl Driver {
                         id: ack.ack_id.clone(),
                         status: ack.status.unwrap_or(AckStatus::Accepted),
                         recipients: ack.recipients,
+                        note: ack.reason,
                     };
                     self.settle_send(&ack.ack_id, Ok(receipt));
                 }

@@ -28,6 +28,7 @@ pub(crate) async fn serve(
     cfg: Arc<Config>,
     router: mpsc::Sender<RouterMsg>,
     shutdown: CancellationToken,
+    in_process: bool,
 ) {
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel(cfg.outbound_queue);
@@ -55,6 +56,7 @@ pub(crate) async fn serve(
             Instant::now(),
         ),
         registered: false,
+        in_process,
     };
     let exit = reader.run(rd, shutdown).await;
     // On shutdown the router says BYE to every registered connection and closes it; an
@@ -109,6 +111,8 @@ struct Reader {
     killer: Killer,
     session: Session,
     registered: bool,
+    /// The peer is this daemon's own process.
+    in_process: bool,
 }
 
 /// Why the reader stopped.
@@ -427,6 +431,7 @@ impl Reader {
             id: self.conn_id,
             tx: self.tx.clone(),
             killer: self.killer.clone(),
+            in_process: self.in_process,
         };
         if self
             .router
@@ -556,6 +561,63 @@ fn encode(
     None
 }
 
+/// DELIVERs written to a connection that does not acknowledge, waiting until its peer has
+/// read them off the socket (`unread.rs`): only then do they count as acknowledged. What is
+/// still here when the connection ends stays in flight, and is delivered again on the next
+/// connection.
+#[derive(Debug)]
+struct Unread {
+    /// Bytes written to the socket so far.
+    written: u64,
+    /// Per write holding such DELIVERs, oldest first: where in the byte stream it ended, and
+    /// the positions it carried.
+    batches: std::collections::VecDeque<(u64, Vec<i64>)>,
+    /// When to look again while some are unread (doubling while the peer reads nothing).
+    delay: Duration,
+}
+
+impl Default for Unread {
+    fn default() -> Self {
+        Self {
+            written: 0,
+            batches: std::collections::VecDeque::new(),
+            delay: Self::FIRST_DELAY,
+        }
+    }
+}
+
+impl Unread {
+    const FIRST_DELAY: Duration = Duration::from_millis(1);
+    const MAX_DELAY: Duration = Duration::from_millis(100);
+
+    /// Tells the router which DELIVERs the peer has read since the last look.
+    async fn check(&mut self, wr: &OwnedWriteHalf, conn_id: u64, router: &mpsc::Sender<RouterMsg>) {
+        let through = crate::unread::read_through(wr.as_ref(), self.written);
+        let mut positions = Vec::new();
+        while let Some((end, _)) = self.batches.front()
+            && through.is_some_and(|t| *end <= t)
+        {
+            if let Some((_, p)) = self.batches.pop_front() {
+                positions.extend(p);
+            }
+        }
+        if positions.is_empty() {
+            self.delay = (self.delay * 2).min(Self::MAX_DELAY);
+            return;
+        }
+        self.delay = Self::FIRST_DELAY;
+        if router
+            .send(RouterMsg::Written { conn_id, positions })
+            .await
+            .is_err()
+        {
+            // The daemon is stopping: the deliveries stay unacknowledged in the store and
+            // are sent again after restart (at least once beats lost).
+            tracing::debug!(conn = conn_id, "router gone; read deliveries not confirmed");
+        }
+    }
+}
+
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Outbound>,
@@ -567,6 +629,8 @@ async fn write_loop(
     let mut ids = FrameIds::new(conn_id);
     // Positions of `confirm` DELIVERs in the batch being written.
     let mut written: Vec<i64> = Vec::new();
+    // Those written and not yet read by the peer.
+    let mut unread = Unread::default();
     // Grows to the largest batch written and shrinks back after a burst, so an idle
     // connection holds little (it is one of up to 10,000).
     let mut buf: Vec<u8> = Vec::new();
@@ -578,6 +642,10 @@ async fn write_loop(
             () = killer.killed() => {
                 close = Some(killer.reason());
                 None
+            }
+            () = tokio::time::sleep(unread.delay), if !unread.batches.is_empty() => {
+                unread.check(&wr, conn_id, &router).await;
+                continue;
             }
         };
         let Some(first) = first else {
@@ -608,24 +676,19 @@ async fn write_loop(
             tracing::debug!(conn = conn_id, error = %e, "write failed; connection closing");
             return;
         }
+        unread.written += buf.len() as u64;
         buf.clear();
         if buf.capacity() > KEEP_WRITE_BUFFER {
             buf.shrink_to(KEEP_WRITE_BUFFER);
         }
         if !written.is_empty() {
-            let positions = std::mem::take(&mut written);
-            if router
-                .send(RouterMsg::Written { conn_id, positions })
-                .await
-                .is_err()
-            {
-                // The daemon is stopping: the deliveries stay unacknowledged in the store
-                // and are sent again after restart (at least once beats lost).
-                tracing::debug!(
-                    conn = conn_id,
-                    "router gone; written deliveries not confirmed"
-                );
-            }
+            unread
+                .batches
+                .push_back((unread.written, std::mem::take(&mut written)));
+            unread.delay = Unread::FIRST_DELAY;
+        }
+        if !unread.batches.is_empty() {
+            unread.check(&wr, conn_id, &router).await;
         }
         if close.is_some() {
             break;

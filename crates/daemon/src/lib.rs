@@ -21,6 +21,7 @@ mod routing;
 pub mod rules;
 mod session;
 mod store_actor;
+mod unread;
 
 use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -113,10 +114,15 @@ pub struct Config {
     /// The federation link, asked to add the legs on other nodes to a `trace` (it asks their
     /// links over NATS); `None` outside a federation.
     pub federation_trace: Option<TraceAsk>,
-    /// The person's mailboxes: `human` and every declared person. Each can always be
-    /// addressed, connected or not (messages wait in the store as for an offline agent).
-    pub people: Vec<String>,
+    /// The person's names: `human` and every declared `[people.NAME]`. They belong to the
+    /// person's doors (the CLI, and the adapters and dashboard this process runs): no agent
+    /// connection from another process takes them, they are known names for "did you mean",
+    /// and a message to one is never "not connected yet".
+    pub person_names: Vec<String>,
 }
+
+/// The person's name when no other is declared (what `agent-relay send` signs with).
+pub use relay_protocol::HUMAN;
 
 /// A `trace` as this relay's store tells it, and where the federation link answers it with
 /// the legs on other nodes added (or as it was, if it cannot).
@@ -153,7 +159,7 @@ impl Config {
             federation: None,
             node: None,
             federation_trace: None,
-            people: vec![relay_protocol::HUMAN.to_owned()],
+            person_names: vec![HUMAN.to_owned()],
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg
@@ -331,6 +337,7 @@ pub async fn run_with(
     let known = store.known_agents()?;
     let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
     let untold = store.unnotified(100_000)?;
+    let chains = store.chain_extensions()?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -339,7 +346,7 @@ pub async fn run_with(
     let (router_tx, router_rx) = mpsc::channel(16 * 1024);
     let stop = CancellationToken::new();
     let feed = feed::Feed::new();
-    let router = router::Router::new(
+    let mut router = router::Router::new(
         cfg.clone(),
         store_tx,
         known,
@@ -348,6 +355,7 @@ pub async fn run_with(
         storage_kind.to_owned(),
         feed.clone(),
     );
+    router.set_chains(chains);
     let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     started(Handle {
         feed,
@@ -355,6 +363,7 @@ pub async fn run_with(
         stop: stop.clone(),
     });
     let uid = rustix::process::getuid().as_raw();
+    let own_pid = i32::try_from(std::process::id()).ok();
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let mut next_id: u64 = 1;
     tokio::pin!(shutdown);
@@ -373,8 +382,10 @@ pub async fn run_with(
                 continue;
             }
         };
-        match stream.peer_cred() {
-            Ok(cred) if cred.uid() == uid => {}
+        // Whether the peer is this process (the people adapters and the federation link
+        // connect over the socket too): a person's names are theirs (`routing/names.rs`).
+        let in_process = match stream.peer_cred() {
+            Ok(cred) if cred.uid() == uid => own_pid.is_some() && cred.pid() == own_pid,
             other => {
                 let peer = other.as_ref().map(|c| c.uid()).ok();
                 tracing::warn!(?peer, "refusing connection from another user");
@@ -386,7 +397,7 @@ pub async fn run_with(
                 ));
                 continue;
             }
-        }
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::warn!(
                 max = cfg.max_connections,
@@ -409,6 +420,7 @@ pub async fn run_with(
                 cfg.clone(),
                 router_tx.clone(),
                 stop.clone(),
+                in_process,
             )
             .inspect_done(permit),
         );

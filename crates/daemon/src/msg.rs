@@ -26,9 +26,10 @@ pub(crate) struct DeliverItem {
     /// is instead of serializing `msg.payload` again (which was the costliest step per
     /// DELIVER). Replays from the store have none.
     pub(crate) raw: Option<Raw>,
-    /// Tell the router once this DELIVER is written to the socket: for a connection that said
-    /// `ack: false`, writing it is its acknowledgement (queued is not: a recipient that stops
-    /// reading and leaves would lose what sat in its queue).
+    /// Tell the router once the peer has read this DELIVER off the socket (`unread.rs`): for
+    /// a connection that said `ack: false`, that is its acknowledgement (queued is not, nor
+    /// written: a recipient that stops reading and leaves would lose what sat in the daemon's
+    /// queue or in its own socket buffer).
     pub(crate) confirm: bool,
 }
 
@@ -89,6 +90,9 @@ pub(crate) struct ConnHandle {
     pub(crate) id: u64,
     pub(crate) tx: mpsc::Sender<Outbound>,
     pub(crate) killer: Killer,
+    /// The peer is this daemon's own process (its people adapters, its federation link):
+    /// only such a connection takes a person's name as an agent (`routing/names.rs`).
+    pub(crate) in_process: bool,
 }
 
 /// Messages to the router.
@@ -120,7 +124,7 @@ pub(crate) enum RouterMsg {
     Ack { conn_id: u64, ack: Ack },
     /// A recipient refused a DELIVER.
     Nack { conn_id: u64, nack: Nack },
-    /// DELIVERs at these positions (asked with `confirm`) were written to the socket of a
+    /// DELIVERs at these positions (asked with `confirm`) were read off the socket by a
     /// connection that does not acknowledge: they count as acknowledged now.
     Written { conn_id: u64, positions: Vec<i64> },
     /// SUBSCRIBE (`on`) or UNSUBSCRIBE.

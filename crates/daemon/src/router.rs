@@ -40,6 +40,10 @@ fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
         QueryRequest::DlqRetry { dlq_id } => Some(WriteOp::Retry { dlq_id: *dlq_id }),
         QueryRequest::DlqPurge => Some(WriteOp::Purge),
         QueryRequest::ForgetAgent { name } => Some(WriteOp::ForgetAgent { name: name.clone() }),
+        QueryRequest::ChainExtend { thread, hops } => Some(WriteOp::ExtendChain {
+            thread: thread.clone(),
+            hops: *hops,
+        }),
         _ => None,
     }
 }
@@ -103,6 +107,13 @@ impl Router {
             storage,
             since_flush: 0,
             agents_file: None,
+        }
+    }
+
+    /// The hop-budget extensions stored per thread (loaded at start).
+    pub(crate) fn set_chains(&mut self, chains: Vec<(String, u32)>) {
+        for (thread, extra) in chains {
+            self.core.chain_extended(thread, extra);
         }
     }
 
@@ -308,6 +319,16 @@ impl Router {
         req: QueryRequest,
         reply: Option<oneshot::Sender<Answer>>,
     ) {
+        if let QueryRequest::ChainExtend { thread, hops } = &req
+            && let Err(message) = crate::routing::check_extension(thread, *hops)
+        {
+            let result = QueryResult::Error {
+                code: "invalid".into(),
+                message,
+            };
+            self.answer_with(conn_id, env_id, reply, result);
+            return;
+        }
         if let QueryRequest::ForgetAgent { name } = &req
             && let Err((code, message)) = self.core.forget(name)
         {
@@ -394,6 +415,15 @@ impl Router {
                 QueryResult::ForgetAgent { name }
             }
             Ok(WriteResult::Retried(o)) => self.core.retried(*o, now()),
+            Ok(WriteResult::ChainExtended(thread, extra)) => {
+                let max_hops = self.core.chain_extended(thread.clone(), extra);
+                tracing::info!(%thread, extra, max_hops, "a person extended a reply chain's hop budget");
+                QueryResult::ChainExtend {
+                    thread,
+                    extra,
+                    max_hops,
+                }
+            }
             Ok(other) => QueryResult::Error {
                 code: "internal".into(),
                 message: format!("unexpected store answer {other:?}"),

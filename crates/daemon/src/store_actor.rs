@@ -203,7 +203,7 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             Ok(agents) => QueryResult::Agents { agents },
             Err(e) => internal(e),
         },
-        QueryRequest::Read { id } => match store.find(id, 10) {
+        QueryRequest::Read { id, from } => match store.find(id, 10).map(|f| of_sender(f, from)) {
             // A full id of any length is fine (v1 clients choose their own ids); a prefix must
             // have at least 8 characters so it is unlikely to be ambiguous; a short id has 8.
             Ok(found) if found.len() == 1 && (found[0].id == *id || id.len() >= 8) => {
@@ -224,25 +224,22 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
                     "no message with id {id:?}; `agent-relay history` lists recent ids"
                 ),
             },
-            Ok(found) => QueryResult::Error {
-                code: "ambiguous".into(),
-                message: format!(
-                    "{id:?} matches {} messages ({}); give more of the id",
-                    found.len(),
-                    found
-                        .iter()
-                        .map(|m| m.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            },
+            Ok(found) => ambiguous(
+                id,
+                &found
+                    .iter()
+                    .map(|m| (m.id.clone(), m.from.clone()))
+                    .collect::<Vec<_>>(),
+            ),
             Err(e) => internal(e),
         },
         QueryRequest::History(filter) => match store.history(filter) {
             Ok(messages) => QueryResult::History { messages },
             Err(e) => internal(e),
         },
-        QueryRequest::Trace { id } => trace(store, id).unwrap_or_else(internal),
+        QueryRequest::Trace { id, from } => {
+            trace(store, id, from.as_deref()).unwrap_or_else(internal)
+        }
         QueryRequest::DlqList { all, limit } => {
             let limit = limit.map_or(50, |l| l.clamp(1, 1000) as usize);
             match store.dead_letters(*all, limit) {
@@ -261,7 +258,8 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         // Writes: the router sends these as store writes, never as queries.
         QueryRequest::DlqRetry { .. }
         | QueryRequest::DlqPurge
-        | QueryRequest::ForgetAgent { .. } => QueryResult::Error {
+        | QueryRequest::ForgetAgent { .. }
+        | QueryRequest::ChainExtend { .. } => QueryResult::Error {
             code: "internal".into(),
             message: "not a read".into(),
         },
@@ -274,9 +272,49 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
     (Some(result), relay_store::Stats::default())
 }
 
+/// Only the messages of sender `from`, when one is given (issue 24.7: ids are unique per
+/// sender, so an id and its sender always name one message).
+fn of_sender(
+    found: Vec<relay_protocol::query::MessageRecord>,
+    from: &Option<String>,
+) -> Vec<relay_protocol::query::MessageRecord> {
+    match from {
+        Some(f) => found.into_iter().filter(|m| m.from == *f).collect(),
+        None => found,
+    }
+}
+
+/// The answer when `id` names several messages: each as `ID from SENDER`, and how to name one.
+fn ambiguous(id: &str, keys: &[(String, String)]) -> QueryResult {
+    let same_id = keys.iter().all(|(i, _)| *i == keys[0].0);
+    let hint = match keys.first() {
+        // The same id from several senders: only the sender tells them apart.
+        Some((i, f)) if same_id => format!(
+            "give the sender too, e.g. `--from {}` (`agent-relay read {i} --from {f}`)",
+            relay_protocol::text::one_line(f, 64)
+        ),
+        _ => "give more of the id, or the sender with `--from NAME`".to_owned(),
+    };
+    QueryResult::Error {
+        code: "ambiguous".into(),
+        message: format!(
+            "{id:?} matches {} messages ({}); {hint}",
+            keys.len(),
+            keys.iter()
+                .map(|(i, f)| format!("{i} from {f}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// The story of the message `id` (a whole id or a prefix of at least 8 characters), stored or
-/// refused.
-fn trace(store: &mut dyn Store, id: &str) -> Result<QueryResult, relay_store::StoreError> {
+/// refused; of sender `from` only, when given.
+fn trace(
+    store: &mut dyn Store,
+    id: &str,
+    from: Option<&str>,
+) -> Result<QueryResult, relay_store::StoreError> {
     use relay_protocol::query::TraceRecord;
     let stored = store.find(id, 10)?;
     let refused = store.find_rejected(id, 10)?;
@@ -290,6 +328,9 @@ fn trace(store: &mut dyn Store, id: &str) -> Result<QueryResult, relay_store::St
         if !keys.contains(&k) {
             keys.push(k);
         }
+    }
+    if let Some(f) = from {
+        keys.retain(|(_, s)| s == f);
     }
     let exact: Vec<&(String, String)> = keys.iter().filter(|(i, _)| i == id).collect();
     let chosen = match (exact.as_slice(), keys.as_slice()) {
@@ -307,19 +348,7 @@ fn trace(store: &mut dyn Store, id: &str) -> Result<QueryResult, relay_store::St
                 },
             });
         }
-        _ => {
-            return Ok(QueryResult::Error {
-                code: "ambiguous".into(),
-                message: format!(
-                    "{id:?} matches {} messages ({}); give more of the id",
-                    keys.len(),
-                    keys.iter()
-                        .map(|(i, f)| format!("{i} from {f}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            });
-        }
+        _ => return Ok(ambiguous(id, &keys)),
     };
     let (msg_id, from) = chosen;
     let record = stored

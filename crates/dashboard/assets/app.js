@@ -218,13 +218,25 @@ function deadItem(d) {
       loadDeadSoon(1500);
     } catch (err) { out.textContent = err.message; retry.disabled = false; }
   } }, 'Retry');
+  // A reply the hop budget stopped names its thread: a person may let that chain go on.
+  const chain = d.code === 'budget_exceeded' && /chain extend (\S+) \d+/.exec(d.reason);
+  const extend = chain ? el('button', { type: 'button', class: 'extend', onclick: async (e) => {
+    e.stopPropagation();
+    extend.disabled = true;
+    try {
+      const res = await fetch(url(`/api/chains/${encodeURIComponent(chain[1])}/extend`, { hops: 10 }), { method: 'POST', cache: 'no-store' });
+      const body = await res.json().catch(() => ({}));
+      if (!res.ok) throw new Error((body.error && body.error.message) || `${res.status} ${res.statusText}`);
+      out.textContent = `the chain may now run ${body.max_hops} replies; Retry sends this one again`;
+    } catch (err) { out.textContent = err.message; extend.disabled = false; }
+  } }, 'Extend chain +10') : null;
   const li = el('li', { dataset: { dlq: d.dlq_id, id: d.msg_id, code: d.code },
     onclick: () => { if (d.pos !== undefined && d.pos !== null) showDetail(d.msg_id); } },
     el('span', { class: 'time', title: new Date(d.ts).toLocaleString() }, clock(d.ts)),
     el('div', { class: 'head' },
       el('span', { class: 'who' }, d.from), el('span', { class: 'arrow' }, '→'), el('span', { class: 'who' }, d.recipient),
       d.topic ? el('span', { class: 'tag topic' }, `#${d.topic}`) : null,
-      el('span', { class: 'tag dead' }, d.code), el('span', { class: 'hint' }, `#${d.dlq_id}`), retry),
+      el('span', { class: 'tag dead' }, d.code), el('span', { class: 'hint' }, `#${d.dlq_id}`), extend, retry),
     el('span', { class: 'body', title: d.body }, d.body.replace(/\s+/g, ' ') + (d.truncated ? '…' : '')),
     el('span', { class: 'hint reason' }, d.reason), out);
   return li;

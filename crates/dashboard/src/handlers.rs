@@ -212,7 +212,7 @@ pub(crate) async fn message(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    let answer = ask(&app, QueryRequest::Read { id }).await?;
+    let answer = ask(&app, QueryRequest::Read { id, from: None }).await?;
     let QueryResult::Read { message } = answer.result else {
         return Err(unexpected());
     };
@@ -221,6 +221,7 @@ pub(crate) async fn message(
         &app,
         QueryRequest::Trace {
             id: message.id.clone(),
+            from: Some(message.from.clone()),
         },
     )
     .await?;
@@ -303,7 +304,14 @@ pub(crate) async fn reply(
             "the answer is empty",
         ));
     }
-    let answer = ask(&app, QueryRequest::Read { id: r.id }).await?;
+    let answer = ask(
+        &app,
+        QueryRequest::Read {
+            id: r.id,
+            from: None,
+        },
+    )
+    .await?;
     let QueryResult::Read { message } = answer.result else {
         return Err(unexpected());
     };
@@ -388,6 +396,35 @@ pub(crate) async fn retry(
     };
     Ok(Json(
         json!({ "dead_letter": dead_letter, "outcome": outcome }),
+    ))
+}
+
+/// How many replies a `POST /api/chains/{thread}/extend` adds (`?hops=N`, default 10).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ExtendQuery {
+    hops: Option<u32>,
+}
+
+/// `POST /api/chains/{thread}/extend?hops=N`: lets the reply chain of `thread` run N more
+/// replies (issue 24.8; what `agent-relay chain extend` does), from the dead letter a hop
+/// budget made.
+pub(crate) async fn extend_chain(
+    State(app): State<Arc<App>>,
+    Path(thread): Path<String>,
+    Query(q): Query<ExtendQuery>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let hops = q.hops.unwrap_or(10);
+    let answer = ask(&app, QueryRequest::ChainExtend { thread, hops }).await?;
+    let QueryResult::ChainExtend {
+        thread,
+        extra,
+        max_hops,
+    } = answer.result
+    else {
+        return Err(unexpected());
+    };
+    Ok(Json(
+        json!({ "thread": thread, "extra": extra, "max_hops": max_hops }),
     ))
 }
 

@@ -142,6 +142,7 @@ pub async fn serve_with(
         .route("/api/messages/{id}", get(handlers::message))
         .route("/api/dead", get(handlers::dead))
         .route("/api/dead/{n}/retry", post(handlers::retry))
+        .route("/api/chains/{thread}/extend", post(handlers::extend_chain))
         .route("/api/stats", get(handlers::stats))
         .route("/api/events", get(handlers::events))
         .route("/metrics", get(handlers::prometheus))

@@ -579,7 +579,13 @@ fn sender_key(w: &Wire) -> String {
 
 /// Whether the local store holds `(from, id)` (it went to the relay before this run).
 async fn stored_here(tool: &Client, from: &str, id: &str) -> bool {
-    match tool.query(QueryRequest::Read { id: id.to_owned() }).await {
+    match tool
+        .query(QueryRequest::Read {
+            id: id.to_owned(),
+            from: None,
+        })
+        .await
+    {
         Ok(QueryResult::Read { message }) => message.from == from && message.id == id,
         Ok(_) => false,
         Err(e) => {
@@ -1178,7 +1184,13 @@ async fn fail_here(client: &Client, name: &str, f: &core::Failure) -> bool {
         tracing::debug!(error = %e, "federation: cannot report a failure");
         return false;
     }
-    match client.query(QueryRequest::Trace { id: f.id.clone() }).await {
+    match client
+        .query(QueryRequest::Trace {
+            id: f.id.clone(),
+            from: None,
+        })
+        .await
+    {
         Ok(QueryResult::Trace { trace }) => {
             trace.events.iter().any(|e| {
                 e.recipient.as_deref() == Some(name)
@@ -1294,7 +1306,13 @@ async fn serve_traces(sh: Arc<Shared>, tool: Arc<Client>) {
             let (sh, tool) = (sh.clone(), tool.clone());
             tokio::spawn(async move {
                 let answer = match serde_json::from_slice::<core::TraceAsk>(&q.payload) {
-                    Ok(ask) => match tool.query(QueryRequest::Trace { id: ask.id.clone() }).await {
+                    Ok(ask) => match tool
+                        .query(QueryRequest::Trace {
+                            id: ask.id.clone(),
+                            from: None,
+                        })
+                        .await
+                    {
                         Ok(QueryResult::Trace { trace }) if trace.from == ask.from => {
                             core::TraceAnswer {
                                 trace: Some(trace),

@@ -21,6 +21,10 @@ pub enum QueryRequest {
     Read {
         /// Full id or prefix.
         id: String,
+        /// Only the message of this sender: ids are unique per sender, so `(from, id)` always
+        /// names one message (two senders may choose the same id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// Stored messages matching a filter, newest first.
     History(HistoryFilter),
@@ -28,6 +32,9 @@ pub enum QueryRequest {
     Trace {
         /// Full id or prefix.
         id: String,
+        /// Only the message of this sender (as for `Read`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// The dead-letter queue, newest first.
     DlqList {
@@ -58,6 +65,15 @@ pub enum QueryRequest {
     ForgetAgent {
         /// Its name.
         name: String,
+    },
+    /// Lets the reply chain of `thread` run `hops` more replies than the hop budget allows
+    /// (added to any earlier extension), from now on and across restarts: a person's way to
+    /// let a long conversation go on. (An operator action, not a read.)
+    ChainExtend {
+        /// The chain's thread (what `budget_exceeded` names).
+        thread: String,
+        /// Replies more (1 to 1,000).
+        hops: u32,
     },
     /// The live event feed: answered by one [`QueryResult::Event`] per event, until the
     /// connection closes (see [`crate::events`]).
@@ -293,6 +309,15 @@ pub enum QueryResult {
     ForgetAgent {
         /// Its name.
         name: String,
+    },
+    /// Answer to `chain_extend`: the thread's chain may now run `max_hops` replies.
+    ChainExtend {
+        /// The thread.
+        thread: String,
+        /// Its extension in all (replies beyond the relay's `--max-hops`).
+        extra: u32,
+        /// Its limit now.
+        max_hops: u32,
     },
     /// One event of a `watch` (many answers share the query's id).
     Event {

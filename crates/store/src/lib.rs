@@ -256,6 +256,13 @@ pub enum WriteOp {
         /// Name.
         name: String,
     },
+    /// The reply chain of `thread` may run `hops` more replies (added to what it had).
+    ExtendChain {
+        /// The chain's thread.
+        thread: String,
+        /// Replies more.
+        hops: u32,
+    },
     /// The sender of this dead letter has been told (its notice is stored).
     Notified {
         /// Its number.
@@ -322,6 +329,8 @@ pub enum WriteResult {
     Purged(u64),
     /// For [`WriteOp::ForgetAgent`]: the agent's name.
     Forgot(String),
+    /// For [`WriteOp::ExtendChain`]: the thread and its extension in all.
+    ChainExtended(String, u32),
     /// For every other op.
     Done,
 }
@@ -468,6 +477,13 @@ pub trait Store: std::marker::Send {
     /// # Errors
     /// [`StoreError`].
     fn unnotified(&mut self, limit: usize) -> Result<Vec<DeadNotice>, StoreError>;
+
+    /// Every reply chain's hop-budget extension ([`WriteOp::ExtendChain`]): (thread, replies
+    /// more), loaded at start.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read.
+    fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError>;
 }
 
 /// The whole story of a stored message: accepted, queued per recipient, the recorded events,

@@ -71,6 +71,8 @@ pub struct MemoryStore {
     subscriptions: BTreeMap<String, BTreeSet<String>>,
     /// Trace events and dead letters.
     journal: dlq::Journal,
+    /// Hop-budget extensions per thread.
+    chains: BTreeMap<String, u32>,
 }
 
 impl MemoryStore {
@@ -382,6 +384,11 @@ impl MemoryStore {
                 self.agents.remove(name);
                 WriteResult::Forgot(name.clone())
             }
+            WriteOp::ExtendChain { thread, hops } => {
+                let extra = self.chains.entry(thread.clone()).or_insert(0);
+                *extra = extra.saturating_add(*hops);
+                WriteResult::ChainExtended(thread.clone(), *extra)
+            }
         }
     }
 }
@@ -587,6 +594,10 @@ impl Store for MemoryStore {
 
     fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
         Ok(self.not_told(limit))
+    }
+
+    fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
+        Ok(self.chains.iter().map(|(t, n)| (t.clone(), *n)).collect())
     }
 }
 

@@ -1098,6 +1098,23 @@ impl Batch<'_> {
                     .execute([name])?;
                 Ok(WriteResult::Forgot(name.clone()))
             }
+            WriteOp::ExtendChain { thread, hops } => {
+                // In `meta` (key → integer) under `chain:THREAD`: no new table for a rare,
+                // small record (issue 24.8).
+                let key = format!("{CHAIN_KEY}{thread}");
+                tx.prepare_cached(
+                    "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET value = min(value + ?2, 4294967295)",
+                )?
+                .execute(params![key, hops])?;
+                let extra: i64 = tx
+                    .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+                    .query_row([&key], |r| r.get(0))?;
+                Ok(WriteResult::ChainExtended(
+                    thread.clone(),
+                    u32::try_from(extra).unwrap_or(u32::MAX),
+                ))
+            }
         }
     }
 
@@ -1522,7 +1539,28 @@ impl Store for SqliteStore {
     fn unnotified(&mut self, limit: usize) -> Result<Vec<crate::DeadNotice>, StoreError> {
         dlq::unnotified(&self.conn, limit)
     }
+
+    fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key, value FROM meta WHERE key >= ?1 AND key < ?2")?;
+        let rows = stmt.query_map(params![CHAIN_KEY, CHAIN_KEY_END], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, extra) = row?;
+            if let Some(thread) = key.strip_prefix(CHAIN_KEY) {
+                out.push((thread.to_owned(), u32::try_from(extra).unwrap_or(u32::MAX)));
+            }
+        }
+        Ok(out)
+    }
 }
+
+/// The `meta` keys of hop-budget extensions: `chain:THREAD` (and the first key after them).
+const CHAIN_KEY: &str = "chain:";
+const CHAIN_KEY_END: &str = "chain;";
 
 impl SqliteStore {
     /// [`Store::write_batch`] but for forgetting the names of a failed batch.

@@ -204,13 +204,33 @@ enum Item {
     Notice,
 }
 
-/// The notice typed into the agent when the relay refuses one of its messages.
+/// The notice typed into the agent when the relay refuses one of its messages: the reason
+/// is cut to [`NOTICE_REASON`] characters at a word's end (issue 24.8: a cut word cost the
+/// model a turn to ask what was meant).
 fn refusal_notice(to: &str, reason: &str) -> String {
-    let reason: String = text::typed(reason).chars().take(300).collect();
     format!(
-        "relay: your message to {} was not sent: {reason}",
-        text::typed(to)
+        "relay: your message to {} was not sent: {}",
+        text::typed(to),
+        cut_at_word(&text::typed(reason), NOTICE_REASON)
     )
+}
+
+/// The longest refusal reason typed whole into an agent.
+const NOTICE_REASON: usize = 400;
+
+/// `s` if it has at most `max` characters, else its longest start of whole words within
+/// `max - 1` characters and `…`.
+fn cut_at_word(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let head: String = s.chars().take(max.saturating_sub(1)).collect();
+    // A word cut in two is dropped; one with no space before it at all is cut anyway.
+    let whole = match head.rfind(char::is_whitespace) {
+        Some(at) if at > 0 => head[..at].trim_end().to_owned(),
+        _ => head,
+    };
+    format!("{whole}…")
 }
 
 /// A receipt came back (or never will) for a relayed directive.
@@ -1604,5 +1624,18 @@ mod colour_tests {
         assert_eq!(colour_warning(&claude, set("")), None);
         assert_eq!(colour_warning(&claude, |_: &str| None), None);
         assert_eq!(colour_warning(&codex, set("1")), None);
+    }
+
+    #[test]
+    fn a_refusal_reason_is_cut_at_a_words_end() {
+        use crate::{cut_at_word, refusal_notice};
+        assert_eq!(cut_at_word("short enough", 20), "short enough");
+        assert_eq!(
+            cut_at_word("kept in the dead-letter queue", 15),
+            "kept in the…"
+        );
+        assert_eq!(cut_at_word("unbreakableword", 8), "unbreak…");
+        let notice = refusal_notice("Bob", &"word ".repeat(200));
+        assert!(notice.ends_with("word…"), "{notice}");
     }
 }

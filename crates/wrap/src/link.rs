@@ -197,6 +197,7 @@ pub(crate) mod fake {
                 id: id.clone(),
                 status: relay_protocol::AckStatus::Accepted,
                 recipients: Some(1),
+                note: None,
             };
             let held = self.log().hold_receipts;
             (id, Pending::Fake((!held).then_some(receipt)))

@@ -344,12 +344,18 @@ impl Checkpoint {
     /// reads the log without knowing what its predecessor typed, so it may skip a directive
     /// that its predecessor read (the echo of an injection hides what follows it), and the
     /// ones it does find must still get the ids they had.
+    ///
+    /// The checkpoint's time is hashed too (issue 24.7): a short id is the random part's end,
+    /// and an agent started again (a new session under the same name, its rows counted from 0
+    /// again) printing the same lines must not get the short ids of its previous run. A
+    /// restarted wrapper loads the same checkpoint, so its ids stay the same.
     pub fn directive_id(&self, session: &str, to: &str, body: &str, n: u32) -> String {
         // SHA-256, not std's hasher: the ids must stay the same across a wrapper upgrade.
         use sha2::Digest;
         let digest = sha2::Sha256::new()
             .chain_update(session.as_bytes())
             .chain_update([0])
+            .chain_update(self.at_ms.to_be_bytes())
             .chain_update(self.offset.to_be_bytes())
             .chain_update(to.as_bytes())
             .chain_update([0])
@@ -494,6 +500,16 @@ mod tests {
         assert_ne!(
             id("s", "Bob", "hi", 0),
             other.directive_id("s", "Bob", "hi", 0)
+        );
+        // Another run of the agent (same session name and row, another checkpoint time):
+        // not even the short id repeats.
+        let rerun = Checkpoint {
+            at_ms: c.at_ms + 1,
+            ..c
+        };
+        assert_ne!(
+            relay_protocol::short_id(&id("s", "Bob", "hi", 0)),
+            relay_protocol::short_id(&rerun.directive_id("s", "Bob", "hi", 0))
         );
         let id = id("s", "Bob", "hi", 0);
         assert_eq!(id.len(), 26);

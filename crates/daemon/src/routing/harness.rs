@@ -203,6 +203,7 @@ impl World {
             id,
             tx,
             killer: killer.clone(),
+            in_process: false,
         };
         let session: Arc<str> = format!("session-{id}").into();
         let token = format!("token-{id}");

@@ -48,6 +48,8 @@ use crate::msg::{
 };
 use crate::rules::Rules;
 
+mod names;
+
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
@@ -79,6 +81,35 @@ pub(crate) const RELAY: &str = "relay";
 /// Connection id of the daemon's own sends (notices, retries): answers to it go nowhere.
 /// Connection ids start at 1.
 pub(crate) const NO_CONN: u64 = 0;
+
+/// Why a reply over the hop budget is refused, and how a person lets the chain go on: short
+/// enough to reach an agent whole in a notice (issue 24.8).
+fn budget_reason(hops: u32, max_hops: u32, thread: Option<&str>) -> String {
+    let go_on = match thread {
+        Some(t) => format!(
+            "to go on, a person runs `agent-relay chain extend {t} 10` (no restart) or starts a new message"
+        ),
+        None => "to go on, a person starts a new message".to_owned(),
+    };
+    format!(
+        "this reply would be hop {hops} of a chain of replies; the limit is {max_hops}, so agents cannot answer each other forever; {go_on}"
+    )
+}
+
+/// Whether `chain extend THREAD HOPS` makes sense: a thread id (the id alphabet) and 1 to
+/// 1,000 replies more.
+pub(crate) fn check_extension(thread: &str, hops: u32) -> Result<(), String> {
+    relay_protocol::text::validate_message_id(thread).map_err(|e| {
+        format!(
+            "thread {:?}: {e}",
+            relay_protocol::text::one_line(thread, 64)
+        )
+    })?;
+    if !(1..=1000).contains(&hops) {
+        return Err(format!("extend by 1 to 1000 replies, not {hops}"));
+    }
+    Ok(())
+}
 
 /// The live record of the agent connection `conn_id` speaks for, with the agent's name;
 /// `None` if it is gone or was taken over by a newer connection. (Over the two maps, not
@@ -354,6 +385,15 @@ pub(crate) struct Core {
     cfg: Arc<Config>,
     conns: HashMap<u64, Conn>,
     agents: HashMap<String, Agent>,
+    /// Every name in `agents`, lowercased, to its spelling there (names that differ only by
+    /// case are one name: `names.rs`).
+    folded: HashMap<String, String>,
+    /// Replies more than `max_hops` that a person allowed a thread's chain
+    /// (`agent-relay chain extend`; stored, loaded at start).
+    chains: HashMap<String, u32>,
+    /// (sender, recipient) pairs whose sender was told that the recipient has not connected
+    /// yet: told once per pair while the daemon runs.
+    told_not_yet: HashSet<(String, String)>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
@@ -397,7 +437,7 @@ impl Core {
             hops.record(&id, h);
         }
         let limiter = RateLimiter::new(cfg.rates.clone());
-        let agents = known
+        let agents: HashMap<String, Agent> = known
             .into_iter()
             .map(|k| {
                 (
@@ -409,10 +449,19 @@ impl Core {
                 )
             })
             .collect();
+        let mut folded = HashMap::with_capacity(agents.len());
+        for name in agents.keys() {
+            folded
+                .entry(name.to_ascii_lowercase())
+                .or_insert_with(|| name.clone());
+        }
         Self {
             cfg,
             conns: HashMap::new(),
             agents,
+            folded,
+            chains: HashMap::new(),
+            told_not_yet: HashSet::new(),
             dirty: HashSet::new(),
             agents_changed: false,
             limiter,
@@ -454,15 +503,8 @@ impl Core {
     ) -> Result<(), (ErrorCode, String)> {
         self.now = now;
         let mut resumed = false;
-        // Reserved in any case: `Relay` would read as the relay's notices on every screen.
-        if hello.agent.eq_ignore_ascii_case(RELAY) {
-            return Err((
-                ErrorCode::BadName,
-                format!(
-                    "the name {RELAY:?} is reserved for the relay's own notices; choose another"
-                ),
-            ));
-        }
+        let person_door = hello.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
+        self.may_take(&hello.agent, hello.role, conn.in_process, person_door)?;
         let live = self
             .agents
             .get(&hello.agent)
@@ -524,6 +566,7 @@ impl Core {
             return Ok(());
         }
         let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
+        self.fold_in(&hello.agent);
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
         agent.connected_at = self.now.ms;
@@ -666,12 +709,6 @@ impl Core {
         s
     }
 
-    /// Whether `name` is a person's mailbox (`human`, a declared person): always addressable,
-    /// its messages wait in the store until one of the person's doors shows them.
-    fn is_mailbox(&self, name: &str) -> bool {
-        self.cfg.people.iter().any(|p| p == name)
-    }
-
     /// Decides who gets a SEND.
     fn resolve(
         &self,
@@ -706,12 +743,8 @@ impl Core {
             (Some(name), _) => {
                 validate_agent_name(name)
                     .map_err(|e| (NackCode::Invalid, format!("bad recipient: {e}")))?;
-                if !self.agents.contains_key(name) && !self.is_mailbox(name) {
-                    return Err((
-                        NackCode::UnknownTarget,
-                        format!("no agent named {name:?}; {}", self.known_names()),
-                    ));
-                }
+                // A known agent, a person, or a name not seen yet (it waits): `names.rs`.
+                self.admit_recipient(name)?;
                 Ok((name.to_owned(), vec![name.to_owned()]))
             }
             (None, None) => Err((
@@ -776,6 +809,12 @@ impl Core {
                 "{name} is a connected agent, and only its own connection speaks as it; send as yourself (agent-relay send --from YOUR_NAME ...) or print the directive in {name}'s terminal",
                 name = conn.name
             );
+            self.nack(conn_id, id, NackCode::Forbidden, reason);
+            return;
+        }
+        if conn.role == Role::Client
+            && let Err(reason) = self.may_sign(&conn.name)
+        {
             self.nack(conn_id, id, NackCode::Forbidden, reason);
             return;
         }
@@ -935,9 +974,10 @@ impl Core {
         // itself a stand-in can shorten its own message's life, not lengthen it.
         let expires_at = expires_at.map(|e| e.min(self.now.ms.saturating_add(ttl)));
         let queued_at = expires_at.map(|e| e.saturating_sub(ttl));
+        let max_hops = self.max_hops_in(payload.thread.as_deref());
         let budget = (hops > 0 || expires_at.is_some()).then_some(Budget {
             hops,
-            max_hops: self.cfg.max_hops,
+            max_hops,
             expires_at,
         });
         if payload.budget != budget {
@@ -947,14 +987,11 @@ impl Core {
         }
         let refusal = if checked {
             None
-        } else if hops > self.cfg.max_hops {
+        } else if hops > max_hops {
             Some((
                 NackCode::BudgetExceeded,
                 "budget_exceeded",
-                format!(
-                    "this reply would be hop {hops} of a chain of replies; the limit is {} (a relay started with `agent-relay up --max-hops N` allows more; the running one must be stopped first with `agent-relay down`). The chain is stopped so agents cannot answer each other forever; a person can start a new one",
-                    self.cfg.max_hops
-                ),
+                budget_reason(hops, max_hops, payload.thread.as_deref()),
             ))
         } else {
             let direct = (names.len() == 1 && to_name != "*").then_some(to_name.as_str());
@@ -1045,46 +1082,71 @@ impl Core {
                 "msg_id": n.msg_id, "recipient": n.recipient, "code": n.code,
                 "reason": n.reason, "dlq_id": n.dlq_id,
             }});
-            let hops = self.hops.reply_hops(&n.msg_id);
-            let payload = Send {
-                kind: relay_protocol::Kind::Message,
-                body,
-                data: Some(data),
-                thread: None,
-                in_reply_to: Some(n.msg_id.clone()),
-                budget: Some(Budget {
-                    hops,
-                    max_hops: self.cfg.max_hops,
-                    expires_at: None,
-                }),
-                urgent: false,
-            };
             let id = format!("dead-letter-{}", n.dlq_id);
-            let new = NewMessage {
-                id: id.clone(),
-                from: RELAY.to_owned(),
-                to: n.from.clone(),
-                topic: None,
-                payload,
-                session_id: None,
-                recipients: vec![Recipient {
-                    name: n.from.clone(),
-                }],
-                queued_at: None,
-            };
-            self.store(StoreCmd::Write(
-                WriteOp::Append(new),
-                WriteCtx::Send {
-                    conn_id: NO_CONN,
-                    env_id: id,
-                    recipients: vec![n.from],
-                    raw: None,
-                },
-            ));
+            self.relay_notice(n.from, id, &n.msg_id, body, data);
             // After the notice in command order, so at worst a crash repeats the notice
             // (stored once), never loses it.
             self.store(StoreCmd::Write(told, WriteCtx::None));
         }
+    }
+
+    /// Stores a message from [`RELAY`] to `to` about its message `about` (an answer to it, in
+    /// its chain), delivered like any other. `id` names the notice so that telling it twice
+    /// stores it once.
+    fn relay_notice(
+        &mut self,
+        to: String,
+        id: String,
+        about: &str,
+        body: String,
+        data: serde_json::Value,
+    ) {
+        let hops = self.hops.reply_hops(about);
+        let payload = Send {
+            kind: relay_protocol::Kind::Message,
+            body,
+            data: Some(data),
+            thread: None,
+            in_reply_to: Some(about.to_owned()),
+            budget: Some(Budget {
+                hops,
+                max_hops: self.cfg.max_hops,
+                expires_at: None,
+            }),
+            urgent: false,
+        };
+        let new = NewMessage {
+            id: id.clone(),
+            from: RELAY.to_owned(),
+            to: to.clone(),
+            topic: None,
+            payload,
+            session_id: None,
+            recipients: vec![Recipient { name: to.clone() }],
+            queued_at: None,
+        };
+        self.store(StoreCmd::Write(
+            WriteOp::Append(new),
+            WriteCtx::Send {
+                conn_id: NO_CONN,
+                env_id: id,
+                recipients: vec![to],
+                raw: None,
+            },
+        ));
+    }
+
+    /// The chain of `thread` may run `extra` replies beyond `max_hops` (its stored extension
+    /// in all); returns its limit now.
+    pub(crate) fn chain_extended(&mut self, thread: String, extra: u32) -> u32 {
+        self.chains.insert(thread, extra);
+        self.cfg.max_hops.saturating_add(extra)
+    }
+
+    /// The hop limit of a message in `thread`: the relay's, plus what a person allowed it.
+    fn max_hops_in(&self, thread: Option<&str>) -> u32 {
+        let extra = thread.and_then(|t| self.chains.get(t)).copied();
+        self.cfg.max_hops.saturating_add(extra.unwrap_or(0))
     }
 
     /// Acts on a dead letter taken out of the queue, and says what was done.
@@ -1298,6 +1360,7 @@ impl Core {
             )),
             Some(_) => {
                 self.agents.remove(name);
+                self.fold_out(name);
                 Ok(())
             }
             None => Err((
@@ -1438,6 +1501,18 @@ impl Core {
         if let Some(sender) = self.agents.get_mut(&message.from) {
             sender.sent += 1;
         }
+        // A recipient nobody has connected as yet (`names.rs`): the message waits for it like
+        // one for an offline agent, and its sender is told.
+        let not_yet = match recipients.as_slice() {
+            [only]
+                if *only == message.to
+                    && !self.agents.contains_key(only)
+                    && !self.is_person(only) =>
+            {
+                Some(only.clone())
+            }
+            _ => None,
+        };
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
         let mut slow: Vec<String> = Vec::new();
@@ -1500,12 +1575,11 @@ impl Core {
         } else {
             AckStatus::Queued
         };
-        self.receipt(
-            conn_id,
-            env_id,
-            status,
-            Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX)),
-        );
+        let count = Some(u32::try_from(recipients.len()).unwrap_or(u32::MAX));
+        match not_yet {
+            Some(name) => self.tell_not_yet(conn_id, env_id, &message, name, count),
+            None => self.receipt(conn_id, env_id, status, count),
+        }
         for (target, pending) in busy {
             tracing::warn!(%target, pending, "recipient is far behind; telling sender BUSY");
             self.reply(
@@ -1520,6 +1594,54 @@ impl Core {
         for name in slow {
             self.drop_slow(&name);
         }
+    }
+
+    /// The receipt for a message to `name`, which has not connected yet, says so (the line
+    /// `agent-relay send` prints); an agent that sent it is also told with a notice from the
+    /// relay, once per recipient while the daemon runs (its model reads it).
+    fn tell_not_yet(
+        &mut self,
+        conn_id: u64,
+        ack_id: String,
+        message: &StoredMessage,
+        name: String,
+        recipients: Option<u32>,
+    ) {
+        let note = self.not_yet_seen_note(&name);
+        self.reply(
+            conn_id,
+            Payload::Ack(relay_protocol::Ack {
+                ack_id,
+                seq: None,
+                status: Some(AckStatus::Queued),
+                recipients,
+                state: None,
+                cumulative: false,
+                reason: Some(note.clone()),
+            }),
+        );
+        let agent_sender = self
+            .conns
+            .get(&conn_id)
+            .is_some_and(|c| c.role == Role::Agent && c.name == message.from);
+        if !agent_sender
+            || !self
+                .told_not_yet
+                .insert((message.from.clone(), name.clone()))
+        {
+            return;
+        }
+        let short = relay_protocol::short_id(&message.id);
+        let body = format!(
+            "relay: your message [{short}] to {name} is kept: {note}. Later messages to {name} wait the same way, without this notice."
+        );
+        let data = serde_json::json!({"relay_notice": {
+            "msg_id": message.id, "recipient": name, "code": "not_connected_yet",
+        }});
+        // An id of its own (its short id is not the message's): told once per pair, not
+        // repeated after a crash, so it needs no id derived from the message.
+        let id = ulid::Ulid::new().to_string();
+        self.relay_notice(message.from.clone(), id, &message.id, body, data);
     }
 
     fn drop_slow(&mut self, name: &str) {
@@ -1778,8 +1900,8 @@ impl Core {
         self.advance_watermark(&name);
     }
 
-    /// DELIVERs written to the socket of a connection that does not acknowledge: that is
-    /// their acknowledgement. (What was queued but never written stays in flight, and
+    /// DELIVERs read off the socket by a connection that does not acknowledge: that is their
+    /// acknowledgement. (What was queued, or written and never read, stays in flight, and
     /// `end_session` leaves it pending for the next connection.)
     pub(crate) fn on_written(&mut self, conn_id: u64, positions: &[i64], now: Now) {
         self.now = now;

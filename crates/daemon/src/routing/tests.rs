@@ -32,15 +32,18 @@ fn nack_code(w: &mut World, conn: u64) -> Vec<(String, NackCode)> {
 // ---- admission ----
 
 #[test]
-fn a_send_to_an_unknown_agent_is_refused_naming_the_known_ones() {
+fn a_send_to_a_typo_of_a_known_agent_is_refused_naming_the_known_ones() {
     let mut w = World::new(config());
     let alice = w.agent("Alice", 8);
-    w.send(alice, "m1", "Nobody");
+    w.send(alice, "m1", "Alicee");
     let f = w.frames(alice);
     assert_eq!(f.nacks.len(), 1);
     let (id, code, reason) = &f.nacks[0];
     assert_eq!((id.as_str(), *code), ("m1", NackCode::UnknownTarget));
-    assert!(reason.contains("known: Alice"), "{reason}");
+    assert!(
+        reason.contains("did you mean \"Alice\"") && reason.contains("known: Alice"),
+        "{reason}"
+    );
     assert!(f.receipts.is_empty());
     assert_eq!(w.store.stats().expect("stats").messages, 0);
 }
