@@ -5,6 +5,7 @@
 mod afterfirst;
 mod agents;
 mod backends;
+mod bounds;
 mod cli;
 mod client;
 mod config;
