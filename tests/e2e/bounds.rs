@@ -568,3 +568,45 @@ fn notices_are_summarised_never_dropped_cleaned_and_expiry_is_told() {
     });
     drop(agents);
 }
+
+/// How many exchanges a mirror notice reports: `relay: N exchanges ...` or one line.
+fn exchanges_in(text: &str) -> usize {
+    let rest = text.strip_prefix("relay: ").unwrap_or(text);
+    match rest.split_once(" exchanges between agents:") {
+        Some((n, _)) => n.parse().unwrap_or(0),
+        None => usize::from(rest.contains(" → ")),
+    }
+}
+
+/// A person with `mirror = true` watches the agents: each exchange between two agents reaches
+/// their Telegram chat as a one-line summary, gathered into few notices (issue 24, point 2;
+/// before, `mirror` was an unknown key and the relay refused the configuration).
+#[test]
+fn a_person_who_mirrors_sees_every_exchange_between_agents_batched() {
+    use crate::people::{PERSON_TG, TOKEN, telegram_relay};
+    let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
+    let relay = telegram_relay(&tg, "mirror = true\n");
+    let (mut bob, _) = relay.agent("Bob");
+    let (mut alice, _) = relay.agent("Alice");
+    for i in 0..30 {
+        alice.send("Bob", &format!("step {i} done"));
+        alice.expect("ACK");
+    }
+    let mirrored = |tg: &relay_standin::people::TelegramStandIn| -> Vec<String> {
+        tg.sent()
+            .into_iter()
+            .filter(|m| m.chat_id == PERSON_TG && exchanges_in(&m.text) > 0)
+            .map(|m| m.text)
+            .collect()
+    };
+    crate::support::wait_for(Duration::from_secs(60), "all 30 exchanges told", || {
+        mirrored(&tg).iter().map(|t| exchanges_in(t)).sum::<usize>() >= 30
+    });
+    let notices = mirrored(&tg);
+    assert!(notices.len() <= 5, "batched: {notices:#?}");
+    assert!(
+        notices[0].contains("Alice → Bob [") && notices[0].contains("step 0 done"),
+        "{notices:#?}"
+    );
+    drop(bob.read());
+}

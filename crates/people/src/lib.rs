@@ -900,6 +900,7 @@ impl Hub {
                 kinds: p.notify.clone(),
                 blocked_after_ms: p.blocked_after_s.saturating_mul(1000),
                 waiting_after_ms: p.waiting_after_s.saturating_mul(1000),
+                mirror: p.mirror,
             })
             .collect();
         let mut core = notify::Notifier::new(wants, 10 * 60 * 1000);
@@ -998,11 +999,13 @@ fn heard(ev: &RelayEvent) -> Option<notify::Heard> {
             from,
             recipients,
             id,
+            body,
             ..
         } if recipients.len() == 1 => Some(notify::Heard::Message {
             from: from.clone(),
             to: recipients[0].clone(),
             id: id.clone(),
+            preview: relay_protocol::text::one_line(body, 60),
         }),
         RelayEvent::Acked {
             id,

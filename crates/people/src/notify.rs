@@ -20,6 +20,8 @@ pub enum NoticeKind {
     Waiting,
     /// A message was dead-lettered.
     Dead,
+    /// Agents' exchanges, for a person who watches them (`mirror = true`).
+    Mirror,
 }
 
 /// One person's notice settings.
@@ -33,6 +35,8 @@ pub struct Wants {
     pub blocked_after_ms: u64,
     /// Unanswered longer than this (ms) is told.
     pub waiting_after_ms: u64,
+    /// Told a one-line summary of each message between agents (batched).
+    pub mirror: bool,
 }
 
 /// A notice to send.
@@ -64,6 +68,8 @@ pub enum Heard {
         to: String,
         /// Its id.
         id: String,
+        /// Its text's start, for a mirror line.
+        preview: String,
     },
     /// A message was dead-lettered.
     Dead {
@@ -91,6 +97,8 @@ pub struct Notifier {
     waiting: BTreeMap<(String, String), (u64, String, bool)>,
     /// (person, subject) → last told.
     told: HashMap<(String, String), u64>,
+    /// Person → (first line's time, mirror lines waiting, lines past the quoted ones).
+    mirror: BTreeMap<String, (u64, Vec<String>, u64)>,
     /// Person → times of recent notices, and what was held back for the next one (at most
     /// [`Notifier::MAX_HELD_TEXTS`] texts, and how many more).
     recent: HashMap<String, (VecDeque<u64>, Held)>,
@@ -118,6 +126,9 @@ impl Notifier {
     /// At most this many notices are quoted in one summary; the rest are counted.
     pub const MAX_HELD_TEXTS: usize = 20;
 
+    /// Agents' exchanges are gathered this long (ms) into one mirror notice.
+    pub const MIRROR_BATCH_MS: u64 = 5_000;
+
     /// A notifier for these people; a subject is told again only after `quiet_ms`.
     pub fn new(wants: Vec<Wants>, quiet_ms: u64) -> Self {
         Self {
@@ -125,6 +136,7 @@ impl Notifier {
             blocked: BTreeMap::new(),
             waiting: BTreeMap::new(),
             told: HashMap::new(),
+            mirror: BTreeMap::new(),
             recent: HashMap::new(),
             quiet_ms,
         }
@@ -164,7 +176,32 @@ impl Notifier {
             Heard::Gone { agent } => {
                 self.blocked.remove(&agent);
             }
-            Heard::Message { from, to, id } => {
+            Heard::Message {
+                from,
+                to,
+                id,
+                preview,
+            } => {
+                if !self.is_person(&from) && !self.is_person(&to) && from != "relay" {
+                    let line = relay_protocol::text::one_line(
+                        &format!(
+                            "{from} → {to} [{}]: {preview}",
+                            relay_protocol::short_id(&id)
+                        ),
+                        120,
+                    );
+                    for w in self.wants.iter().filter(|w| w.mirror) {
+                        let (_, lines, more) =
+                            self.mirror
+                                .entry(w.person.clone())
+                                .or_insert((now, Vec::new(), 0));
+                        if lines.len() < Self::MAX_HELD_TEXTS {
+                            lines.push(line.clone());
+                        } else {
+                            *more += 1;
+                        }
+                    }
+                }
                 if self.is_person(&from) {
                     // The person answered (or wrote first): nothing waits on them from `to`.
                     self.waiting.remove(&(from, to));
@@ -237,6 +274,40 @@ impl Notifier {
         for (person, kind, subject, text) in due {
             self.push(&mut out, &person, kind, subject, text, now);
         }
+        let batches: Vec<String> = self
+            .mirror
+            .iter()
+            .filter(|(_, (since, _, _))| now.saturating_sub(*since) >= Self::MIRROR_BATCH_MS)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for person in batches {
+            let Some((_, lines, more)) = self.mirror.remove(&person) else {
+                continue;
+            };
+            let n = lines.len() as u64 + more;
+            let text = if n == 1 {
+                format!("relay: {}", lines.concat())
+            } else {
+                let mut t = format!("relay: {n} exchanges between agents:");
+                for l in &lines {
+                    t.push_str("\n- ");
+                    t.push_str(l);
+                }
+                if more > 0 {
+                    t.push_str(&format!("\n- and {more} more (agent-relay history)"));
+                }
+                t
+            };
+            // Each batch is its own subject: the quiet period is for repeated alarms.
+            self.push(
+                &mut out,
+                &person,
+                NoticeKind::Mirror,
+                format!("mirror:{now}"),
+                text,
+                now,
+            );
+        }
         self.release(out, now)
     }
 
@@ -266,7 +337,11 @@ impl Notifier {
             .values()
             .filter(|(_, h)| !h.is_empty())
             .map(|(times, _)| times.front().map_or(0, |t| t + 60_000));
-        blocked.chain(waiting).chain(held).min()
+        let mirror = self
+            .mirror
+            .values()
+            .map(|(since, _, _)| since + Self::MIRROR_BATCH_MS);
+        blocked.chain(waiting).chain(held).chain(mirror).min()
     }
 
     /// Adds a notice about `subject` to `out`, unless that subject was told within the quiet
@@ -464,6 +539,7 @@ mod tests {
                 kinds: vec![NoticeKind::Blocked, NoticeKind::Waiting, NoticeKind::Dead],
                 blocked_after_ms: 30_000,
                 waiting_after_ms: 60_000,
+                mirror: false,
             }],
             600_000,
         )
@@ -517,6 +593,7 @@ mod tests {
             from: from.into(),
             to: to.into(),
             id: "01HZZZZZZZABCDEFGH".into(),
+            preview: "hi".into(),
         };
         n.hear(msg("Alice", "human"), 0);
         n.hear(msg("relay", "human"), 0);
@@ -559,6 +636,55 @@ mod tests {
                 && later[0].text.contains("B6's message"),
             "{}",
             later[0].text
+        );
+        assert_eq!(n.next_due(), None);
+    }
+
+    #[test]
+    fn a_watching_person_gets_exchanges_batched() {
+        let mut n = Notifier::new(
+            vec![Wants {
+                person: "human".into(),
+                kinds: vec![],
+                blocked_after_ms: 0,
+                waiting_after_ms: 0,
+                mirror: true,
+            }],
+            600_000,
+        );
+        for i in 0..30 {
+            let h = Heard::Message {
+                from: "Alice".into(),
+                to: "Bob".into(),
+                id: format!("0000000{i:02}"),
+                preview: format!("step {i}\u{1b}[2J"),
+            };
+            assert!(n.hear(h, i).is_empty(), "batched");
+        }
+        assert!(
+            n.hear(
+                Heard::Message {
+                    from: "human".into(),
+                    to: "Bob".into(),
+                    id: "x".into(),
+                    preview: "a person's own".into()
+                },
+                40
+            )
+            .is_empty()
+        );
+        assert_eq!(n.next_due(), Some(Notifier::MIRROR_BATCH_MS));
+        let told = n.tick(Notifier::MIRROR_BATCH_MS);
+        assert_eq!(told.len(), 1, "{told:?}");
+        let t = &told[0].text;
+        assert!(t.starts_with("relay: 30 exchanges between agents:"), "{t}");
+        assert!(
+            t.contains("- Alice → Bob [") && t.contains("and 10 more"),
+            "{t}"
+        );
+        assert!(
+            !t.contains('\u{1b}') && !t.contains("a person's own"),
+            "{t}"
         );
         assert_eq!(n.next_due(), None);
     }
