@@ -6,6 +6,7 @@ pub(crate) mod ackfalse;
 mod afterfirst;
 mod agents;
 mod backends;
+mod bounds;
 mod chains;
 mod cli;
 mod client;

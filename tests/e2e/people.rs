@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use crate::support::{Relay, ok_stdout, wait_for};
 use crate::wrap::{output_of, spawn_wrapped, wait_online};
 
-const TOKEN: &str = "4242:SECRET-bot-token-never-logged";
-const PERSON_TG: i64 = 42;
+pub(crate) const TOKEN: &str = "4242:SECRET-bot-token-never-logged";
+pub(crate) const PERSON_TG: i64 = 42;
 pub(crate) const WEBHOOK_SECRET: &str = "webhook-shared-secret";
 
 /// A secret file with `mode`.
@@ -32,7 +32,7 @@ pub(crate) fn configure(relay: &Relay, text: &str) {
 }
 
 /// A relay whose person `human` is Telegram user 42 on the stand-in's bot.
-fn telegram_relay(tg: &TelegramStandIn, extra: &str) -> Relay {
+pub(crate) fn telegram_relay(tg: &TelegramStandIn, extra: &str) -> Relay {
     let mut relay = Relay::unstarted();
     secret(&relay, "tg.token", TOKEN, 0o600);
     configure(
@@ -47,7 +47,7 @@ fn telegram_relay(tg: &TelegramStandIn, extra: &str) -> Relay {
     relay
 }
 
-fn history(relay: &Relay) -> Vec<Value> {
+pub(crate) fn history(relay: &Relay) -> Vec<Value> {
     let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
     match v {
         Value::Array(a) => a,
@@ -55,7 +55,7 @@ fn history(relay: &Relay) -> Vec<Value> {
     }
 }
 
-fn adapter(relay: &Relay, name: &str) -> Value {
+pub(crate) fn adapter(relay: &Relay, name: &str) -> Value {
     let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["adapters", "--json"]))).unwrap();
     v["adapters"]
         .as_array()
@@ -312,7 +312,7 @@ pub(crate) fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str
     (status, serde_json::from_str(rest).unwrap_or(Value::Null))
 }
 
-fn signed(secret: &str, ts: u64, body: &str) -> Vec<(&'static str, String)> {
+pub(crate) fn signed(secret: &str, ts: u64, body: &str) -> Vec<(&'static str, String)> {
     vec![
         ("X-Relay-Timestamp", ts.to_string()),
         (
@@ -322,7 +322,7 @@ fn signed(secret: &str, ts: u64, body: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     relay_protocol::now_ms() / 1000
 }
 

@@ -490,6 +490,14 @@ fn foreground(
     // inherits it.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     init_logging("info");
+    // Every connection costs a descriptor; a soft limit of 1,024 is soon spent.
+    let fds = match relay_daemon::fds::raise_limit() {
+        Ok(n) => n,
+        Err((n, e)) => {
+            tracing::warn!(limit = n, error = %e, "could not raise the open-files limit");
+            n
+        }
+    };
     make_data_dir(&paths.data_dir)?;
     if let Some(w) = open_data_dir_warning(&paths.data_dir) {
         tracing::warn!("{w}");
@@ -540,6 +548,17 @@ fn foreground(
     cfg.set_heartbeat(Duration::from_millis(args.heartbeat_ms));
     cfg.busy_high_water = args.busy_high_water.max(1);
     cfg.max_connections = args.max_connections.max(1);
+    // The socket keeps its share of descriptors whatever the dashboard's port is sent.
+    let share = relay_daemon::fds::socket_share(fds, relay_dashboard::MAX_CONNECTIONS as u64);
+    if cfg.max_connections > share {
+        tracing::warn!(
+            asked = cfg.max_connections,
+            allowed = share,
+            open_files_limit = fds,
+            "--max-connections is more than the open-files limit leaves; using the lower"
+        );
+        cfg.max_connections = share;
+    }
     cfg.max_hops = args.max_hops;
     cfg.breaker_failures = args.breaker_failures;
     cfg.breaker_cooldown = Duration::from_millis(args.breaker_cooldown_ms.max(1));

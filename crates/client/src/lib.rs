@@ -83,6 +83,22 @@ pub enum ClientError {
         /// Says what to do.
         message: String,
     },
+    /// The relay did not answer a request within the client's deadline
+    /// ([`ClientConfig::request_timeout`]).
+    #[error(
+        "the relay did not answer {what} within {secs} s; it may be overloaded or stuck: see \
+         `agent-relay status` and the relay's log (AGENT_RELAY_REQUEST_TIMEOUT, in seconds, \
+         sets this limit){after}"
+    )]
+    Timeout {
+        /// What was asked (`the query`, `the send`, `the subscription`).
+        what: &'static str,
+        /// The deadline, in seconds.
+        secs: u64,
+        /// What became of the request, when that matters (`; the message may still be
+        /// stored`).
+        after: &'static str,
+    },
     /// The connection dropped before an answer came (queries are not retried).
     #[error("the connection to the relay was lost")]
     Disconnected,
@@ -120,6 +136,32 @@ pub struct ClientConfig {
     /// Drop re-deliveries of a `(from, id)` already handed over (on by default). Off, every
     /// DELIVER on the wire becomes an event: the bench uses that to count duplicates honestly.
     pub dedupe: bool,
+    /// How long a query, a subscription or [`Client::send`] waits for the relay's answer
+    /// before it fails with [`ClientError::Timeout`]: default 30 s, or
+    /// `AGENT_RELAY_REQUEST_TIMEOUT` seconds. A `watch` is a stream and has none.
+    pub request_timeout: Duration,
+}
+
+/// The request deadline when `AGENT_RELAY_REQUEST_TIMEOUT` does not set one.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The request deadline: `AGENT_RELAY_REQUEST_TIMEOUT` (whole seconds, at least 1) when it is
+/// set to one, else [`DEFAULT_REQUEST_TIMEOUT`]. A value that is not a number is logged and
+/// the default used.
+pub fn request_timeout_from_env() -> Duration {
+    match std::env::var("AGENT_RELAY_REQUEST_TIMEOUT") {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(secs) => Duration::from_secs(secs.max(1)),
+            Err(_) => {
+                tracing::warn!(
+                    value = %relay_protocol::text::one_line(&v, 40),
+                    "AGENT_RELAY_REQUEST_TIMEOUT is not a number of seconds; using 30"
+                );
+                DEFAULT_REQUEST_TIMEOUT
+            }
+        },
+        Err(_) => DEFAULT_REQUEST_TIMEOUT,
+    }
 }
 
 impl ClientConfig {
@@ -135,6 +177,7 @@ impl ClientConfig {
             reconnect: true,
             topics: Vec::new(),
             dedupe: true,
+            request_timeout: request_timeout_from_env(),
         }
     }
 
@@ -304,6 +347,7 @@ pub struct Client {
     cmds: mpsc::Sender<Cmd>,
     events: mpsc::Receiver<Event>,
     session_id: String,
+    request_timeout: Duration,
 }
 
 fn new_id() -> String {
@@ -334,12 +378,14 @@ impl Client {
         let (cmds_tx, cmds_rx) = mpsc::channel(1024);
         let (events_tx, events_rx) = mpsc::channel(1024);
         let session_id = welcome.session_id.clone();
+        let request_timeout = cfg.request_timeout;
         let driver = Driver {
             cfg,
             cmds: cmds_rx,
             events: events_tx,
             outbox: VecDeque::new(),
             queries: HashMap::new(),
+            parts: HashMap::new(),
             subs: HashMap::new(),
             seen: Dedupe::new(DEDUPE_CAPACITY),
             unacked: VecDeque::new(),
@@ -354,6 +400,7 @@ impl Client {
             cmds: cmds_tx,
             events: events_rx,
             session_id,
+            request_timeout,
         })
     }
 
@@ -366,12 +413,21 @@ impl Client {
     /// With reconnection on, an unacknowledged SEND is re-sent after a reconnect.
     ///
     /// # Errors
-    /// [`ClientError::Closed`] if the client is closed.
+    /// [`ClientError::Rejected`] for an id the relay would refuse; [`ClientError::Closed`] if
+    /// the client is closed.
     pub async fn send_nowait(
         &self,
         msg: Outgoing,
     ) -> Result<(String, PendingReceipt), ClientError> {
         let id = msg.id.unwrap_or_else(new_id);
+        // The relay refuses such an id with a NACK that cannot name it (it echoes a cleaned
+        // copy): refused here, so the caller is answered instead of waiting for ever.
+        if let Err(e) = relay_protocol::validate_message_id(&id) {
+            return Err(ClientError::Rejected {
+                code: NackCode::Invalid,
+                reason: e.to_string(),
+            });
+        }
         let mut env = Envelope::new(id.clone(), now_ms(), Payload::Send(msg.payload));
         env.to = msg.to;
         env.topic = msg.topic;
@@ -396,13 +452,36 @@ impl Client {
     /// # Errors
     /// [`ClientError::Rejected`] for a NACK; [`ClientError::Closed`].
     pub async fn send(&self, msg: Outgoing) -> Result<Receipt, ClientError> {
-        self.send_nowait(msg).await?.1.wait().await
+        let pending = self.send_nowait(msg).await?.1;
+        self.deadline(
+            "the send",
+            "; the message may still be stored: see `agent-relay history`",
+            pending.wait(),
+        )
+        .await?
+    }
+
+    /// Waits for `answer` up to [`ClientConfig::request_timeout`].
+    async fn deadline<T>(
+        &self,
+        what: &'static str,
+        after: &'static str,
+        answer: impl Future<Output = T>,
+    ) -> Result<T, ClientError> {
+        tokio::time::timeout(self.request_timeout, answer)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                what,
+                secs: self.request_timeout.as_secs(),
+                after,
+            })
     }
 
     /// Asks the daemon a read-only question.
     ///
     /// # Errors
-    /// [`ClientError::Query`] when the daemon cannot answer; [`ClientError::Disconnected`].
+    /// [`ClientError::Query`] when the daemon cannot answer; [`ClientError::Disconnected`];
+    /// [`ClientError::Timeout`] when it does not answer within the deadline.
     pub async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
         let env = Envelope::new(new_id(), now_ms(), Payload::Query(req));
         let (tx, rx) = oneshot::channel();
@@ -410,7 +489,8 @@ impl Client {
             .send(Cmd::Query(env, tx))
             .await
             .map_err(|_| ClientError::Closed)?;
-        match rx.await.map_err(|_| ClientError::Closed)?? {
+        let answer = self.deadline("the query", "", rx).await?;
+        match answer.map_err(|_| ClientError::Closed)?? {
             QueryResult::Error { code, message } => Err(ClientError::Query { code, message }),
             other => Ok(other),
         }
@@ -432,7 +512,9 @@ impl Client {
             .send(Cmd::Subscribe(env, tx))
             .await
             .map_err(|_| ClientError::Closed)?;
-        rx.await.map_err(|_| ClientError::Closed)?
+        self.deadline("the subscription", "", rx)
+            .await?
+            .map_err(|_| ClientError::Closed)?
     }
 
     /// Acknowledges a delivered message (after handing it to the agent). `state` may report it
@@ -744,6 +826,8 @@ struct Driver {
     /// Unacknowledged SENDs in send order, re-sent after a reconnect.
     outbox: VecDeque<Unsent>,
     queries: HashMap<String, Reply<QueryResult>>,
+    /// Answers arriving in parts, by query id, until their last part.
+    parts: HashMap<String, relay_protocol::parts::Joiner>,
     subs: HashMap<String, Reply<()>>,
     seen: Dedupe,
     /// Deliveries on the current connection in arrival order, until acknowledged.
@@ -1039,6 +1123,10 @@ impl Driver {
             }
             Cmd::Query(env, reply) => {
                 Self::encode(out, &env);
+                // Questions whose askers gave up (their deadline passed) are forgotten.
+                self.queries.retain(|_, r| !r.is_closed());
+                let parts = &mut self.parts;
+                parts.retain(|id, _| self.queries.contains_key(id));
                 self.queries.insert(env.id.clone(), reply);
             }
             Cmd::Subscribe(env, reply) => {
@@ -1070,6 +1158,15 @@ impl Driver {
                 Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Nack(nack)));
             }
             Cmd::Close(_) => {}
+        }
+    }
+
+    /// Hands an answer to the query `id` waits for, if its asker still waits.
+    fn answer(&mut self, id: &str, r: Result<QueryResult, ClientError>) {
+        if let Some(q) = self.queries.remove(id)
+            && q.send(r).is_err()
+        {
+            tracing::debug!(%id, "an answer came after its asker gave up");
         }
     }
 
@@ -1242,11 +1339,25 @@ impl Driver {
                 }
             }
             Payload::Ping(p) => self.pong(out, p.nonce),
-            Payload::Result(r) => {
-                if let Some(q) = self.queries.remove(&env.id) {
-                    let _ = q.send(Ok(r));
+            Payload::Result(QueryResult::Part { part, parts, data }) => {
+                let joined = self
+                    .parts
+                    .entry(env.id.clone())
+                    .or_default()
+                    .push(part, parts, &data);
+                match joined {
+                    Ok(None) => {}
+                    Ok(Some(r)) => {
+                        self.parts.remove(&env.id);
+                        self.answer(&env.id, Ok(r));
+                    }
+                    Err(e) => {
+                        self.parts.remove(&env.id);
+                        self.answer(&env.id, Err(ClientError::Protocol(e)));
+                    }
                 }
             }
+            Payload::Result(r) => self.answer(&env.id, Ok(r)),
             Payload::Busy(b) => self.notify(Event::Busy(b)),
             Payload::Error(e) => {
                 let fatal = e.fatal;
@@ -1295,6 +1406,7 @@ mod tests {
             events,
             outbox: VecDeque::new(),
             queries: HashMap::new(),
+            parts: HashMap::new(),
             subs: HashMap::new(),
             seen: Dedupe::new(16),
             unacked: (1..=4)

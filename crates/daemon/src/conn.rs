@@ -498,7 +498,10 @@ fn encode(
     written: &mut Vec<i64>,
 ) -> Option<Option<ErrorPayload>> {
     let res = match out {
-        Outbound::Frame(env) => encode_frame(&env, buf, max),
+        Outbound::Frame(env) => match encode_frame(&env, buf, max) {
+            Err(FrameError::TooLarge { .. }) => encode_result_parts(*env, buf, max),
+            other => other,
+        },
         Outbound::Control(payload) => {
             let header = Header {
                 id: ids.next(),
@@ -616,6 +619,28 @@ impl Unread {
             tracing::debug!(conn = conn_id, "router gone; read deliveries not confirmed");
         }
     }
+}
+
+/// A frame over the limit that answers a query: sent as several RESULT parts (or, over the
+/// whole limit, as a `too_large` error), so the asker always gets an answer. Anything else
+/// over the limit stays an error for the caller to log.
+fn encode_result_parts(env: Envelope, buf: &mut Vec<u8>, max: usize) -> Result<(), FrameError> {
+    let Payload::Result(result) = &env.payload else {
+        return encode_frame(&env, buf, max);
+    };
+    let parts =
+        relay_protocol::parts::split(result, env.id.len(), max).unwrap_or_else(|e| vec![*e]);
+    tracing::debug!(id = %env.id, parts = parts.len(), "answer sent in parts");
+    let start = buf.len();
+    for part in parts {
+        let piece = Envelope::new(env.id.clone(), env.ts, Payload::Result(part));
+        if let Err(e) = encode_frame(&piece, buf, max) {
+            // Cannot happen (parts are cut to fit); never leave half an answer queued.
+            buf.truncate(start);
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 async fn write_loop(

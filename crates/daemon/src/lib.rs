@@ -13,6 +13,7 @@
 
 mod clock;
 mod conn;
+pub mod fds;
 mod feed;
 pub mod limits;
 mod msg;

@@ -32,6 +32,20 @@ use crate::metrics::{Rate, Samples, Totals};
 /// The default port (the original relay's).
 pub const DEFAULT_PORT: u16 = 3888;
 
+/// Most connections the dashboard's port holds at once (pages, streams, webhook senders,
+/// Prometheus). One more is closed as soon as it is accepted: the port can never take the
+/// descriptors the relay's socket, its store and the adapters need.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// How long a connection has to send a request's headers, counted from when the server
+/// starts waiting for them (a new connection, or the end of the previous answer on a kept-alive
+/// one): an idle connection, or one that trickles its headers, is closed after it.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request (its body included) may take until its answer starts; a live stream's
+/// answer starts at once and is then bounded by [`MAX_CONNECTIONS`].
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Dashboard failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -133,6 +147,7 @@ pub async fn serve_with(
         people,
     });
     tokio::spawn(sample(app.clone(), totals_tx));
+    let stop = daemon.clone();
     let router = Router::new()
         .route("/", get(handlers::page))
         .route("/app.js", get(handlers::script))
@@ -153,11 +168,78 @@ pub async fn serve_with(
         // Outside the token guard: a webhook sender has the shared secret, not the token.
         // The handler checks the host, then the signature, before reading anything else.
         .merge(Router::new().route("/hooks/webhook", post(handlers::webhook)))
+        .layer(middleware::from_fn(deadline))
         .with_state(app);
-    let stop = daemon.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.stopped().await })
-        .await
+    accept_loop(listener, router, stop).await;
+    Ok(())
+}
+
+/// Accepts connections until the daemon stops, at most [`MAX_CONNECTIONS`] at once, each
+/// served with the [`HEADER_TIMEOUT`].
+async fn accept_loop(listener: tokio::net::TcpListener, router: Router, daemon: Handle) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
+    loop {
+        let (stream, _) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors and the like: back off rather than spin.
+                    tracing::warn!(error = %e, "the dashboard could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = daemon.stopped() => return,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Closed at once: the descriptor is freed now, not when the peer gives up.
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    max = MAX_CONNECTIONS,
+                    refused,
+                    "the dashboard holds its most connections; closing new ones"
+                );
+            }
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let stop = daemon.clone();
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let done = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.stopped() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = done {
+                // A closed or timed-out connection: the peer's doing, not the relay's.
+                tracing::debug!(error = %e, "a dashboard connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Answers 408 when a request (reading its body included) has no answer within
+/// [`REQUEST_TIMEOUT`], so a body sent a byte at a time cannot hold a connection for ever.
+async fn deadline(req: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            "agent-relay dashboard: the request took too long to arrive.\n",
+        )
+            .into_response(),
+    }
 }
 
 /// Reads the counters once a second for the throughput chart.

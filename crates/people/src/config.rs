@@ -7,6 +7,7 @@
 //! notify = ["blocked", "waiting", "dead"]
 //! blocked_after_s = 30
 //! waiting_after_s = 600
+//! mirror = true               # a one-line summary of agents' exchanges, batched
 //!
 //! [adapters.webhook]
 //! url = "https://example.org/relay"
@@ -57,6 +58,9 @@ pub struct Person {
     pub blocked_after_s: u64,
     /// Unanswered this long is told (seconds).
     pub waiting_after_s: u64,
+    /// Whether this person watches the agents' exchanges: a one-line summary of each message
+    /// from one agent to another, batched and rate-limited like every notice.
+    pub mirror: bool,
 }
 
 impl Person {
@@ -139,6 +143,8 @@ struct PersonToml {
     notify: Option<Vec<NoticeKind>>,
     blocked_after_s: Option<u64>,
     waiting_after_s: Option<u64>,
+    #[serde(default)]
+    mirror: bool,
 }
 
 #[derive(Deserialize)]
@@ -217,6 +223,7 @@ pub fn parse(text: &str, root: &Path, home: Option<&Path>) -> Result<PeopleConfi
             }),
             blocked_after_s: p.blocked_after_s.unwrap_or(60),
             waiting_after_s: p.waiting_after_s.unwrap_or(600),
+            mirror: p.mirror,
         });
     }
     let adapters = doc.adapters.as_ref();

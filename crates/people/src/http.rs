@@ -12,6 +12,11 @@ use hyper_util::rt::TokioIo;
 use std::sync::{Arc, OnceLock};
 use tokio_rustls::rustls;
 
+/// The largest answer read from a remote end (a Bot API answer, a webhook receiver's): 8 MiB.
+/// A bigger one is an error, and is not read past the limit: a hostile or broken peer cannot
+/// make the relay hold what it sends.
+pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+
 /// An HTTP failure. Its text never contains the request's URL path, which may carry a secret
 /// (the Telegram bot token is part of the Bot API's paths).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +30,37 @@ pub enum HttpError {
     /// No answer in time.
     #[error("no answer within {0} s")]
     Timeout(u64),
+    /// The peer answered with an error: its status, its reason (cleaned, short) and, for a
+    /// 429, how long it asked to wait.
+    #[error("HTTP {status}: {reason}")]
+    Status {
+        /// The HTTP (or Bot API `error_code`) status.
+        status: u16,
+        /// What the peer said.
+        reason: String,
+        /// Seconds the peer asked to wait before trying again (a 429's `retry_after`).
+        retry_after: Option<u64>,
+    },
+}
+
+impl HttpError {
+    /// Whether trying again cannot help: a 4xx other than 408 (timeout) and 429 (too many
+    /// requests). Such a failure is reported at once with the peer's reason.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Status { status, .. }
+            if (400..500).contains(status) && *status != 408 && *status != 429)
+    }
+
+    /// How long the peer asked to wait, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status {
+                retry_after: Some(s),
+                ..
+            } => Some(Duration::from_secs(*s)),
+            _ => None,
+        }
+    }
 }
 
 /// A parsed `http(s)://host:port/path` URL.
@@ -165,13 +201,37 @@ where
         .await
         .map_err(|e| t.io("no answer from", &e))?;
     let status = res.status().as_u16();
-    let bytes = res
-        .into_body()
+    let too_big = || {
+        HttpError::Io(format!(
+            "the answer of {}:{} is over {} MiB; not read",
+            t.host,
+            t.port,
+            MAX_ANSWER_BYTES / (1024 * 1024)
+        ))
+    };
+    let announced = res
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+        driver.abort();
+        return Err(too_big());
+    }
+    let read = http_body_util::Limited::new(res.into_body(), MAX_ANSWER_BYTES)
         .collect()
-        .await
-        .map_err(|e| t.io("reading the answer of", &e))?
-        .to_bytes();
+        .await;
+    // Done with the connection either way: nothing more is read from it.
     driver.abort();
+    let bytes = read
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                too_big()
+            } else {
+                t.io("reading the answer of", &e)
+            }
+        })?
+        .to_bytes();
     Ok((status, bytes))
 }
 

@@ -84,6 +84,14 @@ struct PersonSend {
     reply: oneshot::Sender<Result<String, String>>,
 }
 
+/// The file, beside the adapters' state file, that keeps the webhook signatures accepted
+/// within the tolerance (one `TIMESTAMP SIGNATURE` a line, mode 0600).
+pub const SEEN_FILE: &str = "webhook-seen";
+
+/// The longest a delivery waits in all for peers that ask it to (a 429's `retry_after`)
+/// before it counts as failed.
+pub const MAX_PEER_WAIT: Duration = Duration::from_secs(600);
+
 /// What a relayed Telegram message was: (agent, message id, thread).
 type Relayed = (String, String, Option<String>);
 
@@ -94,12 +102,24 @@ struct Inner {
     status: Mutex<BTreeMap<String, AdapterStatus>>,
     webhook_secret: Option<Vec<u8>>,
     verifier: Mutex<Option<sign::Verifier>>,
+    /// Where the signatures accepted are kept (beside `status_file`), so that a replay is
+    /// refused after a restart too.
+    seen_file: Option<PathBuf>,
     bot: Option<telegram::Bot>,
     engage: Mutex<engage::Router>,
     /// (chat, Telegram message id) → the relayed message it carried.
     relayed: Mutex<HashMap<(i64, i64), Relayed>>,
     senders: Mutex<HashMap<String, mpsc::Sender<PersonSend>>>,
+    /// Refusals told back in Telegram chats, bounded per chat.
+    replies: Mutex<notify::Replies>,
+    /// Answers to chats (refusals, their summaries), sent by their own task so that a slow
+    /// Bot API never holds the poller.
+    reply_tx: mpsc::Sender<(i64, String)>,
+    reply_rx: Mutex<Option<mpsc::Receiver<(i64, String)>>>,
 }
+
+/// How long a chat's refusals are held back after the first one told, for one summary.
+pub const REPLY_WINDOW: Duration = Duration::from_secs(10);
 
 /// The running adapters. Cheap to clone.
 #[derive(Clone)]
@@ -149,16 +169,35 @@ impl Hub {
             refused: 0,
             people,
         };
+        let seen_file = status_file
+            .as_ref()
+            .and_then(|f| f.parent())
+            .map(|d| d.join(SEEN_FILE));
         let (webhook_secret, verifier) = match &cfg.webhook {
             Some(w) => {
                 let secret = config::read_secret(&w.secret_file)
                     .map_err(PeopleError::Secret)?
                     .into_bytes();
                 status.insert("webhook".into(), fresh("webhook", reach(&|p| p.webhook)));
-                (
-                    Some(secret.clone()),
-                    Some(sign::Verifier::new(secret, w.tolerance_s)),
-                )
+                let mut verifier = sign::Verifier::new(secret.clone(), w.tolerance_s);
+                if let Some(path) = &seen_file {
+                    match std::fs::read_to_string(path) {
+                        Ok(text) => {
+                            let skipped = verifier.load_text(&text, now_ms() / 1000);
+                            if skipped > 0 {
+                                tracing::warn!(path = %path.display(), skipped, "lines of the webhook's seen signatures were not understood");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(PeopleError::Secret(format!(
+                                "cannot read the webhook's seen signatures {}: {e}",
+                                path.display()
+                            )));
+                        }
+                    }
+                }
+                (Some(secret), Some(verifier))
             }
             None => (None, None),
         };
@@ -203,6 +242,7 @@ impl Hub {
             .iter()
             .filter_map(|p| p.telegram.map(|id| (id, p.name.clone())))
             .collect();
+        let (reply_tx, reply_rx) = mpsc::channel(64);
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -211,10 +251,14 @@ impl Hub {
                 status: Mutex::new(status),
                 webhook_secret,
                 verifier: Mutex::new(verifier),
+                seen_file,
                 bot,
                 engage: Mutex::new(engage::Router::new(rules, people, groups)),
                 relayed: Mutex::new(HashMap::new()),
                 senders: Mutex::new(HashMap::new()),
+                replies: Mutex::new(notify::Replies::new(REPLY_WINDOW.as_millis() as u64)),
+                reply_tx,
+                reply_rx: Mutex::new(Some(reply_rx)),
             }),
         })
     }
@@ -235,6 +279,9 @@ impl Hub {
         }
         if self.inner.bot.is_some() {
             tokio::spawn(self.clone().poll_telegram(daemon.clone()));
+            if let Some(rx) = lock(&self.inner.reply_rx).take() {
+                tokio::spawn(self.clone().replier(rx, daemon.clone()));
+            }
         }
         // Subscribed now, before any agent can connect and block, so nothing is missed.
         let feed = daemon.subscribe();
@@ -325,24 +372,35 @@ impl Hub {
             }
         };
         tracing::info!(person = %person.name, "person connected");
+        // Handing messages to the adapters (slow, retried, waiting out a 429) runs on its own
+        // task: what the person sends meanwhile goes in at once.
+        let (out_tx, out_rx) = mpsc::channel::<Delivered>(4);
+        let (done_tx, mut done) = mpsc::channel::<(Delivered, Result<(), String>)>(4);
+        let worker = tokio::spawn(self.clone().outbound(person.clone(), out_rx, done_tx));
         loop {
             tokio::select! {
                 ev = client.next_event() => match ev {
                     Some(Event::Message(d)) => {
-                        let state = match self.deliver(&person, &d).await {
-                            Ok(()) => DeliveryState::Verified,
-                            Err(e) => {
-                                tracing::warn!(person = %person.name, id = %d.id, error = %e, "could not reach the person: failed (dead-lettered)");
-                                DeliveryState::Failed
-                            }
-                        };
-                        if let Err(e) = client.ack(&d, Some(state)).await {
-                            tracing::warn!(id = %d.id, error = %e, "acknowledgement not sent: the relay will deliver it again");
+                        if out_tx.send(d).await.is_err() {
+                            tracing::error!(person = %person.name, "the adapters' task ended; the relay will deliver the message again");
+                            return;
                         }
                     }
                     Some(_) => {}
                     None => return,
                 },
+                Some((d, handed)) = done.recv() => {
+                    let acked = match handed {
+                        Ok(()) => client.ack(&d, Some(DeliveryState::Verified)).await,
+                        Err(e) => {
+                            tracing::warn!(person = %person.name, id = %d.id, error = %e, "could not reach the person: failed (dead-lettered)");
+                            client.ack_failed(&d, &relay_protocol::text::one_line(&e, 400)).await
+                        }
+                    };
+                    if let Err(e) = acked {
+                        tracing::warn!(id = %d.id, error = %e, "acknowledgement not sent: the relay will deliver it again");
+                    }
+                }
                 Some(mut send) = sends.recv() => {
                     // An answer belongs to the thread of what it answers (or starts it there).
                     if send.msg.payload.thread.is_none()
@@ -354,10 +412,16 @@ impl Hub {
                     match client.send_nowait(send.msg).await {
                         Ok((id, pending)) => {
                             tokio::spawn(async move {
-                                let r = match pending.wait().await {
-                                    Ok(_) => Ok(id),
-                                    Err(ClientError::Rejected { reason, .. }) => Err(reason),
-                                    Err(e) => Err(e.to_string()),
+                                // Bounded: the request that waits for this is answered.
+                                let limit = relay_client::request_timeout_from_env();
+                                let r = match tokio::time::timeout(limit, pending.wait()).await {
+                                    Ok(Ok(_)) => Ok(id),
+                                    Ok(Err(ClientError::Rejected { reason, .. })) => Err(reason),
+                                    Ok(Err(e)) => Err(e.to_string()),
+                                    Err(_) => Err(format!(
+                                        "the relay did not answer within {} s; the message may still be stored",
+                                        limit.as_secs()
+                                    )),
                                 };
                                 if send.reply.send(r).is_err() {
                                     tracing::debug!("nobody waits for a person's receipt");
@@ -372,9 +436,25 @@ impl Hub {
                     }
                 }
                 () = daemon.stopped() => {
+                    worker.abort();
                     client.close().await;
                     return;
                 }
+            }
+        }
+    }
+
+    /// Hands each message to the person's adapters, in order, and says how it went.
+    async fn outbound(
+        self,
+        person: config::Person,
+        mut rx: mpsc::Receiver<Delivered>,
+        done: mpsc::Sender<(Delivered, Result<(), String>)>,
+    ) {
+        while let Some(d) = rx.recv().await {
+            let handed = self.deliver(&person, &d).await;
+            if done.send((d, handed)).await.is_err() {
+                return;
             }
         }
     }
@@ -394,25 +474,26 @@ impl Hub {
             .map_err(|_| "the relay is stopping".to_owned())?
     }
 
-    /// Hands a message to every channel of `person`; fine when at least one took it.
+    /// Hands a message to every channel of `person`; fine when at least one took it (a
+    /// channel that failed is logged and shown in `agent-relay adapters`).
     async fn deliver(&self, person: &config::Person, d: &Delivered) -> Result<(), String> {
         let mut errors = Vec::new();
         let mut reached = false;
         if let (Some(chat), Some(bot)) = (person.telegram, &self.inner.bot) {
             let short = relay_protocol::short_id(&d.id);
             let text = format!("{} [{short}]: {}", d.from, d.payload.body);
-            match self
-                .retrying("telegram", || async {
-                    bot.send(chat, &text).await.map_err(|e| e.to_string())
-                })
-                .await
-            {
-                Ok(mid) => {
+            match self.send_telegram(bot, chat, &text).await {
+                Ok(ids) => {
                     reached = true;
-                    lock(&self.inner.relayed).insert(
-                        (chat, mid),
-                        (d.from.clone(), d.id.clone(), d.payload.thread.clone()),
-                    );
+                    // A reply to any piece answers the message.
+                    let mut relayed = lock(&self.inner.relayed);
+                    for mid in ids {
+                        relayed.insert(
+                            (chat, mid),
+                            (d.from.clone(), d.id.clone(), d.payload.thread.clone()),
+                        );
+                    }
+                    drop(relayed);
                     lock(&self.inner.engage).note_relayed(chat, &d.from);
                 }
                 Err(e) => errors.push(format!("telegram: {e}")),
@@ -439,18 +520,40 @@ impl Hub {
             }
         }
         if reached {
+            if !errors.is_empty() {
+                tracing::warn!(person = %person.name, id = %d.id, errors = %errors.join("; "), "one of the person's channels did not take the message; another did");
+            }
             Ok(())
         } else {
             Err(errors.join("; "))
         }
     }
 
+    /// Sends `text` to a Telegram chat, in as many pieces as Telegram's limit needs, each
+    /// retried as the Bot API says; the ids of the messages sent.
+    async fn send_telegram(
+        &self,
+        bot: &telegram::Bot,
+        chat: i64,
+        text: &str,
+    ) -> Result<Vec<i64>, String> {
+        let mut ids = Vec::new();
+        for piece in telegram::split_text(text) {
+            let id = self.retrying("telegram", || bot.send(chat, &piece)).await?;
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
     /// Runs `attempt` up to the configured number of times with doubling delays, keeping the
-    /// adapter's state.
+    /// adapter's state. A refusal that trying again cannot change (a 4xx other than 408 and
+    /// 429) ends at once with the peer's reason; a peer that asks to wait (429 with
+    /// `retry_after`) is waited for, without using up an attempt, up to [`MAX_PEER_WAIT`] in
+    /// all.
     async fn retrying<T, F, Fut>(&self, adapter: &str, mut attempt: F) -> Result<T, String>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
+        Fut: std::future::Future<Output = Result<T, http::HttpError>>,
     {
         let (tries, mut delay) = self
             .inner
@@ -459,16 +562,35 @@ impl Hub {
             .as_ref()
             .map_or((4, 500), |w| (w.attempts, w.backoff_ms));
         let mut last = String::new();
-        for n in 1..=tries {
+        let mut waited = Duration::ZERO;
+        let mut n = 0;
+        while n < tries {
             match attempt().await {
                 Ok(v) => {
                     self.ok(adapter);
                     self.update(adapter, |s| s.sent += 1);
                     return Ok(v);
                 }
+                Err(e) if e.is_permanent() => {
+                    self.failing(adapter, &e.to_string());
+                    return Err(format!("{e} (refused by the peer; not retried)"));
+                }
                 Err(e) => {
-                    self.failing(adapter, &e);
-                    last = e;
+                    self.failing(adapter, &e.to_string());
+                    last = e.to_string();
+                    if let Some(wait) = e.retry_after()
+                        && waited + wait <= MAX_PEER_WAIT
+                    {
+                        tracing::info!(
+                            adapter,
+                            wait_s = wait.as_secs(),
+                            "the peer asked to wait before trying again"
+                        );
+                        waited += wait;
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                    n += 1;
                     if n < tries {
                         tokio::time::sleep(Duration::from_millis(delay)).await;
                         delay = delay.saturating_mul(2).min(60_000);
@@ -479,9 +601,9 @@ impl Hub {
         Err(format!("{last} (after {tries} attempts)"))
     }
 
-    async fn post_webhook(&self, body: String) -> Result<(), String> {
+    async fn post_webhook(&self, body: String) -> Result<(), http::HttpError> {
         let (Some(w), Some(secret)) = (&self.inner.cfg.webhook, &self.inner.webhook_secret) else {
-            return Err("no webhook configured".into());
+            return Err(http::HttpError::Url("no webhook configured".into()));
         };
         let ts = now_ms() / 1000;
         let headers = [
@@ -491,11 +613,16 @@ impl Hub {
                 sign::header_value(secret, ts, body.as_bytes()),
             ),
         ];
-        match http::post_json(&w.url, &headers, body.into_bytes(), Duration::from_secs(10)).await {
-            Ok((status, _)) if (200..300).contains(&status) => Ok(()),
-            Ok((status, _)) => Err(format!("HTTP {status}")),
-            Err(e) => Err(e.to_string()),
+        let (status, answer) =
+            http::post_json(&w.url, &headers, body.into_bytes(), Duration::from_secs(10)).await?;
+        if (200..300).contains(&status) {
+            return Ok(());
         }
+        Err(http::HttpError::Status {
+            status,
+            reason: relay_protocol::text::one_line(&String::from_utf8_lossy(&answer), 200),
+            retry_after: None,
+        })
     }
 
     /// An inbound webhook request (the dashboard's listener hands it over): checked, then sent
@@ -512,16 +639,35 @@ impl Hub {
             (status, json!({ "error": why }))
         };
         let checked = match lock(&self.inner.verifier).as_mut() {
-            Some(v) => v.verify(timestamp, signature, body, now_ms() / 1000),
+            Some(v) => v
+                .verify(timestamp, signature, body, now_ms() / 1000)
+                .map(|()| v.to_text()),
             None => return (404, json!({"error": "no webhook adapter is configured"})),
         };
-        if let Err(e) = checked {
-            let status = if e == sign::Refusal::Replayed {
-                409
-            } else {
-                401
-            };
-            return refused(self, status, e.to_string());
+        let seen = match checked {
+            Ok(seen) => seen,
+            Err(e) => {
+                let status = if e == sign::Refusal::Replayed {
+                    409
+                } else {
+                    401
+                };
+                return refused(self, status, e.to_string());
+            }
+        };
+        // Kept before anything is sent: after a restart the same request is still refused.
+        if let Some(path) = &self.inner.seen_file
+            && let Err(e) = relay_protocol::file::write_atomic(
+                path,
+                seen.as_bytes(),
+                relay_protocol::file::Durability::PowerLoss,
+            )
+        {
+            tracing::error!(path = %path.display(), error = %e, "cannot keep the webhook's seen signatures");
+            return (
+                503,
+                json!({"error": "the relay cannot record the request's signature; nothing was sent, try again later"}),
+            );
         }
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -601,8 +747,12 @@ impl Hub {
                     for u in updates {
                         offset = offset.max(u.update_id + 1);
                         if let Some(m) = u.message {
-                            self.on_telegram(&bot, m).await;
+                            self.on_telegram(m).await;
                         }
+                    }
+                    let due = lock(&self.inner.replies).due(now_ms());
+                    for (chat, text) in due {
+                        self.queue_reply(chat, text);
                     }
                 }
                 Err(e) => {
@@ -617,7 +767,56 @@ impl Hub {
         }
     }
 
-    async fn on_telegram(&self, bot: &telegram::Bot, m: telegram::Message) {
+    /// Sends the chat answers queued by [`Hub::queue_reply`], one after the other.
+    async fn replier(self, mut rx: mpsc::Receiver<(i64, String)>, daemon: Handle) {
+        let Some(bot) = self.inner.bot.clone() else {
+            return;
+        };
+        loop {
+            let (chat, text) = tokio::select! {
+                r = rx.recv() => match r {
+                    Some(r) => r,
+                    None => return,
+                },
+                () = daemon.stopped() => return,
+            };
+            if let Err(e) = self.send_telegram(&bot, chat, &text).await {
+                tracing::warn!(chat, error = %e, "cannot tell the chat a message was not sent");
+            }
+        }
+    }
+
+    /// Queues an answer to a chat; when the queue is full (the Bot API is that slow) the
+    /// answer is logged instead.
+    fn queue_reply(&self, chat: i64, text: String) {
+        if let Err(e) = self.inner.reply_tx.try_send((chat, text)) {
+            let (mpsc::error::TrySendError::Full((_, text))
+            | mpsc::error::TrySendError::Closed((_, text))) = e;
+            tracing::warn!(chat, text = %relay_protocol::text::one_line(&text, 200), "answer to the chat not sent: too many waiting");
+        }
+    }
+
+    /// Tells `person` (in their own private chat, never in a group: a refusal can name
+    /// agents) that what they wrote was not sent, bounded by [`REPLY_WINDOW`].
+    fn refuse_to(&self, person: &str, text: String) {
+        let Some(chat) = self
+            .inner
+            .cfg
+            .people
+            .iter()
+            .find(|p| p.name == person)
+            .and_then(|p| p.telegram)
+        else {
+            tracing::warn!(person, text = %text, "a refusal for a person without a Telegram chat");
+            return;
+        };
+        let now = lock(&self.inner.replies).refusal(chat, text, now_ms());
+        if let Some(text) = now {
+            self.queue_reply(chat, text);
+        }
+    }
+
+    async fn on_telegram(&self, m: telegram::Message) {
         let (Some(user), Some(text)) = (m.from.as_ref().map(|u| u.id), m.text.as_deref()) else {
             return;
         };
@@ -658,10 +857,8 @@ impl Hub {
                 match self.send_as(&person, out).await {
                     Ok(_) => self.update("telegram", |s| s.received += 1),
                     Err(why) => {
-                        let text = format!("relay: not sent to {to}: {why}");
-                        if let Err(e) = bot.send(m.chat.id, &text).await {
-                            tracing::warn!(error = %e, "cannot tell the chat a message was not sent");
-                        }
+                        tracing::warn!(person = %person, to = %to, why = %why, "a person's Telegram message was not sent");
+                        self.refuse_to(&person, format!("relay: not sent to {to}: {why}"));
                     }
                 }
             }
@@ -684,10 +881,13 @@ impl Hub {
         let Some(p) = self.inner.cfg.people.iter().find(|p| p.name == person) else {
             return;
         };
+        // What a notice quotes (an agent's screen, a peer's reason) may hold escape sequences.
+        let text = relay_protocol::text::for_terminal(text);
+        let text = text.as_str();
         if let (Some(chat), Some(bot)) = (p.telegram, &self.inner.bot) {
-            match bot.send(chat, text).await {
-                Ok(_) => self.update("telegram", |s| s.sent += 1),
-                Err(e) => self.failing("telegram", &format!("notice: {e}")),
+            // `send_telegram` counts what it sends and keeps the adapter's state.
+            if let Err(e) = self.send_telegram(bot, chat, text).await {
+                self.failing("telegram", &format!("notice: {e}"));
             }
         }
         if p.webhook {
@@ -712,6 +912,7 @@ impl Hub {
                 kinds: p.notify.clone(),
                 blocked_after_ms: p.blocked_after_s.saturating_mul(1000),
                 waiting_after_ms: p.waiting_after_s.saturating_mul(1000),
+                mirror: p.mirror,
             })
             .collect();
         let mut core = notify::Notifier::new(wants, 10 * 60 * 1000);
@@ -719,17 +920,28 @@ impl Hub {
             let due = core.next_due();
             let wake = async {
                 match due {
+                    // A moment later than due: what comes due together (agents blocked by
+                    // one event) is told in one notice.
                     Some(at) => {
-                        tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await
+                        tokio::time::sleep(Duration::from_millis(
+                            at.saturating_sub(now_ms()) + GATHER_MS,
+                        ))
+                        .await
                     }
                     None => std::future::pending().await,
                 }
             };
             let notices = tokio::select! {
                 ev = feed.recv() => match ev {
-                    Some(ev) => match heard(&ev) {
-                        Some(h) => core.hear(h, now_ms()),
-                        None => continue,
+                    Some(ev) => match &*ev {
+                        RelayEvent::Expired { deliveries, .. } => {
+                            let dead = self.expired(&daemon, *deliveries).await;
+                            core.hear_all(dead, now_ms())
+                        }
+                        ev => match heard(ev) {
+                            Some(h) => core.hear(h, now_ms()),
+                            None => continue,
+                        },
                     },
                     None => return,
                 },
@@ -739,6 +951,44 @@ impl Hub {
             for n in notices {
                 tracing::info!(person = %n.person, kind = ?n.kind, "notice");
                 self.notice(&n.person, &n.text).await;
+            }
+        }
+    }
+}
+
+/// How long after a notice is due the notifier waits for others due with it.
+const GATHER_MS: u64 = 500;
+
+impl Hub {
+    /// The dead letters of `count` deliveries that just expired (the newest expired entries
+    /// of the dead-letter queue), as the notifier hears them; when the queue cannot be read,
+    /// one that says how many.
+    async fn expired(&self, daemon: &Handle, count: u64) -> Vec<notify::Heard> {
+        let limit = u32::try_from(count.clamp(1, 200)).unwrap_or(200);
+        let asked = daemon
+            .ask(relay_protocol::query::QueryRequest::DlqList {
+                all: false,
+                limit: Some(limit),
+            })
+            .await;
+        match asked.map(|a| a.result) {
+            Ok(relay_protocol::query::QueryResult::DlqList { dead_letters }) => dead_letters
+                .into_iter()
+                .filter(|d| d.code == "expired")
+                .take(usize::try_from(count).unwrap_or(usize::MAX))
+                .map(|d| notify::Heard::Dead {
+                    id: d.msg_id,
+                    from: d.from,
+                    why: format!("{} did not take it in time (expired)", d.recipient),
+                })
+                .collect(),
+            other => {
+                tracing::warn!(?other, "cannot read which deliveries expired");
+                vec![notify::Heard::Dead {
+                    id: String::new(),
+                    from: "relay".into(),
+                    why: format!("{count} deliveries expired"),
+                }]
             }
         }
     }
@@ -761,11 +1011,13 @@ fn heard(ev: &RelayEvent) -> Option<notify::Heard> {
             from,
             recipients,
             id,
+            body,
             ..
         } if recipients.len() == 1 => Some(notify::Heard::Message {
             from: from.clone(),
             to: recipients[0].clone(),
             id: id.clone(),
+            preview: relay_protocol::text::one_line(body, 60),
         }),
         RelayEvent::Acked {
             id,

@@ -20,6 +20,8 @@ pub enum NoticeKind {
     Waiting,
     /// A message was dead-lettered.
     Dead,
+    /// Agents' exchanges, for a person who watches them (`mirror = true`).
+    Mirror,
 }
 
 /// One person's notice settings.
@@ -33,6 +35,8 @@ pub struct Wants {
     pub blocked_after_ms: u64,
     /// Unanswered longer than this (ms) is told.
     pub waiting_after_ms: u64,
+    /// Told a one-line summary of each message between agents (batched).
+    pub mirror: bool,
 }
 
 /// A notice to send.
@@ -64,6 +68,8 @@ pub enum Heard {
         to: String,
         /// Its id.
         id: String,
+        /// Its text's start, for a mirror line.
+        preview: String,
     },
     /// A message was dead-lettered.
     Dead {
@@ -91,14 +97,37 @@ pub struct Notifier {
     waiting: BTreeMap<(String, String), (u64, String, bool)>,
     /// (person, subject) → last told.
     told: HashMap<(String, String), u64>,
-    /// Person → times of recent notices, and how many were held back.
-    recent: HashMap<String, (VecDeque<u64>, u64)>,
+    /// Person → (first line's time, mirror lines waiting, lines past the quoted ones).
+    mirror: BTreeMap<String, (u64, Vec<String>, u64)>,
+    /// Person → times of recent notices, and what was held back for the next one (at most
+    /// [`Notifier::MAX_HELD_TEXTS`] texts, and how many more).
+    recent: HashMap<String, (VecDeque<u64>, Held)>,
     quiet_ms: u64,
+}
+
+/// Notices held back by the per-minute limit: told, summarised, in the next notice.
+#[derive(Debug, Default)]
+struct Held {
+    kind: Option<NoticeKind>,
+    texts: Vec<String>,
+    more: u64,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.texts.is_empty() && self.more == 0
+    }
 }
 
 impl Notifier {
     /// At most this many notices a minute per person.
     pub const MAX_PER_MINUTE: usize = 5;
+
+    /// At most this many notices are quoted in one summary; the rest are counted.
+    pub const MAX_HELD_TEXTS: usize = 20;
+
+    /// Agents' exchanges are gathered this long (ms) into one mirror notice.
+    pub const MIRROR_BATCH_MS: u64 = 5_000;
 
     /// A notifier for these people; a subject is told again only after `quiet_ms`.
     pub fn new(wants: Vec<Wants>, quiet_ms: u64) -> Self {
@@ -107,6 +136,7 @@ impl Notifier {
             blocked: BTreeMap::new(),
             waiting: BTreeMap::new(),
             told: HashMap::new(),
+            mirror: BTreeMap::new(),
             recent: HashMap::new(),
             quiet_ms,
         }
@@ -119,6 +149,21 @@ impl Notifier {
     /// Takes in what happened at `now` (ms); returns notices due at once.
     pub fn hear(&mut self, heard: Heard, now: u64) -> Vec<Notice> {
         let mut out = Vec::new();
+        self.hear_into(heard, now, &mut out);
+        self.release(out, now)
+    }
+
+    /// Takes in several things that happened at once: what they make due is told together,
+    /// one notice per person.
+    pub fn hear_all(&mut self, heard: Vec<Heard>, now: u64) -> Vec<Notice> {
+        let mut out = Vec::new();
+        for h in heard {
+            self.hear_into(h, now, &mut out);
+        }
+        self.release(out, now)
+    }
+
+    fn hear_into(&mut self, heard: Heard, now: u64, out: &mut Vec<Pending>) {
         match heard {
             Heard::AgentState { agent, blocked } => match blocked {
                 Some(why) => {
@@ -131,7 +176,32 @@ impl Notifier {
             Heard::Gone { agent } => {
                 self.blocked.remove(&agent);
             }
-            Heard::Message { from, to, id } => {
+            Heard::Message {
+                from,
+                to,
+                id,
+                preview,
+            } => {
+                if !self.is_person(&from) && !self.is_person(&to) && from != "relay" {
+                    let line = relay_protocol::text::one_line(
+                        &format!(
+                            "{from} → {to} [{}]: {preview}",
+                            relay_protocol::short_id(&id)
+                        ),
+                        120,
+                    );
+                    for w in self.wants.iter().filter(|w| w.mirror) {
+                        let (_, lines, more) =
+                            self.mirror
+                                .entry(w.person.clone())
+                                .or_insert((now, Vec::new(), 0));
+                        if lines.len() < Self::MAX_HELD_TEXTS {
+                            lines.push(line.clone());
+                        } else {
+                            *more += 1;
+                        }
+                    }
+                }
                 if self.is_person(&from) {
                     // The person answered (or wrote first): nothing waits on them from `to`.
                     self.waiting.remove(&(from, to));
@@ -148,10 +218,10 @@ impl Notifier {
                             "relay: {from}'s message [{short}] was dead-lettered: {why} (agent-relay dlq)"
                         );
                         self.push(
-                            &mut out,
+                            out,
                             &w.person,
                             NoticeKind::Dead,
-                            format!("dead:{from}"),
+                            format!("dead:{from}:{short}"),
                             text,
                             now,
                         );
@@ -159,7 +229,6 @@ impl Notifier {
                 }
             }
         }
-        out
     }
 
     /// Notices that came due by `now`.
@@ -205,7 +274,41 @@ impl Notifier {
         for (person, kind, subject, text) in due {
             self.push(&mut out, &person, kind, subject, text, now);
         }
-        out
+        let batches: Vec<String> = self
+            .mirror
+            .iter()
+            .filter(|(_, (since, _, _))| now.saturating_sub(*since) >= Self::MIRROR_BATCH_MS)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for person in batches {
+            let Some((_, lines, more)) = self.mirror.remove(&person) else {
+                continue;
+            };
+            let n = lines.len() as u64 + more;
+            let text = if n == 1 {
+                format!("relay: {}", lines.concat())
+            } else {
+                let mut t = format!("relay: {n} exchanges between agents:");
+                for l in &lines {
+                    t.push_str("\n- ");
+                    t.push_str(l);
+                }
+                if more > 0 {
+                    t.push_str(&format!("\n- and {more} more (agent-relay history)"));
+                }
+                t
+            };
+            // Each batch is its own subject: the quiet period is for repeated alarms.
+            self.push(
+                &mut out,
+                &person,
+                NoticeKind::Mirror,
+                format!("mirror:{now}"),
+                text,
+                now,
+            );
+        }
+        self.release(out, now)
     }
 
     /// When [`Notifier::tick`] next has something to do, if anything waits.
@@ -228,12 +331,24 @@ impl Notifier {
                         .find(|w| &w.person == p && w.kinds.contains(&NoticeKind::Waiting))
                         .map(|w| since + w.waiting_after_ms)
                 });
-        blocked.chain(waiting).min()
+        // Held-back notices are told when the person's minute has room again.
+        let held = self
+            .recent
+            .values()
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(times, _)| times.front().map_or(0, |t| t + 60_000));
+        let mirror = self
+            .mirror
+            .values()
+            .map(|(since, _, _)| since + Self::MIRROR_BATCH_MS);
+        blocked.chain(waiting).chain(held).chain(mirror).min()
     }
 
+    /// Adds a notice about `subject` to `out`, unless that subject was told within the quiet
+    /// period.
     fn push(
-        &mut self,
-        out: &mut Vec<Notice>,
+        &self,
+        out: &mut Vec<Pending>,
         person: &str,
         kind: NoticeKind,
         subject: String,
@@ -245,39 +360,177 @@ impl Notifier {
             .told
             .get(&key)
             .is_some_and(|&at| now.saturating_sub(at) < self.quiet_ms)
+            || out.iter().any(|p| p.key == key)
         {
             return;
         }
-        let (times, held) = self.recent.entry(person.to_owned()).or_default();
-        while times
-            .front()
-            .is_some_and(|&t| now.saturating_sub(t) >= 60_000)
-        {
-            times.pop_front();
+        out.push(Pending { key, kind, text });
+    }
+
+    /// Turns what came due at `now` into notices: one per person (several due at once are
+    /// one summary), at most [`Notifier::MAX_PER_MINUTE`] a minute; what the limit holds back
+    /// is told in the next notice, which [`Notifier::next_due`] schedules. Nothing is dropped.
+    fn release(&mut self, pending: Vec<Pending>, now: u64) -> Vec<Notice> {
+        let mut by_person: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+        for p in pending {
+            self.told.insert(p.key.clone(), now);
+            by_person.entry(p.key.0.clone()).or_default().push(p);
         }
-        if times.len() >= Self::MAX_PER_MINUTE {
-            *held += 1;
-            return;
+        // People with held-back notices are due too, once their minute has room.
+        for (person, (_, held)) in &self.recent {
+            if !held.is_empty() {
+                by_person.entry(person.clone()).or_default();
+            }
         }
-        times.push_back(now);
-        let text = if *held > 0 {
-            let n = std::mem::take(held);
-            format!("{text} (and {n} more notices held back: agent-relay status)")
-        } else {
-            text
-        };
-        self.told.insert(key, now);
-        out.push(Notice {
-            person: person.to_owned(),
-            kind,
-            text,
+        let mut out = Vec::new();
+        for (person, items) in by_person {
+            let (times, held) = self.recent.entry(person.clone()).or_default();
+            while times
+                .front()
+                .is_some_and(|&t| now.saturating_sub(t) >= 60_000)
+            {
+                times.pop_front();
+            }
+            for p in items {
+                held.kind.get_or_insert(p.kind);
+                if held.texts.len() < Self::MAX_HELD_TEXTS {
+                    held.texts.push(p.text);
+                } else {
+                    held.more += 1;
+                }
+            }
+            if held.is_empty() || times.len() >= Self::MAX_PER_MINUTE {
+                continue;
+            }
+            times.push_back(now);
+            let held = std::mem::take(held);
+            let kind = held.kind.unwrap_or(NoticeKind::Dead);
+            let text = if held.texts.len() == 1 && held.more == 0 {
+                held.texts.into_iter().next().unwrap_or_default()
+            } else {
+                let n = held.texts.len() as u64 + held.more;
+                let mut text = format!("relay: {n} notices:");
+                for t in &held.texts {
+                    text.push_str("\n- ");
+                    text.push_str(t.strip_prefix("relay: ").unwrap_or(t));
+                }
+                if held.more > 0 {
+                    text.push_str(&format!("\n- and {} more (agent-relay status)", held.more));
+                }
+                text
+            };
+            out.push(Notice { person, kind, text });
+        }
+        out
+    }
+}
+
+/// A notice come due, before the per-person limit.
+#[derive(Debug)]
+struct Pending {
+    /// (person, subject).
+    key: (String, String),
+    kind: NoticeKind,
+    text: String,
+}
+
+/// Refusals told back to people in their chats ("not sent to Bob: ..."), bounded: in each chat
+/// the first of a window is told at once, the rest are counted and told in one summary when
+/// the window ends. 300 messages refused make a handful of answers, not 300.
+#[derive(Debug)]
+pub struct Replies {
+    window_ms: u64,
+    /// Chat → (window start, refusals held back, the last one held back).
+    chats: HashMap<i64, (u64, u64, String)>,
+}
+
+impl Replies {
+    /// Refusals bounded to one a `window_ms` per chat, plus one summary.
+    pub fn new(window_ms: u64) -> Self {
+        Self {
+            window_ms,
+            chats: HashMap::new(),
+        }
+    }
+
+    /// A refusal `text` for `chat` at `now`: the text to send now, or `None` when it is held
+    /// back for the window's summary.
+    pub fn refusal(&mut self, chat: i64, text: String, now: u64) -> Option<String> {
+        match self.chats.get_mut(&chat) {
+            Some((since, held, last)) if now.saturating_sub(*since) < self.window_ms => {
+                *held += 1;
+                *last = text;
+                None
+            }
+            _ => {
+                self.chats.insert(chat, (now, 0, String::new()));
+                Some(text)
+            }
+        }
+    }
+
+    /// The summaries due by `now`, as (chat, text).
+    pub fn due(&mut self, now: u64) -> Vec<(i64, String)> {
+        let mut out = Vec::new();
+        let window = self.window_ms;
+        self.chats.retain(|chat, (since, held, last)| {
+            if now.saturating_sub(*since) < window {
+                return true;
+            }
+            if *held == 0 {
+                return false;
+            }
+            out.push((
+                *chat,
+                format!(
+                    "relay: {held} more messages were not sent; the last: {}",
+                    last.strip_prefix("relay: ").unwrap_or(last)
+                ),
+            ));
+            // A flood that goes on gets one summary a window.
+            *since = now;
+            *held = 0;
+            true
         });
+        out
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_storm_of_refusals_is_one_answer_and_one_summary_a_window() {
+        let mut r = Replies::new(10_000);
+        assert!(
+            r.refusal(42, "relay: not sent to Bob: slow down".into(), 0)
+                .is_some()
+        );
+        for i in 1..300 {
+            assert!(
+                r.refusal(42, format!("relay: not sent to Bob: {i}"), i)
+                    .is_none()
+            );
+        }
+        assert!(
+            r.refusal(7, "relay: not sent".into(), 5).is_some(),
+            "per chat"
+        );
+        assert!(r.due(9_999).is_empty());
+        let due = r.due(10_000);
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0].0, 42);
+        assert!(
+            due[0]
+                .1
+                .starts_with("relay: 299 more messages were not sent"),
+            "{}",
+            due[0].1
+        );
+        assert!(r.due(30_000).is_empty());
+        assert!(r.refusal(42, "relay: again".into(), 30_001).is_some());
+    }
 
     fn notifier() -> Notifier {
         Notifier::new(
@@ -286,6 +539,7 @@ mod tests {
                 kinds: vec![NoticeKind::Blocked, NoticeKind::Waiting, NoticeKind::Dead],
                 blocked_after_ms: 30_000,
                 waiting_after_ms: 60_000,
+                mirror: false,
             }],
             600_000,
         )
@@ -339,6 +593,7 @@ mod tests {
             from: from.into(),
             to: to.into(),
             id: "01HZZZZZZZABCDEFGH".into(),
+            preview: "hi".into(),
         };
         n.hear(msg("Alice", "human"), 0);
         n.hear(msg("relay", "human"), 0);
@@ -371,12 +626,84 @@ mod tests {
             assert_eq!(n.hear(dead(who), 2_000 + i as u64).len(), 1);
         }
         assert!(n.hear(dead("B5"), 3_000).is_empty(), "past five a minute");
-        let later = n.hear(dead("B6"), 61_000);
+        assert!(n.hear(dead("B6"), 4_000).is_empty(), "past five a minute");
+        assert_eq!(n.next_due(), Some(60_000), "held back, not dropped");
+        let later = n.tick(60_000);
         assert_eq!(later.len(), 1);
         assert!(
-            later[0].text.contains("and 1 more notices held back"),
+            later[0].text.starts_with("relay: 2 notices:")
+                && later[0].text.contains("B5's message")
+                && later[0].text.contains("B6's message"),
             "{}",
             later[0].text
         );
+        assert_eq!(n.next_due(), None);
+    }
+
+    #[test]
+    fn a_watching_person_gets_exchanges_batched() {
+        let mut n = Notifier::new(
+            vec![Wants {
+                person: "human".into(),
+                kinds: vec![],
+                blocked_after_ms: 0,
+                waiting_after_ms: 0,
+                mirror: true,
+            }],
+            600_000,
+        );
+        for i in 0..30 {
+            let h = Heard::Message {
+                from: "Alice".into(),
+                to: "Bob".into(),
+                id: format!("0000000{i:02}"),
+                preview: format!("step {i}\u{1b}[2J"),
+            };
+            assert!(n.hear(h, i).is_empty(), "batched");
+        }
+        assert!(
+            n.hear(
+                Heard::Message {
+                    from: "human".into(),
+                    to: "Bob".into(),
+                    id: "x".into(),
+                    preview: "a person's own".into()
+                },
+                40
+            )
+            .is_empty()
+        );
+        assert_eq!(n.next_due(), Some(Notifier::MIRROR_BATCH_MS));
+        let told = n.tick(Notifier::MIRROR_BATCH_MS);
+        assert_eq!(told.len(), 1, "{told:?}");
+        let t = &told[0].text;
+        assert!(t.starts_with("relay: 30 exchanges between agents:"), "{t}");
+        assert!(
+            t.contains("- Alice → Bob [") && t.contains("and 10 more"),
+            "{t}"
+        );
+        assert!(
+            !t.contains('\u{1b}') && !t.contains("a person's own"),
+            "{t}"
+        );
+        assert_eq!(n.next_due(), None);
+    }
+
+    #[test]
+    fn twelve_agents_blocked_at_once_are_one_notice_naming_all() {
+        let mut n = notifier();
+        let agents: Vec<String> = (1..=12).map(|i| format!("A{i}")).collect();
+        for a in &agents {
+            n.hear(blocked(a), 0);
+        }
+        let told = n.tick(30_000);
+        assert_eq!(told.len(), 1, "{told:?}");
+        for a in &agents {
+            assert!(
+                told[0].text.contains(&format!("- {a} has been blocked")),
+                "{}",
+                told[0].text
+            );
+        }
     }
 }

@@ -164,6 +164,41 @@ impl Verifier {
     pub fn remembered(&self) -> usize {
         self.seen.len()
     }
+
+    /// What is remembered, as text to keep across a restart (one `TIMESTAMP SIGNATURE` a
+    /// line): a request accepted before a restart must still be refused after it while its
+    /// timestamp is inside the tolerance.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for (ts, sigs) in &self.by_ts {
+            for s in sigs {
+                out.push_str(&format!("{ts} {s}\n"));
+            }
+        }
+        out
+    }
+
+    /// Takes back what [`Verifier::to_text`] kept, forgetting what is stale at `now_s`; lines
+    /// that are not in that form are skipped and counted.
+    pub fn load_text(&mut self, text: &str, now_s: u64) -> usize {
+        let mut skipped = 0;
+        for line in text.lines() {
+            let parsed = line
+                .split_once(' ')
+                .and_then(|(ts, sig)| Some((ts.parse::<u64>().ok()?, sig)))
+                .filter(|(_, sig)| sig.len() == 64 && unhex(sig).is_some());
+            match parsed {
+                Some((ts, sig)) => {
+                    if self.seen.insert(sig.to_owned()) {
+                        self.by_ts.entry(ts).or_default().push(sig.to_owned());
+                    }
+                }
+                None => skipped += 1,
+            }
+        }
+        self.forget_before(now_s.saturating_sub(self.tolerance_s));
+        skipped
+    }
 }
 
 #[cfg(test)]
@@ -200,6 +235,24 @@ mod tests {
         let fresh = header_value(b"s3cret", 1400, b"x");
         assert_eq!(v.verify(Some("1400"), Some(&fresh), b"x", 1400), Ok(()));
         assert_eq!(v.remembered(), 1);
+    }
+
+    #[test]
+    fn what_was_seen_survives_a_restart_while_fresh() {
+        let mut v = Verifier::new(b"s3cret".to_vec(), 300);
+        let body = b"x";
+        let sig = header_value(b"s3cret", 1000, body);
+        assert_eq!(v.verify(Some("1000"), Some(&sig), body, 1000), Ok(()));
+        let kept = v.to_text();
+        let mut again = Verifier::new(b"s3cret".to_vec(), 300);
+        assert_eq!(again.load_text(&format!("{kept}garbage\n"), 1100), 1);
+        assert_eq!(
+            again.verify(Some("1000"), Some(&sig), body, 1100),
+            Err(Refusal::Replayed)
+        );
+        let mut late = Verifier::new(b"s3cret".to_vec(), 300);
+        late.load_text(&kept, 2000);
+        assert_eq!(late.remembered(), 0, "stale ones are forgotten");
     }
 
     #[test]

@@ -73,6 +73,60 @@ struct Answer<T> {
     result: Option<T>,
     #[serde(default)]
     description: Option<String>,
+    #[serde(default)]
+    error_code: Option<u16>,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+}
+
+/// What a refusal says about trying again.
+#[derive(Deserialize)]
+struct Parameters {
+    #[serde(default)]
+    retry_after: Option<u64>,
+}
+
+/// Telegram's limit on a message's text, in UTF-16 code units.
+pub const TEXT_LIMIT: usize = 4096;
+
+/// Cuts `text` into pieces Telegram accepts (at most [`TEXT_LIMIT`] UTF-16 units each, room
+/// left for a `(2/3) ` mark), at a line break or space near the end of each piece when there
+/// is one. A text within the limit is one piece.
+pub fn split_text(text: &str) -> Vec<String> {
+    if text.encode_utf16().count() <= TEXT_LIMIT {
+        return vec![text.to_owned()];
+    }
+    let budget = TEXT_LIMIT - 16;
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut units = 0;
+        let mut end = rest.len();
+        for (at, c) in rest.char_indices() {
+            units += c.len_utf16();
+            if units > budget {
+                end = at;
+                break;
+            }
+        }
+        if end < rest.len() {
+            // Prefer a line break, then a space, in the last quarter of the piece.
+            let floor = end * 3 / 4;
+            if let Some(b) = rest[..end].rfind('\n').filter(|&b| b > floor) {
+                end = b + 1;
+            } else if let Some(b) = rest[..end].rfind(' ').filter(|&b| b > floor) {
+                end = b + 1;
+            }
+        }
+        pieces.push(rest[..end].to_owned());
+        rest = &rest[end..];
+    }
+    let n = pieces.len();
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| format!("({}/{n}) {p}", i + 1))
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -102,13 +156,17 @@ impl Bot {
         })?;
         match (answer.ok, answer.result) {
             (true, Some(r)) => Ok(r),
-            _ => Err(HttpError::Io(format!(
-                "{method}: HTTP {status}: {}",
-                relay_protocol::text::one_line(
-                    answer.description.as_deref().unwrap_or("not ok"),
-                    200
-                )
-            ))),
+            _ => Err(HttpError::Status {
+                status: answer.error_code.unwrap_or(status),
+                reason: format!(
+                    "{method}: {}",
+                    relay_protocol::text::one_line(
+                        answer.description.as_deref().unwrap_or("not ok"),
+                        200
+                    )
+                ),
+                retry_after: answer.parameters.and_then(|p| p.retry_after),
+            }),
         }
     }
 
@@ -149,6 +207,30 @@ mod tests {
     fn the_token_is_never_shown() {
         let bot = Bot::new("http://x".into(), "123:SECRET".into());
         assert!(!format!("{bot:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn long_texts_are_cut_into_pieces_telegram_accepts() {
+        assert_eq!(split_text("short"), vec!["short".to_owned()]);
+        let long = "word ".repeat(3000) + &"é".repeat(5000) + &"🦀".repeat(3000);
+        let pieces = split_text(&long);
+        assert!(pieces.len() > 3);
+        for (i, p) in pieces.iter().enumerate() {
+            assert!(p.encode_utf16().count() <= TEXT_LIMIT, "piece {i}");
+            assert!(p.starts_with(&format!("({}/{}) ", i + 1, pieces.len())));
+        }
+        let joined: String = pieces
+            .iter()
+            .map(|p| p.split_once(") ").unwrap().1)
+            .collect();
+        assert_eq!(joined, long);
+    }
+
+    #[test]
+    fn a_refusal_says_when_to_try_again() {
+        let text = r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 3","parameters":{"retry_after":3}}"#;
+        let a: Answer<Sent> = serde_json::from_str(text).unwrap();
+        assert_eq!(a.parameters.unwrap().retry_after, Some(3));
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod envelope;
 pub mod events;
 pub mod file;
 mod names;
+pub mod parts;
 pub mod query;
 mod status;
 pub mod text;

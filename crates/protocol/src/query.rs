@@ -324,9 +324,21 @@ pub enum QueryResult {
         /// What happened.
         event: crate::events::RelayEvent,
     },
+    /// One piece of an answer too large for one frame (see [`crate::parts`]): the pieces'
+    /// `data`, joined in order, are the JSON text of the whole RESULT payload. Every piece
+    /// carries the query's id; the client answers the question once the last has arrived.
+    Part {
+        /// This piece's place, from 0.
+        part: u32,
+        /// How many pieces the answer has.
+        parts: u32,
+        /// A slice of the answer's JSON text.
+        data: String,
+    },
     /// The question could not be answered.
     Error {
-        /// `not_found`, `ambiguous`, `invalid`, `connected` (an agent to forget is connected)
+        /// `not_found`, `ambiguous`, `invalid`, `connected` (an agent to forget is connected),
+        /// `too_large` (the answer is over [`crate::parts::MAX_RESULT_BYTES`]: ask for fewer)
         /// or `internal`.
         code: String,
         /// Says what to do.

@@ -92,9 +92,27 @@ struct Bot {
     /// The highest `offset` a `getUpdates` asked for: every update below it was handled.
     asked_from: i64,
     bad_token_calls: u64,
+    /// The next `getUpdates` is answered with this many bytes (a valid start, then blanks).
+    huge_answer: Option<usize>,
+    /// How long each `sendMessage` takes to answer.
+    send_delay: Duration,
+    /// While true, every `sendMessage` waits (see [`TelegramStandIn::hold_sends`]).
+    held: bool,
+    /// `sendMessage` calls waiting while held.
+    waiting_sends: u64,
+    /// `sendMessage` calls still to refuse with 429 and this `retry_after` (seconds).
+    limited: (u32, u64),
+    /// `sendMessage` calls refused (429, or 400 for a text over Telegram's limit).
+    refused_sends: Vec<(u16, String)>,
+    /// `getUpdates` calls answered.
+    polls: u64,
 }
 
-type BotState = Arc<(Mutex<Bot>, Notify)>;
+/// Telegram's limit on a message's text, in characters (UTF-16 units in Telegram's count;
+/// the same for the texts tests send).
+pub const TELEGRAM_TEXT_LIMIT: usize = 4096;
+
+type BotState = Arc<(Mutex<Bot>, Notify, Notify)>;
 
 /// A stand-in of the Telegram Bot API: `getUpdates` (long polling, answered as soon as an
 /// update is scripted) and `sendMessage`, for one bot token.
@@ -115,6 +133,7 @@ impl TelegramStandIn {
                 next_message_id: 1000,
                 ..Bot::default()
             }),
+            Notify::new(),
             Notify::new(),
         ));
         let app = axum::Router::new()
@@ -175,6 +194,70 @@ impl TelegramStandIn {
     pub fn bad_token_calls(&self) -> u64 {
         lock(&self.state.0).bad_token_calls
     }
+
+    /// Answers the next `getUpdates` with `bytes` bytes: a Bot API answer's start followed by
+    /// blanks, streamed (the stand-in never holds it), as a broken or hostile server might.
+    pub fn huge_answer(&self, bytes: usize) {
+        lock(&self.state.0).huge_answer = Some(bytes);
+    }
+
+    /// While `held`, every `sendMessage` waits without answering (a Bot API that hangs);
+    /// released, they all answer.
+    pub fn hold_sends(&self, held: bool) {
+        lock(&self.state.0).held = held;
+        self.state.2.notify_waiters();
+    }
+
+    /// `sendMessage` calls waiting now because sends are held.
+    pub fn waiting_sends(&self) -> u64 {
+        lock(&self.state.0).waiting_sends
+    }
+
+    /// Makes every `sendMessage` take `delay` before it answers (a slow Bot API).
+    pub fn send_delay(&self, delay: Duration) {
+        lock(&self.state.0).send_delay = delay;
+    }
+
+    /// Refuses the next `calls` `sendMessage` calls with 429 Too Many Requests and
+    /// `retry_after` seconds, as Telegram does under its flood limits.
+    pub fn rate_limit(&self, calls: u32, retry_after_s: u64) {
+        lock(&self.state.0).limited = (calls, retry_after_s);
+    }
+
+    /// The `sendMessage` calls refused, with their status and description.
+    pub fn refused_sends(&self) -> Vec<(u16, String)> {
+        lock(&self.state.0).refused_sends.clone()
+    }
+
+    /// `getUpdates` calls answered so far.
+    pub fn polls(&self) -> u64 {
+        lock(&self.state.0).polls
+    }
+}
+
+/// A Bot API error answer.
+fn bot_error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {
+    let mut body = json!({"ok": false, "error_code": status.as_u16(), "description": description});
+    if let Some(s) = retry_after {
+        body["parameters"] = json!({"retry_after": s});
+    }
+    (status, Json(body)).into_response()
+}
+
+/// `bytes` bytes of an answer that starts like a Bot API answer, streamed in 1 MiB pieces.
+fn huge(bytes: usize) -> Response {
+    const PIECE: usize = 1024 * 1024;
+    let start = b"{\"ok\":true,\"result\":[".to_vec();
+    let blank = Bytes::from(vec![b' '; PIECE]);
+    let mut pieces = vec![Bytes::from(start)];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(PIECE);
+        pieces.push(blank.slice(..n));
+        left -= n;
+    }
+    let stream = futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>));
+    axum::body::Body::from_stream(stream).into_response()
 }
 
 async fn bot_call(
@@ -196,6 +279,13 @@ async fn bot_call(
     }
     match method.as_str() {
         "getUpdates" => {
+            {
+                let mut b = lock(&state.0);
+                b.polls += 1;
+                if let Some(n) = b.huge_answer.take() {
+                    return huge(n);
+                }
+            }
             let offset = args["offset"].as_i64().unwrap_or(0);
             let wait = Duration::from_secs(args["timeout"].as_u64().unwrap_or(0));
             let deadline = tokio::time::Instant::now() + wait;
@@ -220,7 +310,36 @@ async fn bot_call(
             }
         }
         "sendMessage" => {
+            let delay = lock(&state.0).send_delay;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            loop {
+                let released = state.2.notified();
+                {
+                    let mut b = lock(&state.0);
+                    if !b.held {
+                        break;
+                    }
+                    b.waiting_sends += 1;
+                }
+                released.await;
+                lock(&state.0).waiting_sends -= 1;
+            }
             let mut b = lock(&state.0);
+            let text = args["text"].as_str().unwrap_or("");
+            if b.limited.0 > 0 {
+                b.limited.0 -= 1;
+                let after = b.limited.1;
+                let why = format!("Too Many Requests: retry after {after}");
+                b.refused_sends.push((429, why.clone()));
+                return bot_error(StatusCode::TOO_MANY_REQUESTS, &why, Some(after));
+            }
+            if text.chars().count() > TELEGRAM_TEXT_LIMIT {
+                let why = "Bad Request: message is too long";
+                b.refused_sends.push((400, why.to_owned()));
+                return bot_error(StatusCode::BAD_REQUEST, why, None);
+            }
             let message_id = b.next_message_id;
             b.next_message_id += 1;
             let chat_id = args["chat_id"].as_i64().unwrap_or(0);
