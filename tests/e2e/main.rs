@@ -16,6 +16,7 @@ mod doors;
 mod faults;
 mod federation;
 mod hardening;
+mod identity;
 mod newcomer;
 mod parse;
 mod people;
