@@ -10,7 +10,6 @@ use relay_standin::{Rule, Script};
 use serde_json::Value;
 
 use crate::agents::{Agent, Cli, delivery_status};
-use crate::doors::Mcp;
 use crate::support::{BIN, Relay, ok_stdout, wait_for};
 use crate::wrap::wait_online;
 
@@ -192,16 +191,20 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
 fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
     let relay = Relay::start();
     let go = relay.dir.path().join("go");
+    // Bob's MCP server runs in his session, as his CLI would start it (issue 23.1).
+    let pipes = crate::doors::SessionPipes::new(&relay, "Bob");
     let script = format!(
-        "printf 'working (esc to interrupt)'\n\
+        "{}\n\
+         printf 'working (esc to interrupt)'\n\
          while [ ! -e '{}' ]; do sleep 0.05; done\n\
          printf '\\r\\033[K'\n\
          while IFS= read -r line; do echo \"got: $line\"; done\n",
+        pipes.background(),
         go.display()
     );
     let bob = Wrapped::start(&relay, "Bob", &["--delivery", "notice"], &script);
+    let mut mcp = pipes.connect();
     wait_online(&relay, "Bob");
-    let mut mcp = Mcp::start(&relay, "Bob");
 
     // Busy: the first message waits in the wrapper; the tool shows it first.
     let early = send(&relay, "Bob", BODIES[0]);
@@ -389,6 +392,7 @@ fn reads_a_noticed_message_with_relay_inbox(cli: Cli, name: &str) {
             let server = format!(
                 "mcp_servers.relay={{command={}, args=[\"mcp\", \"--name\", \"{name}\"], \
                  env={{AGENT_RELAY_SOCKET={}, AGENT_RELAY_DATA_DIR={}}}, \
+                 env_vars=[\"AGENT_RELAY_NAME\", \"AGENT_RELAY_SESSION\"], \
                  default_tools_approval_mode=\"approve\"}}",
                 serde_json::json!(BIN),
                 env["AGENT_RELAY_SOCKET"],

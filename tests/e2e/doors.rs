@@ -2,7 +2,9 @@
 //! automatic teaching.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -82,9 +84,10 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
 
 /// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
 pub(crate) struct Mcp {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The server, when this test started it (else it runs inside a wrapped agent).
+    child: Option<std::process::Child>,
+    stdin: Box<dyn Write + Send>,
+    stdout: std::io::BufReader<Box<dyn std::io::Read + Send>>,
     next: u64,
 }
 
@@ -98,11 +101,20 @@ impl Mcp {
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
-        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let stdout = child.stdout.take().unwrap();
+        Self::over(Some(child), Box::new(stdin), Box::new(stdout))
+    }
+
+    /// A client of the server whose stdin is `stdin` and stdout `stdout`, initialized.
+    pub(crate) fn over(
+        child: Option<std::process::Child>,
+        stdin: Box<dyn Write + Send>,
+        stdout: Box<dyn std::io::Read + Send>,
+    ) -> Self {
         let mut mcp = Self {
             child,
             stdin,
-            stdout,
+            stdout: std::io::BufReader::new(stdout),
             next: 1,
         };
         let init = mcp.call(
@@ -125,7 +137,7 @@ impl Mcp {
     }
 
     /// One request and its result (every line on stdout must be JSON-RPC).
-    fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
         use std::io::BufRead;
         let id = self.next;
         self.next += 1;
@@ -160,8 +172,81 @@ impl Mcp {
 
 impl Drop for Mcp {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Pipes for an MCP server run inside a wrapped agent (so that it has the agent's environment,
+/// as a CLI's MCP server has): the agent's command is `agent-relay mcp` reading `in` and
+/// writing `out`.
+pub(crate) struct SessionPipes {
+    dir: PathBuf,
+}
+
+impl SessionPipes {
+    pub(crate) fn new(relay: &Relay, name: &str) -> Self {
+        let dir = relay.dir.path().join(format!("fifos-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["in", "out"] {
+            let ok = Command::new("mkfifo")
+                .arg(dir.join(f))
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mkfifo");
+        }
+        Self { dir }
+    }
+
+    /// The agent's command: its MCP server on the pipes (the server's log in `err`).
+    pub(crate) fn command(&self) -> Vec<String> {
+        let p = |f: &str| self.dir.join(f).to_string_lossy().into_owned();
+        vec![
+            "sh".into(),
+            "-c".into(),
+            // Not `exec`: the shell keeps the terminal open (a PTY wrapper takes its closing
+            // for the agent's end).
+            r#""$0" mcp <"$1" >"$2" 2>>"$3""#.into(),
+            BIN.into(),
+            p("in"),
+            p("out"),
+            p("err"),
+        ]
+    }
+
+    /// A shell line that starts the server in the background (for an agent script that goes
+    /// on reading its terminal).
+    pub(crate) fn background(&self) -> String {
+        let p = |f: &str| self.dir.join(f).display().to_string();
+        format!(
+            "'{BIN}' mcp <'{}' >'{}' 2>>'{}' &",
+            p("in"),
+            p("out"),
+            p("err")
+        )
+    }
+
+    /// The MCP client on the pipes, once the agent's server opened them.
+    pub(crate) fn connect(&self) -> Mcp {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (inp, out) = (self.dir.join("in"), self.dir.join("out"));
+        std::thread::spawn(move || {
+            // Each open waits for the server's end of its pipe.
+            let w = std::fs::OpenOptions::new().write(true).open(inp).unwrap();
+            let r = std::fs::File::open(out).unwrap();
+            let _ = tx.send((w, r));
+        });
+        let (w, r) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the agent's MCP server never opened its pipes"));
+        Mcp::over(None, Box::new(w), Box::new(r))
+    }
+
+    pub(crate) fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("err")).unwrap_or_default()
     }
 }
 
@@ -930,48 +1015,6 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
 
 /// A wrapped agent's own MCP server (same name) is the same agent: it sends through the
 /// wrapper's connection (its door), not as a second identity the relay would refuse.
-#[test]
-fn an_mcp_server_under_a_wrapper_of_the_same_name_sends_through_the_wrapper() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let mut alice = relay
-        .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "-n",
-            "Alice",
-            "--",
-            "sh",
-            "-c",
-            "sleep 60",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    crate::wrap::wait_online(&relay, "Alice");
-    let mut mcp = Mcp::start(&relay, "Alice");
-    let body = "from the wrapped agent's tool:\n    indented";
-    let (err, ack) = mcp.tool("relay_send", serde_json::json!({"to": "Bob", "body": body}));
-    assert!(
-        !err && ack.starts_with("ACK [") && ack.contains("accepted"),
-        "{ack}"
-    );
-    let d = bob.expect("DELIVER");
-    assert_eq!(
-        (d["from"].as_str(), d["payload"]["body"].as_str()),
-        (Some("Alice"), Some(body))
-    );
-    bob.ack(&d);
-    // The wrapper keeps the name: Alice is online once, as the wrapped agent.
-    let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
-    assert!(agents.contains("Alice (you) — online, sh"), "{agents}");
-    drop(mcp);
-    alice.kill().unwrap();
-    alice.wait().unwrap();
-}
-
 /// Real Codex CLI or Gemini CLI in its one-shot mode (`codex exec`, `gemini -p`), in a fresh
 /// home under the relay's directory, with the relay's MCP server added by the documented
 /// one-liner (`codex mcp add relay -- agent-relay mcp --name NAME`, `gemini mcp add relay

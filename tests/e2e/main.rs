@@ -19,6 +19,7 @@ mod doors;
 mod faults;
 mod federation;
 mod hardening;
+mod identity;
 mod names;
 mod newcomer;
 mod parse;

@@ -302,10 +302,12 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
         .join(relay_wrap::DOOR_SOCKET);
     let who = format!("agent-relay hooks {}", event.subcommand());
     if door.exists() {
-        // A wrapper holds the name: it hands over what waits to be typed (or nothing).
+        // A wrapper holds the name: it hands over what waits to be typed (or nothing), to its
+        // own agent's hooks only (the door key its wrapper put in this session's environment).
+        let key = std::env::var(relay_wrap::DOOR_KEY_ENV).unwrap_or_default();
         let ask = match event {
-            Event::Stop => json!({"hook": "stop", "active": active}),
-            Event::Prompt => json!({"hook": "prompt"}),
+            Event::Stop => json!({"hook": "stop", "active": active, "key": key}),
+            Event::Prompt => json!({"hook": "prompt", "key": key}),
         };
         match rt.block_on(from_door(&door, &ask)) {
             Ok((texts, _)) if texts.is_empty() => {}
@@ -440,7 +442,8 @@ fn text_of(m: &relay_client::Delivered) -> String {
         "Relay message from {} [{}]{thread}:\n{}",
         for_terminal(&m.from),
         relay_protocol::short_id(&m.id),
-        for_terminal(&m.payload.body)
+        // No line of the body may start like a header (issue 23.4).
+        for_terminal(&relay_protocol::text::quote_headers(&m.payload.body))
     )
 }
 

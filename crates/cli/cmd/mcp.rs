@@ -3,11 +3,16 @@
 //!
 //! It is an ordinary client of the daemon: every send goes through the daemon's admission
 //! (names, ids, budgets, rate limits, access rules, traces, exactly-once), and the tool result
-//! is the daemon's ACK or NACK. At start it also tries to connect as the agent itself, so that
-//! an agent with no wrapper is a routable, online name whose messages wait for it; when a
-//! wrapper already holds the name (the same agent, wrapped), it joins that identity instead:
-//! it sends as that name on a client connection and reads the inbox from the store, without a
-//! second agent connection (`docs/DESIGN` §11, one agent, several doors).
+//! is the daemon's ACK or NACK.
+//!
+//! Who it speaks as comes from the agent's session, never from a name alone (issue 23.1/23.2,
+//! `docs/SECURITY.md` "Doors"). Started by a wrapped agent (its CLI runs it, with the wrapper's
+//! environment: `AGENT_RELAY_NAME` and the door key `AGENT_RELAY_SESSION`), it joins the
+//! wrapper's identity: it sends through the wrapper's door with that key and reads the inbox
+//! from the store, without a second agent connection (`docs/DESIGN` §11, one agent, several
+//! doors). With no session (no key), `--name` (or `AGENT_RELAY_NAME`) is the name of an agent
+//! that has none yet: the server connects as that agent, so that it is a routable, online name
+//! whose messages wait for it; a name a wrapper or another connection holds is refused.
 //!
 //! What was handed to the model is recorded in the relay's store, never in this process: a
 //! server that holds the name keeps the relay's deliveries unacknowledged until `relay_inbox`
@@ -37,10 +42,54 @@ use crate::cmd::mailbox::Mailbox;
 /// Arguments of `agent-relay mcp`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct McpArgs {
-    /// The agent's relay name: messages sent through this server are from it, and its inbox
-    /// is read (default: $AGENT_RELAY_NAME, which a wrapper sets for the agent it runs).
-    #[arg(short = 'n', long, env = "AGENT_RELAY_NAME", value_name = "NAME")]
-    pub(crate) name: String,
+    /// The name of an agent with no wrapper (no session yet): messages sent through this
+    /// server are from it, and its inbox is read. Leave it out for wrapped agents: a wrapped
+    /// agent's CLI starts the server with the wrapper's environment ($AGENT_RELAY_NAME and
+    /// its door key), which names it; a name another agent's wrapper or connection holds is
+    /// refused.
+    #[arg(short = 'n', long, value_name = "NAME")]
+    pub(crate) name: Option<String>,
+}
+
+/// Who this server speaks as: the agent's name, and the door key when it runs in a wrapped
+/// agent's session.
+struct Identity {
+    name: String,
+    key: Option<String>,
+}
+
+/// The identity from `--name` and the environment a wrapper gives its agent.
+fn identity(args: &McpArgs) -> anyhow::Result<Identity> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let session = env("AGENT_RELAY_NAME");
+    let key = env(relay_wrap::DOOR_KEY_ENV);
+    let name = match (&args.name, &session, &key) {
+        // In a wrapped agent's session: that agent, whatever a shared set-up names.
+        (Some(given), Some(own), Some(_)) if given != own => {
+            return Err(crate::exit::usage(format!(
+                "this MCP server runs in the session of the wrapped agent {own} \
+                 ($AGENT_RELAY_NAME and its door key come from {own}'s wrapper), which speaks \
+                 only as {own}; it cannot speak as {given:?}. Take --name out of the MCP \
+                 set-up, which every agent of the project shares: \
+                 `claude mcp remove relay; claude mcp add relay -- agent-relay mcp`"
+            )));
+        }
+        (Some(given), _, _) => given.clone(),
+        (None, Some(own), _) => own.clone(),
+        (None, None, _) => {
+            return Err(crate::exit::usage(
+                "no agent name: run this server from a wrapped agent (`agent-relay -n NAME \
+                 claude`; its CLI starts the server with the wrapper's environment), or give \
+                 --name NAME for an agent with no wrapper",
+            ));
+        }
+    };
+    relay_protocol::validate_agent_name(&name)
+        .map_err(|e| crate::exit::usage(format!("--name {name:?}: {e}")))?;
+    // A key with no name of its session (`--name` given, AGENT_RELAY_NAME unset) is no
+    // session's.
+    let key = key.filter(|_| session.as_deref() == Some(name.as_str()));
+    Ok(Identity { name, key })
 }
 
 /// What the server says about itself to the model at `initialize`.
@@ -52,8 +101,7 @@ time (call it again while it says more are waiting); relay_read shows one messag
 
 /// Runs the MCP server on stdin/stdout until the client closes it.
 pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
-    relay_protocol::validate_agent_name(&args.name)
-        .map_err(|e| crate::exit::usage(format!("--name {:?}: {e}", args.name)))?;
+    let who = identity(args)?;
     // As a wrapper would: the relay starts if it is not running, with the project's settings.
     let (settings, _) = crate::settings::for_project(paths, &crate::settings::Flags::new())?;
     crate::cmd::up::start_background(paths, &settings.settings)?;
@@ -64,24 +112,45 @@ pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
     let door = paths
         .data_dir
         .join("team")
-        .join(&args.name)
+        .join(&who.name)
         .join(relay_wrap::DOOR_SOCKET);
-    rt.block_on(serve(paths.socket.clone(), args.name.clone(), door))
+    rt.block_on(serve(paths.socket.clone(), who, door))
 }
 
-async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<()> {
-    // A wrapper answering on its door holds the name: join it at once (asking the relay for
-    // the name would wait for it to come free, as for a restarting agent, before joining).
-    let wrapped = tokio::net::UnixStream::connect(&door).await.is_ok();
-    let agent = if wrapped {
-        tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
-        None
-    } else {
-        let mailbox = Mailbox::open(&socket, &name, "mcp", true, true).await?;
-        if mailbox.is_none() {
-            tracing::info!(agent = %name, "the name is held (a wrapper): joining it");
+async fn serve(socket: PathBuf, who: Identity, door: PathBuf) -> anyhow::Result<()> {
+    let Identity { name, key } = who;
+    let agent = match &key {
+        // The agent's own session: its wrapper holds the name (or will again, when it is
+        // restarting); every call goes through its door. A door that refuses the key is not
+        // this session's: say so now rather than at every call.
+        Some(key) => {
+            check_key(&door, &name, key).await?;
+            None
         }
-        mailbox.map(Arc::new)
+        None if tokio::net::UnixStream::connect(&door).await.is_ok() => {
+            return Err(crate::exit::usage(format!(
+                "{name} is a wrapped agent (its wrapper's door {} answers), and only its own \
+                 session speaks as it: this process has not its door key. A wrapped agent's \
+                 CLI starts its MCP server with the wrapper's environment (AGENT_RELAY_NAME and \
+                 {}), so set the server up with no name: `claude mcp add relay -- agent-relay \
+                 mcp` (Codex: `codex mcp add relay -- agent-relay mcp`, and pass the two \
+                 variables through), then start the agent with `agent-relay -n {name} claude`",
+                door.display(),
+                relay_wrap::DOOR_KEY_ENV
+            )));
+        }
+        None => match Mailbox::open(&socket, &name, "mcp", true, true).await? {
+            Some(mailbox) => Some(Arc::new(mailbox)),
+            None => {
+                return Err(crate::exit::usage(format!(
+                    "{name} is connected to the relay (another agent's session holds the name: \
+                     a wrapper, or another `agent-relay mcp`), and only that session speaks as \
+                     it. Choose another --name, or, for a wrapped agent, set the server up with \
+                     no name so that the agent's own session starts it: `claude mcp add relay \
+                     -- agent-relay mcp`"
+                )));
+            }
+        },
     };
     // Holding the name, this server has the agent's messages: Claude Code's hooks (no
     // wrapper) ask it for a page through a socket in the agent's team directory.
@@ -93,6 +162,7 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         socket,
         name,
         door,
+        key,
         agent,
         seen_pos: Arc::new(AtomicI64::new(0)),
         replying_to: Arc::new(Mutex::new(HashMap::new())),
@@ -101,6 +171,44 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
     let running = server.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())
+}
+
+/// Asks the wrapper's door who it belongs to, with `key`: a door that refuses it belongs to
+/// another session (the server is not started). A door that does not answer yet (the wrapper
+/// is starting, or restarting) is tried again at each call.
+async fn check_key(door: &std::path::Path, name: &str, key: &str) -> anyhow::Result<()> {
+    match door_exchange(door, &serde_json::json!({"hello": true, "key": key})).await {
+        Ok(v) if v["agent"].as_str() == Some(name) => Ok(()),
+        Ok(v) => Err(crate::exit::usage(format!(
+            "{name}'s wrapper refused this MCP server's door key ({}): it was not started by \
+             {name}'s own session. Start the agent with `agent-relay -n {name} claude`, and set \
+             the server up with no name: `claude mcp add relay -- agent-relay mcp`",
+            for_terminal(v["error"].as_str().unwrap_or("no answer"))
+        ))),
+        Err(e) => {
+            tracing::info!(agent = name, error = %e, "the wrapper's door does not answer yet; sends go to it when it does");
+            Ok(())
+        }
+    }
+}
+
+/// One request to the wrapper's door and its answer: one JSON line each way.
+async fn door_exchange(
+    door: &std::path::Path,
+    request: &serde_json::Value,
+) -> std::io::Result<serde_json::Value> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(door).await?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(format!("{request}\n").as_bytes()).await?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(read).read_line(&mut line).await?;
+    serde_json::from_str(&line).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the wrapper's answer is not JSON ({e}): {line:?}"),
+        )
+    })
 }
 
 /// Removes the hook door's socket when the server ends.
@@ -257,6 +365,9 @@ struct RelayMcp {
     /// The wrapper's door (`relay_wrap` `door.rs`): under a wrapper that holds the name, sends
     /// go through the wrapper's connection.
     door: PathBuf,
+    /// The door key, when this server runs in a wrapped agent's session: every request to the
+    /// door carries it.
+    key: Option<String>,
     /// The agent's own connection, when this server holds the name (only it may send as the
     /// agent), with the deliveries it holds.
     agent: Option<Arc<Mailbox>>,
@@ -278,7 +389,8 @@ fn failed(t: impl Into<String>) -> CallToolResult {
 }
 
 /// One message for the model: a header line, then the body as it was sent (control
-/// characters shown escaped, lines and indentation kept).
+/// characters shown escaped, lines and indentation kept, a line that could pass for a header
+/// quoted: `relay_protocol::text::quote_headers`).
 fn show(m: &MessageRecord) -> String {
     let mut head = format!(
         "[{}] from {} to {}",
@@ -295,7 +407,11 @@ fn show(m: &MessageRecord) -> String {
     if m.kind != Kind::Message {
         head.push_str(&format!(" ({})", m.kind.as_str()));
     }
-    format!("{head}:\n{}", for_terminal(&m.body))
+    // No line of the body may start like a header (issue 23.4).
+    format!(
+        "{head}:\n{}",
+        for_terminal(&relay_protocol::text::quote_headers(&m.body))
+    )
 }
 
 fn show_all(messages: &[MessageRecord]) -> String {
@@ -309,10 +425,10 @@ impl RelayMcp {
         Client::connect(ClientConfig::tool(self.socket.clone(), self.name.clone())).await
     }
 
-    /// Sends through the wrapper that holds the name: one JSON line each way.
-    async fn door_send(&self, to: &str, msg: Outgoing) -> CallToolResult {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    /// Sends through the wrapper that holds the name, with the session's door key.
+    async fn door_send(&self, to: &str, key: &str, msg: Outgoing) -> CallToolResult {
         let request = serde_json::json!({
+            "key": key,
             "to": to,
             "body": msg.payload.body,
             "topic": msg.topic,
@@ -320,19 +436,10 @@ impl RelayMcp {
             "in_reply_to": msg.payload.in_reply_to,
             "urgent": msg.payload.urgent,
         });
-        let exchange = async {
-            let stream = tokio::net::UnixStream::connect(&self.door).await?;
-            let (read, mut write) = stream.into_split();
-            write.write_all(format!("{request}\n").as_bytes()).await?;
-            let mut line = String::new();
-            tokio::io::BufReader::new(read).read_line(&mut line).await?;
-            std::io::Result::Ok(line)
-        };
-        let line = match exchange.await {
-            Ok(l) => l,
+        let v = match door_exchange(&self.door, &request).await {
+            Ok(v) => v,
             Err(e) => return failed(format!("not sent: cannot reach the wrapper's door: {e}")),
         };
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
         if let Some(id) = v["id"].as_str() {
             let n = v["recipients"]
                 .as_u64()
@@ -362,22 +469,16 @@ impl RelayMcp {
     /// the wrapper typed only a notice for them, and this is when they count as verified.
     /// A wrapper that cannot be told is logged: the messages stay injected, the model has them.
     async fn tell_shown(&self, ids: Vec<String>) {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        if ids.is_empty() || self.agent.is_some() || !self.door.exists() {
+        let Some(key) = &self.key else {
+            return;
+        };
+        if ids.is_empty() {
             return;
         }
-        let request = serde_json::json!({ "read": ids });
-        let exchange = async {
-            let stream = tokio::net::UnixStream::connect(&self.door).await?;
-            let (read, mut write) = stream.into_split();
-            write.write_all(format!("{request}\n").as_bytes()).await?;
-            let mut line = String::new();
-            tokio::io::BufReader::new(read).read_line(&mut line).await?;
-            std::io::Result::Ok(line)
-        };
-        match exchange.await {
-            Ok(line) => {
-                tracing::debug!(answer = %line.trim_end(), "the wrapper was told what the model was shown")
+        let request = serde_json::json!({ "read": ids, "key": key });
+        match door_exchange(&self.door, &request).await {
+            Ok(answer) => {
+                tracing::debug!(%answer, "the wrapper was told what the model was shown")
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot tell the wrapper which messages the model was shown; they stay recorded as injected")
@@ -539,10 +640,10 @@ impl RelayMcp {
                 urgent: p.urgent,
             },
         };
-        let res = match &self.agent {
-            Some(mailbox) => mailbox.client().send(msg).await,
-            None if self.door.exists() => return self.door_send(&p.to, msg).await,
-            None => match self.client().await {
+        let res = match (&self.key, &self.agent) {
+            (Some(key), _) => return self.door_send(&p.to, key, msg).await,
+            (None, Some(mailbox)) => mailbox.client().send(msg).await,
+            (None, None) => match self.client().await {
                 Ok(client) => {
                     let res = client.send(msg).await;
                     client.close().await;

@@ -219,6 +219,13 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         inbox,
         intro: args.intro,
         delivery: args.delivery.wrap(),
+        // The relaying process of a tmux session gets the key of the session its starter
+        // created (in its environment, never its command line); otherwise the wrapper makes
+        // one (PTY) or finds it in the session (see `relay_wrap::serve_tmux`).
+        door_key: args
+            .serve_tmux
+            .as_ref()
+            .and_then(|_| std::env::var(relay_wrap::DOOR_KEY_ENV).ok()),
     };
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
@@ -272,23 +279,40 @@ fn tmux_front(
     let session = tmux::session_name(&paths.project_root, &cfg.name);
     let name = &cfg.name;
     let created = !tmux::exists(&session);
+    // The new session's door key: in its agent's environment (through the session's private
+    // environment file) and in its relaying process's, never on a command line.
+    let mut key = None;
     if !created {
         eprintln!("agent-relay: {name} is running in tmux session {session}; picking it up");
     } else {
         let (rows, cols) = relay_wrap::terminal_size();
         let cwd = std::env::current_dir().context("no working directory")?;
+        let new = relay_wrap::new_door_key();
         tmux::create(&tmux::NewSession {
             name: &session,
             command: &cfg.command,
-            env: &[("AGENT_RELAY_NAME".to_owned(), name.clone())],
+            env: &[
+                ("AGENT_RELAY_NAME".to_owned(), name.clone()),
+                (relay_wrap::DOOR_KEY_ENV.to_owned(), new.clone()),
+            ],
             cwd: &cwd,
             rows,
             cols,
             team_dir: &cfg.team_dir,
         })?;
+        key = Some(new);
         eprintln!("agent-relay: started {name} in tmux session {session}");
     }
-    if !ensure_relaying(paths, args, cfg, &session, profile, created && cfg.intro)? {
+    let started = ensure_relaying(
+        paths,
+        args,
+        cfg,
+        &session,
+        profile,
+        created && cfg.intro,
+        key.as_deref(),
+    )?;
+    if !started {
         eprintln!("agent-relay: a process already relays for {name}; none started");
     }
     if args.detached || !std::io::stdin().is_terminal() {
@@ -421,7 +445,9 @@ fn pty_lock(cfg: &WrapConfig) -> Option<std::fs::File> {
 }
 
 /// Starts the process that relays for `session`, unless one runs: it holds an exclusive
-/// lock on `team/<name>/relay.lock` for as long as it lives. Whether one was started.
+/// lock on `team/<name>/relay.lock` for as long as it lives. Whether one was started. `key`:
+/// the door key of a session just created (a process started for a running session reads it
+/// from the session).
 fn ensure_relaying(
     paths: &Paths,
     args: &WrapArgs,
@@ -429,6 +455,7 @@ fn ensure_relaying(
     session: &str,
     profile: &str,
     intro: bool,
+    key: Option<&str>,
 ) -> anyhow::Result<bool> {
     // Free: nobody relays; released at once for the process started below to take.
     if try_relay_lock(cfg)?.is_none() {
@@ -458,6 +485,11 @@ fn ensure_relaying(
     if intro {
         cmd.arg("--intro");
     }
+    // Never a key this process inherited (an agent that starts another one has its own).
+    match key {
+        Some(k) => cmd.env(relay_wrap::DOOR_KEY_ENV, k),
+        None => cmd.env_remove(relay_wrap::DOOR_KEY_ENV),
+    };
     cmd.arg("--")
         .args(&cfg.command)
         .env("AGENT_RELAY_SOCKET", &paths.socket)

@@ -95,6 +95,13 @@ pub struct Directive {
     /// a directive as if whole; tell the agent instead.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// The agent printed what starts like a directive but is not one (`@relay:Bob!`,
+    /// `@relay:proj:Bob`, a `[[RELAY]]` block whose JSON does not parse): why, in a sentence
+    /// for the agent (issue 23.18). `to` is then the name as written (`Agent`, possibly not a
+    /// valid name) and `body` the start of what was written. Never send such a directive;
+    /// tell the agent instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub malformed: Option<String>,
 }
 
 impl Directive {
@@ -107,6 +114,21 @@ impl Directive {
             thread: None,
             data: None,
             truncated: false,
+            malformed: None,
+        }
+    }
+
+    /// What the agent wrote that starts like a directive but is not one (see
+    /// [`Directive::malformed`]): `to` as written, the start of what was `written`, and why it
+    /// was not sent.
+    pub fn malformed(
+        to: impl Into<String>,
+        written: impl Into<String>,
+        why: impl Into<String>,
+    ) -> Self {
+        Self {
+            malformed: Some(why.into()),
+            ..Self::message(Target::Agent(to.into()), written)
         }
     }
 }

@@ -265,14 +265,26 @@ fn parse_inline(rest: &str) -> Option<(Kind, Target, &str)> {
     Some((kind, to, body))
 }
 
-/// The JSON of a `[[RELAY]]` block; `None` if it is not a valid directive.
-fn parse_block(json: &str) -> Option<Directive> {
-    let value: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
-    let obj = value.as_object()?;
-    let to = parse_target(obj.get("to")?.as_str()?)?;
+/// The JSON of a `[[RELAY]]` block, or why it is not a valid directive (a sentence for the
+/// agent).
+fn parse_block(json: &str) -> Result<Directive, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json.trim()).map_err(|e| format!("its JSON does not parse ({e})"))?;
+    let obj = value
+        .as_object()
+        .ok_or("it is not a JSON object ({\"to\": NAME, \"body\": TEXT})")?;
+    let to = obj
+        .get("to")
+        .ok_or("it has no \"to\"")?
+        .as_str()
+        .ok_or("its \"to\" is not a string")?;
+    let to = parse_target(to).ok_or_else(|| not_a_name(to))?;
     let kind = match obj.get("type") {
         None => Kind::Message,
-        Some(t) => Kind::parse(t.as_str()?)?,
+        Some(t) => t
+            .as_str()
+            .and_then(Kind::parse)
+            .ok_or("its \"type\" is not one the relay knows (message, action, state, thinking)")?,
     };
     let body = obj
         .get("body")
@@ -281,20 +293,66 @@ fn parse_block(json: &str) -> Option<Directive> {
         .unwrap_or("");
     let data = obj.get("data").filter(|d| !d.is_null()).cloned();
     if body.trim().is_empty() && data.is_none() {
-        return None;
+        return Err("it has no \"body\" (nor \"data\")".to_owned());
     }
     let thread = match obj.get("thread") {
         None | Some(serde_json::Value::Null) => None,
-        Some(t) => Some(t.as_str()?.to_string()),
+        Some(t) => Some(
+            t.as_str()
+                .ok_or("its \"thread\" is not a string")?
+                .to_string(),
+        ),
     };
-    Some(Directive {
+    Ok(Directive {
         to,
         kind,
         body: body.trim().to_string(),
         thread,
         data,
         truncated: false,
+        malformed: None,
     })
+}
+
+/// Why `written` is no recipient, for the agent.
+fn not_a_name(written: &str) -> String {
+    let shown: String = written.chars().take(40).collect();
+    let other = if written.contains(':') {
+        " (an agent of another project or relay is not addressed with a prefix)"
+    } else {
+        ""
+    };
+    format!(
+        "{shown:?} is not a name{other}: a name is letters, digits, '-', '_' and '.', or * for \
+         everyone"
+    )
+}
+
+/// What starts like an inline directive (`@relay:` or an alias) at the start of `rest` but is
+/// not one (see [`Directive::malformed`]). A bare `@relay:` or `@relay:NAME` with no message
+/// is not reported (nothing was lost).
+fn malformed_inline(rest: &str) -> Option<Directive> {
+    let (prefix, after) = ALIASES
+        .iter()
+        .find_map(|(p, _)| rest.strip_prefix(p).map(|a| (*p, a)))?;
+    let end = after.find(char::is_whitespace).unwrap_or(after.len());
+    let (written, body) = (&after[..end], after[end..].trim_matches(is_margin));
+    let line: String = rest.chars().take(60).collect();
+    let why = if written.is_empty() {
+        if body.is_empty() {
+            return None;
+        }
+        format!("no name right after {prefix}")
+    } else if parse_target(written).is_none() {
+        not_a_name(written)
+    } else {
+        return None;
+    };
+    let why = format!(
+        "your message {line:?} was not sent: {why}. Write {prefix}NAME and the message on one \
+         line"
+    );
+    Some(Directive::malformed(written, line, why))
 }
 
 /// The target of a `[[RELAY]]` block too big to parse whole: its `"to"` string, read from the
@@ -515,6 +573,7 @@ impl Scanner {
                 thread: None,
                 data: None,
                 truncated,
+                malformed: None,
             };
             let found = Found {
                 directive,
@@ -527,6 +586,15 @@ impl Scanner {
                 text_col: s.rest_idx,
                 last_len: line.text.chars().count(),
             };
+        } else if let Some(directive) = malformed_inline(s.rest) {
+            if self.is_injected_echo(s.rest) {
+                return;
+            }
+            out.push(Found {
+                directive,
+                row: line.row,
+                seq,
+            });
         }
     }
 
@@ -657,18 +725,26 @@ impl Scanner {
             json.push_str(&text[..end]);
             let (row, seq) = (block.row, block.seq);
             self.block = None;
-            let directive = parse_block(&json).or_else(|| {
+            let directive = parse_block(&json).or_else(|why| {
                 // A TUI may have wrapped a long string: join the lines without the breaks.
                 let joined: Vec<&str> = json.lines().map(str::trim).collect();
-                parse_block(&joined.join(" "))
+                parse_block(&joined.join(" ")).map_err(|_| why)
             });
-            if let Some(directive) = directive {
-                out.push(Found {
-                    directive,
-                    row,
-                    seq,
-                });
-            }
+            let directive = directive.unwrap_or_else(|why| {
+                // Not sent, and not silently: the agent is told why (the wrapper does that).
+                let to = block_target(&json).map_or_else(String::new, |t| t.as_str().to_owned());
+                let written: String = json.chars().take(60).collect();
+                Directive::malformed(
+                    to,
+                    written,
+                    format!("your [[RELAY]] block was not sent: {why}"),
+                )
+            });
+            out.push(Found {
+                directive,
+                row,
+                seq,
+            });
             return;
         }
         if overflow
@@ -773,9 +849,57 @@ mod tests {
         assert_eq!(scan(&["@relay:* all hands"]), [msg("*", "all hands")]);
         assert_eq!(scan(&["@relay:Bob: hi"]), [msg("Bob", "hi")]);
         assert_eq!(scan(&["@relay:agent-2_x.y hi"]), [msg("agent-2_x.y", "hi")]);
-        assert!(scan(&["@relay:Bob! hi"]).is_empty());
-        assert!(scan(&["@relay: hi"]).is_empty());
-        assert!(scan(&["@relay:Bob:hi"]).is_empty());
+        // Not directives, and not silently dropped: reported malformed, for the agent.
+        for (line, to, why) in [
+            ("@relay:Bob! hi", "Bob!", "\"Bob!\" is not a name"),
+            ("@relay: hi", "", "no name right after @relay:"),
+            ("@relay:Bob:hi", "Bob:hi", "not addressed with a prefix"),
+            (
+                "@relay:proj:Bob hi",
+                "proj:Bob",
+                "not addressed with a prefix",
+            ),
+        ] {
+            let got = scan(&[line]);
+            assert_eq!(got.len(), 1, "{line}: {got:?}");
+            assert_eq!(got[0].to, Target::Agent(to.into()), "{line}");
+            let malformed = got[0].malformed.as_deref().unwrap_or_default();
+            assert!(
+                malformed.contains(why) && malformed.contains("was not sent"),
+                "{line}: {malformed}"
+            );
+        }
+        // Nothing was meant to go: not reported.
+        assert!(scan(&["@relay:"]).is_empty());
+        assert!(scan(&["@relay:Bob"]).is_empty());
+    }
+
+    #[test]
+    fn a_block_that_does_not_parse_is_reported_malformed_with_why() {
+        for (lines, why) in [
+            (
+                vec!["[[RELAY]]{\"to\": \"Bob\", \"body\": oops}[[/RELAY]]"],
+                "does not parse",
+            ),
+            (
+                vec!["[[RELAY]]", "{\"body\": \"hi\"}", "[[/RELAY]]"],
+                "no \"to\"",
+            ),
+            (
+                vec!["[[RELAY]]{\"to\": \"a b\", \"body\": \"hi\"}[[/RELAY]]"],
+                "not a name",
+            ),
+            (vec!["[[RELAY]]{\"to\": \"Bob\"}[[/RELAY]]"], "no \"body\""),
+        ] {
+            let got = scan(&lines);
+            assert_eq!(got.len(), 1, "{lines:?}: {got:?}");
+            let malformed = got[0].malformed.as_deref().unwrap_or_default();
+            assert!(
+                malformed.starts_with("your [[RELAY]] block was not sent: ")
+                    && malformed.contains(why),
+                "{lines:?}: {malformed}"
+            );
+        }
     }
 
     #[test]
@@ -1079,18 +1203,15 @@ mod tests {
     }
 
     #[test]
-    fn invalid_blocks_are_dropped_and_oversize_ones_reported_cut() {
-        assert!(
-            scan(&[
-                "[[RELAY]]{not json}[[/RELAY]]",
-                "[[RELAY]]{\"to\":\"Bob\"}[[/RELAY]]"
-            ])
-            .is_empty()
-        );
-        assert!(
-            scan(&["[[RELAY]]{\"to\":\"Bob\",\"type\":\"bogus\",\"body\":\"x\"}[[/RELAY]]"])
-                .is_empty()
-        );
+    fn invalid_blocks_are_reported_malformed_and_oversize_ones_cut() {
+        // Never sent; reported for the agent (issue 23.18).
+        let got = scan(&[
+            "[[RELAY]]{not json}[[/RELAY]]",
+            "[[RELAY]]{\"to\":\"Bob\"}[[/RELAY]]",
+            "[[RELAY]]{\"to\":\"Bob\",\"type\":\"bogus\",\"body\":\"x\"}[[/RELAY]]",
+        ]);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got.iter().all(|d| d.malformed.is_some()), "{got:?}");
         assert!(scan(&["x [[RELAY]]{\"to\":\"Bob\",\"body\":\"x\"}[[/RELAY]]"]).is_empty());
         let big = "x".repeat(MAX_BLOCK / 100);
         let mut lines = vec!["[[RELAY]]{\"to\":\"Bob\",\"body\":\""];

@@ -17,6 +17,14 @@
 //! instead (see `Core::hook_stop`). Its UserPromptSubmit hook (`agent-relay hooks prompt`, run
 //! when a prompt is submitted) sends `{"hook": "prompt"}`, answered the same way: the messages
 //! go in with the person's prompt, as that turn's context (see `Core::hook_prompt`).
+//! `{"hello": true}` is answered `{"agent": NAME}`: how the MCP server checks, at its start,
+//! that it belongs to this agent.
+//!
+//! Every request carries `"key"`, the door key the wrapper put in its agent's environment
+//! (`AGENT_RELAY_SESSION`, see [`new_key`]): only a process of the agent's own session (its
+//! MCP server, its hooks) has it. A request without it, or with another, is refused with
+//! `{"error": "refused: ..."}` and logged: a name on a command line (`mcp --name`), or one
+//! line written to the socket by any local process, does not make it that agent (issue 23.1).
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +36,30 @@ use tokio::sync::{mpsc, oneshot};
 
 /// The socket's file name in the team directory.
 pub const SOCKET: &str = "door.sock";
+/// The variable that carries the door key into the agent's environment (never its command
+/// line, never a file another agent's processes are told of). Its name has none of the words
+/// (`KEY`, `TOKEN`, `SECRET`, `AUTH`...) for which an agent CLI keeps a variable from the MCP
+/// servers it starts: Gemini CLI 0.61 drops those.
+pub const KEY_ENV: &str = "AGENT_RELAY_SESSION";
+
+/// A new door key: 256 random bits, hex.
+pub fn new_key() -> String {
+    format!(
+        "{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    )
+}
+
+/// Whether `given` is `key`, compared in time that does not depend on where they differ.
+fn key_matches(given: &str, key: &str) -> bool {
+    given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
 /// The longest request line read (a body is at most 512 KiB on the relay).
 const MAX_REQUEST: u64 = 1024 * 1024;
 
@@ -99,9 +131,20 @@ struct Wire {
     urgent: bool,
 }
 
-/// Opens the door in `team_dir`. A door that cannot open is logged and stays shut: the agent
-/// still has every other door.
-pub(crate) fn open(team_dir: &Path) -> Door {
+/// Who the door belongs to: the agent's name, and the key its requests must carry.
+#[derive(Clone)]
+struct Owner {
+    name: String,
+    key: String,
+}
+
+/// Opens agent `name`'s door in `team_dir`, answering only requests that carry `key`. A door
+/// that cannot open is logged and stays shut: the agent still has every other door.
+pub(crate) fn open(team_dir: &Path, name: &str, key: &str) -> Door {
+    let owner = Owner {
+        name: name.to_owned(),
+        key: key.to_owned(),
+    };
     let (tx, rx) = mpsc::channel(64);
     let path = team_dir.join(SOCKET);
     // A socket left by a wrapper that died: this wrapper holds the name now.
@@ -125,7 +168,7 @@ pub(crate) fn open(team_dir: &Path) -> Door {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    tokio::spawn(serve(stream, tx.clone()));
+                    tokio::spawn(serve(stream, tx.clone(), owner.clone()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the door stopped accepting");
@@ -141,7 +184,7 @@ pub(crate) fn open(team_dir: &Path) -> Door {
     }
 }
 
-async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
+async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner: Owner) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let answer = match BufReader::new(read.take(MAX_REQUEST))
@@ -150,6 +193,20 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
     {
         Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
         Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v)
+                if !v["key"]
+                    .as_str()
+                    .is_some_and(|k| key_matches(k, &owner.key)) =>
+            {
+                let why = if v.get("key").is_some() {
+                    "with a key that is not this agent's"
+                } else {
+                    "without the door key"
+                };
+                tracing::warn!(agent = %owner.name, "refused a door request {why}");
+                serde_json::json!({"error": refusal(&owner.name, why)})
+            }
+            Ok(v) if v["hello"] == true => serde_json::json!({"agent": owner.name}),
             Ok(v) if v.get("read").is_some() => {
                 match serde_json::from_value::<Vec<String>>(v["read"].clone()) {
                     Err(e) => serde_json::json!({"error": format!("not a read report: {e}")}),
@@ -171,6 +228,17 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
     if let Err(e) = write.write_all(text.as_bytes()).await {
         tracing::debug!(error = %e, "the door's caller left before its answer");
     }
+}
+
+/// Why a request without the agent's key is refused, and what to do instead.
+fn refusal(name: &str, why: &str) -> String {
+    format!(
+        "refused: a request came {why}. This door speaks only for the agent {name}: only \
+         processes of its own session (its MCP server, its hooks) may use it, with the key its \
+         wrapper put in its environment ({KEY_ENV}). Run `agent-relay mcp` (no --name) or \
+         `agent-relay hooks` from inside {name}: set up once per project with \
+         `claude mcp add relay -- agent-relay mcp`"
+    )
 }
 
 async fn shown(ids: Vec<String>, tx: &mpsc::Sender<Request>) -> serde_json::Value {

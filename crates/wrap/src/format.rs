@@ -126,7 +126,8 @@ pub fn shell_no_op(text: &str) -> String {
 /// indentation, after a line of its own: `Relay message from Alice [5DZ82MJ3]:` then the
 /// body; only control characters are dropped (see [`relay_protocol::text::typed_lines`]).
 /// Without, a body of several lines is flattened and the text says so, with where the exact
-/// text is.
+/// text is. A body line that could pass for a header is quoted first (see
+/// [`relay_protocol::text::quote_headers`]): a body cannot forge a second message.
 pub fn injected_text(
     from: &str,
     id: &str,
@@ -139,10 +140,12 @@ pub fn injected_text(
     let from = typed(from);
     let short = relay_protocol::short_id(&id);
     let multi = body.trim_end().contains(['\n', '\r']);
+    // No line of the body may start like a header (issue 23.4).
+    let body = relay_protocol::text::quote_headers(body);
     let body = if lines && multi {
-        typed_lines(body)
+        typed_lines(&body)
     } else {
-        typed(body)
+        typed(&body)
     };
     let clean: String = body.chars().take(max_body).collect();
     // `clean` is a prefix of `body`: shorter means cut.

@@ -26,6 +26,9 @@ mod terminal;
 pub mod tmux;
 /// The door's socket file name in the team directory (see `door.rs`).
 pub use door::SOCKET as DOOR_SOCKET;
+/// The door key's variable in the agent's environment, and how a wrapper makes one (see
+/// `door.rs`).
+pub use door::{KEY_ENV as DOOR_KEY_ENV, new_key as new_door_key};
 
 /// The door a message handed to a Claude Code hook is verified by, in its trace.
 const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";
@@ -142,6 +145,11 @@ pub struct WrapConfig {
     /// Each message as its own prompt, waiting ones as one digest, or only a notice (see
     /// [`format::Delivery`]).
     pub delivery: format::Delivery,
+    /// The key the agent's own doors (its MCP server, its hooks) present to this wrapper's
+    /// door, put in the agent's environment as [`DOOR_KEY_ENV`] (see `door.rs`). `None`: a
+    /// PTY wrapper makes one; a tmux relaying process reads the one its session was started
+    /// with.
+    pub door_key: Option<String>,
 }
 
 /// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
@@ -679,6 +687,16 @@ impl Core {
 
     /// Relays a directive found on the screen or in the transcript (already checked).
     async fn relay_directive(&mut self, d: Directive, to: String) {
+        if let Some(why) = &d.malformed {
+            // Not a directive the relay can send (a bad name, a block that does not parse):
+            // the agent meant to send something, and is told what was not sent and why.
+            tracing::warn!(%to, %why, "a malformed directive was printed; not sent, the agent is told");
+            let why: String = text::typed(why).chars().take(400).collect();
+            if self.notices.send(format!("relay: {why}")).is_err() {
+                tracing::warn!(%to, "the notice about a malformed directive could not be queued (wrapper stopping)");
+            }
+            return;
+        }
         if d.truncated {
             // Sending the start of it as if whole would be a silent cut: tell the agent.
             // A block is cut with nothing parsed; a line keeps the start of its body.
@@ -1447,7 +1465,11 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let interactive = cfg.interactive && rustix::termios::isatty(std::io::stdin());
     let client = connect(&cfg).await?;
     let (rows, cols) = terminal_size();
-    let env = vec![("AGENT_RELAY_NAME".to_owned(), cfg.name.clone())];
+    let key = cfg.door_key.clone().unwrap_or_else(door::new_key);
+    let env = vec![
+        ("AGENT_RELAY_NAME".to_owned(), cfg.name.clone()),
+        (door::KEY_ENV.to_owned(), key.clone()),
+    ];
     let (pty, output) = pty::spawn(&cfg.command, &env, rows, cols)?;
     let _raw = if interactive {
         Some(RawMode::enter()?)
@@ -1479,7 +1501,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(term.pty.pid());
-    let mut door = door::open(&core.cfg.team_dir);
+    let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
     let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
     // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
     // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
@@ -1531,6 +1553,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         }
         Err(e) => return Err(e),
     };
+    let key = session_door_key(&pane, cfg.door_key.as_deref());
     let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
     let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
     let mut core = Core::new(cfg, client, notice_tx, receipt_tx, 40)?;
@@ -1556,7 +1579,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         Err(e) if session_lives(&session) => return Err(e),
         Err(_) => {}
     }
-    let mut door = door::open(&core.cfg.team_dir);
+    let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
     let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
     if let Ended::Stopped(_) = ended {
         // Stopped: the agent keeps running in its session; a new wrapper resumes.
@@ -1571,6 +1594,34 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     tmux::kill(&session);
     // Unknown is not success: a killed session must not pass for an agent that exited 0.
     code.ok_or(WrapError::ExitUnknown { session })
+}
+
+/// The door key of the agent in `pane`'s session. `given` (by the process that created the
+/// session and put it in the agent's environment) is kept in the session's own environment,
+/// set through the control client (its input, not a command line), so that a relaying process
+/// started later for the same session finds it there. A session with none (started by an older
+/// agent-relay) gets a new one: its agent's doors are refused until it is started again, which
+/// is logged.
+fn session_door_key(pane: &tmux::Pane, given: Option<&str>) -> String {
+    if let Some(key) = given {
+        if let Err(e) = pane.set_session_env(door::KEY_ENV, key) {
+            tracing::warn!(error = %e, "cannot keep the door key in the tmux session; a relaying process started later for it will refuse the agent's MCP server and hooks");
+        }
+        return key.to_owned();
+    }
+    match pane.session_env(door::KEY_ENV) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            tracing::warn!(
+                "the tmux session has no door key (started by an older agent-relay): the agent's MCP server and hooks are refused until it is started again"
+            );
+            door::new_key()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the door key of the tmux session: the agent's MCP server and hooks are refused until it is started again");
+            door::new_key()
+        }
+    }
 }
 
 /// Whether tmux session `session` still exists, asked up to three times a tenth of a second

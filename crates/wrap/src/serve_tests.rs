@@ -130,6 +130,7 @@ impl Rig {
             inbox: None,
             intro: false,
             delivery: crate::format::Delivery::default(),
+            door_key: None,
         };
         let task = tokio::spawn(async move {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
@@ -139,7 +140,7 @@ impl Rig {
             if let Some(snap) = first {
                 core.resync(snap, super::now()).await;
             }
-            let mut door = door::open(&core.cfg.team_dir);
+            let mut door = door::open(&core.cfg.team_dir, "Alice", "test-key");
             let mut term = term;
             let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
             core.finish().await;

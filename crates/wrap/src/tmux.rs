@@ -614,6 +614,36 @@ impl Pane {
             .map_err(|_| tmux_err("display-message", format!("pane_pid is {out:?}")))
     }
 
+    /// Variable `name` of the session's own environment (`show-environment -t`), through the
+    /// control client: `None` when the session has none.
+    pub(crate) fn session_env(&self, name: &str) -> Result<Option<String>, WrapError> {
+        let line = format!(
+            "show-environment -t {} {}",
+            control::quote(&format!("={}", self.session)),
+            control::quote(name)
+        );
+        match self.run(&line) {
+            Ok(out) => Ok(out
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .map(str::to_owned)),
+            Err(WrapError::Pty(e)) if e.contains("unknown variable") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets variable `name` in the session's own environment (`set-environment -t`), through
+    /// the control client's input: the value is on no process's command line.
+    pub(crate) fn set_session_env(&self, name: &str, value: &str) -> Result<(), WrapError> {
+        self.run(&format!(
+            "set-environment -t {} {} {}",
+            control::quote(&format!("={}", self.session)),
+            control::quote(name),
+            control::quote(value)
+        ))
+        .map(drop)
+    }
+
     /// Presses Enter.
     pub(crate) fn enter(&self) -> Result<(), WrapError> {
         self.run(&format!("send-keys -t {} Enter", self.target))?;

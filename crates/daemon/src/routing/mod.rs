@@ -775,6 +775,18 @@ impl Core {
             self.nack(conn_id, echo, NackCode::Invalid, e.to_string());
             return;
         }
+        // A thread is printed in every header a model reads (`(thread T)`): the id rules, so
+        // that it cannot carry a line break, an escape sequence or a header of its own.
+        if let Some(thread) = &payload.thread
+            && let Err(e) = relay_protocol::text::validate_message_id(thread)
+        {
+            let reason = format!(
+                "thread {:?}: {e}; a thread is the id of its first message",
+                relay_protocol::text::one_line(thread, 40)
+            );
+            self.nack(conn_id, id, NackCode::Invalid, reason);
+            return;
+        }
         if payload.body.len() > self.cfg.max_body_bytes {
             let reason = format!(
                 "body is {} bytes; the limit is {} bytes. Put long content in a file and send its path",
