@@ -69,7 +69,8 @@ pub(crate) struct Cli {
     /// With an agent command: where it runs, tmux or pty (see `wrap --help`).
     #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
     pub(crate) backend: Option<Backend>,
-    /// With an agent command and tmux: start it and return without attaching.
+    /// With an agent command and tmux: start it and return without attaching, once it is
+    /// connected and past its start (see `wrap --help`).
     #[arg(long)]
     pub(crate) detached: bool,
     /// With an agent command: do not teach the agent the relay at start (see `wrap --help`).
@@ -560,7 +561,10 @@ pub(crate) struct WrapArgs {
     /// Where the agent runs: tmux or pty.
     #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
     pub(crate) backend: Option<Backend>,
-    /// tmux: start (or pick up) the session and return at once, without attaching.
+    /// tmux: start (or pick up) the session and return without attaching, once the agent is
+    /// connected to the relay and past its start (it printed and went quiet; at most 30 s). An
+    /// agent that exits first is reported with its exit status and last lines, and the
+    /// command exits non-zero.
     #[arg(long)]
     pub(crate) detached: bool,
     /// How to read the agent's screen: claude, codex, gemini, shell or generic (default: from

@@ -15,6 +15,7 @@ mod digest;
 mod doors;
 mod faults;
 mod federation;
+mod firstrun;
 mod hardening;
 mod newcomer;
 mod parse;

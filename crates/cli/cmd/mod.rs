@@ -3,7 +3,7 @@
 mod adapters;
 mod bench;
 mod config;
-mod doctor;
+pub(crate) mod doctor;
 pub(crate) mod hooks;
 pub(crate) mod mcp;
 pub(crate) mod parse;
@@ -34,7 +34,10 @@ pub(crate) fn run(mut cli: Cli, given: &Given) -> anyhow::Result<()> {
     dispatch(cli, &paths, given).map_err(|e| {
         // "Not running" from another folder of the same project is the usual surprise: say
         // which project this folder belongs to and how the root is chosen.
-        if crate::exit::code_of(&e) != 3 || explicit {
+        if crate::exit::code_of(&e) != 3
+            || explicit
+            || e.downcast_ref::<crate::exit::AgentExit>().is_some()
+        {
             return e;
         }
         crate::exit::not_running(format!(
@@ -158,12 +161,12 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
     }
 }
 
-/// The wrapped agent's exit code becomes ours.
+/// The wrapped agent's exit code becomes ours (what it means was said already, if anything).
 fn exit_with(code: i32) -> anyhow::Result<()> {
     if code == 0 {
         Ok(())
     } else {
-        Err(crate::exit::Coded {
+        Err(crate::exit::AgentExit {
             code,
             message: String::new(),
         }

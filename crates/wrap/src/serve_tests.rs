@@ -130,6 +130,7 @@ impl Rig {
             inbox: None,
             intro: false,
             delivery: crate::format::Delivery::default(),
+            report_start: false,
         };
         let task = tokio::spawn(async move {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
