@@ -135,7 +135,8 @@ pub(crate) enum Cmd {
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
     /// Claude Code hooks as a door: `hooks install claude` adds a Stop hook that hands waiting
-    /// relay messages to the model at the end of its turn; `hooks uninstall claude` removes it.
+    /// relay messages to the model at the end of its turn (to .claude/settings.local.json;
+    /// `--shared` for the project's .claude/settings.json); `hooks uninstall claude` removes it.
     Hooks(crate::cmd::hooks::HooksArgs),
     /// Serve the relay to an agent as MCP tools over stdio (relay_send, relay_inbox,
     /// relay_read, relay_agents, relay_search): `claude mcp add relay -- agent-relay mcp --name Alice`.

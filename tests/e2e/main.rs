@@ -17,6 +17,7 @@ mod faults;
 mod federation;
 mod firstrun;
 mod hardening;
+mod hookinstall;
 mod newcomer;
 mod parse;
 mod people;

@@ -124,7 +124,7 @@ fn first_line(program: &Path, args: &[&str]) -> Option<String> {
 }
 
 /// `program` on `PATH`, if it is there.
-fn on_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
