@@ -107,6 +107,10 @@ pub(crate) enum Cmd {
     Stop(StopArgs),
     /// Show whether the relay runs, where, and what it holds. Exit 3 when it is not running.
     Status(JsonArg),
+    /// Print the web dashboard's URL with its access token (exit 3 when it is not running).
+    /// The token is the project's, kept (0600) in the data directory: the same at every
+    /// start; `--rotate-token` replaces it, and the running dashboard refuses the old one.
+    Dashboard(DashboardArgs),
     /// List connected and known-offline agents; `agents forget NAME` removes one that is
     /// not connected from the list.
     #[command(visible_alias = "who")]
@@ -189,6 +193,17 @@ impl Given {
         }
         given
     }
+}
+
+/// `agent-relay dashboard`.
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// Make a new access token; the old URL is refused from then on.
+    #[arg(long)]
+    pub(crate) rotate_token: bool,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `--json` alone.

@@ -11,6 +11,7 @@ mod config;
 mod crash;
 mod daemon_core;
 mod dashboard;
+mod dashtoken;
 mod digest;
 mod doors;
 mod faults;

@@ -80,6 +80,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         }
         // Reads the environment and a file; the daemon need not run.
         Cmd::Config(args) => config::run(&paths, args.json),
+        // Files in the data directory, which the running dashboard reads.
+        Cmd::Dashboard(args) => up::dashboard(&paths, &args),
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
         // Reads the state file the daemon keeps.
@@ -149,6 +151,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Rules(_)
                     | Cmd::Adapters(_)
                     | Cmd::Config(_)
+                    | Cmd::Dashboard(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
                     | Cmd::Attach(_)
