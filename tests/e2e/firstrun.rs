@@ -262,3 +262,94 @@ fn the_announcement_names_only_agents_that_are_online() {
     let _ = stays.kill();
     let _ = stays.wait();
 }
+
+/// README's first command (issue 24.9): it stays "run the relay", but for the person's own
+/// project, not for the clone (where `up` served agent-relay's own source tree and held port
+/// 3888). Run as written, with this binary for the installed one, in a copy of the clone's
+/// README folder and a project elsewhere: the relay it starts serves that project.
+#[test]
+fn readme_first_command_starts_the_relay_for_your_project_not_the_clone() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let mut lines = block.lines();
+    let first = lines.next().unwrap();
+    let command = first.split("  #").next().unwrap().trim();
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with("scripts/test")),
+        "{block}"
+    );
+    let install = "cargo install --locked --path . && ";
+    let rest = command
+        .strip_prefix(install)
+        .unwrap_or_else(|| panic!("the first command does not install agent-relay: {command}"));
+    // `cargo install --path .` installs this package's binary.
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("[[bin]]\nname = \"agent-relay\""),
+        "the root package's binary is not agent-relay"
+    );
+    let tmp = tempfile::Builder::new().prefix("ar").tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let project = home.join("your-project");
+    let clone = tmp.path().join("agent-relay");
+    for d in [&project, &clone] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::create_dir_all(project.join(".git")).unwrap();
+    std::fs::create_dir_all(clone.join(".git")).unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(crate::support::BIN, bin.join("agent-relay")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let env = |c: &mut Command| {
+        c.env("HOME", &home)
+            .env("PATH", &path)
+            .env("XDG_RUNTIME_DIR", tmp.path().join("run"))
+            .env("AGENT_RELAY_DASHBOARD_PORT", "0")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("AGENT_RELAY_DATA_DIR")
+            .env_remove("AGENT_RELAY_SOCKET")
+            .env_remove("AGENT_RELAY_STORAGE_PATH");
+    };
+    use std::process::Command;
+    let mut run = Command::new("sh");
+    run.args(["-c", rest]).current_dir(&clone);
+    env(&mut run);
+    let out = run.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{rest}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = |dir: &std::path::Path| {
+        let mut c = Command::new(crate::support::BIN);
+        c.args(["status", "--json"]).current_dir(dir);
+        env(&mut c);
+        c.output().unwrap()
+    };
+    let v: Value = serde_json::from_slice(&status(&project).stdout).unwrap();
+    assert_eq!(v["running"], true, "{v:#}");
+    assert_eq!(
+        v["project_root"].as_str(),
+        Some(project.to_str().unwrap()),
+        "{v:#}"
+    );
+    assert_eq!(
+        status(&clone).status.code(),
+        Some(3),
+        "a relay runs for the clone"
+    );
+    let mut down = Command::new(crate::support::BIN);
+    down.arg("down").current_dir(&project);
+    env(&mut down);
+    assert!(down.output().unwrap().status.success());
+}
