@@ -353,3 +353,48 @@ fn readme_first_command_starts_the_relay_for_your_project_not_the_clone() {
     env(&mut down);
     assert!(down.output().unwrap().status.success());
 }
+
+/// `doctor` with no Claude Code, Codex or Gemini CLI installed: each is "missing" (not "ok"),
+/// with the install of the version its profile was tested with, pinned (issue 24.12: it said
+/// `ok claude not installed` and suggested an unpinned install).
+#[test]
+fn doctor_says_a_missing_agent_cli_is_missing_with_the_pinned_install() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let run = |json: bool| {
+        let mut c = std::process::Command::new(crate::support::BIN);
+        c.arg("doctor")
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("AGENT_RELAY_DATA_DIR", &data)
+            .env("AGENT_RELAY_SOCKET", tmp.path().join("r.sock"))
+            .env_remove("AGENT_RELAY_CLAUDE")
+            .env_remove("AGENT_RELAY_CODEX")
+            .env_remove("AGENT_RELAY_GEMINI");
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    let out = run(true);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let claude = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "claude")
+        .unwrap();
+    assert_eq!(claude["level"], "missing", "{claude}");
+    let fix = claude["fix"].as_str().unwrap_or("");
+    assert!(
+        fix.starts_with("npm install -g @anthropic-ai/claude-code@2."),
+        "{fix}"
+    );
+    let text = String::from_utf8_lossy(&run(false).stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.contains(" claude "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.starts_with("missing"), "{text}");
+    assert!(!text.contains("ok      claude"), "{text}");
+}
