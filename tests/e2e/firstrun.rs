@@ -398,3 +398,37 @@ fn doctor_says_a_missing_agent_cli_is_missing_with_the_pinned_install() {
     assert!(line.starts_with("missing"), "{text}");
     assert!(!text.contains("ok      claude"), "{text}");
 }
+
+/// `attach alice` when the agent is Alice: "did you mean `agent-relay attach Alice`?" (exit 4),
+/// not only "no tmux session" (issue 24.12).
+#[test]
+fn attach_with_the_wrong_case_suggests_the_agent() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "--backend",
+            "tmux",
+            "-n",
+            "Alice",
+            "--detached",
+            "--",
+            "sh",
+            "gus.sh",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = wrap_cmd(&relay, &["attach", "alice"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("did you mean `agent-relay attach Alice`?"),
+        "{err}"
+    );
+}

@@ -627,6 +627,12 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
         .map_err(|e| crate::exit::usage(format!("{:?}: {e}", args.name)))?;
     let session = tmux::session_name(&paths.project_root, &args.name);
     if !tmux::exists(&session) {
+        if let Some(near) = nearest_tmux_agent(paths, &args.name) {
+            return Err(crate::exit::not_found(format!(
+                "no tmux agent {}; did you mean `agent-relay attach {near}`?",
+                args.name
+            )));
+        }
         return Err(crate::exit::Coded {
             code: 4,
             message: format!(
@@ -642,6 +648,31 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
         .status()
         .context("cannot run tmux attach")?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// The agent of this project running in tmux whose name is nearest to `name` (the same but
+/// for case, or at most two letters apart), if any: `attach alice` for Alice.
+fn nearest_tmux_agent(paths: &Paths, name: &str) -> Option<String> {
+    let team = paths.data_dir.join("team");
+    let entries = match std::fs::read_dir(&team) {
+        Ok(d) => d,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!(error = %e, "cannot list {}", team.display());
+            }
+            return None;
+        }
+    };
+    let lower = name.to_lowercase();
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != name && relay_protocol::validate_agent_name(n).is_ok())
+        .filter(|n| tmux::exists(&tmux::session_name(&paths.project_root, n)))
+        .map(|n| (crate::cmd::edit_distance(&lower, &n.to_lowercase()), n))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| n)
 }
 
 /// The person's terminal belongs to the agent: when it is in use (or there is no terminal:
