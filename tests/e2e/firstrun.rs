@@ -432,3 +432,35 @@ fn attach_with_the_wrong_case_suggests_the_agent() {
         "{err}"
     );
 }
+
+/// `down --all` with a people adapter configured: the relay's own connection for the person
+/// ends with the relay, and is not warned about as "not run by a wrapper" (issue 24.12).
+#[test]
+fn down_all_does_not_warn_about_the_relays_own_person_connection() {
+    let hook = relay_standin::people::WebhookStandIn::start().unwrap();
+    let mut relay = Relay::unstarted();
+    let secret = relay.dir.path().join("hook.secret");
+    std::fs::write(&secret, "webhook-shared-secret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = relay.dir.path().join(".agent-relay");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!(
+            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\n",
+            hook.url()
+        ),
+    )
+    .unwrap();
+    relay.spawn();
+    wait_for(Duration::from_secs(20), "ops is connected", || {
+        is_online(&relay, "ops")
+    });
+    let out = relay.cli(&["down", "--all"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("ops is still connected"), "{err}");
+    if let Some(mut c) = relay.child.take() {
+        c.wait().unwrap();
+    }
+}

@@ -190,9 +190,11 @@ pub(crate) fn stop_all(paths: &Paths, timeout: u64) -> anyhow::Result<()> {
         }
     }
     // The daemon notices a wrapper's connection end as soon as it goes; one still listed
-    // online is not a wrapper this could stop.
+    // online is not a wrapper this could stop. A person's connection is the relay's own (its
+    // people adapters): it ends with the relay.
     if let Some(agents) = known_agents(paths)? {
-        for a in agents.iter().filter(|a| a.online) {
+        let own = |a: &AgentInfo| a.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
+        for a in agents.iter().filter(|a| a.online && !own(a)) {
             eprintln!(
                 "agent-relay: warning: {} is still connected, not run by a wrapper of this \
                  project; it will connect to the next relay started here",
