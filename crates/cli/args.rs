@@ -163,6 +163,8 @@ pub(crate) enum Cmd {
     /// receives is typed in when it is idle. Shorthand: `agent-relay -n NAME <cli> [args]`.
     Wrap(WrapArgs),
     /// Attach this terminal to a wrapped agent's tmux session (detach again with Ctrl-b d).
+    /// Inside tmux, this tmux client switches to the agent's session instead: back to your
+    /// own with Ctrl-b L (Ctrl-b d there would detach your whole tmux client).
     Attach(AttachArgs),
     /// The scripted agents of `bench --wrap`.
     #[command(hide = true)]
@@ -563,7 +565,8 @@ impl Delivery {
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Backends: with tmux the agent runs in its own tmux session named <project>-<NAME>; you are
-attached to it (detach with Ctrl-b d; the agent keeps running and relaying), and
+attached to it (detach with Ctrl-b d; the agent keeps running and relaying; inside tmux your
+client switches to it instead, and Ctrl-b L switches back), and
 `agent-relay attach NAME` brings you back. Run the same command again after a crash and the
 wrapper picks the session up without re-sending anything. With pty the agent runs inside this
 terminal and ends with it. Default: tmux when this is a terminal and tmux is installed, else pty.

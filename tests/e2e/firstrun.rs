@@ -464,3 +464,43 @@ fn down_all_does_not_warn_about_the_relays_own_person_connection() {
         c.wait().unwrap();
     }
 }
+
+/// `attach` from inside one's own tmux switches that client to the agent's session, where
+/// Ctrl-b d would detach the person's whole client: it says Ctrl-b L (back to their own
+/// session) instead, and `attach --help` says so (issue 24.12).
+#[test]
+fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "--backend",
+            "tmux",
+            "-n",
+            "Alice",
+            "--detached",
+            "--",
+            "sh",
+            "gus.sh",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // Inside tmux: TMUX names the server (here the test's, with no client to switch).
+    let socket = String::from_utf8_lossy(&tmux.run(&["display", "-p", "#{socket_path}"]).stdout)
+        .trim()
+        .to_owned();
+    let out = wrap_cmd(&relay, &["attach", "Alice"])
+        .env("TMUX", format!("{socket},1,0"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("back to your own with Ctrl-b L"), "{err}");
+    let help = String::from_utf8_lossy(&relay.cli(&["attach", "--help"]).stdout).into_owned();
+    assert!(help.contains("Ctrl-b L"), "{help}");
+}

@@ -303,6 +303,7 @@ fn tmux_front(
         eprintln!("agent-relay: {name} runs detached; attach with: agent-relay attach {name}");
         return Ok(0);
     }
+    say_how_to_leave(name);
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
@@ -644,10 +645,23 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
         }
         .into());
     }
+    say_how_to_leave(&args.name);
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// Inside tmux the person's own client is switched to the agent's session
+/// ([`tmux::attach_command`]): `Ctrl-b d` would detach that whole client, their own session
+/// with it, so the way back is said first.
+fn say_how_to_leave(name: &str) {
+    if std::env::var_os("TMUX").is_some() {
+        eprintln!(
+            "agent-relay: switching this tmux client to {name}'s session; back to your own with \
+             Ctrl-b L (not Ctrl-b d, which would detach your whole tmux client)"
+        );
+    }
 }
 
 /// The agent of this project running in tmux whose name is nearest to `name` (the same but
