@@ -504,3 +504,63 @@ fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
     let help = String::from_utf8_lossy(&relay.cli(&["attach", "--help"]).stdout).into_owned();
     assert!(help.contains("Ctrl-b L"), "{help}");
 }
+
+/// A person attached to an agent's tmux session when `agent-relay stop` ends it: tmux shows
+/// them `[exited]`, and the command they attached with says who stopped the agent (issue
+/// 24.12: only `[exited]`).
+#[test]
+fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "--backend",
+            "tmux",
+            "-n",
+            "Alice",
+            "--detached",
+            "--",
+            "sh",
+            "gus.sh",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // The person's terminal (a tmux pane of its own server) attaches to Alice's session.
+    let _term = crate::wrap::person_terminal(
+        &relay,
+        "person",
+        &format!(
+            "cd '{}' && env -u TMUX {{bin}} attach Alice; echo \"attach ended: $?\"",
+            relay.dir.path().display()
+        ),
+    );
+    let screen = || {
+        let out = crate::wrap::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !screen().contains("I am Alice") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the person does not see Alice:\n{}",
+            screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = wrap_cmd(&relay, &["stop", "Alice"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    wait_for(Duration::from_secs(20), "the attach command ends", || {
+        screen().contains("attach ended:")
+    });
+    let s = screen();
+    assert!(
+        s.contains("Alice was stopped by `agent-relay stop Alice`"),
+        "{s}"
+    );
+}

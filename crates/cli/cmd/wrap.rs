@@ -311,6 +311,9 @@ fn tmux_front(
         // The session ended while attached: the agent's status is what it ended with, and
         // what it printed last (tmux shows only `[exited]`) is said when it failed.
         let code = agent_exit_status(&cfg.team_dir.join("exit"), name, &session)?;
+        if let Some(by) = tmux::stopped_by(&cfg.team_dir) {
+            return Err(stopped_error(name, code, &by));
+        }
         let lines = if code == 0 {
             Vec::new()
         } else {
@@ -649,7 +652,25 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
+    if !tmux::exists(&session) {
+        let team_dir = paths.data_dir.join("team").join(&args.name);
+        if let Some(by) = tmux::stopped_by(&team_dir) {
+            return Err(stopped_error(&args.name, 143, &by));
+        }
+    }
     Ok(status.code().unwrap_or(1))
+}
+
+/// Agent `name` was stopped by the command `by` while the person was attached (tmux showed
+/// them only `[exited]`).
+fn stopped_error(name: &str, code: i32, by: &str) -> anyhow::Error {
+    crate::exit::AgentExit {
+        code,
+        message: format!(
+            "{name} was stopped by {by}; its messages stay stored (start it again with the same command)"
+        ),
+    }
+    .into()
 }
 
 /// Inside tmux the person's own client is switched to the agent's session

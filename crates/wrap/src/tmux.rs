@@ -128,6 +128,16 @@ pub struct NewSession<'a> {
 /// exited (see [`last_lines`]).
 pub const LAST_SCREEN: &str = "last-screen";
 
+/// The file in the agent's team directory naming the command that stopped its session
+/// (`agent-relay stop NAME`), for a person who was attached to it.
+pub const STOPPED_BY: &str = "stopped-by";
+
+/// What stopped the agent's session, when a command of the relay did.
+pub fn stopped_by(team_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(team_dir.join(STOPPED_BY)).ok()?;
+    Some(relay_protocol::text::one_line(text.trim(), 200)).filter(|t| !t.is_empty())
+}
+
 /// How many lines of the pane (history included) `last-screen` keeps.
 const LAST_LINES: u16 = 60;
 
@@ -181,6 +191,7 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     for stale in [
         &exit,
         &last,
+        &s.team_dir.join(STOPPED_BY),
         &s.team_dir.join("checkpoint"),
         &s.team_dir.join("pane.log"),
     ] {
