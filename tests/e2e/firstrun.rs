@@ -564,3 +564,26 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
         "{s}"
     );
 }
+
+/// `.agent-relay/config.toml` takes `[up]` keys with underscores and `[profiles]` keys with
+/// dashes as well as the documented spelling (issue 24.12: `[up]` used dashes, `[profiles]`
+/// underscores, and the other spelling was refused).
+#[test]
+fn config_keys_may_use_dashes_or_underscores() {
+    let relay = Relay::unstarted();
+    let dir = relay.dir.path().join(".agent-relay");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.toml"),
+        "[up]\ninbox_ttl = 600\nmax-hops = 4\n\n[profiles.generic]\nquiet-ms = 50\nsettle_ms = 300\n",
+    )
+    .unwrap();
+    let out = relay.cli(&["config", "--json"]);
+    let s: Value = serde_json::from_str(&crate::support::ok_stdout(&out)).unwrap();
+    assert_eq!(s["up"]["inbox-ttl"]["value"], "600", "{s:#}");
+    assert_eq!(s["profiles"]["generic"]["quiet_ms"]["value"], "50", "{s:#}");
+    assert_eq!(
+        s["profiles"]["generic"]["settle_ms"]["value"], "300",
+        "{s:#}"
+    );
+}
