@@ -36,7 +36,8 @@ project, each with where it came from. A value is taken from the first of: the o
 `up`'s command line, its environment variable (AGENT_RELAY_STORAGE_TYPE,
 AGENT_RELAY_DURABILITY, AGENT_RELAY_DASHBOARD_PORT), the project configuration file, its
 default. A wrapper that starts the relay uses the same values (it has no options of its own
-for them).
+for them). Where the running relay started with another value (the file changed since), it
+is said (`running` in --json): it takes effect at the relay's next start.
 
 The configuration file is .agent-relay/config.toml at the project root (the folder
 `agent-relay status` names), or the file AGENT_RELAY_CONFIG names. Every table and key is

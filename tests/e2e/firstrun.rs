@@ -587,3 +587,40 @@ fn config_keys_may_use_dashes_or_underscores() {
         "{s:#}"
     );
 }
+
+/// `config` says where the running relay uses another value than the file now gives (the
+/// file changed after it started): `running` in `--json`, and a note with how to apply it
+/// (issue 24.12).
+#[test]
+fn config_says_when_the_running_relay_uses_another_value() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().join(".agent-relay");
+    std::fs::create_dir_all(&dir).unwrap();
+    let before: Value = serde_json::from_str(&crate::support::ok_stdout(
+        &relay.cli(&["config", "--json"]),
+    ))
+    .unwrap();
+    let hops = before["up"]["max-hops"]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        before["up"]["max-hops"].get("running").is_none(),
+        "{before:#}"
+    );
+    std::fs::write(dir.join("config.toml"), "[up]\nmax-hops = 3\n").unwrap();
+    let v: Value = serde_json::from_str(&crate::support::ok_stdout(
+        &relay.cli(&["config", "--json"]),
+    ))
+    .unwrap();
+    assert_eq!(v["up"]["max-hops"]["value"], "3", "{v:#}");
+    assert_eq!(v["up"]["max-hops"]["running"], hops.as_str(), "{v:#}");
+    let text = crate::support::ok_stdout(&relay.cli(&["config"]));
+    let line = text.lines().find(|l| l.contains("max-hops")).unwrap();
+    assert!(
+        line.contains(&format!(
+            "the running relay uses {hops}; restart it to apply"
+        )),
+        "{text}"
+    );
+}
