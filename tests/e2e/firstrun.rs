@@ -624,3 +624,40 @@ fn config_says_when_the_running_relay_uses_another_value() {
         "{text}"
     );
 }
+
+/// The same failed start with the person attached (a real terminal, tmux backend): tmux shows
+/// `[exited]`, and then the command says the agent's status and its last lines, and exits
+/// with the status (issue 24.5).
+#[test]
+fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    std::fs::write(relay.dir.path().join("zoe.sh"), BOGUS).unwrap();
+    let _term = crate::wrap::person_terminal(
+        &relay,
+        "person",
+        &format!(
+            "cd '{}' && env -u TMUX {{bin}} --backend tmux -n Zoe -- sh zoe.sh; echo \"ended: $?\"",
+            relay.dir.path().display()
+        ),
+    );
+    let screen = || {
+        let out = crate::wrap::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !screen().contains("ended:") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command did not end:\n{}",
+            screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = screen();
+    assert!(s.contains("Zoe exited with status 1"), "{s}");
+    assert!(s.contains("unknown option '--bogus-flag'"), "{s}");
+    assert!(s.contains("ended: 1"), "{s}");
+}
