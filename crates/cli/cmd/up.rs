@@ -564,6 +564,7 @@ fn foreground(
     writeln!(lock.file, "{}", std::process::id())?;
     lock.file.flush()?;
     write_settings(paths, args)?;
+    let people_names: Vec<String> = people.people.iter().map(|p| p.name.clone()).collect();
     // Secrets are read (and refused when others can read them) before anything listens.
     let people = if people.is_empty() {
         None
@@ -585,6 +586,12 @@ fn foreground(
     };
     let mut cfg = relay_daemon::Config::new(paths.socket.clone());
     cfg.agents_file = Some(paths.agents_file.clone());
+    // The person's mailboxes: `human` always, and every declared person.
+    cfg.people.extend(
+        people_names
+            .into_iter()
+            .filter(|n| n != relay_protocol::HUMAN),
+    );
     cfg.set_inbox_ttl(Duration::from_secs(args.inbox_ttl));
     cfg.set_heartbeat(Duration::from_millis(args.heartbeat_ms));
     cfg.busy_high_water = args.busy_high_water.max(1);

@@ -113,6 +113,9 @@ pub struct Config {
     /// The federation link, asked to add the legs on other nodes to a `trace` (it asks their
     /// links over NATS); `None` outside a federation.
     pub federation_trace: Option<TraceAsk>,
+    /// The person's mailboxes: `human` and every declared person. Each can always be
+    /// addressed, connected or not (messages wait in the store as for an offline agent).
+    pub people: Vec<String>,
 }
 
 /// A `trace` as this relay's store tells it, and where the federation link answers it with
@@ -150,6 +153,7 @@ impl Config {
             federation: None,
             node: None,
             federation_trace: None,
+            people: vec![relay_protocol::HUMAN.to_owned()],
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg

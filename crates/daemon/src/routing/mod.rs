@@ -666,6 +666,12 @@ impl Core {
         s
     }
 
+    /// Whether `name` is a person's mailbox (`human`, a declared person): always addressable,
+    /// its messages wait in the store until one of the person's doors shows them.
+    fn is_mailbox(&self, name: &str) -> bool {
+        self.cfg.people.iter().any(|p| p == name)
+    }
+
     /// Decides who gets a SEND.
     fn resolve(
         &self,
@@ -700,7 +706,7 @@ impl Core {
             (Some(name), _) => {
                 validate_agent_name(name)
                     .map_err(|e| (NackCode::Invalid, format!("bad recipient: {e}")))?;
-                if !self.agents.contains_key(name) {
+                if !self.agents.contains_key(name) && !self.is_mailbox(name) {
                     return Err((
                         NackCode::UnknownTarget,
                         format!("no agent named {name:?}; {}", self.known_names()),
@@ -1760,7 +1766,11 @@ impl Core {
                     recipient: name.clone(),
                     pos,
                     status,
-                    reason: reason.filter(|_| status == DeliveryStatus::Failed),
+                    // A failure's reason, or the door that showed a verified message to
+                    // its agent's model (`trace` names it).
+                    reason: reason.filter(|_| {
+                        matches!(status, DeliveryStatus::Failed | DeliveryStatus::Verified)
+                    }),
                 },
                 WriteCtx::Notify,
             ));
