@@ -36,7 +36,8 @@ project, each with where it came from. A value is taken from the first of: the o
 `up`'s command line, its environment variable (AGENT_RELAY_STORAGE_TYPE,
 AGENT_RELAY_DURABILITY, AGENT_RELAY_DASHBOARD_PORT), the project configuration file, its
 default. A wrapper that starts the relay uses the same values (it has no options of its own
-for them).
+for them). Where the running relay started with another value (the file changed since), it
+is said (`running` in --json): it takes effect at the relay's next start.
 
 The configuration file is .agent-relay/config.toml at the project root (the folder
 `agent-relay status` names), or the file AGENT_RELAY_CONFIG names. Every table and key is
@@ -69,7 +70,8 @@ pub(crate) struct Cli {
     /// With an agent command: where it runs, tmux or pty (see `wrap --help`).
     #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
     pub(crate) backend: Option<Backend>,
-    /// With an agent command and tmux: start it and return without attaching.
+    /// With an agent command and tmux: start it and return without attaching, once it is
+    /// connected and past its start (see `wrap --help`).
     #[arg(long)]
     pub(crate) detached: bool,
     /// With an agent command: do not teach the agent the relay at start (see `wrap --help`).
@@ -106,6 +108,10 @@ pub(crate) enum Cmd {
     Stop(StopArgs),
     /// Show whether the relay runs, where, and what it holds. Exit 3 when it is not running.
     Status(JsonArg),
+    /// Print the web dashboard's URL with its access token (exit 3 when it is not running).
+    /// The token is the project's, kept (0600) in the data directory: the same at every
+    /// start; `--rotate-token` replaces it, and the running dashboard refuses the old one.
+    Dashboard(DashboardArgs),
     /// List connected and known-offline agents; `agents forget NAME` removes one that is
     /// not connected from the list.
     #[command(visible_alias = "who")]
@@ -145,7 +151,8 @@ pub(crate) enum Cmd {
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
     Parse(crate::cmd::parse::ParseArgs),
     /// Claude Code hooks as a door: `hooks install claude` adds a Stop hook that hands waiting
-    /// relay messages to the model at the end of its turn; `hooks uninstall claude` removes it.
+    /// relay messages to the model at the end of its turn (to .claude/settings.local.json;
+    /// `--shared` for the project's .claude/settings.json); `hooks uninstall claude` removes it.
     Hooks(crate::cmd::hooks::HooksArgs),
     /// Serve the relay to an agent as MCP tools over stdio (relay_send, relay_inbox,
     /// relay_read, relay_agents, relay_search): `claude mcp add relay -- agent-relay mcp --name Alice`.
@@ -168,6 +175,8 @@ pub(crate) enum Cmd {
     /// receives is typed in when it is idle. Shorthand: `agent-relay -n NAME <cli> [args]`.
     Wrap(WrapArgs),
     /// Attach this terminal to a wrapped agent's tmux session (detach again with Ctrl-b d).
+    /// Inside tmux, this tmux client switches to the agent's session instead: back to your
+    /// own with Ctrl-b L (Ctrl-b d there would detach your whole tmux client).
     Attach(AttachArgs),
     /// The scripted agents of `bench --wrap`.
     #[command(hide = true)]
@@ -198,6 +207,17 @@ impl Given {
         }
         given
     }
+}
+
+/// `agent-relay dashboard`.
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// Make a new access token; the old URL is refused from then on.
+    #[arg(long)]
+    pub(crate) rotate_token: bool,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `--json` alone.
@@ -627,7 +647,8 @@ impl Delivery {
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Backends: with tmux the agent runs in its own tmux session named <project>-<NAME>; you are
-attached to it (detach with Ctrl-b d; the agent keeps running and relaying), and
+attached to it (detach with Ctrl-b d; the agent keeps running and relaying; inside tmux your
+client switches to it instead, and Ctrl-b L switches back), and
 `agent-relay attach NAME` brings you back. Run the same command again after a crash and the
 wrapper picks the session up without re-sending anything. With pty the agent runs inside this
 terminal and ends with it. Default: tmux when this is a terminal and tmux is installed, else pty.
@@ -641,7 +662,10 @@ pub(crate) struct WrapArgs {
     /// Where the agent runs: tmux or pty.
     #[arg(long, value_enum, env = "AGENT_RELAY_BACKEND")]
     pub(crate) backend: Option<Backend>,
-    /// tmux: start (or pick up) the session and return at once, without attaching.
+    /// tmux: start (or pick up) the session and return without attaching, once the agent is
+    /// connected to the relay and past its start (it printed and went quiet; at most 30 s). An
+    /// agent that exits first is reported with its exit status and last lines, and the
+    /// command exits non-zero.
     #[arg(long)]
     pub(crate) detached: bool,
     /// How to read the agent's screen: claude, codex, gemini, shell or generic (default: from

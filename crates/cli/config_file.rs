@@ -2,11 +2,11 @@
 //! `$AGENT_RELAY_CONFIG` names):
 //!
 //! ```toml
-//! [up]                   # any `up` setting, named as its option (kebab-case)
+//! [up]                   # any `up` setting, named as its option (kebab-case; `_` also)
 //! inbox-ttl = "10m"
 //! rate-override = ["ci-bot=1000"]
 //!
-//! [profiles.claude]      # any field of a wrapper profile, named as in profiles/*.toml
+//! [profiles.claude]      # any field of a wrapper profile, named as in profiles/*.toml (`-` also)
 //! quiet_ms = 800
 //!
 //! [people.human]         # a person reached through adapters (relay_people::config)
@@ -151,19 +151,15 @@ pub(crate) fn parse(text: &str, path: &Path, shown: String) -> anyhow::Result<Co
     let mut up = BTreeMap::new();
     for (key, value) in &doc.up {
         let name = key.get_ref();
-        let Some(setting) = settings::find(name) else {
-            let hint = settings::find(&name.replace('_', "-"))
-                .map(|s| {
-                    format!(
-                        " (did you mean {}? keys are written as up's options)",
-                        s.name
-                    )
-                })
-                .unwrap_or_default();
+        // Written as up's options (`no-dashboard`) or with underscores (`no_dashboard`, as
+        // the [profiles] keys are): both are the same setting.
+        let Some(setting) =
+            settings::find(name).or_else(|| settings::find(&name.replace('_', "-")))
+        else {
             return Err(at(
                 key.span().start,
                 format!(
-                    "unknown setting {:?} in [up]{hint}; the settings are: {}",
+                    "unknown setting {:?} in [up]; the settings are: {}",
                     relay_protocol::text::one_line(name, 60),
                     settings::names()
                 ),
@@ -194,8 +190,10 @@ pub(crate) fn parse(text: &str, path: &Path, shown: String) -> anyhow::Result<Co
         let mut ordered: Vec<_> = fields.iter().collect();
         ordered.sort_by_key(|(k, _)| k.span().start);
         for (key, value) in ordered {
+            // Written as in profiles/*.toml (`quiet_ms`) or with dashes (`quiet-ms`, as the
+            // [up] keys are): both are the same field.
             let one = toml::Value::Table(toml::Table::from_iter([(
-                key.get_ref().clone(),
+                key.get_ref().replace('-', "_"),
                 value.get_ref().clone(),
             )]));
             let field: Overrides = one.try_into().map_err(|e: toml::de::Error| {
@@ -226,7 +224,7 @@ pub(crate) fn parse(text: &str, path: &Path, shown: String) -> anyhow::Result<Co
             }
             table.overrides.overlay(field);
             table.fields.push((
-                key.get_ref().clone(),
+                key.get_ref().replace('-', "_"),
                 written(value.get_ref()),
                 line_col(text, key.span().start).0,
             ));
@@ -292,11 +290,10 @@ mod tests {
 
     #[test]
     fn errors_name_the_line_and_column_and_what_is_allowed() {
-        let e = err("[up]\nmax-hops = 3\ninbox_ttl = 10\n");
+        let e = err("[up]\nmax-hops = 3\ninbox-tll = 10\n");
         assert!(
-            e.starts_with(
-                "/p/config.toml:3:1: unknown setting \"inbox_ttl\" in [up] (did you mean inbox-ttl?"
-            ) && e.contains("max-hops, rate-limit"),
+            e.starts_with("/p/config.toml:3:1: unknown setting \"inbox-tll\" in [up];")
+                && e.contains("max-hops, rate-limit"),
             "{e}"
         );
         let e = err("[up]\n\n  max-hops = \"ten\"\n");

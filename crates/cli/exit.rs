@@ -31,6 +31,23 @@ impl std::fmt::Display for Coded {
 
 impl std::error::Error for Coded {}
 
+/// A wrapped agent exited with `code`, which becomes this command's: its own status, not one
+/// of the table's meanings (an agent that exits 3 does not mean the relay is not running).
+/// An empty message prints nothing (the agent's output already said it all).
+#[derive(Debug)]
+pub(crate) struct AgentExit {
+    pub(crate) code: i32,
+    pub(crate) message: String,
+}
+
+impl std::fmt::Display for AgentExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for AgentExit {}
+
 /// Exit code 4 (not found) with a message.
 pub(crate) fn not_found(message: impl Into<String>) -> anyhow::Error {
     Coded {
@@ -64,6 +81,9 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
     if let Some(c) = err.downcast_ref::<Coded>() {
         return c.code;
     }
+    if let Some(a) = err.downcast_ref::<AgentExit>() {
+        return a.code;
+    }
     if let Some(io) = err.downcast_ref::<std::io::Error>() {
         if io.kind() == std::io::ErrorKind::BrokenPipe {
             return 0;
@@ -89,7 +109,10 @@ pub(crate) fn report(err: &anyhow::Error) -> i32 {
     let code = code_of(err);
     let silent = err
         .downcast_ref::<Coded>()
-        .is_some_and(|c| c.message.is_empty());
+        .is_some_and(|c| c.message.is_empty())
+        || err
+            .downcast_ref::<AgentExit>()
+            .is_some_and(|a| a.message.is_empty());
     if code != 0 && !silent {
         let mut stderr = std::io::stderr().lock();
         // Errors quote relay-supplied text (ids in an ambiguity error, a NACK's reason, a

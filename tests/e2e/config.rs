@@ -172,8 +172,8 @@ fn config_file_errors_name_the_line_and_what_is_allowed() {
     let path = path.display();
     let cases = [
         (
-            "[up]\nmax-hops = 4\n\ninbox_ttl = 600\n",
-            format!("{path}:4:1: unknown setting \"inbox_ttl\" in [up] (did you mean inbox-ttl?"),
+            "[up]\nmax-hops = 4\n\ninbox-tll = 600\n",
+            format!("{path}:4:1: unknown setting \"inbox-tll\" in [up];"),
             "the settings are: storage, durability, inbox-ttl",
         ),
         (

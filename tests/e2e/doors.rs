@@ -710,7 +710,7 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     let relay = Relay::start();
     let dir = relay.dir.path().join("proj");
     std::fs::create_dir_all(dir.join(".claude")).unwrap();
-    let file = dir.join(".claude/settings.json");
+    let file = dir.join(".claude/settings.local.json");
     let original = "{\n  \"permissions\": {\"allow\": [\"Bash(ls)\"]},\n  \"hooks\": {\n    \"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"notify-send done\"}]}],\n    \"UserPromptSubmit\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"log-prompt\"}]}]\n  },\n  \"model\": \"opus\"\n}\n";
     std::fs::write(&file, original).unwrap();
     hooks(&relay, &dir, &["install", "claude"]);
@@ -762,9 +762,9 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     let empty = relay.dir.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     hooks(&relay, &empty, &["install", "claude"]);
-    assert!(empty.join(".claude/settings.json").exists());
+    assert!(empty.join(".claude/settings.local.json").exists());
     hooks(&relay, &empty, &["uninstall", "claude"]);
-    assert!(!empty.join(".claude/settings.json").exists());
+    assert!(!empty.join(".claude/settings.local.json").exists());
 }
 
 /// The Stop hook door: real Claude Code (print mode, no wrapper) with the relay's Stop hook
@@ -804,7 +804,7 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
         standin.release();
         (id, print.join().unwrap())
     });
-    let asked: Vec<String> = standin.prompts();
+    let asked: Vec<String> = turns(&standin);
     let short = &id[id.len() - 8..];
     let with_it: Vec<&String> = asked
         .iter()
@@ -841,7 +841,8 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
         },
     );
     bob.standin().release();
-    let prompts = bob.wait_prompts(2);
+    bob.wait_prompts(2);
+    let prompts = turns(bob.standin());
     let short = &id[id.len() - 8..];
     assert!(
         prompts[1].contains(&format!("Relay message from human [{short}]:\n{body}")),
@@ -915,6 +916,25 @@ fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
     assert_eq!(main[0].user_text, "hello there");
     let told = message_texts(&main[0].body);
     assert_eq!(told.matches(&want).count(), 1, "{told}");
+}
+
+/// What each main turn asked the model: the newest user message's texts, reminders and all.
+/// Claude Code 2.1.328 gives a Stop hook's additional context to the model as a reminder,
+/// `Stop hook additional context: TEXT`, in a user message of its own.
+pub(crate) fn turns(standin: &relay_standin::StandIn) -> Vec<String> {
+    standin
+        .requests()
+        .iter()
+        .filter(|r| r.kind == relay_standin::Kind::Main)
+        .map(|r| {
+            let last = r.body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .cloned()
+                .unwrap_or_default();
+            message_texts(&serde_json::json!({ "messages": [last] }))
+        })
+        .collect()
 }
 
 /// Every text of a Messages API request's messages, reminders and all. Claude Code 2.1.328

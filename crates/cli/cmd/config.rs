@@ -18,6 +18,23 @@ pub(crate) fn run(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         .zip(&resolved.sources)
         .map(|(s, source)| (s.name, s.get(&resolved.settings).text(), source.to_string()))
         .collect();
+    // What the running relay started with, where it differs: the file (or the environment)
+    // changed since, and takes effect only at its next start.
+    let running = match crate::cmd::up::running_pid(paths) {
+        Ok(Some(pid)) => crate::cmd::up::running_settings(paths, pid),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot tell whether the relay runs");
+            None
+        }
+    };
+    let differs = |name: &str, value: &str| -> Option<String> {
+        running
+            .as_ref()
+            .and_then(|r| r.get(name))
+            .filter(|v| v.as_str() != value)
+            .cloned()
+    };
     let profiles: ProfileRows = file
         .as_ref()
         .map(|f| {
@@ -41,10 +58,11 @@ pub(crate) fn run(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         let up: serde_json::Map<String, serde_json::Value> = rows
             .iter()
             .map(|(name, value, source)| {
-                (
-                    (*name).to_owned(),
-                    serde_json::json!({ "value": value, "source": source }),
-                )
+                let mut v = serde_json::json!({ "value": value, "source": source });
+                if let Some(r) = differs(name, value) {
+                    v["running"] = serde_json::json!(r);
+                }
+                ((*name).to_owned(), v)
             })
             .collect();
         let profiles: serde_json::Map<String, serde_json::Value> = profiles
@@ -95,8 +113,14 @@ pub(crate) fn run(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
             one_line(value, 200)
         };
         let pad = width.saturating_sub(name.len() + shown.chars().count());
+        let now = differs(name, value).map_or_else(String::new, |r| {
+            format!(
+                " (the running relay uses {}; restart it to apply: agent-relay down && agent-relay up)",
+                one_line(&r, 200)
+            )
+        });
         line(format!(
-            "  {name} = {shown}{:pad$}  {}",
+            "  {name} = {shown}{:pad$}  {}{now}",
             "",
             one_line(source, 300)
         ))?;

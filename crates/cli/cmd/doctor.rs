@@ -16,6 +16,8 @@ use crate::out::{json, line};
 #[serde(rename_all = "lowercase")]
 enum Level {
     Ok,
+    /// Not there, and optional (an agent CLI this machine does not use).
+    Missing,
     Warn,
     Fail,
 }
@@ -69,9 +71,10 @@ pub(crate) async fn doctor(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     } else {
         for f in &found {
             let level = match f.level {
-                Level::Ok => "ok  ",
-                Level::Warn => "warn",
-                Level::Fail => "FAIL",
+                Level::Ok => "ok     ",
+                Level::Missing => "missing",
+                Level::Warn => "warn   ",
+                Level::Fail => "FAIL   ",
             };
             line(format!(
                 "{level}  {:<10} {}",
@@ -79,7 +82,7 @@ pub(crate) async fn doctor(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
                 relay_protocol::text::one_line(&f.detail, 300)
             ))?;
             if let Some(fix) = &f.fix {
-                line(format!("      {:<10} → {}", "", fix))?;
+                line(format!("         {:<10} → {}", "", fix))?;
             }
         }
     }
@@ -124,7 +127,7 @@ fn first_line(program: &Path, args: &[&str]) -> Option<String> {
 }
 
 /// `program` on `PATH`, if it is there.
-fn on_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
@@ -249,17 +252,22 @@ fn agent(cmd: &str, profile: &str, package: &str, var: &str) -> Finding {
         .map(PathBuf::from)
         .filter(|p| p.exists())
         .or_else(|| on_path(cmd));
-    let Some(exe) = exe else {
-        return finding(
-            cmd,
-            Level::Ok,
-            format!("not installed (optional; npm install -g {package})"),
-            None,
-        );
-    };
     let tested = relay_wrap::profile::Profile::builtin(profile)
         .map(|p| p.tested_versions)
         .unwrap_or_default();
+    let Some(exe) = exe else {
+        // The version the profile was tested with: an unpinned install may get one whose
+        // screen the profile does not know.
+        let pinned = tested
+            .last()
+            .map_or_else(|| package.to_owned(), |v| format!("{package}@{v}"));
+        return finding(
+            cmd,
+            Level::Missing,
+            format!("not installed (optional: only to run {cmd} agents)"),
+            Some(format!("npm install -g {pinned}")),
+        );
+    };
     let said = first_line(&exe, &["--version"]);
     let Some(version) = said.as_deref().and_then(version_in) else {
         return finding(

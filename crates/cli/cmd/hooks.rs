@@ -1,12 +1,16 @@
 //! `agent-relay hooks`: Claude Code's hooks as a door into the agent.
 //!
-//! `hooks install claude` adds a `Stop` hook to the project's `.claude/settings.json` (merged
-//! into what is there; `hooks uninstall claude` takes out exactly what was added, and gives the
-//! file back byte for byte when nothing else changed). At the end of each turn Claude Code runs
-//! `agent-relay hooks stop`, which hands the messages waiting for the agent to the model as the
-//! hook's `{"decision": "block", "reason": ...}`: the model goes on with them as its next
-//! input, without any typing. For an agent under a wrapper the hook asks the wrapper, through
-//! its door (`team/NAME/door.sock`): the wrapper hands over the messages waiting to be typed
+//! `hooks install claude` adds a `Stop` hook to the folder's `.claude/settings.local.json`
+//! (the person's own, which Claude Code keeps out of git; `--shared` for the project's
+//! `.claude/settings.json`, with the command `agent-relay` as found on each teammate's PATH);
+//! merged into what is there; `hooks uninstall claude` takes out exactly what was added, and
+//! gives the file back byte for byte when nothing else changed (the original is kept in the
+//! relay's data directory, never next to the settings). At the end of each turn Claude Code
+//! runs `agent-relay hooks stop`, which hands the messages waiting for the agent to the model as
+//! the hook's `additionalContext` (`hookSpecificOutput`, exit 0): the model goes on with them as
+//! its next input, without any typing. (A `{"decision": "block"}` would do the same, but Claude
+//! Code 2.1 counts a block as the hook's failure and shows "stop hook reported a problem".)
+//! For an agent under a wrapper the hook asks the wrapper, through its door (`team/NAME/door.sock`): the wrapper hands over the messages waiting to be typed
 //! (recorded injected, then verified when the next Stop hook runs: the turn they started is
 //! over) and types what no hook takes, so each message goes in through one door. Without a
 //! wrapper the hook is a mailbox door itself (`mailbox.rs`): it holds the name for a moment and
@@ -19,7 +23,7 @@
 //! in with that prompt as the turn's `additionalContext` (recorded the same way: injected, then
 //! verified when the turn's Stop hook runs; never typed after).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use relay_client::paths::Paths;
@@ -38,24 +42,32 @@ pub(crate) struct HooksArgs {
 /// What `agent-relay hooks` does.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum HooksAction {
-    /// Add the relay's Stop and UserPromptSubmit hooks to this folder's .claude/settings.json
-    /// (merged; a person's settings are kept). Claude Code started here then gets waiting relay
-    /// messages at the end of its turns and with a person's prompts (under a wrapper, those
-    /// that wait to be typed).
+    /// Add the relay's Stop and UserPromptSubmit hooks to this folder's
+    /// .claude/settings.local.json (yours, kept out of git by Claude Code; merged, your
+    /// settings are kept). Claude Code started here then gets waiting relay messages at the end
+    /// of its turns and with a person's prompts (under a wrapper, those that wait to be typed).
+    /// Unwrapped, Claude Code's hooks need AGENT_RELAY_NAME (see docs/AGENTS.md).
     Install {
         /// The CLI: claude.
         #[arg(value_parser = ["claude"])]
         cli: String,
+        /// Install into the project's shared .claude/settings.json instead, with the command
+        /// `agent-relay` as each teammate's PATH finds it (not this binary's path).
+        #[arg(long)]
+        shared: bool,
     },
-    /// Take the relay's hooks out of .claude/settings.json again (the file as it was when
-    /// nothing else changed since).
+    /// Take the relay's hooks out of .claude/settings.local.json again (the file as it was
+    /// when nothing else changed since).
     Uninstall {
         /// The CLI: claude.
         #[arg(value_parser = ["claude"])]
         cli: String,
+        /// Take them out of the project's shared .claude/settings.json.
+        #[arg(long)]
+        shared: bool,
     },
-    /// Run by Claude Code's Stop hook: prints the messages waiting for $AGENT_RELAY_NAME as a
-    /// block decision, or nothing.
+    /// Run by Claude Code's Stop hook: prints the messages waiting for $AGENT_RELAY_NAME as the
+    /// Stop hook's additional context (the model goes on with them), or nothing.
     #[command(hide = true)]
     Stop,
     /// Run by Claude Code's UserPromptSubmit hook: prints the messages waiting for
@@ -97,29 +109,51 @@ impl Event {
 /// What marks the relay's own hook commands (so that uninstall takes out only those): the
 /// command ends with ` hooks <subcommand>`.
 const MARK: &str = " hooks ";
-/// The settings file, relative to the folder Claude Code runs in.
-const SETTINGS: &str = ".claude/settings.json";
-/// The file as it was before `install`, for a byte-for-byte restore.
-const BACKUP: &str = ".claude/settings.json.agent-relay-backup";
+/// The person's own settings file, relative to the folder Claude Code runs in.
+const SETTINGS_LOCAL: &str = ".claude/settings.local.json";
+/// The project's settings file, shared through git.
+const SETTINGS_SHARED: &str = ".claude/settings.json";
+/// What the shared file runs: found on each teammate's PATH.
+const SHARED_PROGRAM: &str = "agent-relay";
 
 /// Runs `agent-relay hooks`.
 pub(crate) fn run(paths: &Paths, args: &HooksArgs) -> anyhow::Result<()> {
     let dir = std::env::current_dir().context("no working directory")?;
     match &args.action {
-        HooksAction::Install { .. } => install(&dir),
-        HooksAction::Uninstall { .. } => uninstall(&dir),
+        HooksAction::Install { shared, .. } => install(paths, &dir, *shared),
+        HooksAction::Uninstall { shared, .. } => uninstall(paths, &dir, *shared),
         HooksAction::Stop => answer(paths, Event::Stop),
         HooksAction::Prompt => answer(paths, Event::Prompt),
     }
 }
 
-fn our_command(event: Event) -> anyhow::Result<String> {
-    let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
-    Ok(format!(
-        "{}{MARK}{}",
-        relay_wrap::tmux::sh_quote(&exe.to_string_lossy()),
-        event.subcommand()
-    ))
+/// The hook's command: this binary's own path in the person's file; `agent-relay`, as the
+/// PATH finds it, in the shared one (a teammate's binary is elsewhere).
+fn our_command(event: Event, shared: bool) -> anyhow::Result<String> {
+    let program = if shared {
+        SHARED_PROGRAM.to_owned()
+    } else {
+        let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
+        relay_wrap::tmux::sh_quote(&exe.to_string_lossy())
+    };
+    Ok(format!("{program}{MARK}{}", event.subcommand()))
+}
+
+/// The settings file `install` and `uninstall` edit.
+fn settings_file(dir: &Path, shared: bool) -> PathBuf {
+    dir.join(if shared {
+        SETTINGS_SHARED
+    } else {
+        SETTINGS_LOCAL
+    })
+}
+
+/// Where `install` keeps the settings file's bytes as they were, for a byte-for-byte restore:
+/// in the relay's data directory, so that no stray file sits in the person's project. Absent
+/// when there was no settings file before.
+fn backup_file(paths: &Paths, settings: &Path) -> PathBuf {
+    let key = settings.to_string_lossy().replace('/', "%");
+    paths.data_dir.join("hooks-backup").join(key)
 }
 
 /// Whether `hook` is the relay's own, answering `event`.
@@ -160,8 +194,8 @@ fn write_settings(file: &Path, value: &Value) -> anyhow::Result<()> {
 }
 
 /// Adds the Stop and UserPromptSubmit hooks, each unless it is there already.
-fn install(dir: &Path) -> anyhow::Result<()> {
-    let file = dir.join(SETTINGS);
+fn install(paths: &Paths, dir: &Path, shared: bool) -> anyhow::Result<()> {
+    let file = settings_file(dir, shared);
     let existing = read_settings(&file)?;
     let mut value = existing
         .as_ref()
@@ -181,7 +215,9 @@ fn install(dir: &Path) -> anyhow::Result<()> {
                 .is_some_and(|hs| hs.iter().any(|h| is_ours_for(h, event)))
         });
         if !present {
-            groups.push(json!({"hooks": [{"type": "command", "command": our_command(event)?}]}));
+            groups.push(
+                json!({"hooks": [{"type": "command", "command": our_command(event, shared)?}]}),
+            );
             added.push(event.name());
         }
     }
@@ -194,27 +230,41 @@ fn install(dir: &Path) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(dir.join(".claude"))
         .with_context(|| format!("cannot create {}", dir.join(".claude").display()))?;
-    // The person's file as it was, for uninstall (not overwritten by a second install).
-    let backup = dir.join(BACKUP);
-    if !backup.exists() {
-        let original = existing.map(|(text, _)| text).unwrap_or_default();
-        std::fs::write(&backup, original.as_bytes())
+    // The person's file as it was, for uninstall (not overwritten by a second install); none
+    // when there was no file: uninstall then removes the file if nothing else was added.
+    let backup = backup_file(paths, &file);
+    if let Some((text, _)) = &existing
+        && !backup.exists()
+    {
+        if let Some(parent) = backup.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&backup, text.as_bytes())
             .with_context(|| format!("cannot write {}", backup.display()))?;
     }
     write_settings(&file, &value)?;
+    let undo = if shared { " --shared" } else { "" };
     println!(
-        "agent-relay: added the relay's {} hook{} to {} (undo: agent-relay hooks uninstall claude)",
+        "agent-relay: added the relay's {} hook{} to {} (undo: agent-relay hooks uninstall claude{undo})",
         added.join(" and "),
         if added.len() == 1 { "" } else { "s" },
         file.display()
     );
+    if shared && crate::cmd::doctor::on_path(SHARED_PROGRAM).is_none() {
+        eprintln!(
+            "agent-relay: warning: `{SHARED_PROGRAM}` is not on this PATH; the shared hooks run \
+             it by name, so each teammate needs it installed (cargo install --locked --path \
+             crates/cli)"
+        );
+    }
     Ok(())
 }
 
 /// Takes out the relay's hooks; the original bytes back when nothing else changed.
-fn uninstall(dir: &Path) -> anyhow::Result<()> {
-    let file = dir.join(SETTINGS);
-    let backup = dir.join(BACKUP);
+fn uninstall(paths: &Paths, dir: &Path, shared: bool) -> anyhow::Result<()> {
+    let file = settings_file(dir, shared);
+    let backup = backup_file(paths, &file);
     let Some((_, mut value)) = read_settings(&file)? else {
         println!("agent-relay: no {}; nothing to do", file.display());
         return Ok(());
@@ -240,14 +290,23 @@ fn uninstall(dir: &Path) -> anyhow::Result<()> {
             }
         }
     }
+    // Earlier versions kept the backup next to the file (empty for no file): read and
+    // removed like the data directory's.
+    let legacy = PathBuf::from(format!("{}.agent-relay-backup", file.display()));
+    let backup = if backup.exists() || !legacy.exists() {
+        backup
+    } else {
+        legacy
+    };
     let original = match std::fs::read_to_string(&backup) {
+        Ok(text) if text.is_empty() => None,
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => anyhow::bail!("cannot read {}: {e}", backup.display()),
     };
     match original {
         // No file before install, and nothing else added since: no file again.
-        Some(text) if text.is_empty() && value == json!({}) => {
+        None if value == json!({}) => {
             std::fs::remove_file(&file)
                 .with_context(|| format!("cannot remove {}", file.display()))?;
         }
@@ -270,8 +329,8 @@ fn uninstall(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Claude Code hook: the waiting messages as the Stop hook's block decision or the
-/// UserPromptSubmit hook's additional context, or nothing (Claude Code goes on as usual).
+/// A Claude Code hook: the waiting messages as the Stop or UserPromptSubmit hook's
+/// additional context, or nothing (Claude Code goes on as usual).
 /// Never fails the hook: a relay that is not running, or any error, means nothing to hand over
 /// (logged on stderr, which Claude Code shows only in its debug output).
 fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
@@ -448,8 +507,8 @@ fn text_of(m: &relay_client::Delivered) -> String {
 }
 
 /// Prints what hands `n` messages, `texts` (each as the wrapper would have typed it), to the
-/// model: the Stop hook's block decision (the model goes on with them), or the
-/// UserPromptSubmit hook's additional context (the model gets them with the prompt).
+/// model as the hook's additional context: the Stop hook's (the model goes on with them), or
+/// the UserPromptSubmit hook's (the model gets them with the prompt).
 fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Result<()> {
     let plural = if n == 1 { "" } else { "s" };
     let when = match event {
@@ -465,13 +524,13 @@ fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Re
         text.push_str("\n\n");
     }
     let text = text.trim_end();
-    let out = match event {
-        Event::Stop => json!({"decision": "block", "reason": text}),
-        Event::Prompt => json!({"hookSpecificOutput": {
-            "hookEventName": "UserPromptSubmit",
-            "additionalContext": text,
-        }}),
-    };
+    // Both as the turn's additional context: for Stop, Claude Code goes on with it as the
+    // model's next input, as with a block decision, which it would show as "stop hook
+    // reported a problem" (it counts a block as the hook's failure).
+    let out = json!({"hookSpecificOutput": {
+        "hookEventName": event.name(),
+        "additionalContext": text,
+    }});
     println!("{}", relay_protocol::text::json_line(&out)?);
     Ok(())
 }

@@ -3,7 +3,7 @@
 mod adapters;
 mod bench;
 mod config;
-mod doctor;
+pub(crate) mod doctor;
 pub(crate) mod hooks;
 mod inbox;
 mod mailbox;
@@ -36,7 +36,10 @@ pub(crate) fn run(mut cli: Cli, given: &Given) -> anyhow::Result<()> {
     dispatch(cli, &paths, given).map_err(|e| {
         // "Not running" from another folder of the same project is the usual surprise: say
         // which project this folder belongs to and how the root is chosen.
-        if crate::exit::code_of(&e) != 3 || explicit {
+        if crate::exit::code_of(&e) != 3
+            || explicit
+            || e.downcast_ref::<crate::exit::AgentExit>().is_some()
+        {
             return e;
         }
         crate::exit::not_running(format!(
@@ -79,6 +82,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
         }
         // Reads the environment and a file; the daemon need not run.
         Cmd::Config(args) => config::run(&paths, args.json),
+        // Files in the data directory, which the running dashboard reads.
+        Cmd::Dashboard(args) => up::dashboard(&paths, &args),
         // Edits a file; the daemon need not run.
         Cmd::Rules(args) => rules::run(&paths, args),
         // Reads the state file the daemon keeps.
@@ -151,6 +156,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     | Cmd::Rules(_)
                     | Cmd::Adapters(_)
                     | Cmd::Config(_)
+                    | Cmd::Dashboard(_)
                     | Cmd::Wrap(_)
                     | Cmd::Agent(_)
                     | Cmd::Attach(_)
@@ -163,12 +169,12 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
     }
 }
 
-/// The wrapped agent's exit code becomes ours.
+/// The wrapped agent's exit code becomes ours (what it means was said already, if anything).
 fn exit_with(code: i32) -> anyhow::Result<()> {
     if code == 0 {
         Ok(())
     } else {
-        Err(crate::exit::Coded {
+        Err(crate::exit::AgentExit {
             code,
             message: String::new(),
         }
@@ -254,7 +260,7 @@ fn nearest_subcommand(word: &str) -> Option<String> {
 }
 
 /// Levenshtein distance, by characters.
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -73,7 +73,8 @@ fn team_dir(paths: &Paths, name: &str) -> PathBuf {
 
 /// Stops agent `name`'s wrapper, agent and tmux session, whichever run; what was stopped
 /// (empty when nothing ran).
-fn stop_one(paths: &Paths, name: &str, deadline: Instant) -> anyhow::Result<Vec<String>> {
+/// `by` is the command that stops it, which a person attached to the agent's session is told.
+fn stop_one(paths: &Paths, name: &str, deadline: Instant, by: &str) -> anyhow::Result<Vec<String>> {
     let dir = team_dir(paths, name);
     let mut stopped = Vec::new();
     let pty_lock = dir.join(PTY_LOCK);
@@ -103,6 +104,14 @@ fn stop_one(paths: &Paths, name: &str, deadline: Instant) -> anyhow::Result<Vec<
         let exit = dir.join("exit");
         if let Err(e) = relay_wrap::state::write_atomically(&exit, b"143\n") {
             eprintln!("agent-relay: warning: cannot write {}: {e}", exit.display());
+        }
+        // Who stopped it: tmux shows an attached person only `[exited]`.
+        let marker = dir.join(relay_wrap::tmux::STOPPED_BY);
+        if let Err(e) = relay_wrap::state::write_atomically(&marker, format!("{by}\n").as_bytes()) {
+            eprintln!(
+                "agent-relay: warning: cannot write {}: {e}",
+                marker.display()
+            );
         }
         tmux::kill(&session);
         wait_until(deadline, &format!("tmux session {session}"), || {
@@ -139,7 +148,7 @@ pub(crate) fn stop(paths: &Paths, args: &StopArgs) -> anyhow::Result<()> {
     relay_protocol::validate_agent_name(name)
         .map_err(|e| crate::exit::usage(format!("{name:?}: {e}")))?;
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let stopped = stop_one(paths, name, deadline)?;
+    let stopped = stop_one(paths, name, deadline, &format!("`agent-relay stop {name}`"))?;
     if !stopped.is_empty() {
         line(format!(
             "stopped {name}: {}; messages for {name} stay stored and reach it when it runs again",
@@ -184,15 +193,17 @@ pub(crate) fn stop_all(paths: &Paths, timeout: u64) -> anyhow::Result<()> {
     };
     names.sort();
     for name in &names {
-        let stopped = stop_one(paths, name, deadline)?;
+        let stopped = stop_one(paths, name, deadline, "`agent-relay down --all`")?;
         if !stopped.is_empty() {
             line(format!("stopped {name}: {}", stopped.join(", ")))?;
         }
     }
     // The daemon notices a wrapper's connection end as soon as it goes; one still listed
-    // online is not a wrapper this could stop.
+    // online is not a wrapper this could stop. A person's connection is the relay's own (its
+    // people adapters): it ends with the relay.
     if let Some(agents) = known_agents(paths)? {
-        for a in agents.iter().filter(|a| a.online) {
+        let own = |a: &AgentInfo| a.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
+        for a in agents.iter().filter(|a| a.online && !own(a)) {
             eprintln!(
                 "agent-relay: warning: {} is still connected, not run by a wrapper of this \
                  project; it will connect to the next relay started here",

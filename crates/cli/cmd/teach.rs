@@ -15,7 +15,7 @@ const DEFAULT: &str = include_str!("../teach.md");
 /// Where a project overrides the text, under its root.
 pub(crate) const OVERRIDE: &str = ".agent-relay/teach.md";
 
-/// The teaching text for agent `name`, with the other agents the relay knows now.
+/// The teaching text for agent `name`, with the other agents online now.
 pub(crate) fn text(paths: &Paths, name: &str) -> anyhow::Result<String> {
     let file = paths.project_root.join(OVERRIDE);
     let template = match std::fs::read_to_string(&file) {
@@ -23,7 +23,7 @@ pub(crate) fn text(paths: &Paths, name: &str) -> anyhow::Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => DEFAULT.to_owned(),
         Err(e) => anyhow::bail!("cannot read {}: {e}", file.display()),
     };
-    let others: Vec<String> = known_agents(&paths.socket, name)
+    let others: Vec<String> = online_agents(&paths.socket, name)
         .into_iter()
         .filter(|a| a != name)
         .collect();
@@ -37,9 +37,10 @@ pub(crate) fn text(paths: &Paths, name: &str) -> anyhow::Result<String> {
         .replace("{agents}", &agents))
 }
 
-/// The agents the relay knows, online or not; empty if it cannot be asked (teaching goes on
-/// without the list).
-fn known_agents(socket: &Path, name: &str) -> Vec<String> {
+/// The agents connected now (one that stopped is no one to talk to: naming it would send the
+/// new agent's first messages to nobody); empty if the relay cannot be asked (teaching goes
+/// on without the list).
+fn online_agents(socket: &Path, name: &str) -> Vec<String> {
     let ask = async {
         let client = crate::cmd::tool_client(socket, name).await?;
         let res = client.query(QueryRequest::Agents).await;
@@ -52,7 +53,11 @@ fn known_agents(socket: &Path, name: &str) -> Vec<String> {
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(ask));
     match answer {
-        Ok(QueryResult::Agents { agents }) => agents.into_iter().map(|a| a.name).collect(),
+        Ok(QueryResult::Agents { agents }) => agents
+            .into_iter()
+            .filter(|a| a.online)
+            .map(|a| a.name)
+            .collect(),
         Ok(_) => Vec::new(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the agents for the teaching text");

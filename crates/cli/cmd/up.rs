@@ -167,6 +167,57 @@ fn dashboard_file(paths: &Paths) -> std::path::PathBuf {
     paths.data_dir.join("dashboard.url")
 }
 
+/// The project's dashboard token (0600), kept across restarts.
+pub(crate) fn dashboard_token_file(paths: &Paths) -> std::path::PathBuf {
+    paths.data_dir.join("dashboard.token")
+}
+
+/// `agent-relay dashboard`: the dashboard's URL; with `--rotate-token`, a new token first (the
+/// running dashboard refuses the old one from its next request on).
+pub(crate) fn dashboard(paths: &Paths, args: &crate::args::DashboardArgs) -> anyhow::Result<()> {
+    let running = dashboard_url(paths);
+    if args.rotate_token {
+        std::fs::create_dir_all(&paths.data_dir)
+            .with_context(|| format!("cannot create {}", paths.data_dir.display()))?;
+        let file = dashboard_token_file(paths);
+        let token = relay_dashboard::auth::write_new_token(&file)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        // The URL file of a running dashboard carries the token: rewritten with the new one.
+        if let Some(old) = &running
+            && let Some((base, _)) = old.split_once("?token=")
+        {
+            let url = format!("{base}?token={token}");
+            let written = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(dashboard_file(paths))
+                .and_then(|mut f| writeln!(f, "{url}"));
+            written.with_context(|| format!("cannot write {}", dashboard_file(paths).display()))?;
+            if args.json {
+                return json(&serde_json::json!({"rotated": true, "url": url}));
+            }
+            line(format!(
+                "new dashboard token; the old URL is refused from now on:\n{url}"
+            ))?;
+            return Ok(());
+        }
+        if args.json {
+            return json(&serde_json::json!({"rotated": true, "url": null}));
+        }
+        line(
+            "new dashboard token, used from the next `agent-relay up` (the relay's dashboard is not running)",
+        )?;
+        return Ok(());
+    }
+    match running {
+        Some(url) if args.json => json(&serde_json::json!({"url": url})),
+        Some(url) => Ok(line(url)?),
+        None => Err(crate::exit::not_running(
+            "no dashboard is running for this project (`agent-relay up` starts the relay and its dashboard)",
+        )),
+    }
+}
+
 fn print_running(
     paths: &Paths,
     pid: u32,
@@ -694,7 +745,10 @@ fn host_node_name() -> String {
 
 /// Binds the dashboard's port and writes its URL (0600) for `up` and `status` to show. A
 /// dashboard that cannot start is logged, never a reason for the relay not to run.
-fn start_dashboard(paths: &Paths, args: &UpSettings) -> Option<(relay_dashboard::Bound, String)> {
+fn start_dashboard(
+    paths: &Paths,
+    args: &UpSettings,
+) -> Option<(relay_dashboard::Bound, relay_dashboard::auth::Token)> {
     let file = dashboard_file(paths);
     let _ = std::fs::remove_file(&file);
     if args.no_dashboard {
@@ -708,7 +762,15 @@ fn start_dashboard(paths: &Paths, args: &UpSettings) -> Option<(relay_dashboard:
             return None;
         }
     };
-    let token = relay_dashboard::auth::new_token();
+    // The project's token, the same at every start: an open page and a saved URL keep working.
+    let token_file = dashboard_token_file(paths);
+    let token = match relay_dashboard::auth::load_or_create(&token_file) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, path = %token_file.display(), "cannot keep the dashboard token; this start's token is new and not kept");
+            relay_dashboard::auth::new_token()
+        }
+    };
     let url = relay_dashboard::url(bound.port, &token);
     let written = OpenOptions::new()
         .write(true)
@@ -732,7 +794,10 @@ fn start_dashboard(paths: &Paths, args: &UpSettings) -> Option<(relay_dashboard:
         port = bound.port,
         "dashboard on 127.0.0.1 (`agent-relay status` shows its URL with the access token)"
     );
-    Some((bound, token))
+    Some((
+        bound,
+        relay_dashboard::auth::Token::kept_in(token, token_file),
+    ))
 }
 
 /// Completes at SIGTERM or SIGINT. The handlers are installed when this is called, not when

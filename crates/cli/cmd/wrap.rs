@@ -226,15 +226,19 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
             .serve_tmux
             .as_ref()
             .and_then(|_| std::env::var(relay_wrap::DOOR_KEY_ENV).ok()),
+        // The relaying process tells the command that started it (`tmux_front`) how the
+        // start goes, on its stdout.
+        report_start: args.serve_tmux.is_some(),
     };
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
             init_wrap_logging(&cfg, cfg.interactive && interactive_terminal);
             // Held for the wrapper's life: how `stop NAME` and `down --all` find it.
             let _lock = pty_lock(&cfg);
-            runtime()?
-                .block_on(relay_wrap::run_pty(cfg))
-                .map_err(Into::into)
+            let name = cfg.name.clone();
+            let code = runtime()?.block_on(relay_wrap::run_pty(cfg))?;
+            // The agent's output was on this terminal; its status is said.
+            agent_exited(&name, code, Vec::new())
         }
         (Backend::Tmux, Some(session)) => {
             init_wrap_logging(&cfg, true);
@@ -303,7 +307,7 @@ fn tmux_front(
         key = Some(new);
         eprintln!("agent-relay: started {name} in tmux session {session}");
     }
-    let started = ensure_relaying(
+    let relaying = ensure_relaying(
         paths,
         args,
         cfg,
@@ -312,19 +316,33 @@ fn tmux_front(
         created && cfg.intro,
         key.as_deref(),
     )?;
-    if !started {
+    if relaying.is_none() {
         eprintln!("agent-relay: a process already relays for {name}; none started");
     }
     if args.detached || !std::io::stdin().is_terminal() {
+        if let Some(child) = relaying {
+            return wait_started(child, cfg, &session);
+        }
         eprintln!("agent-relay: {name} runs detached; attach with: agent-relay attach {name}");
         return Ok(0);
     }
+    say_how_to_leave(name);
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
     if !tmux::exists(&session) {
-        // The session ended while attached: the agent's status is what it ended with.
-        return agent_exit_status(&cfg.team_dir.join("exit"), name, &session);
+        // The session ended while attached: the agent's status is what it ended with, and
+        // what it printed last (tmux shows only `[exited]`) is said when it failed.
+        let code = agent_exit_status(&cfg.team_dir.join("exit"), name, &session)?;
+        if let Some(by) = tmux::stopped_by(&cfg.team_dir) {
+            return Err(stopped_error(name, code, &by));
+        }
+        let lines = if code == 0 {
+            Vec::new()
+        } else {
+            tmux::last_lines(&cfg.team_dir, SHOWN_LINES)
+        };
+        return agent_exited(name, code, lines);
     }
     if !status.success() {
         anyhow::bail!("tmux attach failed ({status})");
@@ -333,6 +351,139 @@ fn tmux_front(
         "agent-relay: detached; {name} keeps running and relaying. Back to it: agent-relay attach {name}"
     );
     Ok(0)
+}
+
+/// How many of a failed agent's last lines are shown.
+const SHOWN_LINES: usize = 15;
+
+/// How long `--detached` waits for the agent to connect and get past its start. An agent
+/// that has printed nothing by then (a program that waits silently for input) is left
+/// running, and said to be connected.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Agent `name` exited with `code`: success for 0; otherwise an error that says so, with
+/// the agent's last `lines` (the command then exits with the agent's code).
+fn agent_exited(name: &str, code: i32, lines: Vec<String>) -> anyhow::Result<i32> {
+    if code == 0 {
+        return Ok(0);
+    }
+    let message = with_lines(format!("{name} exited with status {code}"), &lines);
+    Err(crate::exit::AgentExit { code, message }.into())
+}
+
+/// `message`, followed by the agent's last `lines` when there are any.
+fn with_lines(mut message: String, lines: &[String]) -> String {
+    if !lines.is_empty() {
+        message.push_str("; its last lines:");
+        for l in lines {
+            message.push_str(&format!("\n  | {l}"));
+        }
+    }
+    message
+}
+
+/// `--detached`: waits until the relaying process `child` says the agent is connected and
+/// past its start (it printed and went quiet), or the agent or the relaying process ends
+/// first, which is said with the agent's status and last lines (or the relaying process's
+/// log) and a non-zero exit.
+fn wait_started(
+    mut child: std::process::Child,
+    cfg: &WrapConfig,
+    session: &str,
+) -> anyhow::Result<i32> {
+    use std::io::BufRead;
+    let name = &cfg.name;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let Some(stdout) = child.stdout.take() else {
+        anyhow::bail!("the relaying process's output was not kept");
+    };
+    // A thread reads the lines; the channel closes when the relaying process ends.
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            match line {
+                Ok(l) => {
+                    if tx.send(l).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the relaying process's output");
+                    return;
+                }
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + START_WAIT;
+    let mut connected = false;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l == "connected" => connected = true,
+            Ok(l) if l == "started" => {
+                eprintln!(
+                    "agent-relay: {name} runs detached and is connected; attach with: agent-relay attach {name}"
+                );
+                return Ok(0);
+            }
+            Ok(other) => tracing::debug!(line = %other, "relaying process"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if connected => {
+                eprintln!(
+                    "agent-relay: {name} is connected and runs detached, but has printed nothing \
+                     in {} s; see what it shows with: agent-relay attach {name}",
+                    START_WAIT.as_secs()
+                );
+                return Ok(0);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => anyhow::bail!(
+                "{name} did not connect to the relay within {} s; it runs in tmux session \
+                 {session} (agent-relay attach {name}); the relaying process's log: {}",
+                START_WAIT.as_secs(),
+                cfg.team_dir.join("wrap.log").display()
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // The relaying process ended before the agent was past its start.
+    let status = child.wait().context("waiting for the relaying process")?;
+    let exit_file = cfg.team_dir.join("exit");
+    if exit_file.exists() {
+        let code = agent_exit_status(&exit_file, name, session)?;
+        let lines = tmux::last_lines(&cfg.team_dir, SHOWN_LINES);
+        if code == 0 {
+            // It ended without error, but as an agent it did not start: not a success.
+            return Err(crate::exit::AgentExit {
+                code: 1,
+                message: with_lines(
+                    format!("{name} exited at once (status 0): it is not running"),
+                    &lines,
+                ),
+            }
+            .into());
+        }
+        return agent_exited(name, code, lines);
+    }
+    let log = cfg.team_dir.join("wrap.log");
+    let tail = std::fs::read_to_string(&log)
+        .map(|t| {
+            let lines: Vec<&str> = t.lines().collect();
+            let skip = lines.len().saturating_sub(5);
+            lines[skip..]
+                .iter()
+                .map(|l| format!("  | {}", relay_protocol::text::one_line(l, 300)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_else(|e| format!("  (cannot read it: {e})"));
+    anyhow::bail!(
+        "the process relaying for {name} ended ({status}) before {name} {}; the end of its log \
+         ({}):\n{tail}",
+        if connected {
+            "was past its start"
+        } else {
+            "connected"
+        },
+        log.display()
+    )
 }
 
 /// The exit status of agent `name`, whose tmux session has ended: the number its session's
@@ -445,9 +596,10 @@ fn pty_lock(cfg: &WrapConfig) -> Option<std::fs::File> {
 }
 
 /// Starts the process that relays for `session`, unless one runs: it holds an exclusive
-/// lock on `team/<name>/relay.lock` for as long as it lives. Whether one was started. `key`:
-/// the door key of a session just created (a process started for a running session reads it
-/// from the session).
+/// lock on `team/<name>/relay.lock` for as long as it lives. The process started, if one
+/// was: its stdout says how the start goes (see `WrapConfig::report_start`). `key`: the door
+/// key of a session just created (a process started for a running session reads it from the
+/// session).
 fn ensure_relaying(
     paths: &Paths,
     args: &WrapArgs,
@@ -456,10 +608,10 @@ fn ensure_relaying(
     profile: &str,
     intro: bool,
     key: Option<&str>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<std::process::Child>> {
     // Free: nobody relays; released at once for the process started below to take.
     if try_relay_lock(cfg)?.is_none() {
-        return Ok(false);
+        return Ok(None);
     }
     let log_path = cfg.team_dir.join("wrap.log");
     let log = std::fs::OpenOptions::new()
@@ -495,13 +647,13 @@ fn ensure_relaying(
         .env("AGENT_RELAY_SOCKET", &paths.socket)
         .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
         .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
+        .stdout(Stdio::piped())
         .stderr(log)
         // Its own process group: a Ctrl-C in this terminal must not stop the relaying.
         .process_group(0)
         .spawn()
-        .context("cannot start the relaying process")?;
-    Ok(true)
+        .context("cannot start the relaying process")
+        .map(Some)
 }
 
 /// `agent-relay attach NAME`.
@@ -510,6 +662,12 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
         .map_err(|e| crate::exit::usage(format!("{:?}: {e}", args.name)))?;
     let session = tmux::session_name(&paths.project_root, &args.name);
     if !tmux::exists(&session) {
+        if let Some(near) = nearest_tmux_agent(paths, &args.name) {
+            return Err(crate::exit::not_found(format!(
+                "no tmux agent {}; did you mean `agent-relay attach {near}`?",
+                args.name
+            )));
+        }
         return Err(crate::exit::Coded {
             code: 4,
             message: format!(
@@ -521,10 +679,66 @@ pub(crate) fn attach(paths: &Paths, args: &AttachArgs) -> anyhow::Result<i32> {
         }
         .into());
     }
+    say_how_to_leave(&args.name);
     let status = tmux::attach_command(&session)
         .status()
         .context("cannot run tmux attach")?;
+    if !tmux::exists(&session) {
+        let team_dir = paths.data_dir.join("team").join(&args.name);
+        if let Some(by) = tmux::stopped_by(&team_dir) {
+            return Err(stopped_error(&args.name, 143, &by));
+        }
+    }
     Ok(status.code().unwrap_or(1))
+}
+
+/// Agent `name` was stopped by the command `by` while the person was attached (tmux showed
+/// them only `[exited]`).
+fn stopped_error(name: &str, code: i32, by: &str) -> anyhow::Error {
+    crate::exit::AgentExit {
+        code,
+        message: format!(
+            "{name} was stopped by {by}; its messages stay stored (start it again with the same command)"
+        ),
+    }
+    .into()
+}
+
+/// Inside tmux the person's own client is switched to the agent's session
+/// ([`tmux::attach_command`]): `Ctrl-b d` would detach that whole client, their own session
+/// with it, so the way back is said first.
+fn say_how_to_leave(name: &str) {
+    if std::env::var_os("TMUX").is_some() {
+        eprintln!(
+            "agent-relay: switching this tmux client to {name}'s session; back to your own with \
+             Ctrl-b L (not Ctrl-b d, which would detach your whole tmux client)"
+        );
+    }
+}
+
+/// The agent of this project running in tmux whose name is nearest to `name` (the same but
+/// for case, or at most two letters apart), if any: `attach alice` for Alice.
+fn nearest_tmux_agent(paths: &Paths, name: &str) -> Option<String> {
+    let team = paths.data_dir.join("team");
+    let entries = match std::fs::read_dir(&team) {
+        Ok(d) => d,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!(error = %e, "cannot list {}", team.display());
+            }
+            return None;
+        }
+    };
+    let lower = name.to_lowercase();
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != name && relay_protocol::validate_agent_name(n).is_ok())
+        .filter(|n| tmux::exists(&tmux::session_name(&paths.project_root, n)))
+        .map(|n| (crate::cmd::edit_distance(&lower, &n.to_lowercase()), n))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| n)
 }
 
 /// The person's terminal belongs to the agent: when it is in use (or there is no terminal:

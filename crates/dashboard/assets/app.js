@@ -430,7 +430,22 @@ function connect() {
     loadSnapshot().catch((e) => { $('#conn-text').textContent = e.message; });
   };
   es.onmessage = (m) => { try { onEvent(JSON.parse(m.data)); } catch (e) { console.error(e); } };
-  es.onerror = () => { conn.dataset.state = 'down'; $('#conn-text').textContent = 'reconnecting…'; };
+  es.onerror = () => {
+    if (conn.dataset.state === 'refused') return;
+    conn.dataset.state = 'down';
+    $('#conn-text').textContent = 'reconnecting…';
+    // A stream the relay refuses (401: the token was rotated) is not retried by the browser:
+    // ask why, and say so instead of "reconnecting…" over stale figures.
+    fetch(url('/api/stats'), { cache: 'no-store' }).then((res) => {
+      if (res.status === 401) {
+        es.close();
+        conn.dataset.state = 'refused';
+        $('#conn-text').textContent = 'access token refused (rotated?): open the URL `agent-relay dashboard` prints';
+      } else if (es.readyState === EventSource.CLOSED) {
+        setTimeout(connect, 2000);
+      }
+    }).catch(() => { if (es.readyState === EventSource.CLOSED) setTimeout(connect, 2000); });
+  };
 }
 
 setInterval(() => renderAgents(agentsCache), 30000); // keeps "last seen … ago" true without asking

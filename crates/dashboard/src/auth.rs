@@ -6,9 +6,146 @@
 //! daemon printed (in `?token=` or an `Authorization: Bearer` header), and it is compared in
 //! constant time so its bytes cannot be guessed one by one from response times.
 
+use std::path::{Path, PathBuf};
+
 /// A new random token: 128 bits as 32 hex digits.
 pub fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+/// Whether `text` has a token's form (32 hex digits).
+fn token_form(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The token kept in `path`, when the file holds one.
+///
+/// # Errors
+/// The file cannot be read (missing is `Ok(None)`).
+pub fn read_token(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim().to_owned()).filter(|t| token_form(t))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a new token to `path` (0600, replacing the old one at once) and returns it.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_new_token(path: &Path) -> std::io::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = new_token();
+    let tmp = path.with_extension("tmp");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(token)
+}
+
+/// The project's dashboard token: the one kept in `path` (`<data>/dashboard.token`), or a new
+/// one written there. The same token across restarts, so an open page and a bookmarked URL
+/// keep working; `agent-relay dashboard --rotate-token` replaces it.
+///
+/// # Errors
+/// The file cannot be read or written.
+pub fn load_or_create(path: &Path) -> std::io::Result<String> {
+    match read_token(path)? {
+        Some(t) => Ok(t),
+        None => write_new_token(path),
+    }
+}
+
+/// The token requests must present, and the file it is kept in: a token rotated while the
+/// dashboard runs (the file replaced) is taken up at the next request, and from then on the
+/// old one is refused. Each request costs one `stat` of the file.
+#[derive(Debug)]
+pub struct Token {
+    /// The token and the modification time of the file it was read from.
+    current: std::sync::RwLock<(String, Option<std::time::SystemTime>)>,
+    file: Option<PathBuf>,
+}
+
+impl Token {
+    /// A token that never changes (tests, or no file).
+    pub fn fixed(token: String) -> Self {
+        Self {
+            current: std::sync::RwLock::new((token, None)),
+            file: None,
+        }
+    }
+
+    /// `token`, as read from `file`, which is read again whenever it changes.
+    pub fn kept_in(token: String, file: PathBuf) -> Self {
+        let modified = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+        Self {
+            current: std::sync::RwLock::new((token, modified)),
+            file: Some(file),
+        }
+    }
+
+    /// The token now.
+    pub fn value(&self) -> String {
+        self.refresh();
+        match self.current.read() {
+            Ok(t) => t.0.clone(),
+            Err(poisoned) => poisoned.into_inner().0.clone(),
+        }
+    }
+
+    /// Whether `given` is the token now.
+    pub fn accepts(&self, given: &str) -> bool {
+        same_token(given.as_bytes(), self.value().as_bytes())
+    }
+
+    /// Reads the file again when it changed since it was last read.
+    fn refresh(&self) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        let modified = match std::fs::metadata(file).and_then(|m| m.modified()) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, path = %file.display(), "the dashboard token file");
+                return;
+            }
+        };
+        let seen = match self.current.read() {
+            Ok(t) => t.1,
+            Err(poisoned) => poisoned.into_inner().1,
+        };
+        if seen == Some(modified) {
+            return;
+        }
+        match read_token(file) {
+            Ok(Some(fresh)) => {
+                let mut t = match self.current.write() {
+                    Ok(t) => t,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                *t = (fresh, Some(modified));
+                tracing::info!("the dashboard token was replaced; the old one is refused");
+            }
+            Ok(None) => {
+                tracing::warn!(path = %file.display(), "the dashboard token file holds no token; the one held is kept");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %file.display(), "cannot read the dashboard token");
+            }
+        }
+    }
 }
 
 /// Equal byte strings, taking the same time whatever the position of the first difference.

@@ -71,7 +71,7 @@ fn unexpected() -> Failure {
 
 /// `GET /`: the page. Its assets need the token too, so it is written into their URLs.
 pub(crate) async fn page(State(app): State<Arc<App>>) -> Html<String> {
-    Html(PAGE.replace("{{TOKEN}}", &app.token))
+    Html(PAGE.replace("{{TOKEN}}", &app.token.value()))
 }
 
 pub(crate) async fn script() -> Response {

@@ -98,7 +98,7 @@ pub fn url(port: u16, token: &str) -> String {
 
 /// State shared by the handlers.
 pub(crate) struct App {
-    pub(crate) token: String,
+    pub(crate) token: auth::Token,
     /// The port the dashboard listens on: the only one a `Host` or `Origin` may name.
     pub(crate) port: u16,
     pub(crate) daemon: Handle,
@@ -115,7 +115,7 @@ pub(crate) struct App {
 /// An I/O error from the listener.
 pub async fn serve(
     listener: std::net::TcpListener,
-    token: String,
+    token: auth::Token,
     daemon: Handle,
 ) -> std::io::Result<()> {
     serve_with(listener, token, daemon, None).await
@@ -128,7 +128,7 @@ pub async fn serve(
 /// An I/O error from the listener.
 pub async fn serve_with(
     listener: std::net::TcpListener,
-    token: String,
+    token: auth::Token,
     daemon: Handle,
     people: Option<relay_people::Hub>,
 ) -> std::io::Result<()> {
@@ -285,14 +285,14 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         )
             .into_response()
     } else if auth::presented(req.uri().query(), text(header::AUTHORIZATION))
-        .is_some_and(|t| auth::same_token(t.as_bytes(), app.token.as_bytes()))
+        .is_some_and(|t| app.token.accepts(t))
     {
         next.run(req).await
     } else {
         (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
-            "agent-relay dashboard: missing or wrong token. Open the URL printed by `agent-relay up` (or shown by `agent-relay status`).\n",
+            "agent-relay dashboard: missing or wrong token (rotated with `agent-relay dashboard --rotate-token`?). Open the URL `agent-relay dashboard` prints.\n",
         )
             .into_response()
     };

@@ -150,6 +150,11 @@ pub struct WrapConfig {
     /// PTY wrapper makes one; a tmux relaying process reads the one its session was started
     /// with.
     pub door_key: Option<String>,
+    /// Tell the command that started this wrapper how the start goes, one word a line on
+    /// stdout: `connected` (the relay accepted the agent's name), then `started` (the agent
+    /// printed and went quiet: it is past its start). `agent-relay --detached` waits for
+    /// them; an agent that exits first is reported by its exit status and last lines.
+    pub report_start: bool,
 }
 
 /// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
@@ -355,6 +360,12 @@ struct Core {
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
+    /// The agent printed and then went quiet once: it is past its start (see
+    /// [`WrapConfig::report_start`]). An agent that exits before is a command that exits at
+    /// once (see [`Core::fleeting`]).
+    shown: bool,
+    /// A message was handed to the agent or a directive read from it: it took part.
+    exchanged: bool,
     /// Whether the agent has turned bracketed paste on, as its output says: a multi-line text
     /// typed before that has its line breaks flattened (PTY) or submitted (tmux).
     paste: format::PasteMode,
@@ -479,6 +490,8 @@ impl Core {
             reported: None,
             burst_start: now,
             started: false,
+            shown: false,
+            exchanged: false,
             paste: format::PasteMode::default(),
             noticed: std::collections::HashMap::new(),
             read_early: HashSet::new(),
@@ -614,6 +627,7 @@ impl Core {
     }
 
     async fn send_checked(&mut self, mut d: Directive) {
+        self.exchanged = true;
         self.end_chain_if_person_typed();
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
@@ -865,6 +879,7 @@ impl Core {
 
     /// A message arrived for this agent.
     async fn on_message(&mut self, m: Delivered, pane: Option<&tmux::Pane>) {
+        self.exchanged = true;
         if self.queued.contains(&m.id) {
             return;
         }
@@ -1001,6 +1016,7 @@ impl Core {
     /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
     /// agent's connection; the receipt goes back to the tool.
     async fn door_send(&mut self, req: door::Request) {
+        self.exchanged = true;
         let req = match req {
             door::Request::Send(req) => req,
             door::Request::Read { ids, reply } => {
@@ -1231,6 +1247,11 @@ impl Core {
     async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
         if self.settles(now) {
             self.settled = true;
+            if !self.shown && self.read > 0 {
+                self.shown = true;
+                tracing::info!("the agent printed and went quiet: it is past its start");
+                self.report_start("started");
+            }
             for d in self.parser.settle() {
                 self.send_directive(d).await;
             }
@@ -1342,7 +1363,25 @@ impl Core {
         }
     }
 
-    async fn finish(mut self) {
+    /// Tells the command that started this wrapper how the start goes (see
+    /// [`WrapConfig::report_start`]).
+    fn report_start(&self, word: &str) {
+        if self.cfg.report_start {
+            report_start_line(word);
+        }
+    }
+
+    /// Whether the agent was a command that exits at once rather than an agent: not a known
+    /// agent CLI (the generic profile), it exited before it was past its start, and it took
+    /// no part in any exchange. `agent-relay ls` (a typo) runs `ls`; its generated name must
+    /// not stay in `agents` nor be announced to the agents that start later.
+    fn fleeting(&self) -> bool {
+        self.cfg.profile.name() == "generic" && !self.shown && !self.exchanged
+    }
+
+    /// Sends what the screen still holds and says goodbye; whether the agent was a command
+    /// that exited at once (see [`Core::fleeting`]), judged after those last directives.
+    async fn finish(mut self) -> bool {
         for d in self.parser.finish() {
             self.send_directive(d).await;
         }
@@ -1350,9 +1389,11 @@ impl Core {
         while let Some((d, _)) = self.held.pop_front() {
             self.send_checked(d).await;
         }
+        let fleeting = self.fleeting();
         // Let the last receipts arrive before saying goodbye.
         tokio::time::sleep(Duration::from_millis(50)).await;
         self.client.close().await;
+        fleeting
     }
 }
 
@@ -1365,13 +1406,74 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
-    Ok(Link::Client(
-        relay_client::Client::connect(ClientConfig {
-            cli: cfg.command.first().cloned(),
-            ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
-        })
-        .await?,
-    ))
+    let client = relay_client::Client::connect(ClientConfig {
+        cli: cfg.command.first().cloned(),
+        ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
+    })
+    .await?;
+    if cfg.report_start {
+        report_start_line("connected");
+    }
+    Ok(Link::Client(client))
+}
+
+/// One line on stdout for the command that started this wrapper; it may have gone (it stops
+/// reading once the agent started), which is logged, not an error.
+fn report_start_line(word: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{word}").and_then(|()| out.flush()) {
+        tracing::debug!(error = %e, word, "the starting command no longer listens");
+    }
+}
+
+/// How often, and how long apart, forgetting a fleeting agent is tried while the relay has
+/// not yet seen its connection end (its goodbye and the forget request travel on two
+/// connections).
+const FORGET_TRIES: u32 = 40;
+const FORGET_PAUSE: Duration = Duration::from_millis(50);
+
+/// Removes agent `cfg.name` from the relay's list of agents, once its connection has ended:
+/// it was a command that exited at once (see [`Core::fleeting`]). Failures are logged; the
+/// person can still `agent-relay agents forget` it.
+async fn forget_fleeting(cfg: &WrapConfig) {
+    tracing::info!(
+        command = %text::one_line(&cfg.command.join(" "), 200),
+        "the command exited at once, took no part in any exchange and is no known agent CLI: it is not kept as an agent"
+    );
+    let client =
+        match relay_client::Client::connect(ClientConfig::tool(cfg.socket.clone(), "cli")).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach the relay to forget this agent");
+                return;
+            }
+        };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let res = client
+            .query(relay_protocol::query::QueryRequest::ForgetAgent {
+                name: cfg.name.clone(),
+            })
+            .await;
+        match res {
+            Err(relay_client::ClientError::Query { code, .. })
+                if code == "connected" && tries < FORGET_TRIES =>
+            {
+                tokio::time::sleep(FORGET_PAUSE).await;
+            }
+            Ok(_) => {
+                tracing::info!(name = %cfg.name, "forgotten");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot forget this agent");
+                break;
+            }
+        }
+    }
+    client.close().await;
 }
 
 /// How the wrapper's loop ended.
@@ -1518,7 +1620,11 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     let code = tokio::task::spawn_blocking(move || pty.wait())
         .await
         .map_err(|e| WrapError::Pty(e.to_string()))??;
-    core.finish().await;
+    let cfg = core.cfg.clone();
+    let fleeting = core.finish().await && stopped.is_none();
+    if fleeting {
+        forget_fleeting(&cfg).await;
+    }
     Ok(stopped.map_or(code, |signal| 128 + signal))
 }
 
@@ -1547,9 +1653,13 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         Err(e) if !session_lives(&session) => {
             tracing::info!(error = %e, "the session is gone before it could be attached");
             client.close().await;
-            return read_exit(&cfg.team_dir)
-                .await
-                .ok_or(WrapError::ExitUnknown { session });
+            let code = read_exit(&cfg.team_dir).await;
+            log_last_lines(&cfg.team_dir, code);
+            // It printed nothing this process saw and took part in nothing.
+            if cfg.profile.name() == "generic" {
+                forget_fleeting(&cfg).await;
+            }
+            return code.ok_or(WrapError::ExitUnknown { session });
         }
         Err(e) => return Err(e),
     };
@@ -1589,9 +1699,14 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     }
     let code = read_exit(&core.cfg.team_dir).await;
     tracing::info!(?code, "the agent exited; ending its session");
+    log_last_lines(&core.cfg.team_dir, code);
     core.maybe_checkpoint();
-    core.finish().await;
+    let cfg = core.cfg.clone();
+    let fleeting = core.finish().await;
     tmux::kill(&session);
+    if fleeting {
+        forget_fleeting(&cfg).await;
+    }
     // Unknown is not success: a killed session must not pass for an agent that exited 0.
     code.ok_or(WrapError::ExitUnknown { session })
 }
@@ -1621,6 +1736,18 @@ fn session_door_key(pane: &tmux::Pane, given: Option<&str>) -> String {
             tracing::warn!(error = %e, "cannot read the door key of the tmux session: the agent's MCP server and hooks are refused until it is started again");
             door::new_key()
         }
+    }
+}
+
+/// Logs the pane's last lines when the agent failed (or its status is unknown): the log then
+/// says why, not only the status.
+fn log_last_lines(team_dir: &std::path::Path, code: Option<i32>) {
+    if code == Some(0) {
+        return;
+    }
+    let lines = tmux::last_lines(team_dir, 20);
+    if !lines.is_empty() {
+        tracing::warn!(?code, last_lines = %lines.join("\n"), "the agent failed; its last lines");
     }
 }
 

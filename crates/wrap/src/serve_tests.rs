@@ -131,6 +131,7 @@ impl Rig {
             intro: false,
             delivery: crate::format::Delivery::default(),
             door_key: None,
+            report_start: false,
         };
         let task = tokio::spawn(async move {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();

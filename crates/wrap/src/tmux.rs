@@ -124,6 +124,49 @@ pub struct NewSession<'a> {
     pub team_dir: &'a Path,
 }
 
+/// The file in the agent's team directory that holds the pane's last lines once the agent
+/// exited (see [`last_lines`]).
+pub const LAST_SCREEN: &str = "last-screen";
+
+/// The file in the agent's team directory naming the command that stopped its session
+/// (`agent-relay stop NAME`), for a person who was attached to it.
+pub const STOPPED_BY: &str = "stopped-by";
+
+/// What stopped the agent's session, when a command of the relay did.
+pub fn stopped_by(team_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(team_dir.join(STOPPED_BY)).ok()?;
+    Some(relay_protocol::text::one_line(text.trim(), 200)).filter(|t| !t.is_empty())
+}
+
+/// How many lines of the pane (history included) `last-screen` keeps.
+const LAST_LINES: u16 = 60;
+
+/// The last `n` lines the agent's pane showed when the agent exited, trailing blank lines
+/// left out and each line cleaned for a terminal; empty when the file is missing (an agent
+/// run before this was kept, or a session killed rather than ended).
+pub fn last_lines(team_dir: &Path, n: usize) -> Vec<String> {
+    let path = team_dir.join(LAST_SCREEN);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the agent's last lines");
+            }
+            return Vec::new();
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    let skip = lines.len().saturating_sub(n);
+    lines[skip..]
+        .iter()
+        .map(|l| relay_protocol::text::one_line(l, 400))
+        .collect()
+}
+
 /// Starts the agent in a new detached session, with its exit status kept in `exit`. What it
 /// prints before a wrapper attaches is read from the pane's history (see [`Pane::snapshot`]).
 ///
@@ -142,10 +185,13 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
         }
     }
     let exit = s.team_dir.join("exit");
+    let last = s.team_dir.join(LAST_SCREEN);
     // A new session starts a new checkpoint: its rows refer to this session. (`pane.log` is
     // what versions that piped the pane to a file left.)
     for stale in [
         &exit,
+        &last,
+        &s.team_dir.join(STOPPED_BY),
         &s.team_dir.join("checkpoint"),
         &s.team_dir.join("pane.log"),
     ] {
@@ -184,8 +230,11 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     // no status and fired no hook.) The paths and the command are arguments: nothing to quote.
     // The shell also unsets what the agent must not inherit, which a tmux server started
     // elsewhere may have in its global environment (the file can add, not remove).
+    // Before the status, it keeps the pane's last lines in `last-screen` (the pane still
+    // exists while its shell runs): an agent that fails at start (a bad flag, a missing key)
+    // says why there, and the session, with what it printed, is gone a moment later.
     let shell = format!(
-        r#"e="$1"; x="$2"; shift 2; . "$e"; rm -f "$e"; unset {}; "$@"; s=$?; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
+        r#"e="$1"; x="$2"; l="$3"; shift 3; . "$e"; rm -f "$e"; unset {}; "$@"; s=$?; tmux capture-pane -p -J -S -{LAST_LINES} -t "$TMUX_PANE" > "$l" 2>/dev/null; printf '%s\n' "$s" > "$x.tmp" && mv "$x.tmp" "$x"; exit "$s""#,
         crate::NOT_INHERITED.join(" ")
     );
     args.extend(
@@ -195,6 +244,7 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
     );
     args.push(env_file.to_string_lossy().into_owned());
     args.push(exit.to_string_lossy().into_owned());
+    args.push(last.to_string_lossy().into_owned());
     args.extend(s.command.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // A new session is announced to every control client (see [`guard`]).
