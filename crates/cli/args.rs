@@ -112,6 +112,13 @@ pub(crate) enum Cmd {
     Agents(AgentsArgs),
     /// Send a message as a person or script; prints its id and the relay's receipt.
     Send(SendArgs),
+    /// Show the messages waiting for the person ("human", or --as NAME), oldest first, and
+    /// mark them read (a second `inbox` does not show them again); --follow keeps showing new
+    /// ones. Messages to a person always wait here, adapters or not.
+    Inbox(InboxArgs),
+    /// Answer a message as the person: sent to its sender, in its thread (the agent sees
+    /// "(thread T)"), counted in the conversation's hop budget.
+    Reply(ReplyArgs),
     /// Print one message in full, by id, short id (as shown in brackets) or a unique prefix of at least 8 characters.
     Read(ReadArgs),
     /// List stored messages, newest first.
@@ -467,9 +474,48 @@ pub(crate) struct SendArgs {
     /// Thread id to attach.
     #[arg(long)]
     pub(crate) thread: Option<String>,
+    /// The full id of the message this answers (`agent-relay reply ID` finds it for you).
+    #[arg(long, value_name = "ID")]
+    pub(crate) in_reply_to: Option<String>,
     /// Message id to use (default: a new ULID). Re-using an id makes the send a no-op duplicate.
     #[arg(long)]
     pub(crate) id: Option<String>,
+    /// Urgent: the recipient's wrapper types it before the other messages waiting for it.
+    #[arg(long)]
+    pub(crate) urgent: bool,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay inbox`.
+#[derive(Debug, Args)]
+pub(crate) struct InboxArgs {
+    /// The person whose mailbox to show: "human" or a declared [people.NAME].
+    #[arg(long = "as", value_name = "NAME", default_value = relay_protocol::HUMAN)]
+    pub(crate) person: String,
+    /// Keep running and show each new message as it arrives (until interrupted).
+    #[arg(long, short = 'f')]
+    pub(crate) follow: bool,
+    /// After the unread messages, also show the latest ones read before.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// One JSON object per line (JSON Lines), each with `"unread": true|false`.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay reply`.
+#[derive(Debug, Args)]
+pub(crate) struct ReplyArgs {
+    /// The message answered: its id, its short id as shown in brackets, or a unique prefix of
+    /// at least 8 characters.
+    pub(crate) id: String,
+    /// The answer; '-' or nothing reads it from stdin.
+    pub(crate) body: Option<String>,
+    /// Answer as this name (default: "human").
+    #[arg(long, default_value = relay_protocol::HUMAN)]
+    pub(crate) from: String,
     /// Urgent: the recipient's wrapper types it before the other messages waiting for it.
     #[arg(long)]
     pub(crate) urgent: bool,

@@ -326,20 +326,7 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
     // The tool result Claude Code sent back to the model is the relay's receipt.
-    let results: Vec<String> = standin
-        .requests()
-        .iter()
-        .flat_map(|r| {
-            r.body["messages"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|m| m["content"].as_array().into_iter().flatten())
-                .filter(|b| b["type"] == "tool_result")
-                .map(|b| b["content"].to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let results = crate::record::tool_results(&standin, 0);
     assert!(
         results
             .iter()
@@ -609,6 +596,27 @@ fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
     ok_stdout(&out)
 }
 
+/// Real Claude Code wrapped as Bob with the relay's hooks installed, in a turn a person
+/// started ("write the report") whose answer the stand-in holds until released.
+pub(crate) fn claude_bob_held_in_a_turn(relay: &Relay) -> crate::agents::Agent<'_> {
+    use crate::agents::{Agent, Cli};
+    let work = relay.dir.path().join("work-Bob");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(relay, &work, &["install", "claude"]);
+    let bob = Agent::start(
+        relay,
+        Cli::Claude,
+        "Bob",
+        relay_standin::Script::new(vec![
+            relay_standin::Rule::contains("write the report", "Report written.").held(),
+        ]),
+    );
+    bob.wait_ready();
+    bob.person_types("write the report");
+    bob.wait_prompts(1);
+    bob
+}
+
 /// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
 /// kept; twice is once); `hooks uninstall claude` gives the file back byte for byte, or, when
 /// the person changed it since, takes out only the relay's hook; with no file before, none after.
@@ -733,22 +741,8 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
 /// never types it.
 #[test]
 fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_states() {
-    use crate::agents::{Agent, Cli};
     let relay = Relay::start();
-    let work = relay.dir.path().join("work-Bob");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    let bob = Agent::start(
-        &relay,
-        Cli::Claude,
-        "Bob",
-        relay_standin::Script::new(vec![
-            relay_standin::Rule::contains("write the report", "Report written.").held(),
-        ]),
-    );
-    bob.wait_ready();
-    bob.person_types("write the report");
-    bob.wait_prompts(1);
+    let bob = claude_bob_held_in_a_turn(&relay);
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
     let out = relay.cli(&["send", "Bob", body, "--json"]);
     let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();

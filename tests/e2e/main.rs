@@ -23,6 +23,7 @@ mod newcomer;
 mod parse;
 mod people;
 mod protocol;
+mod record;
 pub(crate) mod safety;
 mod shells;
 mod support;

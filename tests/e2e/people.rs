@@ -114,7 +114,8 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     assert_eq!(
         out.lines()
             .filter(|l| l.starts_with("got: Relay message from human [")
-                && l.ends_with("]: yes, delete it"))
+                && l.contains("] (thread ")
+                && l.ends_with("): yes, delete it"))
             .count(),
         1,
         "{out}"
@@ -129,6 +130,8 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     assert_eq!(answer["from"], "human");
     assert_eq!(answer["to"], "Alice");
     assert_eq!(answer["in_reply_to"], asked["id"], "{answer}");
+    // In the question's thread (issue 24.1): it started none, so the question is the thread.
+    assert_eq!(answer["thread"], asked["id"], "{answer}");
     let state = adapter(&relay, "telegram");
     assert_eq!(state["state"], "connected", "{state}");
     assert_eq!(state["received"], 2, "{state}");
@@ -288,7 +291,7 @@ impl Drop for KillOnDrop {
 }
 
 /// A POST to the dashboard's listener, with a body; (status, JSON answer).
-fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
+pub(crate) fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut req = format!(

@@ -8,20 +8,25 @@
 //! input, without any typing. For an agent under a wrapper the hook asks the wrapper, through
 //! its door (`team/NAME/door.sock`): the wrapper hands over the messages waiting to be typed
 //! (recorded injected, then verified when the next Stop hook runs: the turn they started is
-//! over) and types what no hook takes, so each message goes in through one door.
+//! over) and types what no hook takes, so each message goes in through one door. Without a
+//! wrapper the hook is a mailbox door itself (`mailbox.rs`): it holds the name for a moment and
+//! takes the oldest waiting messages, each recorded verified by the hook in the store, which
+//! every door reads (so `relay_inbox` never shows them again). Either way one answer holds at
+//! most `relay_wrap::HOOK_TEXT_MAX` bytes of messages; the rest wait, in order.
 //!
 //! It also adds a `UserPromptSubmit` hook, `agent-relay hooks prompt`: when a person submits a
 //! prompt while messages wait (a wrapper holds them back while a person writes a line), they go
 //! in with that prompt as the turn's `additionalContext` (recorded the same way: injected, then
 //! verified when the turn's Stop hook runs; never typed after).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use relay_client::paths::Paths;
-use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
 use serde_json::{Value, json};
+
+use crate::cmd::mailbox::Mailbox;
 
 /// Arguments of `agent-relay hooks`.
 #[derive(Debug, clap::Args)]
@@ -96,9 +101,6 @@ const MARK: &str = " hooks ";
 const SETTINGS: &str = ".claude/settings.json";
 /// The file as it was before `install`, for a byte-for-byte restore.
 const BACKUP: &str = ".claude/settings.json.agent-relay-backup";
-/// Most of the messages' text handed over in one reason (Claude Code replaces longer hook
-/// output with a file path and a preview).
-const MAX_REASON: usize = 9000;
 
 /// Runs `agent-relay hooks`.
 pub(crate) fn run(paths: &Paths, args: &HooksArgs) -> anyhow::Result<()> {
@@ -268,11 +270,6 @@ fn uninstall(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where the hook keeps the newest store position it handed over, per agent.
-fn seen_file(paths: &Paths, name: &str) -> PathBuf {
-    paths.data_dir.join("team").join(name).join("hook-seen")
-}
-
 /// A Claude Code hook: the waiting messages as the Stop hook's block decision or the
 /// UserPromptSubmit hook's additional context, or nothing (Claude Code goes on as usual).
 /// Never fails the hook: a relay that is not running, or any error, means nothing to hand over
@@ -310,57 +307,141 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
             Event::Stop => json!({"hook": "stop", "active": active}),
             Event::Prompt => json!({"hook": "prompt"}),
         };
-        match rt.block_on(from_wrapper(&door, &ask)) {
-            Ok(texts) if texts.is_empty() => {}
-            Ok(texts) => hand_over(event, &name, texts.len(), &texts)?,
+        match rt.block_on(from_door(&door, &ask)) {
+            Ok((texts, _)) if texts.is_empty() => {}
+            Ok((texts, _)) => hand_over(event, &name, texts.len(), &texts)?,
             Err(e) => eprintln!("{who}: nothing handed over: {e:#}"),
         }
         return Ok(());
     }
-    let waiting = match rt.block_on(waiting(paths, &name)) {
-        Ok(w) => w,
+    // The agent's MCP server holds the name (and its messages): it hands over a page.
+    let mcp_door = paths.data_dir.join("team").join(&name).join(MCP_DOOR);
+    let from_mcp = if mcp_door.exists() {
+        let ask = json!({"hook": event.subcommand()});
+        match rt.block_on(from_door(&mcp_door, &ask)) {
+            Ok(t) => Some(t),
+            // A socket a server left behind: the hook takes the messages itself.
+            Err(e) => {
+                tracing::debug!(error = %e, "the MCP server's door does not answer");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let found = match from_mcp {
+        Some(t) => Ok(Some(t)),
+        None => rt.block_on(from_mailbox(paths, &name, event)),
+    };
+    let (texts, more) = match found {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            eprintln!(
+                "{who}: nothing handed over: another door (a wrapper, or the agent's MCP server) holds {name}'s messages"
+            );
+            return Ok(());
+        }
         Err(e) => {
             eprintln!("{who}: nothing handed over: {e:#}");
             return Ok(());
         }
     };
-    let Some(last) = waiting.iter().map(|m| m.pos).max() else {
+    if texts.is_empty() {
         return Ok(());
+    }
+    let mut texts = texts;
+    if more > 0 {
+        texts.push(format!(
+            "({more} more waiting: they come at the end of the next turn, or `agent-relay history --to {name}`)"
+        ));
+    }
+    hand_over(event, &name, texts.len() - usize::from(more > 0), &texts)
+}
+
+/// The socket, in the agent's team directory, of the agent's MCP server when it holds the
+/// agent's name (no wrapper): the hooks ask it for a page of messages.
+pub(crate) const MCP_DOOR: &str = "mcp-door.sock";
+
+/// The door's name in a delivery's trace.
+fn door_name(event: Event) -> &'static str {
+    match event {
+        Event::Stop => "handed to the model by Claude Code's Stop hook",
+        Event::Prompt => "handed to the model by Claude Code's UserPromptSubmit hook",
+    }
+}
+
+/// The hook named `subcommand` (`stop`, `prompt`), if it is one.
+fn event_of(subcommand: &str) -> Option<Event> {
+    Event::ALL
+        .into_iter()
+        .find(|e| e.subcommand() == subcommand)
+}
+
+/// A door holding the agent's messages (the MCP server's) answers the hook `subcommand`: the
+/// oldest messages within [`relay_wrap::HOOK_TEXT_MAX`], each recorded verified by that hook,
+/// as `{"messages": [TEXT, ...], "more": N}`.
+pub(crate) async fn answer_from(mailbox: &Mailbox, subcommand: &str) -> Value {
+    let Some(event) = event_of(subcommand) else {
+        return json!({"error": format!("no hook {subcommand:?}")});
     };
-    let mut texts = Vec::with_capacity(waiting.len());
-    let mut len = 0;
-    for m in &waiting {
-        let thread = m
-            .thread
-            .as_deref()
-            .map(|t| format!(" (thread {})", relay_protocol::short_id(t)))
-            .unwrap_or_default();
-        let piece = format!(
-            "Relay message from {} [{}]{thread}:\n{}",
-            for_terminal(&m.from),
-            relay_protocol::short_id(&m.id),
-            for_terminal(&m.body)
-        );
-        len += piece.len() + 2;
-        if len > MAX_REASON {
-            texts.push(format!(
-                "(more waiting: `agent-relay read ID` or `agent-relay history --to {name}`)"
-            ));
-            break;
-        }
-        texts.push(piece);
+    match take_page(mailbox, event).await {
+        Ok((texts, more)) => json!({"messages": texts, "more": more}),
+        Err(e) => json!({"error": e.to_string()}),
     }
-    let file = seen_file(paths, &name);
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    relay_protocol::file::write_atomic(
-        &file,
-        last.to_string().as_bytes(),
-        relay_protocol::file::Durability::ProcessCrash,
+}
+
+/// The oldest messages within the bound, each acknowledged verified by `event`'s hook.
+async fn take_page(
+    mailbox: &Mailbox,
+    event: Event,
+) -> Result<(Vec<String>, usize), relay_client::ClientError> {
+    let mut used = 0;
+    let (taken, more) = mailbox
+        .take_while(
+            |m| {
+                used += text_of(m).len() + 2;
+                used <= relay_wrap::HOOK_TEXT_MAX
+            },
+            door_name(event),
+        )
+        .await?;
+    Ok((taken.iter().map(text_of).collect(), more))
+}
+
+/// Without a wrapper: the hook holds the agent's name for a moment (a mailbox door) and takes
+/// the oldest waiting messages, at most `HOOK_TEXT_MAX` bytes of text (one at least), each
+/// recorded verified by this hook in the store; the rest wait for the next hook, in order.
+/// Returns their texts and how many more wait; `None` when another door (the agent's MCP
+/// server) holds the name, and so its messages.
+async fn from_mailbox(
+    paths: &Paths,
+    name: &str,
+    event: Event,
+) -> anyhow::Result<Option<(Vec<String>, usize)>> {
+    let Some(mailbox) = Mailbox::open(&paths.socket, name, "claude-hook", false, false).await?
+    else {
+        return Ok(None);
+    };
+    let page = take_page(&mailbox, event).await;
+    // Closed, not dropped: the acknowledgements are written before the hook answers.
+    mailbox.close().await;
+    Ok(Some(page?))
+}
+
+/// One message as a hook hands it to the model (as the wrapper would have typed it).
+fn text_of(m: &relay_client::Delivered) -> String {
+    let thread = m
+        .payload
+        .thread
+        .as_deref()
+        .map(|t| format!(" (thread {})", relay_protocol::short_id(t)))
+        .unwrap_or_default();
+    format!(
+        "Relay message from {} [{}]{thread}:\n{}",
+        for_terminal(&m.from),
+        relay_protocol::short_id(&m.id),
+        for_terminal(&m.payload.body)
     )
-    .with_context(|| format!("cannot write {}", file.display()))?;
-    hand_over(event, &name, waiting.len(), &texts)
 }
 
 /// Prints what hands `n` messages, `texts` (each as the wrapper would have typed it), to the
@@ -392,8 +473,9 @@ fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Re
     Ok(())
 }
 
-/// Asks the wrapper of this agent, through its door, for the messages waiting to be typed.
-async fn from_wrapper(door: &Path, ask: &Value) -> anyhow::Result<Vec<String>> {
+/// Asks a door of this agent (its wrapper's, for the messages waiting to be typed; its MCP
+/// server's) for the messages it hands to the hook, and how many more wait.
+async fn from_door(door: &Path, ask: &Value) -> anyhow::Result<(Vec<String>, usize)> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let stream = tokio::net::UnixStream::connect(door)
         .await
@@ -403,50 +485,19 @@ async fn from_wrapper(door: &Path, ask: &Value) -> anyhow::Result<Vec<String>> {
     write.write_all(ask.as_bytes()).await?;
     let mut line = String::new();
     tokio::io::BufReader::new(read).read_line(&mut line).await?;
-    let answer: Value = serde_json::from_str(&line).context("the wrapper's answer")?;
+    let answer: Value = serde_json::from_str(&line).context("the door's answer")?;
     if let Some(e) = answer["error"].as_str() {
-        anyhow::bail!("the wrapper: {e}");
+        anyhow::bail!("the door: {e}");
     }
-    Ok(answer["messages"]
+    let texts = answer["messages"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|m| m.as_str().map(String::from))
-        .collect())
-}
-
-/// The messages for `name` the hook has not handed over, oldest first; none when a wrapper
-/// holds the name (it types them).
-async fn waiting(paths: &Paths, name: &str) -> anyhow::Result<Vec<MessageRecord>> {
-    let client = crate::cmd::tool_client(&paths.socket, name).await?;
-    let agents = client.query(QueryRequest::Agents).await;
-    let history = client
-        .query(QueryRequest::History(HistoryFilter {
-            to: Some(name.to_owned()),
-            limit: Some(100),
-            ..HistoryFilter::default()
-        }))
-        .await;
-    client.close().await;
-    if let QueryResult::Agents { agents } = agents? {
-        let wrapped = agents
-            .iter()
-            .any(|a| a.name == name && a.online && a.cli.as_deref() != Some("mcp"));
-        if wrapped {
-            return Ok(Vec::new());
-        }
-    }
-    let QueryResult::History { messages } = history? else {
-        anyhow::bail!("unexpected answer to history");
-    };
-    let seen: i64 = std::fs::read_to_string(seen_file(paths, name))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let mut new: Vec<MessageRecord> = messages
-        .into_iter()
-        .filter(|m| m.pos > seen && m.from != name)
         .collect();
-    new.reverse();
-    Ok(new)
+    let more = answer["more"]
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    Ok((texts, more))
 }

@@ -8,21 +8,31 @@
 //! wrapper already holds the name (the same agent, wrapped), it joins that identity instead:
 //! it sends as that name on a client connection and reads the inbox from the store, without a
 //! second agent connection (`docs/DESIGN` §11, one agent, several doors).
+//!
+//! What was handed to the model is recorded in the relay's store, never in this process: a
+//! server that holds the name keeps the relay's deliveries unacknowledged until `relay_inbox`
+//! shows them to the model, oldest first and page by page, and acknowledges each then as
+//! verified by this door (`trace` says so). A server that stops, or a relay that restarts,
+//! leaves what was not shown waiting in the store, for the next server or the agent's wrapper.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use relay_client::paths::Paths;
-use relay_client::{Client, ClientConfig, ClientError, Event, Outgoing};
+use relay_client::{Client, ClientConfig, ClientError, Delivered, Outgoing};
+use relay_protocol::query::DeliveryStatus;
 use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
-use relay_protocol::{AckStatus, ErrorCode, Kind};
+use relay_protocol::{AckStatus, Kind};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
+
+use crate::cmd::mailbox::Mailbox;
 
 /// Arguments of `agent-relay mcp`.
 #[derive(Debug, clap::Args)]
@@ -36,8 +46,9 @@ pub(crate) struct McpArgs {
 /// What the server says about itself to the model at `initialize`.
 const INSTRUCTIONS: &str = "Tools of agent-relay, which connects you with other AI agents \
 working in other terminals. relay_send sends a message (the result is the relay's receipt or \
-its refusal); relay_inbox lists messages sent to you that you have not seen; relay_read shows \
-one message in full; relay_agents lists the agents; relay_search searches the history.";
+its refusal; an answer to a message relay_inbox showed you is sent as a reply to it); \
+relay_inbox shows the messages sent to you that you have not seen, oldest first, a page at a \
+time (call it again while it says more are waiting); relay_read shows one message in full; relay_agents lists the agents; relay_search searches the history.";
 
 /// Runs the MCP server on stdin/stdout until the client closes it.
 pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
@@ -62,15 +73,21 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
     // A wrapper answering on its door holds the name: join it at once (asking the relay for
     // the name would wait for it to come free, as for a restarting agent, before joining).
     let wrapped = tokio::net::UnixStream::connect(&door).await.is_ok();
-    let held = if wrapped {
+    let agent = if wrapped {
         tracing::info!(agent = %name, "a wrapper holds the name (its door answers): joining it");
         None
     } else {
-        hold_name(&socket, &name).await?
+        let mailbox = Mailbox::open(&socket, &name, "mcp", true, true).await?;
+        if mailbox.is_none() {
+            tracing::info!(agent = %name, "the name is held (a wrapper): joining it");
+        }
+        mailbox.map(Arc::new)
     };
-    let (agent, reader) = match held {
-        Some((client, reader)) => (Some(client), Some(reader)),
-        None => (None, None),
+    // Holding the name, this server has the agent's messages: Claude Code's hooks (no
+    // wrapper) ask it for a page through a socket in the agent's team directory.
+    let _hook_door = match &agent {
+        Some(mailbox) => hook_door(&door, Arc::clone(mailbox)),
+        None => None,
     };
     let server = RelayMcp {
         socket,
@@ -78,54 +95,92 @@ async fn serve(socket: PathBuf, name: String, door: PathBuf) -> anyhow::Result<(
         door,
         agent,
         seen_pos: Arc::new(AtomicI64::new(0)),
+        replying_to: Arc::new(Mutex::new(HashMap::new())),
         tool_router: RelayMcp::tool_router(),
     };
     let running = server.serve(rmcp::transport::stdio()).await?;
-    let quit = running.waiting().await;
-    if let Some(reader) = reader {
-        reader.abort();
-    }
-    quit?;
+    running.waiting().await?;
     Ok(())
 }
 
-/// Connects as the agent `name` when no one holds the name, so that it is a known, online
-/// agent and its messages are stored for it; deliveries are acknowledged as they arrive (the
-/// model reads them from the store with `relay_inbox`). `None` when a wrapper holds the name.
-async fn hold_name(
-    socket: &std::path::Path,
-    name: &str,
-) -> anyhow::Result<Option<(Arc<Client>, tokio::task::JoinHandle<()>)>> {
-    let cfg = ClientConfig {
-        cli: Some("mcp".to_owned()),
-        ..ClientConfig::agent(socket.to_path_buf(), name)
-    };
-    let mut client = match Client::connect(cfg).await {
-        Ok(c) => c,
-        Err(ClientError::Refused {
-            code: ErrorCode::NameInUse,
-            ..
-        }) => {
-            tracing::info!(agent = name, "the name is held (a wrapper): joining it");
-            return Ok(None);
+/// Removes the hook door's socket when the server ends.
+struct HookDoor(PathBuf);
+
+impl Drop for HookDoor {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.0) {
+            tracing::debug!(error = %e, "cannot remove the hook door's socket");
         }
-        Err(e) => return Err(e.into()),
+    }
+}
+
+/// Opens the socket `hooks.rs` asks (`team/NAME/mcp-door.sock`, next to where a wrapper's door
+/// would be): one JSON line `{"hook": "stop"|"prompt"}`, answered by one JSON line, a page of
+/// messages taken from `mailbox` (see `hooks::answer_from`). A door that cannot open is
+/// logged: the hooks then hand nothing over while this server holds the name.
+fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<HookDoor> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = wrapper_door.parent()?;
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot create the team directory for the hooks' door");
+        return None;
+    }
+    let path = dir.join(crate::cmd::hooks::MCP_DOOR);
+    // A socket left by a server that died: this server holds the name now.
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(error = %e, "cannot remove an old hook door socket");
+    }
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot open the door for Claude Code's hooks");
+            return None;
+        }
     };
-    let mut events = client.take_events();
-    let client = Arc::new(client);
-    let acker = Arc::clone(&client);
-    let reader = tokio::spawn(async move {
-        while let Some(event) = events.next().await {
-            if let Event::Message(msg) = event {
-                // Stored, and read from the store by relay_inbox: the delivery is done.
-                if let Err(e) = acker.ack(&msg, None).await {
-                    tracing::warn!(error = %e, id = %msg.id, "cannot acknowledge a delivery; the relay will deliver it again");
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the hooks' door stopped accepting");
+                    return;
                 }
-            }
+            };
+            let mailbox = Arc::clone(&mailbox);
+            tokio::spawn(async move {
+                use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+                let (read, mut write) = stream.into_split();
+                let mut line = String::new();
+                let answer = match tokio::io::BufReader::new(read.take(4096))
+                    .read_line(&mut line)
+                    .await
+                {
+                    Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+                        Ok(v) => {
+                            let hook = v["hook"].as_str().unwrap_or("");
+                            crate::cmd::hooks::answer_from(&mailbox, hook).await
+                        }
+                        Err(e) => serde_json::json!({"error": format!("not a hook request: {e}")}),
+                    },
+                    Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
+                };
+                if let Err(e) = write.write_all(format!("{answer}\n").as_bytes()).await {
+                    tracing::warn!(error = %e, "the hook left before its answer: the messages it was handed are recorded as handed over");
+                }
+            });
         }
     });
-    Ok(Some((client, reader)))
+    Some(HookDoor(path))
 }
+
+/// The door's name in a delivery's trace.
+const DOOR: &str = "shown to the model by relay_inbox (MCP server)";
 
 /// Arguments of `relay_send`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -145,16 +200,22 @@ struct SendParams {
     /// Deliver before other waiting messages.
     #[serde(default)]
     urgent: bool,
+    /// The id of the message this answers (or its first 8 or more characters, as shown in
+    /// brackets): the answer joins its thread and counts in the conversation's hop budget.
+    /// Without it, a message to an agent whose message relay_inbox showed you last is an
+    /// answer to that message.
+    #[serde(default)]
+    reply_to: Option<String>,
 }
 
 /// Arguments of `relay_inbox`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
 struct InboxParams {
-    /// Also show messages already shown by an earlier relay_inbox call.
+    /// Show the latest messages to you, whether shown before or not (nothing is marked read).
     #[serde(default)]
     all: bool,
-    /// At most this many messages (default 20).
+    /// At most this many messages (default 20); call again for the next ones.
     #[serde(default)]
     limit: Option<u32>,
 }
@@ -185,6 +246,9 @@ struct SearchParams {
     limit: Option<u32>,
 }
 
+/// A message the model was shown, as an answer to it names it: (id, thread).
+type Answered = (String, Option<String>);
+
 /// The MCP server of one agent.
 #[derive(Clone)]
 struct RelayMcp {
@@ -193,11 +257,15 @@ struct RelayMcp {
     /// The wrapper's door (`relay_wrap` `door.rs`): under a wrapper that holds the name, sends
     /// go through the wrapper's connection.
     door: PathBuf,
-    /// The agent's own connection, when this server holds the name: only it may send as the
-    /// agent.
-    agent: Option<Arc<Client>>,
-    /// The newest store position `relay_inbox` has shown.
+    /// The agent's own connection, when this server holds the name (only it may send as the
+    /// agent), with the deliveries it holds.
+    agent: Option<Arc<Mailbox>>,
+    /// Under a wrapper: the newest store position `relay_inbox` has shown (what the store
+    /// records as handed over is the wrapper's to say).
     seen_pos: Arc<AtomicI64>,
+    /// Per sender, the latest of its messages the model was shown (id, thread): a message to
+    /// that sender is an answer to it.
+    replying_to: Arc<Mutex<HashMap<String, Answered>>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -249,6 +317,7 @@ impl RelayMcp {
             "body": msg.payload.body,
             "topic": msg.topic,
             "thread": msg.payload.thread,
+            "in_reply_to": msg.payload.in_reply_to,
             "urgent": msg.payload.urgent,
         });
         let exchange = async {
@@ -317,8 +386,8 @@ impl RelayMcp {
     }
 
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
-        if let Some(agent) = &self.agent {
-            return agent.query(req).await;
+        if let Some(mailbox) = &self.agent {
+            return mailbox.client().query(req).await;
         }
         let client = self.client().await?;
         let res = client.query(req).await;
@@ -334,6 +403,110 @@ impl RelayMcp {
             ))),
         }
     }
+    /// What a message to `to` answers, as (id, thread): the message `reply_to` names, or else
+    /// the latest message from `to` this server showed the model. The thread is the answered
+    /// message's own thread, or the answered message itself (so the conversation has one).
+    async fn answers(
+        &self,
+        to: &str,
+        reply_to: Option<&str>,
+    ) -> Result<Option<(String, Option<String>)>, String> {
+        let threaded = |id: String, thread: Option<String>| {
+            let thread = thread.unwrap_or_else(|| id.clone());
+            Some((id, Some(thread)))
+        };
+        if let Some(wanted) = reply_to {
+            return match self
+                .query(QueryRequest::Read {
+                    id: wanted.to_owned(),
+                    from: None,
+                })
+                .await
+            {
+                Ok(QueryResult::Read { message }) => Ok(threaded(message.id, message.thread)),
+                Ok(QueryResult::Error { message, .. }) => Err(format!(
+                    "reply_to {}: {}",
+                    for_terminal(wanted),
+                    for_terminal(&message)
+                )),
+                Ok(other) => Err(format!("reply_to: unexpected answer {other:?}")),
+                Err(e) => Err(format!("reply_to {}: {e}", for_terminal(wanted))),
+            };
+        }
+        let shown = self
+            .replying_to
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(shown
+            .get(to)
+            .and_then(|(id, thread)| threaded(id.clone(), thread.clone())))
+    }
+
+    /// The latest `limit` messages to this agent, oldest first, shown or not (nothing is
+    /// marked).
+    async fn latest(&self, limit: usize) -> Result<Vec<MessageRecord>, ClientError> {
+        let filter = HistoryFilter {
+            to: Some(self.name.clone()),
+            limit: Some(u32::try_from(limit).unwrap_or(1000)),
+            ..HistoryFilter::default()
+        };
+        let mut messages: Vec<MessageRecord> = self
+            .history(filter)
+            .await?
+            .into_iter()
+            .filter(|m| m.from != self.name)
+            .collect();
+        messages.reverse();
+        Ok(messages)
+    }
+
+    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages to this agent
+    /// the store does not record as verified or ended, and newer than what this server showed;
+    /// the wrapper is told they were shown. Returns them with how many more wait.
+    async fn unread_in_store(
+        &self,
+        limit: usize,
+    ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
+        let seen = self.seen_pos.load(Ordering::Relaxed);
+        let mut waiting: Vec<MessageRecord> = self
+            .latest(1000)
+            .await?
+            .into_iter()
+            .filter(|m| {
+                m.pos > seen
+                    && m.deliveries.iter().any(|d| {
+                        d.recipient == self.name
+                            && matches!(d.status, DeliveryStatus::Queued | DeliveryStatus::Acked)
+                    })
+            })
+            .collect();
+        let more = waiting.len().saturating_sub(limit);
+        waiting.truncate(limit);
+        if let Some(last) = waiting.iter().map(|m| m.pos).max() {
+            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        }
+        self.tell_shown(waiting.iter().map(|m| m.id.clone()).collect())
+            .await;
+        Ok((waiting, more))
+    }
+}
+
+/// A held delivery as the record the tools show.
+fn record_of(m: &Delivered) -> MessageRecord {
+    MessageRecord {
+        pos: 0,
+        id: m.id.clone(),
+        ts: m.ts,
+        from: m.from.clone(),
+        to: m.to.clone(),
+        topic: m.topic.clone(),
+        kind: m.payload.kind,
+        body: m.payload.body.clone(),
+        data: m.payload.data.clone(),
+        thread: m.payload.thread.clone(),
+        in_reply_to: m.payload.in_reply_to.clone(),
+        deliveries: Vec::new(),
+    }
 }
 
 #[tool_router(router = tool_router)]
@@ -347,6 +520,11 @@ impl RelayMcp {
         if p.body.trim().is_empty() {
             return failed("not sent: the body is empty");
         }
+        let (in_reply_to, thread) = match self.answers(&p.to, p.reply_to.as_deref()).await {
+            Ok(Some((id, thread))) => (Some(id), p.thread.or(thread)),
+            Ok(None) => (None, p.thread),
+            Err(e) => return failed(format!("not sent: {e}")),
+        };
         let msg = Outgoing {
             id: None,
             to: Some(p.to.clone()),
@@ -355,14 +533,14 @@ impl RelayMcp {
                 kind: Kind::Message,
                 body: p.body,
                 data: None,
-                thread: p.thread,
-                in_reply_to: None,
+                thread,
+                in_reply_to,
                 budget: None,
                 urgent: p.urgent,
             },
         };
         let res = match &self.agent {
-            Some(agent) => agent.send(msg).await,
+            Some(mailbox) => mailbox.client().send(msg).await,
             None if self.door.exists() => return self.door_send(&p.to, msg).await,
             None => match self.client().await {
                 Ok(client) => {
@@ -404,40 +582,49 @@ impl RelayMcp {
         }
     }
 
-    /// The messages sent to this agent that it has not seen.
+    /// The messages sent to this agent that it has not seen, oldest first, a page at a time.
     #[tool(
         name = "relay_inbox",
-        description = "List the relay messages sent to you (to your name or to everyone) that an earlier relay_inbox call did not show, oldest first, each with its id, sender, thread and full body. all=true shows the latest ones even if already shown."
+        description = "Show the relay messages sent to you (to your name or to everyone) that you have not been shown yet, oldest first, each with its id, sender, thread and full body; at most `limit` (default 20) at a time: when it says more are waiting, call it again. Once shown here a message counts as read. all=true shows the latest ones whether shown before or not."
     )]
     async fn relay_inbox(&self, Parameters(p): Parameters<InboxParams>) -> CallToolResult {
-        let filter = HistoryFilter {
-            to: Some(self.name.clone()),
-            limit: Some(p.limit.unwrap_or(20).clamp(1, 1000)),
-            ..HistoryFilter::default()
+        let limit = usize::try_from(p.limit.unwrap_or(20).clamp(1, 1000)).unwrap_or(20);
+        let taken = if p.all {
+            self.latest(limit).await.map(|m| (m, 0))
+        } else if let Some(mailbox) = &self.agent {
+            mailbox
+                .take(limit, DOOR)
+                .await
+                .map(|(taken, more)| (taken.iter().map(record_of).collect(), more))
+        } else {
+            self.unread_in_store(limit).await
         };
-        let messages = match self.history(filter).await {
-            Ok(m) => m,
+        let (shown, more) = match taken {
+            Ok(t) => t,
             Err(e) => return failed(format!("cannot read the inbox: {e}")),
         };
-        let seen = self.seen_pos.load(Ordering::Relaxed);
-        let mut new: Vec<MessageRecord> = messages
-            .into_iter()
-            .filter(|m| m.from != self.name && (p.all || m.pos > seen))
-            .collect();
-        new.reverse();
-        if let Some(last) = new.iter().map(|m| m.pos).max() {
-            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        {
+            let mut replying = self
+                .replying_to
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for m in &shown {
+                replying.insert(m.from.clone(), (m.id.clone(), m.thread.clone()));
+            }
         }
-        if new.is_empty() {
-            return text("No new relay messages.");
+        let more = if more > 0 {
+            format!("\n\n({more} more waiting: call relay_inbox again for the next ones.)")
+        } else {
+            String::new()
+        };
+        if shown.is_empty() {
+            return text(format!("No new relay messages.{more}"));
         }
-        self.tell_shown(new.iter().map(|m| m.id.clone()).collect())
-            .await;
         text(format!(
-            "{} relay message{}:\n\n{}",
-            new.len(),
-            if new.len() == 1 { "" } else { "s" },
-            show_all(&new)
+            "{} relay message{}:\n\n{}{more}",
+            shown.len(),
+            if shown.len() == 1 { "" } else { "s" },
+            show_all(&shown)
         ))
     }
 
@@ -457,6 +644,11 @@ impl RelayMcp {
             Ok(QueryResult::Read { message }) => {
                 if message.to == self.name || message.to == "*" {
                     self.tell_shown(vec![message.id.clone()]).await;
+                    if let Some(mailbox) = &self.agent {
+                        mailbox
+                            .shown_elsewhere(&message.from, &message.id, DOOR)
+                            .await;
+                    }
                 }
                 text(show(&message))
             }

@@ -5,11 +5,13 @@ mod bench;
 mod config;
 mod doctor;
 pub(crate) mod hooks;
+mod inbox;
+mod mailbox;
 pub(crate) mod mcp;
 pub(crate) mod parse;
-mod query;
+pub(crate) mod query;
 pub(crate) mod rules;
-mod send;
+pub(crate) mod send;
 pub(crate) mod stop;
 pub(crate) mod teach;
 pub(crate) mod up;
@@ -135,6 +137,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Chain(a) => query::chain(&paths, a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
+                    Cmd::Inbox(a) => inbox::inbox(&paths, &a).await,
+                    Cmd::Reply(a) => inbox::reply(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
                     Cmd::Doctor(a) => doctor::doctor(&paths, a.json).await,

@@ -30,7 +30,7 @@ async fn ask(paths: &Paths, req: QueryRequest) -> anyhow::Result<QueryResult> {
 /// it upper-cased. Ids the relay makes are ULIDs, which are case-insensitive and written in
 /// upper case; ids in general are case-sensitive (a SEND may choose `build-1` and `BUILD-1`),
 /// so the exact id is always tried first.
-async fn ask_id(
+pub(crate) async fn ask_id(
     paths: &Paths,
     id: &str,
     make: impl Fn(String) -> QueryRequest,

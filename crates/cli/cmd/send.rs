@@ -58,7 +58,7 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
             body,
             data: None,
             thread: args.thread,
-            in_reply_to: None,
+            in_reply_to: args.in_reply_to,
             budget: None,
             urgent: args.urgent,
         },

@@ -457,6 +457,25 @@ impl Client {
             .map_err(|_| ClientError::Closed)
     }
 
+    /// Acknowledges a delivered message as verified because a door showed it to the agent's
+    /// model whole (a tool's result, a hook's output), saying which door: the daemon records
+    /// `door` in the message's trace.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`].
+    pub async fn ack_shown(&self, msg: &Delivered, door: &str) -> Result<(), ClientError> {
+        self.cmds
+            .send(Cmd::Ack {
+                from: msg.from.clone(),
+                id: msg.id.clone(),
+                seq: msg.seq,
+                state: Some(DeliveryState::Verified),
+                reason: Some(door.to_owned()),
+            })
+            .await
+            .map_err(|_| ClientError::Closed)
+    }
+
     /// Acknowledges a delivered message as failed, saying why: it could not be handed to the
     /// agent. The daemon dead-letters it with `reason` and tells its sender (like
     /// [`Client::ack`] with a failed state, which gives no reason).

@@ -248,6 +248,44 @@ async function loadDead() {
 }
 const loadDeadSoon = coalesced(() => loadDead().catch(() => {}), 300);
 
+// ---- the person's inbox ----
+// Messages to `human` (a mailbox that always exists), each with a reply box: the answer goes to
+// its sender in its thread, as `agent-relay reply` sends it.
+function inboxItem(m) {
+  const out = el('span', { class: 'notice outcome' });
+  const text = el('textarea', { rows: 2, placeholder: `answer ${m.from}…`, 'aria-label': `answer to ${m.from}` });
+  const send = el('button', { type: 'button', class: 'reply', onclick: async (e) => {
+    e.stopPropagation();
+    if (!text.value.trim()) return;
+    send.disabled = true;
+    try {
+      const res = await fetch(url('/api/reply'), { method: 'POST', cache: 'no-store',
+        headers: { 'content-type': 'application/json' }, body: JSON.stringify({ id: m.id, body: text.value }) });
+      const body = await res.json().catch(() => ({}));
+      if (!res.ok) throw new Error((body.error && body.error.message) || `${res.status} ${res.statusText}`);
+      out.textContent = `sent to ${body.to} (${body.status})`;
+      text.value = '';
+    } catch (err) { out.textContent = err.message; }
+    send.disabled = false;
+  } }, 'Reply');
+  return el('li', { dataset: { id: m.id, unread: m.unread ? 'true' : 'false' } },
+    el('span', { class: 'time', title: new Date(m.ts).toLocaleString() }, clock(m.ts)),
+    el('div', { class: 'head' },
+      el('span', { class: 'who' }, m.from),
+      m.thread ? el('span', { class: 'tag' }, `thread ${m.thread.slice(-8)}`) : null,
+      m.unread ? el('span', { class: 'tag' }, 'unread') : null),
+    el('span', { class: 'body' }, m.body),
+    el('div', { class: 'reply-box' }, text, send), out);
+}
+async function loadInbox() {
+  const { messages } = await api('/api/inbox');
+  $('#inbox').replaceChildren(...messages.map(inboxItem));
+  $('#inbox-empty').hidden = messages.length > 0;
+  const unread = messages.filter((m) => m.unread).length;
+  $('#inbox-count').textContent = unread ? `${unread} unread` : '';
+}
+const loadInboxSoon = coalesced(() => loadInbox().catch(() => {}), 300);
+
 // ---- people adapters (shown only when the project declares people) ----
 async function loadAdapters() {
   const { adapters } = await api('/api/adapters');
@@ -336,6 +374,7 @@ function onEvent(ev) {
       addToFlow({ id: ev.id, ts: ev.ts, from: ev.from, to: ev.to, topic: ev.topic, kind: ev.kind, thread: ev.thread,
         body: ev.truncated ? `${ev.body}…` : ev.body, deliveries: ev.recipients.map((r) => ({ recipient: r, status: 'queued' })) }, true);
       refreshAgentsSoon();
+      if (ev.recipients.includes('human')) loadInboxSoon();
       break;
     case 'delivered': setDelivery(ev.id, ev.recipient, 'sent'); break;
     case 'acked': {
@@ -379,7 +418,7 @@ function reloadSoon() {
 async function loadSnapshot() {
   const { messages } = await api('/api/messages', { limit: 100 });
   for (const m of messages) addToFlow(m, false);
-  await Promise.all([loadAgents(), loadStats(), loadDead(), loadAdapters()]);
+  await Promise.all([loadAgents(), loadStats(), loadDead(), loadAdapters(), loadInbox()]);
 }
 
 function connect() {

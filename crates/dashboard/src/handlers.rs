@@ -231,6 +231,127 @@ pub(crate) async fn message(
     Ok(Json(json!({ "message": message, "trace": trace.events })))
 }
 
+/// Query of `GET /api/inbox`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct InboxQuery {
+    /// The person (default `human`).
+    person: Option<String>,
+}
+
+/// Messages of a person's inbox listed.
+const INBOX_LIMIT: u32 = 50;
+
+/// `GET /api/inbox?person=NAME`: the latest messages to a person (`human` by default; a
+/// person's mailbox always exists), newest first, each with `unread`: no door of the person
+/// (`agent-relay inbox`, an adapter) has handed it over yet. Listing them marks nothing.
+pub(crate) async fn inbox(
+    State(app): State<Arc<App>>,
+    Query(q): Query<InboxQuery>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let person = non_empty(q.person).unwrap_or_else(|| relay_protocol::HUMAN.to_owned());
+    relay_protocol::validate_agent_name(&person)
+        .map_err(|e| failure(StatusCode::BAD_REQUEST, "invalid", format!("person: {e}")))?;
+    let filter = HistoryFilter {
+        to: Some(person.clone()),
+        limit: Some(INBOX_LIMIT),
+        ..HistoryFilter::default()
+    };
+    let answer = ask(&app, QueryRequest::History(filter)).await?;
+    let QueryResult::History { messages } = answer.result else {
+        return Err(unexpected());
+    };
+    let listed: Vec<serde_json::Value> = messages
+        .into_iter()
+        .filter(|m| m.from != person)
+        .map(|m| {
+            let unread = m.deliveries.iter().any(|d| {
+                d.recipient == person && d.status == relay_protocol::query::DeliveryStatus::Queued
+            });
+            let mut v = json!(m);
+            v["unread"] = json!(unread);
+            v
+        })
+        .collect();
+    Ok(Json(json!({ "person": person, "messages": listed })))
+}
+
+/// Body of `POST /api/reply`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReplyBody {
+    /// The message answered (id, short id or prefix).
+    id: String,
+    /// The answer.
+    body: String,
+    /// The person answering (default `human`).
+    #[serde(default)]
+    from: Option<String>,
+}
+
+/// `POST /api/reply` `{"id", "body", "from"?}`: answers message `id` as the person, as
+/// `agent-relay reply` does: to its sender, with `in_reply_to` and its thread (the message's
+/// own, or the message itself). Answered with the relay's receipt, or its refusal.
+pub(crate) async fn reply(
+    State(app): State<Arc<App>>,
+    Json(r): Json<ReplyBody>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let from = non_empty(r.from).unwrap_or_else(|| relay_protocol::HUMAN.to_owned());
+    relay_protocol::validate_agent_name(&from)
+        .map_err(|e| failure(StatusCode::BAD_REQUEST, "invalid", format!("from: {e}")))?;
+    if r.body.trim().is_empty() {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "the answer is empty",
+        ));
+    }
+    let answer = ask(
+        &app,
+        QueryRequest::Read {
+            id: r.id,
+            from: None,
+        },
+    )
+    .await?;
+    let QueryResult::Read { message } = answer.result else {
+        return Err(unexpected());
+    };
+    let answer = ask(&app, QueryRequest::Status).await?;
+    let QueryResult::Status(status) = answer.result else {
+        return Err(unexpected());
+    };
+    let mut out = relay_client::Outgoing::new(message.from.clone(), r.body);
+    out.payload.thread = Some(message.thread.clone().unwrap_or_else(|| message.id.clone()));
+    out.payload.in_reply_to = Some(message.id);
+    let unavailable = |e: relay_client::ClientError| {
+        failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    };
+    let client = relay_client::Client::connect(relay_client::ClientConfig::tool(
+        std::path::PathBuf::from(&status.socket),
+        from,
+    ))
+    .await
+    .map_err(unavailable)?;
+    let res = client.send(out).await;
+    client.close().await;
+    match res {
+        Ok(receipt) => Ok(Json(json!({
+            "id": receipt.id,
+            "to": message.from,
+            "status": receipt.status,
+        }))),
+        Err(relay_client::ClientError::Rejected { code, reason }) => Err(failure(
+            StatusCode::CONFLICT,
+            "refused",
+            format!("{code:?}: {reason}"),
+        )),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
 /// `GET /api/dead`: the dead-letter queue (not yet retried), newest first, as `agent-relay
 /// dlq` lists it: expired, failed, and refused (rules, rate limits, budgets) alike.
 pub(crate) async fn dead(State(app): State<Arc<App>>) -> Result<Json<serde_json::Value>, Failure> {

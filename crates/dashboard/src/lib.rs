@@ -147,6 +147,8 @@ pub async fn serve_with(
         .route("/api/events", get(handlers::events))
         .route("/metrics", get(handlers::prometheus))
         .route("/api/adapters", get(handlers::adapters))
+        .route("/api/inbox", get(handlers::inbox))
+        .route("/api/reply", post(handlers::reply))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         // Outside the token guard: a webhook sender has the shared secret, not the token.
         // The handler checks the host, then the signature, before reading anything else.

@@ -59,6 +59,14 @@ pub struct Person {
     pub waiting_after_s: u64,
 }
 
+impl Person {
+    /// Whether an adapter reaches this person (otherwise their messages wait in their mailbox
+    /// for `agent-relay inbox` and the dashboard).
+    pub fn reachable(&self) -> bool {
+        self.telegram.is_some() || self.webhook
+    }
+}
+
 /// The webhook adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Webhook {
@@ -316,19 +324,7 @@ pub fn parse(text: &str, root: &Path, home: Option<&Path>) -> Result<PeopleConfi
             ),
         ));
     }
-    if let Some((name, _)) = doc
-        .people
-        .iter()
-        .find(|(_, p)| p.telegram.is_none() && !p.webhook)
-    {
-        return Err(err(
-            name.span().start,
-            format!(
-                "[people.{}]: no way to reach this person: give `telegram = USER_ID` or `webhook = true`",
-                name.get_ref()
-            ),
-        ));
-    }
+    // A person with neither is a mailbox only: `agent-relay inbox` and the dashboard.
     Ok(cfg)
 }
 
@@ -406,16 +402,19 @@ mod tests {
                 "http://",
             ),
             ("\n[people.\"bad name\"]\nwebhook = true\n", 2, "people."),
-            (
-                "[people.human]\nnotify = [\"blocked\"]\n",
-                1,
-                "no way to reach",
-            ),
         ] {
             let e = parse(text, Path::new("/p"), None).unwrap_err();
             assert_eq!(line(text, &e), at, "{text}: {e}");
             assert!(e.message.contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn a_person_without_an_adapter_is_a_mailbox() {
+        let cfg = parse("[people.human]\n\n[people.Kim]\n", Path::new("/p"), None).unwrap();
+        let names: Vec<&str> = cfg.people.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["Kim", "human"]);
+        assert!(cfg.people.iter().all(|p| !p.reachable()));
     }
 
     #[test]

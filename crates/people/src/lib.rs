@@ -223,7 +223,12 @@ impl Hub {
     /// `daemon` (whose socket the connections use). They stop when the daemon stops.
     pub fn start(&self, daemon: &Handle) {
         self.write_status();
+        // A person with no adapter has no connection here: messages to them wait in their
+        // mailbox in the store (`agent-relay inbox`, the dashboard).
         for person in self.inner.cfg.people.clone() {
+            if !person.reachable() {
+                continue;
+            }
             let (tx, rx) = mpsc::channel(64);
             lock(&self.inner.senders).insert(person.name.clone(), tx);
             tokio::spawn(self.clone().person(person, rx, daemon.clone()));
@@ -338,7 +343,13 @@ impl Hub {
                     Some(_) => {}
                     None => return,
                 },
-                Some(send) = sends.recv() => {
+                Some(mut send) = sends.recv() => {
+                    // An answer belongs to the thread of what it answers (or starts it there).
+                    if send.msg.payload.thread.is_none()
+                        && let Some(parent) = send.msg.payload.in_reply_to.clone()
+                    {
+                        send.msg.payload.thread = Some(thread_of(&client, parent).await);
+                    }
                     match client.send_nowait(send.msg).await {
                         Ok((id, pending)) => {
                             tokio::spawn(async move {
@@ -793,6 +804,30 @@ fn rand_draw() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     f64::from(n % 1000) / 1000.0
+}
+
+/// The thread an answer to message `parent` belongs to: `parent`'s own thread, or `parent`
+/// itself when it started none (or cannot be read: the answer still names it).
+async fn thread_of(client: &Client, parent: String) -> String {
+    match client
+        .query(relay_protocol::query::QueryRequest::Read {
+            id: parent.clone(),
+            from: None,
+        })
+        .await
+    {
+        Ok(relay_protocol::query::QueryResult::Read { message }) => {
+            message.thread.unwrap_or(message.id)
+        }
+        Ok(other) => {
+            tracing::debug!(?other, %parent, "the message answered cannot be read; its id is the thread");
+            parent
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, %parent, "the message answered cannot be read; its id is the thread");
+            parent
+        }
+    }
 }
 
 #[cfg(test)]

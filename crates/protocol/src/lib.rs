@@ -41,6 +41,10 @@ pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 /// person), never as a connected agent.
 pub const PERSON_CLI: &str = "person";
 
+/// The person at the terminal: the name `agent-relay send` signs with by default, and a
+/// mailbox that can always be addressed.
+pub const HUMAN: &str = "human";
+
 /// Characters in a [`short_id`].
 pub const SHORT_ID_LEN: usize = 8;
 

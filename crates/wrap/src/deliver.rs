@@ -219,7 +219,7 @@ impl Core {
         for id in ids {
             if let Some(m) = self.noticed.remove(id) {
                 tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
-                self.ack(&m, DeliveryState::Verified).await;
+                self.ack_door(&m, crate::TOOL_DOOR).await;
                 n += 1;
             }
         }
@@ -238,7 +238,7 @@ impl Core {
                     tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
                 }
                 self.queued.remove(&m.id);
-                self.ack(&m, DeliveryState::Verified).await;
+                self.ack_door(&m, crate::TOOL_DOOR).await;
                 n += 1;
             }
         }
@@ -278,7 +278,7 @@ impl Core {
         if let Err(e) = self.log.finished(&m.id, true) {
             tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
         }
-        self.ack(m, DeliveryState::Verified).await;
+        self.ack_door(m, crate::TOOL_DOOR).await;
         true
     }
 }

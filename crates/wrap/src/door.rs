@@ -4,8 +4,8 @@
 //! connection speaking as a connected agent).
 //!
 //! A Unix socket `door.sock` in the agent's private team directory (0700, created by the CLI),
-//! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "urgent"?}`,
-//! answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
+//! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "in_reply_to"?,
+//! "urgent"?}`, answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
 //! `{"nack", "reason"}` or `{"error"}`; or `{"read": [ids]}`, the messages the agent's tool
 //! just showed the model in full (notice delivery verifies them, see `deliver.rs`), answered
 //! `{"verified": N}`.
@@ -92,6 +92,9 @@ struct Wire {
     topic: Option<String>,
     #[serde(default)]
     thread: Option<String>,
+    /// The message this answers: the reply counts in its chain's hop budget.
+    #[serde(default)]
+    in_reply_to: Option<String>,
     #[serde(default)]
     urgent: bool,
 }
@@ -191,7 +194,7 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
             body: w.body,
             data: None,
             thread: w.thread,
-            in_reply_to: None,
+            in_reply_to: w.in_reply_to,
             budget: None,
             urgent: w.urgent,
         },

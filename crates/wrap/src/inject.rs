@@ -287,13 +287,14 @@ impl<T> Injector<T> {
         Some(join(group))
     }
 
-    /// Takes out the queued messages (not the one being typed) that `f` picks, in their
-    /// order: another door handed them to the agent, so they are not typed.
-    pub fn take_queued(&mut self, mut f: impl FnMut(&T) -> bool) -> Vec<(String, T)> {
+    /// Takes out the queued messages (not the one being typed) that `f` picks, given each
+    /// one's text, in their order: another door handed them to the agent, so they are not
+    /// typed.
+    pub fn take_queued(&mut self, mut f: impl FnMut(&str, &T) -> bool) -> Vec<(String, T)> {
         let mut taken = Vec::new();
         let mut kept = VecDeque::with_capacity(self.queue.len());
         for (text, item, urgent) in self.queue.drain(..) {
-            if f(&item) {
+            if f(&text, &item) {
                 taken.push((text, item));
             } else {
                 kept.push_back((text, item, urgent));
@@ -821,7 +822,7 @@ mod tests {
         let at = t0 + Duration::from_secs(1);
         assert_eq!(inj.poll(at, look), Some(Action::Type("a".into())));
         // The one being typed stays; the others go, in order.
-        let taken = inj.take_queued(|_| true);
+        let taken = inj.take_queued(|_, _| true);
         assert_eq!(taken, vec![("b".to_owned(), 2), ("c".to_owned(), 3)]);
         assert_eq!(inj.pending(), 1);
         assert_eq!(inj.current(), Some(&1));

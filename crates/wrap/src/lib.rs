@@ -26,6 +26,16 @@ mod terminal;
 pub mod tmux;
 /// The door's socket file name in the team directory (see `door.rs`).
 pub use door::SOCKET as DOOR_SOCKET;
+
+/// The door a message handed to a Claude Code hook is verified by, in its trace.
+const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";
+/// The door a message the agent's own tool showed is verified by, in its trace.
+const TOOL_DOOR: &str = "shown to the model by the agent's MCP tool (relay_inbox, relay_read)";
+
+/// The most message text one Claude Code hook answer hands over (bytes, one message at least):
+/// Claude Code replaces longer hook output with a file path and a short preview, which the
+/// model would take for the messages. What does not fit waits for the next hook or typing.
+pub const HOOK_TEXT_MAX: usize = 9000;
 mod transcript;
 mod turn;
 
@@ -1037,7 +1047,7 @@ impl Core {
                 tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            self.ack(&m, DeliveryState::Verified).await;
+            self.ack_door(&m, HOOK_DOOR).await;
         }
         if active {
             tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
@@ -1065,9 +1075,22 @@ impl Core {
     /// in the log): recorded in `injected.log` as typed and entered, acknowledged injected, to
     /// be verified by the next Stop hook; their texts are returned for the hook's answer.
     async fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
-        let taken = self
-            .injector
-            .take_queued(|item| matches!(item, Item::Messages(_)));
+        // At most HOOK_TEXT_MAX bytes of text in one answer (always one message at least):
+        // Claude Code puts longer hook output in a file and shows the model a preview, so
+        // the rest stays queued, in order, for the next hook or for typing.
+        let mut used = 0;
+        let mut full = false;
+        let taken = self.injector.take_queued(|text, item| {
+            if full || !matches!(item, Item::Messages(_)) {
+                return false;
+            }
+            if used > 0 && used + text.len() > HOOK_TEXT_MAX {
+                full = true;
+                return false;
+            }
+            used += text.len();
+            true
+        });
         let mut texts = Vec::with_capacity(taken.len());
         for (text, item) in taken {
             // A queued entry holds one message (digests are joined when typed).
@@ -1108,6 +1131,20 @@ impl Core {
                 error = %e,
                 "cannot report a message failed (the relay client stopped); it will be delivered \
                  again after a reconnect and reported from injected.log"
+            );
+        }
+    }
+
+    /// Acknowledges `m` verified because `door` showed it to the model whole (a hook's
+    /// answer, the agent's own tool): `trace` names the door.
+    async fn ack_door(&self, m: &Delivered, door: &str) {
+        if let Err(e) = self.client.ack_shown(m, door).await {
+            tracing::warn!(
+                id = %m.id,
+                door,
+                error = %e,
+                "cannot acknowledge a message (the relay client stopped); it will be delivered \
+                 again after a reconnect and acknowledged from injected.log"
             );
         }
     }

@@ -81,6 +81,22 @@ impl Link {
         }
     }
 
+    /// See [`Client::ack_shown`] (the fake records it as verified).
+    pub(crate) async fn ack_shown(
+        &self,
+        msg: &relay_client::Delivered,
+        door: &str,
+    ) -> Result<(), ClientError> {
+        match self {
+            Self::Client(c) => c.ack_shown(msg, door).await,
+            #[cfg(test)]
+            Self::Fake(f) => {
+                f.ack(msg, Some(relay_protocol::DeliveryState::Verified));
+                Ok(())
+            }
+        }
+    }
+
     /// See [`Client::ack_failed`].
     pub(crate) async fn ack_failed(
         &self,

@@ -503,7 +503,12 @@ impl Core {
     ) -> Result<(), (ErrorCode, String)> {
         self.now = now;
         let mut resumed = false;
-        self.may_take(&hello.agent, hello.role, conn.in_process)?;
+        self.may_take(
+            &hello.agent,
+            hello.role,
+            hello.cli.as_deref(),
+            conn.in_process,
+        )?;
         let live = self
             .agents
             .get(&hello.agent)
@@ -706,6 +711,12 @@ impl Core {
             s.push_str(&format!(" and {more} more"));
         }
         s
+    }
+
+    /// Whether `name` is a person's mailbox (`human`, a declared person): always addressable,
+    /// its messages wait in the store until one of the person's doors shows them.
+    fn is_mailbox(&self, name: &str) -> bool {
+        self.cfg.people.iter().any(|p| p == name)
     }
 
     /// Decides who gets a SEND.
@@ -1506,7 +1517,7 @@ impl Core {
             [only]
                 if *only == message.to
                     && !self.agents.contains_key(only)
-                    && !self.is_person(only) =>
+                    && !self.is_mailbox(only) =>
             {
                 Some(only.clone())
             }
@@ -1887,7 +1898,11 @@ impl Core {
                     recipient: name.clone(),
                     pos,
                     status,
-                    reason: reason.filter(|_| status == DeliveryStatus::Failed),
+                    // A failure's reason, or the door that showed a verified message to
+                    // its agent's model (`trace` names it).
+                    reason: reason.filter(|_| {
+                        matches!(status, DeliveryStatus::Failed | DeliveryStatus::Verified)
+                    }),
                 },
                 WriteCtx::Notify,
             ));
