@@ -513,7 +513,8 @@ fn foreground(
     writeln!(lock.file, "{}", std::process::id())?;
     lock.file.flush()?;
     write_settings(paths, args)?;
-    let people_names: Vec<String> = people.people.iter().map(|p| p.name.clone()).collect();
+    // The person's names are theirs: no agent connection takes them (issue 23.3).
+    let declared: Vec<String> = people.people.iter().map(|p| p.name.clone()).collect();
     // Secrets are read (and refused when others can read them) before anything listens.
     let people = if people.is_empty() {
         None
@@ -535,13 +536,6 @@ fn foreground(
     };
     let mut cfg = relay_daemon::Config::new(paths.socket.clone());
     cfg.agents_file = Some(paths.agents_file.clone());
-    // The person's mailboxes: `human` always, and every declared person. They are also the
-    // person's names: no agent connection takes them (issue 23.3, `routing/names.rs`).
-    cfg.people.extend(
-        people_names
-            .into_iter()
-            .filter(|n| n != relay_protocol::HUMAN),
-    );
     cfg.set_inbox_ttl(Duration::from_secs(args.inbox_ttl));
     cfg.set_heartbeat(Duration::from_millis(args.heartbeat_ms));
     cfg.busy_high_water = args.busy_high_water.max(1);
@@ -550,6 +544,11 @@ fn foreground(
     cfg.breaker_failures = args.breaker_failures;
     cfg.breaker_cooldown = Duration::from_millis(args.breaker_cooldown_ms.max(1));
     cfg.rules_file = Some(paths.data_dir.join(crate::cmd::rules::FILE));
+    for name in declared {
+        if !cfg.person_names.contains(&name) {
+            cfg.person_names.push(name);
+        }
+    }
     let window_ms = args.rate_window.max(1).saturating_mul(1000);
     cfg.rates = relay_daemon::limits::RateConfig {
         sender: relay_daemon::limits::Limit {

@@ -114,10 +114,15 @@ pub struct Config {
     /// The federation link, asked to add the legs on other nodes to a `trace` (it asks their
     /// links over NATS); `None` outside a federation.
     pub federation_trace: Option<TraceAsk>,
-    /// The person's mailboxes: `human` and every declared person. Each can always be
-    /// addressed, connected or not (messages wait in the store as for an offline agent).
-    pub people: Vec<String>,
+    /// The person's names: `human` and every declared `[people.NAME]`. They belong to the
+    /// person's doors (the CLI, and the adapters and dashboard this process runs): no agent
+    /// connection from another process takes them, they are known names for "did you mean",
+    /// and a message to one is never "not connected yet".
+    pub person_names: Vec<String>,
 }
+
+/// The person's name when no other is declared (what `agent-relay send` signs with).
+pub use relay_protocol::HUMAN;
 
 /// A `trace` as this relay's store tells it, and where the federation link answers it with
 /// the legs on other nodes added (or as it was, if it cannot).
@@ -154,7 +159,7 @@ impl Config {
             federation: None,
             node: None,
             federation_trace: None,
-            people: vec![relay_protocol::HUMAN.to_owned()],
+            person_names: vec![HUMAN.to_owned()],
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg

@@ -348,7 +348,8 @@ impl Hub {
                     if send.msg.payload.thread.is_none()
                         && let Some(parent) = send.msg.payload.in_reply_to.clone()
                     {
-                        send.msg.payload.thread = Some(thread_of(&client, parent).await);
+                        let asker = send.msg.to.clone();
+                        send.msg.payload.thread = Some(thread_of(&client, parent, asker).await);
                     }
                     match client.send_nowait(send.msg).await {
                         Ok((id, pending)) => {
@@ -807,12 +808,13 @@ fn rand_draw() -> f64 {
 }
 
 /// The thread an answer to message `parent` belongs to: `parent`'s own thread, or `parent`
-/// itself when it started none (or cannot be read: the answer still names it).
-async fn thread_of(client: &Client, parent: String) -> String {
+/// itself when it started none (or cannot be read: the answer still names it). `asker`: who
+/// sent `parent` (the answer's recipient), so that an id two senders chose names one message.
+async fn thread_of(client: &Client, parent: String, asker: Option<String>) -> String {
     match client
         .query(relay_protocol::query::QueryRequest::Read {
             id: parent.clone(),
-            from: None,
+            from: asker,
         })
         .await
     {

@@ -503,12 +503,8 @@ impl Core {
     ) -> Result<(), (ErrorCode, String)> {
         self.now = now;
         let mut resumed = false;
-        self.may_take(
-            &hello.agent,
-            hello.role,
-            hello.cli.as_deref(),
-            conn.in_process,
-        )?;
+        let person_door = hello.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
+        self.may_take(&hello.agent, hello.role, conn.in_process, person_door)?;
         let live = self
             .agents
             .get(&hello.agent)
@@ -711,12 +707,6 @@ impl Core {
             s.push_str(&format!(" and {more} more"));
         }
         s
-    }
-
-    /// Whether `name` is a person's mailbox (`human`, a declared person): always addressable,
-    /// its messages wait in the store until one of the person's doors shows them.
-    fn is_mailbox(&self, name: &str) -> bool {
-        self.cfg.people.iter().any(|p| p == name)
     }
 
     /// Decides who gets a SEND.
@@ -1517,7 +1507,7 @@ impl Core {
             [only]
                 if *only == message.to
                     && !self.agents.contains_key(only)
-                    && !self.is_mailbox(only) =>
+                    && !self.is_person(only) =>
             {
                 Some(only.clone())
             }

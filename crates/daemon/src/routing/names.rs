@@ -5,7 +5,7 @@
 //! - Names that differ only by case are one name: `alice` beside a known (or live) `Alice` is
 //!   refused, as a connection's name and as a recipient ("did you mean Alice").
 //! - A person's names (`human` and every declared `[people.NAME]`, [`crate::Config`]'s
-//!   `people`) belong to the person's doors: the CLI (a tool connection) and the
+//!   `person_names`) belong to the person's doors: the CLI (a tool connection) and the
 //!   adapters and dashboard this daemon process runs. No agent connection from another
 //!   process takes them.
 //! - A recipient nobody has connected as yet is accepted and waits (for the inbox TTL), as for
@@ -90,22 +90,27 @@ pub(super) enum Recipient {
 }
 
 impl Core {
+    /// Whether `name` is one of the person's names (exactly as declared).
+    pub(super) fn is_person(&self, name: &str) -> bool {
+        self.cfg.person_names.iter().any(|p| p == name)
+    }
+
     /// Every name the relay knows: agents that have connected, and the person's names.
     fn known_iter(&self) -> impl Iterator<Item = &str> {
         self.agents
             .keys()
             .map(String::as_str)
-            .chain(self.cfg.people.iter().map(String::as_str))
+            .chain(self.cfg.person_names.iter().map(String::as_str))
     }
 
     /// The known name equal to `name` up to case but spelled otherwise, if any (from the
     /// folded index: a HELLO must not scan every known agent).
     fn case_twin(&self, name: &str) -> Option<&str> {
-        if self.agents.contains_key(name) || self.is_mailbox(name) {
+        if self.agents.contains_key(name) || self.is_person(name) {
             return None;
         }
         self.cfg
-            .people
+            .person_names
             .iter()
             .map(String::as_str)
             .find(|k| k.eq_ignore_ascii_case(name))
@@ -137,18 +142,17 @@ impl Core {
     }
 
     /// Whether a HELLO may take `name` with `role`: refused when it is the relay's own name,
-    /// a person's name taken by an agent connection that is none of the person's doors, or a
-    /// known name spelled with other case. The person's doors say `cli: "person"`
-    /// ([`relay_protocol::PERSON_CLI`]: the adapters, `agent-relay inbox`, as trustworthy as
-    /// `agent-relay send` itself, which any of the user's processes may run); `in_process`: the
-    /// connection's peer is this daemon's own process (its people adapters, its federation
-    /// link). An MCP server, a hook or a wrapper says otherwise and is refused.
+    /// a person's name taken by an agent connection from outside this process, or a known
+    /// name spelled with other case. `in_process`: the connection's peer is this daemon's own
+    /// process (its people adapters, its federation link). `person_door`: the HELLO says it
+    /// is one of the person's doors (`cli` is [`relay_protocol::PERSON_CLI`]: `agent-relay
+    /// inbox`); no agent's door (a wrapper, an MCP server) says so.
     pub(super) fn may_take(
         &self,
         name: &str,
         role: Role,
-        cli: Option<&str>,
         in_process: bool,
+        person_door: bool,
     ) -> Result<(), (ErrorCode, String)> {
         // Reserved in any case: `Relay` would read as the relay's notices on every screen.
         if name.eq_ignore_ascii_case(RELAY) {
@@ -161,10 +165,10 @@ impl Core {
         }
         if role == Role::Agent
             && !in_process
-            && cli != Some(relay_protocol::PERSON_CLI)
+            && !person_door
             && let Some(person) = self
                 .cfg
-                .people
+                .person_names
                 .iter()
                 .find(|p| p.eq_ignore_ascii_case(name))
         {
@@ -207,7 +211,7 @@ impl Core {
         if self.agents.contains_key(name) {
             return Ok(Recipient::Known);
         }
-        if self.is_mailbox(name) {
+        if self.is_person(name) {
             return Ok(Recipient::Person);
         }
         if name.eq_ignore_ascii_case(RELAY) {
