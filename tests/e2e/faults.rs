@@ -644,7 +644,9 @@ fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
             "Relay message from {from} [{}]",
             relay_protocol::short_id(id)
         );
-        let suffix = format!(": {body}");
+        // Typed as the wrapper shows any body: a line that could pass for a header (a relay
+        // notice's own "relay: ...") behind "> " (issue 23.4).
+        let suffix = format!(": {}", relay_protocol::text::quote_headers(body));
         let n = read.get(to.as_str()).map_or(0, |lines| {
             lines
                 .iter()

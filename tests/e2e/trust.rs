@@ -634,10 +634,18 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     bob.hello("Bob", json!({"cli": HOSTILE}));
     let (mut alice, _) = relay.agent("Alice");
     let body = format!("{HOSTILE}\nline two");
+    // A thread is printed to models and terminals: it gets the id rules, so a hostile one is
+    // refused at the door (issue 23.4); the rest of the message's free text is stored.
+    alice.send_env(
+        "SEND",
+        json!({"id": "hostile-0", "to": "Bob"}),
+        json!({"body": body, "thread": HOSTILE}),
+    );
+    assert_eq!(alice.expect("NACK")["payload"]["code"], "invalid");
     alice.send_env(
         "SEND",
         json!({"id": "hostile-1", "to": "Bob"}),
-        json!({"body": body, "thread": HOSTILE, "in_reply_to": HOSTILE, "data": {"k": HOSTILE}}),
+        json!({"body": body, "in_reply_to": HOSTILE, "data": {"k": HOSTILE}}),
     );
     assert_eq!(alice.expect("ACK")["payload"]["status"], "accepted");
     // Bob reports it failed: a dead letter with that body.
@@ -750,7 +758,7 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     let read: Value =
         serde_json::from_str(&ok_stdout(&relay.cli(&["read", "hostile-1", "--json"]))).unwrap();
     assert_eq!(read["body"], body.as_str());
-    assert_eq!(read["thread"], HOSTILE);
+    assert_eq!(read["in_reply_to"], HOSTILE);
     assert_eq!(read["data"]["k"], HOSTILE);
     let agents: Value =
         serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
