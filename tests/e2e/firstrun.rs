@@ -661,3 +661,132 @@ fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines
     assert!(s.contains("unknown option '--bogus-flag'"), "{s}");
     assert!(s.contains("ended: 1"), "{s}");
 }
+
+/// Alice in README's order: she asks Bob before Bob is started, then reads Bob's answer.
+const WALK_ALICE: &str = r#"echo "I am $AGENT_RELAY_NAME"
+echo "@relay:Bob Can you review auth.ts?"
+echo
+while IFS= read -r line; do echo "got: $line"; done
+"#;
+
+/// Bob answers Alice's review request and the person's question, each to its sender.
+const WALK_BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from Alice"*) echo "@relay:Alice Reviewed auth.ts: looks good"; echo;;
+    *"Relay message from human"*) echo "@relay:human All good"; echo;;
+  esac
+done
+"#;
+
+/// README's walk-through (issue 24, Done means), in README's order, with scripted agents under
+/// tmux: the relay is up; Alice starts and asks Bob, who has not run yet (the message waits,
+/// no refusal); Bob starts and answers her; the person asks Bob (`send`), Bob answers
+/// `@relay:human`, and the answer is in the person's `inbox`. Every message ends verified,
+/// nothing is dead-lettered or refused.
+#[test]
+fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
+    let relay = Relay::start();
+    let _tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    crate::tmux::start_tmux_agent(&relay, "Alice", WALK_ALICE, &["--profile", "generic"]);
+    // Alice's question waits for Bob, who has not connected yet.
+    wait_for(
+        Duration::from_secs(30),
+        "Alice's question is stored",
+        || {
+            history(&relay)
+                .iter()
+                .any(|m| m["from"] == "Alice" && m["to"] == "Bob")
+        },
+    );
+    crate::tmux::start_tmux_agent(&relay, "Bob", WALK_BOB, &["--profile", "generic"]);
+    wait_for(Duration::from_secs(60), "Bob answers Alice", || {
+        history(&relay)
+            .iter()
+            .any(|m| m["from"] == "Bob" && m["to"] == "Alice")
+    });
+    let out = relay.cli(&["send", "Bob", "status?"]);
+    assert!(out.status.success(), "{out:?}");
+    let answer = wait_for_value(Duration::from_secs(60), "the answer in the inbox", || {
+        let out = relay.cli(&["inbox", "--json"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|m| m["from"] == "Bob" && m["body"] == "All good")
+    });
+    assert_eq!(answer["to"], "human", "{answer:#}");
+    // Every message reaches its recipient's door and is verified there.
+    // Four messages and the relay's one notice to Alice that Bob had not connected yet (her
+    // question waited; nothing was refused), each verified by its recipient's door.
+    let verified = |all: &[Value]| {
+        all.len() == 5
+            && all.iter().all(|m| {
+                m["deliveries"]
+                    .as_array()
+                    .is_some_and(|d| !d.is_empty() && d.iter().all(|d| d["status"] == "verified"))
+            })
+    };
+    wait_for(Duration::from_secs(60), "every message verified", || {
+        verified(&history(&relay))
+    });
+    let all = history(&relay);
+    let pairs: Vec<(String, String)> = all
+        .iter()
+        .map(|m| {
+            (
+                m["from"].as_str().unwrap_or("").to_owned(),
+                m["to"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let notices: Vec<&Value> = all.iter().filter(|m| m["from"] == "relay").collect();
+    assert_eq!(notices.len(), 1, "{all:#?}");
+    assert_eq!(notices[0]["to"], "Alice");
+    assert!(
+        notices[0]["body"]
+            .as_str()
+            .is_some_and(|b| b.contains("Bob has not connected yet")),
+        "{:#}",
+        notices[0]
+    );
+    for pair in [
+        ("Alice", "Bob"),
+        ("Bob", "Alice"),
+        ("human", "Bob"),
+        ("Bob", "human"),
+    ] {
+        assert!(
+            pairs.contains(&(pair.0.to_owned(), pair.1.to_owned())),
+            "{pair:?} missing from {pairs:?}"
+        );
+    }
+    let dlq = relay.cli(&["dlq", "--json"]);
+    assert!(dlq.status.success(), "{dlq:?}");
+    let dlq: Value = serde_json::from_slice(&dlq.stdout).unwrap_or(Value::Null);
+    assert!(
+        dlq["dead_letters"].as_array().is_some_and(Vec::is_empty),
+        "a dead letter on the way: {dlq:#}"
+    );
+}
+
+/// Every stored message (`history --json`), as JSON.
+fn history(relay: &Relay) -> Vec<Value> {
+    let out = relay.cli(&["history", "--json"]);
+    serde_json::from_slice::<Value>(&out.stdout)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Waits until `f` gives a value (bounded by `limit`).
+fn wait_for_value<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let mut found = None;
+    wait_for(limit, what, || {
+        found = f();
+        found.is_some()
+    });
+    found.unwrap()
+}
