@@ -407,23 +407,7 @@ fn attach_with_the_wrong_case_suggests_the_agent() {
     let _tmux = Tmux {
         dir: relay.dir.path(),
     };
-    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
-    let out = wrap_cmd(
-        &relay,
-        &[
-            "--backend",
-            "tmux",
-            "-n",
-            "Alice",
-            "--detached",
-            "--",
-            "sh",
-            "gus.sh",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
     let out = wrap_cmd(&relay, &["attach", "alice"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
@@ -474,23 +458,7 @@ fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
     let tmux = Tmux {
         dir: relay.dir.path(),
     };
-    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
-    let out = wrap_cmd(
-        &relay,
-        &[
-            "--backend",
-            "tmux",
-            "-n",
-            "Alice",
-            "--detached",
-            "--",
-            "sh",
-            "gus.sh",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
     // Inside tmux: TMUX names the server (here the test's, with no client to switch).
     let socket = String::from_utf8_lossy(&tmux.run(&["display", "-p", "#{socket_path}"]).stdout)
         .trim()
@@ -514,23 +482,7 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
     let _tmux = Tmux {
         dir: relay.dir.path(),
     };
-    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
-    let out = wrap_cmd(
-        &relay,
-        &[
-            "--backend",
-            "tmux",
-            "-n",
-            "Alice",
-            "--detached",
-            "--",
-            "sh",
-            "gus.sh",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
     // The person's terminal (a tmux pane of its own server) attaches to Alice's session.
     let _term = crate::wrap::person_terminal(
         &relay,
