@@ -1488,6 +1488,18 @@ impl Core {
                 self.receipt(conn_id, env_id, AckStatus::Duplicate, None);
                 return;
             }
+            AppendOutcome::Taken { owner } => {
+                // An id names one message, so that a full id always resolves (issue 24.7).
+                // Nothing was stored: the sender chooses another id and sends again.
+                tracing::warn!(id = %env_id, owner = %owner, "SEND refused: id already another sender's");
+                let reason = format!(
+                    "the id {:?} is already another sender's message ({}); nothing was stored; send again with a new id (a ULID)",
+                    relay_protocol::text::one_line(&env_id, 64),
+                    relay_protocol::text::one_line(&owner, 64)
+                );
+                self.nack(conn_id, env_id, NackCode::Invalid, reason);
+                return;
+            }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
         };
         if let Some(b) = &message.payload.budget {
