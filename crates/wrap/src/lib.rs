@@ -21,6 +21,7 @@ pub mod inject;
 mod link;
 pub mod profile;
 mod pty;
+mod shell_line;
 pub mod state;
 mod terminal;
 pub mod tmux;
