@@ -265,14 +265,12 @@ fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
     assert!(!second.iter().any(|r| r.contains(body)), "{second:?}");
 }
 
-/// `agent-relay inbox --json` (or with `--as NAME`), as JSON Lines.
+/// `agent-relay inbox --json` (or with `--as NAME`): one JSON array, as every `--json` list.
 fn inbox_json(relay: &Relay, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["inbox", "--json"];
     all.extend_from_slice(args);
-    ok_stdout(&relay.cli(&all))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let out = ok_stdout(&relay.cli(&all));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON array ({e}): {out}"))
 }
 
 /// Issue 24.1: the person always has a mailbox. `send Bob` signs as `human`; Bob's answer to
