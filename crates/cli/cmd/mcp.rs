@@ -222,11 +222,37 @@ impl Drop for HookDoor {
     }
 }
 
+/// Whether the process at the other end of `stream` is of this agent's own session: the agent
+/// CLI that started this server (its parent, `session`) or one of that CLI's descendants (the
+/// hooks Claude Code runs). The wrapper's door asks for the door key its wrapper put in the
+/// session's environment; an unwrapped agent has no wrapper to give one, so the session is
+/// told by the process tree instead, the same rule (issue 24, item noticed: any local process
+/// took the agent's waiting page). `Err`: why the caller is refused.
+fn of_session(stream: &tokio::net::UnixStream, session: u32) -> Result<(), String> {
+    let pid = stream
+        .peer_cred()
+        .map_err(|e| format!("cannot tell who is asking ({e})"))?
+        .pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("cannot tell which process is asking")?;
+    if relay_wrap::descends_from(pid, session) {
+        Ok(())
+    } else {
+        Err(format!(
+            "process {pid} is not of this agent's session (its CLI, process {session}, and what \
+             that runs): only the agent's own hooks are handed its messages"
+        ))
+    }
+}
+
 /// Opens the socket `hooks.rs` asks (`team/NAME/mcp-door.sock`, next to where a wrapper's door
 /// would be): one JSON line `{"hook": "stop"|"prompt"}`, answered by one JSON line, a page of
-/// messages taken from `mailbox` (see `hooks::answer_from`). A door that cannot open is
-/// logged: the hooks then hand nothing over while this server holds the name.
+/// messages taken from `mailbox` (see `hooks::answer_from`), for the agent's own session only
+/// ([`of_session`]). A door that cannot open is logged: the hooks then hand nothing over while
+/// this server holds the name.
 fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<HookDoor> {
+    // The agent CLI that started this server (Claude Code runs its MCP servers itself).
+    let session = std::os::unix::process::parent_id();
     use std::os::unix::fs::DirBuilderExt;
     let dir = wrapper_door.parent()?;
     if let Err(e) = std::fs::DirBuilder::new()
@@ -263,20 +289,28 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
             let mailbox = Arc::clone(&mailbox);
             tokio::spawn(async move {
                 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+                let refused = of_session(&stream, session).err();
                 let (read, mut write) = stream.into_split();
                 let mut line = String::new();
-                let answer = match tokio::io::BufReader::new(read.take(4096))
+                let read = tokio::io::BufReader::new(read.take(4096))
                     .read_line(&mut line)
-                    .await
-                {
-                    Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+                    .await;
+                let answer = match (read, refused) {
+                    // Refused before anything is taken from the mailbox.
+                    (Ok(_), Some(why)) => {
+                        tracing::warn!(%why, "the hooks' door refused a caller");
+                        serde_json::json!({"error": format!("refused: {why}")})
+                    }
+                    (Ok(_), None) => match serde_json::from_str::<serde_json::Value>(&line) {
                         Ok(v) => {
                             let hook = v["hook"].as_str().unwrap_or("");
                             crate::cmd::hooks::answer_from(&mailbox, hook).await
                         }
                         Err(e) => serde_json::json!({"error": format!("not a hook request: {e}")}),
                     },
-                    Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
+                    (Err(e), _) => {
+                        serde_json::json!({"error": format!("cannot read the request: {e}")})
+                    }
                 };
                 if let Err(e) = write.write_all(format!("{answer}\n").as_bytes()).await {
                     tracing::warn!(error = %e, "the hook left before its answer: the messages it was handed are recorded as handed over");
