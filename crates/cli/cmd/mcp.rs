@@ -22,12 +22,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use relay_client::paths::Paths;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Outgoing};
-use relay_protocol::query::DeliveryStatus;
 use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
 use relay_protocol::{AckStatus, Kind};
@@ -164,7 +162,6 @@ async fn serve(socket: PathBuf, who: Identity, door: PathBuf) -> anyhow::Result<
         door,
         key,
         agent,
-        seen_pos: Arc::new(AtomicI64::new(0)),
         replying_to: Arc::new(Mutex::new(HashMap::new())),
         tool_router: RelayMcp::tool_router(),
     };
@@ -405,9 +402,6 @@ struct RelayMcp {
     /// The agent's own connection, when this server holds the name (only it may send as the
     /// agent), with the deliveries it holds.
     agent: Option<Arc<Mailbox>>,
-    /// Under a wrapper: the newest store position `relay_inbox` has shown (what the store
-    /// records as handed over is the wrapper's to say).
-    seen_pos: Arc<AtomicI64>,
     /// Per sender, the latest of its messages the model was shown (id, thread): a message to
     /// that sender is an answer to it.
     replying_to: Arc<Mutex<HashMap<String, Answered>>>,
@@ -595,52 +589,33 @@ impl RelayMcp {
         Ok(messages)
     }
 
-    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages to this agent
-    /// the store does not record as verified or ended, and newer than what this server showed;
-    /// the wrapper is told they were shown. Returns them with how many more wait.
-    async fn unread_in_store(
+    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages it holds for
+    /// the agent and has not typed, handed over by the wrapper itself through its door (it
+    /// records each as shown by this tool, verified, and never types it after), with how many
+    /// more wait there. The store is the one record of what was handed over (DESIGN §12): no
+    /// position is kept here, and a message the wrapper typed is never shown again.
+    async fn page_from_wrapper(
         &self,
+        key: &str,
         limit: usize,
     ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
-        let seen = self.seen_pos.load(Ordering::Relaxed);
-        let mut waiting: Vec<MessageRecord> = self
-            .latest(1000)
-            .await?
-            .into_iter()
-            .filter(|m| {
-                m.pos > seen
-                    && m.deliveries.iter().any(|d| {
-                        d.recipient == self.name
-                            && matches!(d.status, DeliveryStatus::Queued | DeliveryStatus::Acked)
-                    })
-            })
-            .collect();
-        let more = waiting.len().saturating_sub(limit);
-        waiting.truncate(limit);
-        if let Some(last) = waiting.iter().map(|m| m.pos).max() {
-            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        let request = serde_json::json!({ "inbox": limit, "key": key });
+        let answer = door_exchange(&self.door, &request)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("cannot reach the wrapper's door: {e}")))?;
+        if let Some(e) = answer["error"].as_str() {
+            return Err(ClientError::Protocol(format!(
+                "the wrapper: {}",
+                for_terminal(e)
+            )));
         }
-        self.tell_shown(waiting.iter().map(|m| m.id.clone()).collect())
-            .await;
-        Ok((waiting, more))
-    }
-}
-
-/// A held delivery as the record the tools show.
-fn record_of(m: &Delivered) -> MessageRecord {
-    MessageRecord {
-        pos: 0,
-        id: m.id.clone(),
-        ts: m.ts,
-        from: m.from.clone(),
-        to: m.to.clone(),
-        topic: m.topic.clone(),
-        kind: m.payload.kind,
-        body: m.payload.body.clone(),
-        data: m.payload.data.clone(),
-        thread: m.payload.thread.clone(),
-        in_reply_to: m.payload.in_reply_to.clone(),
-        deliveries: Vec::new(),
+        let messages: Vec<MessageRecord> = serde_json::from_value(answer["messages"].clone())
+            .map_err(|e| ClientError::Protocol(format!("the wrapper's answer: {e}")))?;
+        let more = answer["more"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        Ok((messages, more))
     }
 }
 
@@ -730,9 +705,13 @@ impl RelayMcp {
             mailbox
                 .take(limit, DOOR)
                 .await
-                .map(|(taken, more)| (taken.iter().map(record_of).collect(), more))
+                .map(|(taken, more)| (taken.iter().map(Delivered::record).collect(), more))
+        } else if let Some(key) = &self.key {
+            self.page_from_wrapper(key, limit).await
         } else {
-            self.unread_in_store(limit).await
+            Err(ClientError::Protocol(
+                "this server neither holds the agent's name nor has its wrapper's door key".into(),
+            ))
         };
         let (shown, more) = match taken {
             Ok(t) => t,

@@ -1021,6 +1021,16 @@ impl Core {
         self.exchanged = true;
         let req = match req {
             door::Request::Send(req) => req,
+            door::Request::Inbox { limit, reply } => {
+                let page = self.take_for_tool(limit).await;
+                if let Err((taken, _)) = reply.send(page) {
+                    tracing::warn!(
+                        n = taken.len(),
+                        "relay_inbox left before its answer: the messages it was handed are recorded shown"
+                    );
+                }
+                return;
+            }
             door::Request::Read { ids, reply } => {
                 let n = self.shown_by_tool(&ids).await;
                 if reply.send(n).is_err() {
