@@ -316,3 +316,44 @@ done
     }
     assert_eq!(got, ["Carol's words", "Dave's words"]);
 }
+
+/// "Told once" is kept in the store, so a relay restart does not tell again: Alice sends to
+/// Zed, who never connected, and is told once that Zed has not connected yet; the relay
+/// restarts; her second message to Zed waits too, and she is not told again (a marker sent to
+/// her after it, in store order, is the next thing she gets). Before, the pairs told were in
+/// the daemon's memory: the restarted relay told her a second time.
+#[test]
+fn a_sender_told_a_name_has_not_connected_yet_is_not_told_again_after_a_relay_restart() {
+    let mut relay = Relay::start();
+    {
+        let (mut alice, _) = relay.agent("Alice");
+        alice.send("Zed", "first");
+        let ack = alice.expect("ACK");
+        assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+        let d = alice.expect("DELIVER");
+        alice.ack(&d);
+        assert_eq!(d["from"], "relay", "{d}");
+        assert!(
+            d["payload"]["body"]
+                .as_str()
+                .unwrap()
+                .contains("Zed has not connected yet"),
+            "{d}"
+        );
+    }
+    relay.stop();
+    relay.spawn();
+    let (mut alice, _) = relay.agent("Alice");
+    alice.send("Zed", "second");
+    let ack = alice.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    ok_stdout(&relay.cli(&["send", "Alice", "marker"]));
+    let d = alice.expect("DELIVER");
+    alice.ack(&d);
+    assert_eq!(d["payload"]["body"], "marker", "told again: {d}");
+    let told = history(&relay)
+        .iter()
+        .filter(|(f, t, b)| f == "relay" && t == "Alice" && b.contains("has not connected yet"))
+        .count();
+    assert_eq!(told, 1);
+}

@@ -392,7 +392,8 @@ pub(crate) struct Core {
     /// (`agent-relay chain extend`; stored, loaded at start).
     chains: HashMap<String, u32>,
     /// (sender, recipient) pairs whose sender was told that the recipient has not connected
-    /// yet: told once per pair while the daemon runs.
+    /// yet, while the daemon runs: spares the store a notice it would refuse as a duplicate.
+    /// The store keeps the promise across restarts (the notice's id is the pair's).
     told_not_yet: HashSet<(String, String)>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
@@ -1483,6 +1484,8 @@ impl Core {
             }
         };
         let (message, seqs) = match outcome {
+            // The relay's own notice stored before (told once): not a sender's repeat.
+            AppendOutcome::Duplicate { .. } if conn_id == NO_CONN => return,
             AppendOutcome::Duplicate { .. } => {
                 self.feed.counters.duplicates.add(1);
                 self.receipt(conn_id, env_id, AckStatus::Duplicate, None);
@@ -1662,9 +1665,11 @@ impl Core {
         let data = serde_json::json!({"relay_notice": {
             "msg_id": message.id, "recipient": name, "code": "not_connected_yet",
         }});
-        // An id of its own (its short id is not the message's): told once per pair, not
-        // repeated after a crash, so it needs no id derived from the message.
-        let id = ulid::Ulid::new().to_string();
+        // Told once per pair, ever: the notice's id is the pair's, so a relay restarted since
+        // the first notice finds it stored and stores no second one (the store's dedupe of
+        // (sender, id) is the record; no memory of this process is). Its short id is not the
+        // message's.
+        let id = names::not_yet_notice_id(&message.from, &name);
         self.relay_notice(message.from.clone(), id, &message.id, body, data);
     }
 
