@@ -1637,6 +1637,24 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
 /// # Errors
 /// [`WrapError`] when the relay cannot be reached at start or the session cannot be attached.
 pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapError> {
+    // SIGTERM is handled from before the first control client starts: its default action
+    // would end the process with the client attaching or attached, outside the tmux lock.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| WrapError::Terminal(e.to_string()))?;
+    let served = serve_tmux_with(cfg, session, term).await;
+    // Every control client let go of detaches under the tmux lock before the process ends.
+    if let Err(e) = tokio::task::spawn_blocking(tmux::wait_detached).await {
+        tracing::warn!(error = %e, "cannot wait for the tmux control client to detach");
+    }
+    served
+}
+
+/// [`serve_tmux`] with SIGTERM already handled by `term`.
+async fn serve_tmux_with(
+    cfg: WrapConfig,
+    session: String,
+    term: tokio::signal::unix::Signal,
+) -> Result<i32, WrapError> {
     let client = connect(&cfg).await?;
     let mut checkpoint = Checkpoint::load(&cfg.team_dir);
     if checkpoint.at_ms == 0 {
@@ -1682,7 +1700,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         seen: std::collections::HashMap::new(),
         dirty: false,
     });
-    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
+    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone(), term);
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
     match term.snapshot(Some(offset)) {
         Ok(snap) => core.resync(snap, now()).await,
