@@ -1433,3 +1433,80 @@ done
     let from_bob: Vec<_> = h.iter().filter(|(f, _, _)| f == "Bob").collect();
     assert_eq!(from_bob.len(), 1, "{h:#?}");
 }
+
+/// Issue 23.17: the re-print guard of Codex and Gemini (their screens draw a directive again
+/// while redrawing; one sent with its reply's text is not sent again) told no redraw from an
+/// agent saying the same line again in its next turn: when the record had not caught up with
+/// that turn's reply, the repeat was dropped as a re-print. Here a Codex stand-in (the codex
+/// profile, a script that writes its own rollout) says one line in three turns; its rollout
+/// has the first and third replies and never the second. Its third reply also draws the line
+/// twice, as Codex once did at the end of a long reply: that one is a re-print. Bob gets the
+/// line three times.
+#[test]
+fn a_codex_agent_saying_the_same_line_in_three_turns_is_relayed_three_times() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    drop(relay.agent("Bob"));
+    let codex_home = relay.dir.path().join("codex-home");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    let agent = r#"day="$CODEX_HOME/sessions/$(date +%Y/%m/%d)"
+mkdir -p "$day"
+f="$day/rollout-standin.jsonl"
+printf '{"type":"session_meta","payload":{"cwd":"%s"}}\n' "$PWD" > "$f"
+n=0
+printf '› '
+while IFS= read -r line; do
+  n=$((n+1))
+  echo
+  echo "  @relay:Bob the same line"
+  echo
+  if [ "$n" != 2 ]; then
+    printf '%s\n' '{"type":"response_item","payload":{"type":"message","role":"user","content":[]}}' >> "$f"
+    printf '%s\n' '{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"@relay:Bob the same line"}]}}' >> "$f"
+  fi
+  if [ "$n" = 3 ]; then
+    echo "  Details of turn three."
+    echo
+    echo "  @relay:Bob the same line"
+    echo
+  fi
+  echo "  Turn $n over."
+  echo
+  printf '› '
+done
+"#;
+    let session = start_tmux_agent_with(
+        &relay,
+        "Cody",
+        agent,
+        &["--profile", "codex", "--no-teach"],
+        &[("CODEX_HOME", &codex_home)],
+    );
+    wait_online(&relay, "Cody");
+    let from_cody = || {
+        history(&relay)
+            .iter()
+            .filter(|(f, t, b)| f == "Cody" && t == "Bob" && b == "the same line")
+            .count()
+    };
+    for (n, word) in ["one", "two", "three"].iter().enumerate() {
+        ok_stdout(&relay.cli(&["send", "Cody", &format!("turn {word}")]));
+        wait_or_dump(&relay, &tmux, &format!("turn {word} is over"), || {
+            tmux.pane(&session)
+                .contains(&format!("Turn {} over.", n + 1))
+        });
+        wait_or_dump(
+            &relay,
+            &tmux,
+            &format!("turn {word}'s line is relayed"),
+            || from_cody() == n + 1,
+        );
+        // Every directive read is judged (a re-print included) and acknowledged.
+        wait_or_dump(&relay, &tmux, "everything read is settled", || {
+            settled(&relay, "Cody")
+        });
+    }
+    assert_eq!(from_cody(), 3, "{:#?}", history(&relay));
+}

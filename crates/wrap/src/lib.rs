@@ -699,6 +699,14 @@ impl Core {
         }
     }
 
+    /// A prompt is submitted: the transcript's re-print guard starts a new turn (a directive
+    /// said again from now on is meant again, issue 23.17).
+    fn new_turn(&mut self) {
+        if let Some(t) = &mut self.transcript {
+            t.new_turn();
+        }
+    }
+
     /// Relays a directive found on the screen or in the transcript (already checked).
     async fn relay_directive(&mut self, d: Directive, to: String) {
         if let Some(why) = &d.malformed {
@@ -1288,6 +1296,7 @@ impl Core {
                 }
                 Action::Enter => {
                     self.entering();
+                    self.new_turn();
                     term.enter().await?;
                     if let Some(pane) = term.pane() {
                         self.note_chain_start(pane);
@@ -1520,6 +1529,7 @@ async fn serve(
                     // next answers them, not the last relayed message.
                     if k.contains(&b'\r') {
                         core.replying_to = None;
+                        core.new_turn();
                     }
                     term.write_keys(k).await?;
                 }

@@ -37,10 +37,16 @@ use std::path::{Path, PathBuf};
 
 use relay_parse::Directive;
 use relay_parse::transcript::{
-    Origin, ReplySource, claude_reply_text, codex_reply_text, gemini_reply_text,
+    Origin, ReplySource, claude_reply_text, codex_reply_text, codex_user_turn, gemini_reply_text,
+    gemini_user_turn,
 };
 
 use crate::profile::{TranscriptFormat, TranscriptSource};
+
+/// A record line's reply text, if it is a reply (by the CLI's format).
+type ReplyText = fn(&str) -> Option<String>;
+/// Whether a record line is a prompt (by the CLI's format).
+type UserTurn = fn(&str) -> bool;
 
 /// Longest slug Claude Code uses as is; longer ones are cut and given a hash suffix.
 const MAX_SLUG: usize = 200;
@@ -429,6 +435,14 @@ impl Transcript {
         self.source.knows(d)
     }
 
+    /// A prompt was submitted (the wrapper's Enter, a person's under the PTY): what the screen
+    /// shows from now on is a new turn's (see [`ReplySource::new_turn`]).
+    pub(crate) fn new_turn(&mut self) {
+        // What the record has of the turns before goes to them.
+        self.read_new();
+        self.source.new_turn();
+    }
+
     pub(crate) fn check(&mut self, d: &Directive) -> Origin {
         self.read_new();
         self.source.check(d)
@@ -575,15 +589,17 @@ impl Transcript {
             // Written before the wrapper started: history.
             let history = at_start.is_some_and(|n| at < n);
             at += line.len() as u64;
-            let reply_text = match self.other {
-                None => claude_reply_text,
-                Some(Other::Codex { .. }) => codex_reply_text,
-                Some(Other::Gemini { .. }) => gemini_reply_text,
+            let (reply_text, user_turn): (ReplyText, UserTurn) = match self.other {
+                None => (claude_reply_text, |_| false),
+                Some(Other::Codex { .. }) => (codex_reply_text, codex_user_turn),
+                Some(Other::Gemini { .. }) => (gemini_reply_text, gemini_user_turn),
             };
-            if let Some(reply) = std::str::from_utf8(line)
-                .ok()
-                .and_then(|l| reply_text(l.trim_end()))
-            {
+            let line = std::str::from_utf8(line).ok().map(str::trim_end);
+            if !history && line.is_some_and(user_turn) {
+                // A prompt the record has (a person's, under tmux, included): a new turn.
+                self.source.prompt_recorded();
+            }
+            if let Some(reply) = line.and_then(reply_text) {
                 if history {
                     self.source.add_history(&reply);
                 } else {
