@@ -600,7 +600,10 @@ impl Core {
         // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
         // reply for a while after a directive at its top showed: their directives wait until
         // the output has been quiet the settle time (at most HELD_MAX).
-        let at_reply_end = self.transcript.as_ref().is_some_and(|t| !t.sends_unseen());
+        let at_reply_end = self
+            .transcript
+            .as_ref()
+            .is_some_and(transcript::Transcript::writes_at_reply_end);
         let quiet_at = self.last_output + self.cfg.profile.settle;
         while let Some((d, until)) = self.held.front() {
             let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
@@ -671,11 +674,14 @@ impl Core {
             return;
         };
         // Codex and Gemini draw every line of a reply: their records only give the screen's
-        // directives their text, so each is sent once, by the screen.
+        // directives their text, so each is sent once, by the screen. Codex whose own rollout
+        // is found is read from it too: on its alternate screen a tall reply is not drawn whole.
+        t.look_for_own();
         if !t.sends_unseen() {
             return;
         }
         let unseen = t.take_unseen();
+        let cli = t.cli();
         if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
             // Replies with directives, but no transcript where it should be: a directive above
             // the last screenful of a tall reply is lost, and nothing can tell.
@@ -694,7 +700,12 @@ impl Core {
                 Target::Agent(name) => name.clone(),
                 Target::Broadcast => "*".to_owned(),
             };
-            tracing::info!(%to, body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            let body = text::one_line(&d.body, 200);
+            if cli == "Codex" {
+                tracing::info!(%to, %body, "sent from Codex's rollout: the screen did not show it (a reply taller than the alternate screen)");
+            } else {
+                tracing::info!(%to, %body, "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            }
             self.relay_directive(d, to).await;
         }
     }
