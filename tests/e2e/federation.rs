@@ -862,6 +862,9 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     assert_eq!(dl[0]["code"], "budget_exceeded");
 }
 
+/// A person's `send` reaches another node under a name of its own; under a person's name of
+/// that node (`human` is every node's) it is refused there, and a dead letter at its sender
+/// with the reason (issue 28.5: a node cannot speak as a person of another node).
 #[test]
 fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     let nats = Nats::start();
@@ -871,16 +874,36 @@ fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     let (mut bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
     wait_listed(&b, "Alice", "hostA");
-    // `agent-relay send` is a client connection named "human" on each host.
-    ok_stdout(&a.cli(&["send", "Bob", "from the person on hostA"]));
+    // `agent-relay send` is a client connection named "human" on each host: hostB's own
+    // person is "human" there, so hostA's "human" cannot speak as them.
+    let out = ok_stdout(&a.cli(&["send", "Bob", "as hostB's person", "--json"]));
+    let refused: Value = serde_json::from_str(&out).unwrap();
+    let refused_id = refused["id"].as_str().unwrap().to_owned();
+    ok_stdout(&a.cli(&["send", "--from", "ann", "Bob", "from the person on hostA"]));
     let f = next_deliver(&mut bob);
     assert_eq!(
         (f["from"].as_str(), f["payload"]["body"].as_str()),
-        (Some("human"), Some("from the person on hostA")),
+        (Some("ann"), Some("from the person on hostA")),
         "{f}"
     );
+    wait_for(
+        Duration::from_secs(30),
+        "the refusal is a dead letter on hostA",
+        || {
+            json_of(&a, &["dlq", "list"])["dead_letters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| {
+                    d["msg_id"] == refused_id.as_str()
+                        && d["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("a person of node hostB"))
+                })
+        },
+    );
     // hostB's own person is not locked out by the name the other host's person used.
-    ok_stdout(&b.cli(&["send", "Alice", "from the person on hostB"]));
+    ok_stdout(&b.cli(&["send", "--from", "bea", "Alice", "from the person on hostB"]));
     ok_stdout(&b.cli(&["send", "Bob", "local, from the person on hostB"]));
     let f = next_deliver(&mut alice);
     assert_eq!(f["payload"]["body"], "from the person on hostB", "{f}");
@@ -1292,4 +1315,234 @@ fn trace_on_the_senders_node_shows_the_legs_on_the_far_node() {
         || has(&legs(&a), "Bob@hostB", "verified"),
     );
     drop(nats);
+}
+
+/// Writes one SEND per `(to, body)` on `c` without waiting for each ACK (a thread reads them,
+/// each accepted or queued); returns the ids once every ACK is in, and the DELIVERs that came
+/// meanwhile (not acknowledged: the reading thread writes nothing, so that no frame of it
+/// lands inside one of the SENDs). A backlog of thousands is stored in seconds this way.
+fn send_pipelined(c: &mut Raw, msgs: &[(String, String)]) -> (Vec<String>, Vec<Value>) {
+    let mut reader = c.reader();
+    // A relay that stops reading fails the test instead of hanging it.
+    c.stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let n = msgs.len();
+    let acks = std::thread::spawn(move || {
+        let mut got = 0;
+        let mut delivered = Vec::new();
+        while got < n {
+            let f = reader.read().expect("connection open");
+            match f["type"].as_str() {
+                Some("ACK") => {
+                    let status = f["payload"]["status"].as_str().unwrap_or_default();
+                    assert!(status == "accepted" || status == "queued", "{f}");
+                    got += 1;
+                }
+                Some("DELIVER") => delivered.push(f),
+                _ => {}
+            }
+        }
+        delivered
+    });
+    let ids = msgs
+        .iter()
+        .map(|(to, body)| {
+            c.send_env(
+                "SEND",
+                json!({"to": to}),
+                json!({"kind": "message", "body": body}),
+            )
+        })
+        .collect();
+    (ids, acks.join().unwrap())
+}
+
+/// Issue 28.1: NATS down while a backlog waits for many agents of another node; when it is
+/// back, every message is delivered (the stand-ins' publishes and the PubAcks that free their
+/// in-flight slots are polled together: before, all of them waited for a slot their own
+/// unpolled PubAcks held, and the link published nothing more, for good), and a fresh
+/// message afterwards arrives too. Each read is bounded: a link that stops fails the test.
+#[test]
+fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() {
+    // 64 stand-ins with up to 256 publishes each in flight: far more than the 5,000 slots
+    // of the link's JetStream context, so every stand-in waits for one at once.
+    const AGENTS: usize = 64;
+    const EACH: usize = 320;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("r{i}")).collect();
+    let mut receivers: Vec<Raw> = names.iter().map(|n| b.agent(n).0).collect();
+    for n in &names {
+        wait_listed(&a, n, "hostB");
+    }
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    // Round-robin over the agents, then one end marker each.
+    let msgs: Vec<(String, String)> = (0..EACH * AGENTS)
+        .map(|k| (names[k % AGENTS].clone(), format!("backlog {k}")))
+        .collect();
+    eprintln!("sending {} messages while NATS is down", msgs.len());
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    eprintln!("sent");
+    let markers: Vec<(String, String)> = names.iter().map(|n| (n.clone(), "end".into())).collect();
+    send_pipelined(&mut alice, &markers);
+    wait_for(Duration::from_secs(60), "status shows the backlog", || {
+        federation(&a)["backlog"].as_u64() >= Some((EACH * AGENTS) as u64)
+    });
+    nats.spawn();
+    eprintln!("NATS back");
+    let readers: Vec<_> = receivers
+        .drain(..)
+        .map(|mut r| {
+            // A stopped link shows as a read that times out.
+            r.read_timeout(Duration::from_secs(90));
+            std::thread::spawn(move || read_until_marker(&mut r, "end"))
+        })
+        .collect();
+    let mut got = Vec::new();
+    for (i, t) in readers.into_iter().enumerate() {
+        let ids_i = t
+            .join()
+            .unwrap_or_else(|_| panic!("r{i}: the backlog stopped"));
+        assert_eq!(ids_i.len(), EACH, "r{i}");
+        got.extend(ids_i);
+    }
+    got.sort();
+    let mut want = ids.clone();
+    want.sort();
+    exactly_once(&got, &want, "backlog after the outage");
+    // The link goes on: a fresh message from another agent arrives.
+    let (mut carol, _) = a.agent("Carol");
+    let mut r0 = b.connect();
+    r0.hello("late", json!({}));
+    wait_listed(&a, "late", "hostB");
+    let id = carol.send("late", "fresh");
+    carol.expect("ACK");
+    r0.read_timeout(Duration::from_secs(60));
+    let f = next_deliver(&mut r0);
+    assert_eq!(f["id"], id.as_str(), "{f}");
+    wait_for(Duration::from_secs(60), "backlog 0", || {
+        federation(&a)["backlog"] == 0
+    });
+}
+
+/// Issue 28.3 and 28.4: a message that can never be handed over ends. After a name conflict
+/// (Eve taken on both nodes while NATS was down), the winning Eve's messages to the losing
+/// node cannot be sent there under her name (that node's own Eve has it): before, each was
+/// put back for ever, and thousands of them took every slot of the node's consumer, so
+/// genuine messages stopped. Now each is a dead letter on the sender's node with the real
+/// reason (and she is told), and the genuine messages after them arrive.
+#[test]
+fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_rest_flows() {
+    const POISON: usize = 4200;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (_alice, _) = a.agent("Alice");
+    let (bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "links down", || {
+        federation(&a)["link"] != "connected" && federation(&b)["link"] != "connected"
+    });
+    let (eve_a, _) = a.agent("Eve");
+    let (eve_b, _) = b.agent("Eve");
+    nats.spawn();
+    let has = |r: &Relay| {
+        federation(r)["conflicts"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|x| x["name"] == "Eve"))
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "a node reports the conflict",
+        || has(&a) || has(&b),
+    );
+    // The winner's Eve sends to an agent of the loser's node; the loser's Eve stays online.
+    let (winner, loser, mut eve_w, _eve_l) = if has(&b) {
+        (&a, &b, eve_a, eve_b)
+    } else {
+        (&b, &a, eve_b, eve_a)
+    };
+    let (loser_node, far_agent, mut far_conn) = if std::ptr::eq(loser, &b) {
+        ("hostB", "Bob", bob.reader())
+    } else {
+        let (c, _) = a.agent("Alf");
+        wait_listed(&b, "Alf", "hostA");
+        ("hostA", "Alf", c)
+    };
+    let msgs: Vec<(String, String)> = (0..POISON)
+        .map(|k| (far_agent.to_owned(), format!("never {k}")))
+        .collect();
+    let (poison, mut seen) = send_pipelined(&mut eve_w, &msgs);
+    // Genuine messages after them, from an agent without a conflict.
+    let (mut sender, _) = winner.agent("Gus");
+    wait_listed(
+        loser,
+        "Gus",
+        if std::ptr::eq(winner, &a) {
+            "hostA"
+        } else {
+            "hostB"
+        },
+    );
+    far_conn.read_timeout(Duration::from_secs(120));
+    exchange(
+        &mut sender,
+        far_agent,
+        &mut far_conn,
+        5,
+        ("genuine", "genuine end"),
+        "genuine messages after the poison",
+    );
+    // Every poison message is a dead letter on the sender's node, with the real reason:
+    // counted by removing them as they come (a list shows at most 1,000).
+    let poison_set: std::collections::HashSet<&str> = poison.iter().map(String::as_str).collect();
+    let mut removed = 0;
+    wait_for(
+        Duration::from_secs(240),
+        "every poison message dead-lettered at its sender",
+        || {
+            let dl = json_of(winner, &["dlq", "list", "--limit", "1000"]);
+            for d in dl["dead_letters"].as_array().unwrap() {
+                assert_eq!(d["from"], "Eve", "{d}");
+                assert!(poison_set.contains(d["msg_id"].as_str().unwrap()), "{d}");
+                let reason = d["reason"].as_str().unwrap();
+                assert!(
+                    reason.contains(&format!("node {loser_node}"))
+                        && reason.contains("its own agent named Eve"),
+                    "{reason}"
+                );
+            }
+            removed += json_of(winner, &["dlq", "purge"])["removed"]
+                .as_u64()
+                .unwrap();
+            removed >= POISON as u64
+        },
+    );
+    assert_eq!(removed, POISON as u64);
+    // Eve is told: a relay notice for one of them, with the reason.
+    let n = match seen.pop() {
+        Some(f) => f,
+        None => eve_w.expect("DELIVER"),
+    };
+    assert_eq!(n["from"], "relay", "{n}");
+    let notice = &n["payload"]["data"]["relay_notice"];
+    assert_eq!(notice["code"], "failed", "{n}");
+    assert!(
+        poison_set.contains(notice["msg_id"].as_str().unwrap()),
+        "{n}"
+    );
+    assert!(
+        notice["reason"]
+            .as_str()
+            .unwrap()
+            .contains("its own agent named Eve"),
+        "{n}"
+    );
 }

@@ -631,10 +631,12 @@ fn foreground(
         },
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
-    let federation = federation_options(paths, args)?;
+    let mut federation = federation_options(paths, args)?;
     // The link adds the legs on other nodes to a `trace` (asked over NATS).
     let mut traces = None;
-    if let Some(f) = &federation {
+    if let Some(f) = &mut federation {
+        // No other node speaks as this node's people.
+        f.people = cfg.person_names.clone();
         cfg.federation = Some(relay_daemon::FederationCell::default());
         cfg.node = Some(f.node.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -721,6 +723,7 @@ fn federation_options(
         retention: Duration::from_secs(args.cluster_retention.max(1)),
         replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
         inbox_ttl: Duration::from_secs(args.inbox_ttl),
+        people: Vec::new(),
     }))
 }
 

@@ -471,6 +471,35 @@ pub fn forward(
     }
 }
 
+/// Why a message from `name`, an agent of `me` whose name `owner` holds in the directory, does
+/// not go to other nodes: the reason its dead letter gives (and its sender is told).
+pub fn conflict_reason(name: &str, me: &str, owner: &str) -> String {
+    format!(
+        "name conflict: {name} is held by node {owner} in the federation, so {name} of node {me} \
+         reaches no other node (both took the name while they could not see each other); \
+         reconnect this agent under another name"
+    )
+}
+
+/// Why a message from `from` of node `origin` cannot be handed over on node `me`: an agent
+/// of `me` has that name (a name conflict, or an impostor). Its sender's node is told.
+pub fn held_here_reason(from: &str, origin: &str, me: &str) -> String {
+    format!(
+        "name conflict: node {me} has its own agent named {from}, so a message from {from} of \
+         node {origin} cannot be delivered there under that name; the agent of one of the \
+         two nodes must reconnect under another name"
+    )
+}
+
+/// Why a message from `from` of node `origin` cannot be handed over on node `me`: `person` is
+/// one of `me`'s people, and only a person's own doors speak as them.
+pub fn person_here_reason(from: &str, origin: &str, me: &str, person: &str) -> String {
+    format!(
+        "{from:?} is a person of node {me} ({person:?}); node {origin} cannot send as them \
+         there (a person of another node sends under a name of its own: agent-relay send --from NAME)"
+    )
+}
+
 /// The `cli` a stand-in reports, and back: the node of a stand-in's `cli`.
 pub fn standin_cli(node: &str) -> String {
     format!("{STANDIN_CLI_PREFIX}{node}")

@@ -34,10 +34,10 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_protocol::DeliveryState;
 use relay_protocol::query::{
     FederationStatus, QueryRequest, QueryResult, RemoteAgent, TraceRecord,
 };
-use relay_protocol::{DeliveryState, ErrorCode};
 use tokio::sync::mpsc;
 
 use crate::core::{Claim, Entry, Forward, Local, Wire};
@@ -70,6 +70,9 @@ pub struct Options {
     /// This relay's inbox TTL: a message published to another node expires there when it
     /// would have here (its acceptance here plus this), not a TTL after it arrives.
     pub inbox_ttl: Duration,
+    /// The names of this node's people (`human` and the configured ones): no other node
+    /// speaks as them here.
+    pub people: Vec<String>,
 }
 
 /// Why the link cannot start.
@@ -105,8 +108,8 @@ struct Shared {
     /// Names with a stand-in here: agents of other nodes. A delivery from one of them is
     /// never published again (its own node published it to every node).
     remote: RwLock<HashSet<String>>,
-    /// Local agents whose name another node holds.
-    conflicts: RwLock<HashSet<String>>,
+    /// Local agents whose name another node holds, and that node.
+    conflicts: RwLock<HashMap<String, String>>,
     /// Every agent this relay knows that is its own (online or not): a sender not among them
     /// (and no stand-in) is a tool.
     agents: RwLock<HashSet<String>>,
@@ -153,7 +156,12 @@ impl Shared {
     }
 
     fn is_conflict(&self, name: &str) -> bool {
-        self.conflicts.read().is_ok_and(|r| r.contains(name))
+        self.conflicts.read().is_ok_and(|r| r.contains_key(name))
+    }
+
+    /// The node that holds `name` when a local agent has it too (a name conflict).
+    fn conflict_owner(&self, name: &str) -> Option<String> {
+        self.conflicts.read().ok()?.get(name).cloned()
     }
 
     fn is_local_agent(&self, name: &str) -> bool {
@@ -235,7 +243,7 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         client,
         js,
         remote: RwLock::new(HashSet::new()),
-        conflicts: RwLock::new(HashSet::new()),
+        conflicts: RwLock::new(HashMap::new()),
         agents: RwLock::new(HashSet::new()),
         tools: RwLock::new(HashSet::new()),
         published: AtomicU64::new(0),
@@ -401,6 +409,10 @@ async fn setup(
 
 /// Messages this node's consumer has delivered and not yet seen acknowledged.
 const CONSUMER_IN_FLIGHT: i64 = 4096;
+/// Deliveries of one message by JetStream after which it is dead-lettered (told to its
+/// sender's node) instead of put back once more: a message that cannot be handed over must
+/// not hold one of the consumer's slots for ever.
+const MAX_DELIVERIES: i64 = 50;
 /// Messages a stand-in publishes before the first of them has its PubAck.
 const PUBLISH_WINDOW: usize = 256;
 /// Released messages the receiving side remembers (older ones are asked of the store).
@@ -606,6 +618,25 @@ async fn route(
 ) {
     let from = m.wire.from.clone();
     let node = m.wire.origin.clone();
+    // Only this node's own agents and people speak as their names here: a message from
+    // another node under one of them can never be handed over (its stand-in cannot take the
+    // name), so it ends now, told to its sender's node, instead of coming back forever.
+    if let Some((code, why)) = held_here(sh, opts, &m.wire) {
+        dead_letter_inbound(sh, m, code, &why).await;
+        return;
+    }
+    // A message JetStream gave this link many times without it being handed over ends too
+    // (whatever the cause), said, instead of taking a slot of the consumer for good.
+    if let Ok(info) = m.msg.info()
+        && info.delivered > MAX_DELIVERIES
+    {
+        let why = format!(
+            "node {} could not hand it to its relay in {MAX_DELIVERIES} tries (see that relay's log)",
+            sh.me
+        );
+        dead_letter_inbound(sh, m, "failed", &why).await;
+        return;
+    }
     let tx = if m.wire.tool {
         if tools.get(&from).is_none_or(|s| s.task.is_finished()) {
             tools.insert(
@@ -662,6 +693,62 @@ async fn route_failure(
     }
 }
 
+/// Why a message from another node cannot be handed over here whoever sent it: its sender's
+/// name is one of this node's people (any message), or one of this node's agents (an agent's
+/// message; a tool's goes through a client connection, refused at its SEND when an agent has
+/// the name). `None`: it may go.
+fn held_here(sh: &Shared, opts: &Options, w: &Wire) -> Option<(&'static str, String)> {
+    if w.from.eq_ignore_ascii_case("relay") {
+        return Some((
+            "forbidden",
+            format!(
+                "node {} takes no message under the name \"relay\" (its relay's own notices) from another node",
+                sh.me
+            ),
+        ));
+    }
+    if let Some(person) = opts.people.iter().find(|p| p.eq_ignore_ascii_case(&w.from)) {
+        return Some((
+            "forbidden",
+            core::person_here_reason(&w.from, &w.origin, &sh.me, person),
+        ));
+    }
+    (!w.tool && sh.is_local_agent(&w.from)).then(|| {
+        (
+            "name_in_use",
+            core::held_here_reason(&w.from, &w.origin, &sh.me),
+        )
+    })
+}
+
+/// Ends a message from another node that will never be handed over here: its sender's node is
+/// told (a failure record, for a message to one agent: its copy there becomes a dead letter
+/// with `why`), then JetStream is told never to give it again. Logged here in any case (a
+/// broadcast's or topic message's refusal, as locally, is not sent back).
+async fn dead_letter_inbound(sh: &Arc<Shared>, m: Inbound, code: &str, why: &str) {
+    tracing::warn!(from = %m.wire.from, origin = %m.wire.origin, id = %m.wire.id, code, reason = %why,
+        "federation: a message from another node cannot be delivered here; dead-lettered on its sender's node");
+    if let Some(to) = m
+        .wire
+        .to
+        .as_deref()
+        .filter(|t| *t != "*" && m.wire.topic.is_none())
+    {
+        let f = core::Failure {
+            node: sh.me.clone(),
+            from: m.wire.from.clone(),
+            id: m.wire.id.clone(),
+            recipient: to.to_owned(),
+            code: code.to_owned(),
+            reason: why.to_owned(),
+        };
+        publish_failure(sh, &m.wire.origin, f).await;
+    }
+    if let Err(e) = m.msg.ack_with(AckKind::Term).await {
+        tracing::warn!(error = %e, "federation: cannot end a message in JetStream (it comes again, and is refused again)");
+    }
+}
+
 async fn nak(msg: &jetstream::Message, why: &str) {
     tracing::debug!(why, "federation: message put back for later");
     if let Err(e) = msg
@@ -715,7 +802,7 @@ async fn sync(
         Err(_) => Some("directory: the watch's copy is unreadable (a thread panicked)".into()),
     };
     let mut conflicts = Vec::new();
-    let mut conflict_names = HashSet::new();
+    let mut conflict_names = HashMap::new();
     for l in &locals {
         match core::claim(&sh.me, l, directory.get(&l.name)) {
             Claim::Keep => {}
@@ -752,7 +839,7 @@ async fn sync(
                     tracing::warn!(name = %l.name, owner = %owner,
                         "federation: this name belongs to another node; the agent here is refused in the federation (its messages to other nodes fail, no other node reaches it): reconnect it under another name");
                 }
-                conflict_names.insert(l.name.clone());
+                conflict_names.insert(l.name.clone(), owner.clone());
                 conflicts.push(RemoteAgent {
                     name: l.name.clone(),
                     node: owner,
@@ -882,6 +969,24 @@ fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
     }
 }
 
+/// What becomes of a delivery to a stand-in: acknowledged (with a state, if any), or reported
+/// failed with the reason its sender is told.
+enum Outcome {
+    Done(Option<DeliveryState>),
+    Failed(String),
+}
+
+/// A delivery whose publish is written, waiting for its PubAck (or ready at once).
+type Pending = futures_util::future::BoxFuture<'static, (Delivered, Outcome)>;
+/// A delivery whose publish is not written yet: resolves to its [`Pending`] once written.
+type Starting = futures_util::future::BoxFuture<'static, Pending>;
+
+/// A delivery with nothing to write: its outcome is queued behind the writes before it, so
+/// the DELIVERs are still acknowledged in their order.
+fn ready_start(p: Pending) -> Starting {
+    Box::pin(std::future::ready(p))
+}
+
 fn spawn_standin(
     sh: &Arc<Shared>,
     opts: &Options,
@@ -934,11 +1039,32 @@ async fn standin(
     cfg.dedupe = false;
     let mut client = match Client::connect(cfg).await {
         Ok(c) => c,
-        Err(ClientError::Refused {
-            code: ErrorCode::NameInUse,
-            ..
-        }) => {
-            tracing::debug!(%name, %node, "federation: a local agent holds this name; no stand-in");
+        Err(ClientError::Refused { code, message }) => {
+            // The relay will not let anyone of another node speak as this name (an agent of
+            // this node holds it, or it is reserved here): every message sent through this
+            // stand-in ends, told to its sender's node, until it is stopped.
+            tracing::warn!(%name, %node, ?code, %message, "federation: no stand-in can take this name here; its messages are dead-lettered");
+            let why = format!(
+                "node {} refuses the name {name} to other nodes: {message}",
+                sh.me
+            );
+            let code = serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| "refused".into());
+            while let Some(m) = inbound.recv().await {
+                match m {
+                    ToStandin::Send(m) => dead_letter_inbound(&sh, m, &code, &why).await,
+                    ToStandin::Fail(f, msg) => {
+                        // A failure of a message sent from here to `name` of `node`: the name
+                        // is local here now, so no stand-in's delivery is left to fail.
+                        tracing::warn!(id = %f.id, reason = %f.reason, "federation: a failure on another node for a message whose stand-in cannot run here; acknowledged");
+                        if let Err(e) = msg.double_ack().await {
+                            tracing::debug!(error = %e, "federation: ack to JetStream lost");
+                        }
+                    }
+                }
+            }
             return;
         }
         Err(e) => {
@@ -956,25 +1082,43 @@ async fn standin(
     }
     tracing::debug!(%name, %node, "federation: stand-in connected");
     let ttl_ms = u64::try_from(sh.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
-    // Publishes in flight, in delivery order: each resolves once JetStream has the message
-    // (or it is refused), and the DELIVERs are acknowledged in that order.
-    let mut inflight: FuturesOrdered<
-        futures_util::future::BoxFuture<'static, (Delivered, Option<DeliveryState>)>,
-    > = FuturesOrdered::new();
+    // Each delivery's outcome, in delivery order: a publish resolves once JetStream has the
+    // message (or it is refused), and the DELIVERs are acknowledged in that order.
+    //
+    // A publish is two steps: writing it (which waits for one of the JetStream context's
+    // in-flight slots, shared by every stand-in of this link) and waiting for its PubAck
+    // (which frees the slot, but only once its future is polled). The writes go one at a
+    // time in delivery order (`starting`), and the PubAck futures already written
+    // (`inflight`) are polled in the same select, never held while a write waits: a write
+    // waiting for a slot held by this stand-in's own unpolled PubAcks, across every stand-in
+    // at once, was the link's deadlock after an outage (issue 28.1).
+    let mut inflight: FuturesOrdered<Pending> = FuturesOrdered::new();
+    let mut starting: std::collections::VecDeque<Starting> = std::collections::VecDeque::new();
     // The last message each sender sent this agent that went out from this session: the next
     // one names it (`Wire::prev`), so the far node keeps their order.
     let mut last: HashMap<String, String> = HashMap::new();
     loop {
         tokio::select! {
-            Some((d, state)) = inflight.next(), if !inflight.is_empty() => {
-                if let Err(e) = client.ack(&d, state).await {
+            Some((d, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                let acked = match &outcome {
+                    Outcome::Done(state) => client.ack(&d, *state).await,
+                    Outcome::Failed(reason) => client.ack_failed(&d, reason).await,
+                };
+                if let Err(e) = acked {
                     // Unacknowledged, it is delivered again on the next connection and
                     // re-published under the same Nats-Msg-Id.
                     tracing::debug!(error = %e, "federation: stand-in closed before its ack");
                     return;
                 }
             }
-            ev = client.next_event(), if inflight.len() < PUBLISH_WINDOW => {
+            written = futures_util::future::poll_fn(|cx| match starting.front_mut() {
+                Some(f) => f.as_mut().poll(cx),
+                None => std::task::Poll::Pending,
+            }), if !starting.is_empty() => {
+                starting.pop_front();
+                inflight.push_back(written);
+            }
+            ev = client.next_event(), if inflight.len() + starting.len() < PUBLISH_WINDOW => {
                 let Some(ev) = ev else { return };
                 if let Event::Message(d) = ev {
                     // A dead letter here of a message this stand-in's agent sent from its
@@ -989,10 +1133,10 @@ async fn standin(
                     };
                     if !tool && let Some(f) = core::failure_of_notice(&sh.me, &name, notice) {
                         let done = publish_failure(&sh, &node, f);
-                        inflight.push_back(Box::pin(async move {
+                        starting.push_back(ready_start(Box::pin(async move {
                             done.await;
-                            (d, None)
-                        }));
+                            (d, Outcome::Done(None))
+                        })));
                         continue;
                     }
                     let remote = sh.is_remote(&d.from);
@@ -1015,6 +1159,7 @@ async fn standin(
                             }
                         }
                     }
+                    let conflict = sh.conflict_owner(&d.from);
                     let decision = core::forward(
                         &sh.me,
                         &node,
@@ -1027,12 +1172,15 @@ async fn standin(
                             expires_at: Some(d.ts.saturating_add(ttl_ms)),
                         },
                         remote,
-                        sh.is_conflict(&d.from),
+                        conflict.is_some(),
                         is_tool,
                     );
                     match decision {
-                        Forward::Skip => inflight.push_back(Box::pin(std::future::ready((d, None)))),
-                        Forward::Refuse => inflight.push_back(Box::pin(std::future::ready((d, Some(DeliveryState::Failed))))),
+                        Forward::Skip => starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Done(None)))))),
+                        Forward::Refuse => {
+                            let why = core::conflict_reason(&d.from, &sh.me, conflict.as_deref().unwrap_or("another node"));
+                            starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Failed(why))))));
+                        }
                         Forward::Publish { subject, msg_id, mut wire } => {
                             // Only a message to this agent alone is chained: a broadcast's or a
                             // topic message's one copy per node may be the one another
@@ -1042,17 +1190,24 @@ async fn standin(
                             }
                             match serde_json::to_vec(&*wire) {
                                 Ok(body) => {
-                                    let first = start_publish(&sh, &subject, &msg_id, body.clone().into()).await;
                                     let sh = sh.clone();
-                                    inflight.push_back(Box::pin(async move {
-                                        publish(&sh, &subject, &msg_id, body.into(), first).await;
-                                        (d, None)
+                                    let body = bytes::Bytes::from(body);
+                                    // Yields the PubAck's future: awaited in `inflight`.
+                                    #[allow(clippy::async_yields_async)]
+                                    starting.push_back(Box::pin(async move {
+                                        let first = start_publish(&sh, &subject, &msg_id, body.clone()).await;
+                                        let acked: Pending = Box::pin(async move {
+                                            publish(&sh, &subject, &msg_id, body, first).await;
+                                            (d, Outcome::Done(None))
+                                        });
+                                        acked
                                     }));
                                 }
                                 Err(e) => {
                                     // Reported failed: a dead letter, never a silent drop.
                                     tracing::error!(error = %e, "federation: cannot encode a message");
-                                    inflight.push_back(Box::pin(std::future::ready((d, Some(DeliveryState::Failed)))));
+                                    let why = format!("the federation link cannot encode it: {e}");
+                                    starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Failed(why))))));
                                 }
                             }
                         }
