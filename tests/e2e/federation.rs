@@ -1546,3 +1546,99 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
         "{n}"
     );
 }
+
+/// Runs `up --foreground` for `relay` with `args` and waits (bounded) for it to exit; returns
+/// its status and what it wrote. A relay that starts instead of exiting fails the test.
+fn refused_start(relay: &Relay, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = relay
+        .command()
+        .args(["up", "--foreground"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return (status, text);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "a second relay under a held node name started instead of being refused:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 28.2: a node name has one live owner. A second relay started under a name another
+/// live relay holds is refused with what to do (and, with `--node` unset on two hosts of one
+/// host name, says so), so that node's messages are never split between two relays; once the
+/// holder is gone, its claim lapses and another relay may take the name.
+#[test]
+fn a_second_relay_under_a_held_node_name_is_refused() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let a = node(&url, "hostA");
+    let mut b = node(&url, "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    // Another machine (its own data directory) under the same --node.
+    let other = Relay::unstarted();
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", url.as_str(), "--node", "hostB"]);
+    let (status, out) = refused_start(&other, &args);
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("node name hostB is already held") && out.contains("--node NAME"),
+        "{out}"
+    );
+    // hostB's traffic is whole: every message reaches its Bob.
+    exchange(
+        &mut alice,
+        "Bob",
+        &mut bob,
+        100,
+        ("whole", "whole end"),
+        "Alice@hostA -> Bob@hostB with a second relay refused",
+    );
+    // Two hosts of one host name, --node unset on both: the second says what happened.
+    let first = Relay::start_with(&["--cluster", url.as_str()]);
+    wait_for(
+        Duration::from_secs(30),
+        "the first host-named relay joined",
+        || federation(&first)["link"] == "connected",
+    );
+    let clone = Relay::unstarted();
+    let (status, out) = refused_start(&clone, &["--cluster", url.as_str()]);
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("--node was not given") && out.contains("host name"),
+        "{out}"
+    );
+    // Once hostB's relay is gone, its claim lapses and another relay takes the name.
+    b.stop();
+    let mut next = Relay::unstarted();
+    next.set_args(&args);
+    next.spawn();
+    wait_for(
+        Duration::from_secs(30),
+        "the new relay runs as hostB",
+        || {
+            let f = federation(&next);
+            f["link"] == "connected" && f["node"] == "hostB"
+        },
+    );
+}

@@ -650,6 +650,11 @@ fn foreground(
         .enable_all()
         .build()?;
     let kind = args.storage.as_str();
+    // The node name is this relay's alone: another live relay holding it refuses the start
+    // here, before anything listens (NATS unreachable is no refusal: the link checks again).
+    if let Some(f) = &federation {
+        rt.block_on(relay_federation::claim_node_at_start(f))?;
+    }
     let result = rt.block_on(async {
         let shutdown = shutdown_signal();
         let listener = relay_daemon::bind(&paths.socket)?;
@@ -707,7 +712,8 @@ fn federation_options(
     if args.cluster.trim().is_empty() {
         return Ok(None);
     }
-    let node = if args.node.is_empty() {
+    let node_from_host = args.node.is_empty();
+    let node = if node_from_host {
         host_node_name()
     } else {
         args.node.clone()
@@ -724,7 +730,34 @@ fn federation_options(
         replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
         inbox_ttl: Duration::from_secs(args.inbox_ttl),
         people: Vec::new(),
+        instance: federation_instance(paths)?,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".into()),
+        data_dir: paths.data_dir.display().to_string(),
+        node_from_host,
     }))
+}
+
+/// This relay's identity in the federation: a random id kept in its data directory, made
+/// once. The same relay restarted (a crash, an upgrade) takes its node name back at once;
+/// another relay under the same name is refused while this one lives.
+fn federation_instance(paths: &Paths) -> anyhow::Result<String> {
+    let file = paths.data_dir.join("federation.id");
+    match std::fs::read_to_string(&file) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", file.display())),
+    }
+    let id = ulid::Ulid::new().to_string();
+    relay_protocol::file::write_atomic(
+        &file,
+        format!("{id}\n").as_bytes(),
+        relay_protocol::file::Durability::PowerLoss,
+    )
+    .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(id)
 }
 
 /// The host name as a node name: characters a NATS subject token cannot hold become `-`.

@@ -82,6 +82,75 @@ pub fn msg_id(from: &str, id: &str, node: &str) -> String {
         .collect()
 }
 
+/// The KV bucket of node names: key = node name, value = [`NodeLease`]: the one relay that
+/// runs under that name now.
+pub const NODES_BUCKET: &str = "agent_relay_nodes";
+/// How often the owner of a node name renews its lease.
+pub const LEASE_RENEW_MS: u64 = 1_000;
+/// A lease not renewed for this long belongs to a relay that is gone: another may take it.
+pub const LEASE_LAPSE_MS: u64 = 5_000;
+
+/// Who runs under a node name: written by its relay when it takes the name, renewed every
+/// [`LEASE_RENEW_MS`] (each renewal a KV update that expects the revision it last wrote, so
+/// two relays can never both believe they hold it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLease {
+    /// The relay's identity: a random id kept in its data directory, so the same relay
+    /// restarted (after a crash, say) takes its name back at once.
+    pub owner: String,
+    /// The host it runs on (for the error another relay gets).
+    pub host: String,
+    /// Its process id there.
+    pub pid: u32,
+    /// Its data directory there.
+    #[serde(default)]
+    pub data_dir: String,
+    /// Renewals so far (each changes the value, so a watcher sees it alive).
+    #[serde(default)]
+    pub renewals: u64,
+}
+
+/// Whether a relay of identity `me` may take a node name whose lease is `current`: absent, its
+/// own (a restart of the same relay), or `lapsed` (not renewed for [`LEASE_LAPSE_MS`]).
+pub fn may_take_node(me: &str, current: Option<&NodeLease>, lapsed: bool) -> bool {
+    match current {
+        None => true,
+        Some(l) => l.owner == me || lapsed,
+    }
+}
+
+/// The refusal a relay gets when another holds its node name: what is going on and what to
+/// do. `from_host`: the name was not given (`--node` unset) and is the host name.
+pub fn node_taken_message(node: &str, holder: &NodeLease, from_host: bool) -> String {
+    let lapse = LEASE_LAPSE_MS / 1000;
+    let who = format!(
+        "a relay on host {} (pid {}, data directory {})",
+        holder.host,
+        holder.pid,
+        if holder.data_dir.is_empty() {
+            "unknown"
+        } else {
+            &holder.data_dir
+        }
+    );
+    if from_host {
+        format!(
+            "node name {node} is already held in the federation by {who}. --node was not given, \
+             so this relay's node name is its host name, and another host with the same host \
+             name (a cloned machine?) already runs under it: two relays under one node name \
+             would split that node's messages between them. Give each relay its own name: \
+             agent-relay up --node NAME (or `node = \"NAME\"` in .agent-relay/config.toml)"
+        )
+    } else {
+        format!(
+            "node name {node} is already held in the federation by {who}: two relays under one \
+             node name would split that node's messages between them. Choose another name \
+             (--node NAME), or stop that relay first (if it is gone, its claim lapses {lapse} s \
+             after its last renewal and this relay can start)"
+        )
+    }
+}
+
 /// A message between nodes: what the far node's SEND needs, and where it came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Wire {
@@ -895,5 +964,29 @@ mod tests {
             servers(" nats://a:1, ,nats://b:2"),
             vec!["nats://a:1", "nats://b:2"]
         );
+    }
+
+    #[test]
+    fn a_node_name_is_taken_only_when_free_own_or_lapsed() {
+        let held = NodeLease {
+            owner: "x".into(),
+            host: "h1".into(),
+            pid: 7,
+            data_dir: "/d".into(),
+            renewals: 3,
+        };
+        assert!(may_take_node("me", None, false));
+        assert!(!may_take_node("me", Some(&held), false));
+        assert!(may_take_node("me", Some(&held), true));
+        assert!(may_take_node("x", Some(&held), false));
+        let m = node_taken_message("b", &held, false);
+        assert!(
+            m.contains("node name b is already held")
+                && m.contains("host h1")
+                && m.contains("--node NAME"),
+            "{m}"
+        );
+        let m = node_taken_message("b", &held, true);
+        assert!(m.contains("--node was not given"), "{m}");
     }
 }

@@ -73,6 +73,15 @@ pub struct Options {
     /// The names of this node's people (`human` and the configured ones): no other node
     /// speaks as them here.
     pub people: Vec<String>,
+    /// This relay's identity (a random id kept in its data directory): the same relay
+    /// restarted takes its node name back at once; another relay never does while it lives.
+    pub instance: String,
+    /// The host name (shown to a relay refused this node name).
+    pub host: String,
+    /// The data directory (shown likewise).
+    pub data_dir: String,
+    /// The node name was not given and is the host name: a refusal says so.
+    pub node_from_host: bool,
 }
 
 /// Why the link cannot start.
@@ -97,6 +106,17 @@ pub enum FederationError {
     /// The NATS client refused the options (a bad URL, say).
     #[error("cannot connect to NATS: {0}")]
     Connect(String),
+    /// Another live relay holds this node name (or took it over from this one).
+    #[error("{0}")]
+    NodeTaken(String),
+}
+
+/// Why setting up the link did not succeed.
+enum SetupError {
+    /// NATS is not ready (unreachable, no leader yet...): tried again.
+    Retry(String),
+    /// Another live relay holds the node name: the link does not start.
+    Taken(String),
 }
 
 /// What every task of the link shares.
@@ -203,14 +223,9 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         s.cluster = opts.cluster.clone();
         s.link = "connecting".into();
     });
-    let mut co = async_nats::ConnectOptions::new()
-        .name(format!("agent-relay {}", opts.node))
+    let co = connect_options(&opts)
+        .await?
         .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connection_timeout(Duration::from_secs(2))
-        // Back within a quarter second of a server's return, and never more than 2 s later:
-        // the backlog waits for this.
-        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)))
         // The link's state follows the client's own events, the moment they happen: a
         // directory pass can be slow while a server is gone, and must not be what says so.
         .event_callback({
@@ -220,18 +235,6 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
                 async move { on_event(&cell, &event) }
             }
         });
-    if let Some(path) = &opts.creds {
-        co = co
-            .credentials_file(path)
-            .await
-            .map_err(|source| FederationError::Creds {
-                path: path.clone(),
-                source,
-            })?;
-    }
-    if let Some(ca) = &opts.ca {
-        co = co.add_root_certificates(ca.clone()).require_tls(true);
-    }
     let client = co
         .connect(servers)
         .await
@@ -255,10 +258,18 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
     });
     tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
-    let (kv, consumer) = loop {
+    let (kv, consumer, nodes, lease) = loop {
         match setup(&shared, &opts, &mut resume_from).await {
             Ok(x) => break x,
-            Err(e) => {
+            Err(SetupError::Taken(why)) => {
+                tracing::error!("federation: not joined: {why}");
+                set_cell(&shared.cell, |s| {
+                    s.link = "refused".into();
+                    s.error = Some(why.clone());
+                });
+                return Err(FederationError::NodeTaken(why));
+            }
+            Err(SetupError::Retry(e)) => {
                 tracing::warn!(error = %e, "federation: NATS not ready; retrying");
                 set_cell(&shared.cell, |s| s.error = Some(e.clone()));
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -278,11 +289,266 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         }
     };
     let (inbound_tx, inbound_rx) = mpsc::channel(1024);
-    tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
+    // Everything that acts for this node runs in one set, stopped at once if another relay
+    // takes the node name over (dropping the set aborts its tasks; the stand-ins go with the
+    // directory loop that holds them).
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(consume(shared.clone(), consumer, inbound_tx));
     let tool = Arc::new(tool);
-    tokio::spawn(serve_traces(shared.clone(), tool.clone()));
-    manage(shared, opts, kv, tool, inbound_rx).await;
-    Ok(())
+    tasks.spawn(serve_traces(shared.clone(), tool.clone()));
+    tasks.spawn(manage(shared.clone(), opts.clone(), kv, tool, inbound_rx));
+    let why = keep_node(nodes, opts, lease).await;
+    tracing::error!("federation: the link stops: {why}");
+    tasks.abort_all();
+    set_cell(&shared.cell, |s| {
+        s.link = "stopped".into();
+        s.error = Some(why.clone());
+    });
+    Err(FederationError::NodeTaken(why))
+}
+
+/// The NATS client's options every connection of the link shares: name, reconnection,
+/// credentials, TLS.
+async fn connect_options(opts: &Options) -> Result<async_nats::ConnectOptions, FederationError> {
+    let mut co = async_nats::ConnectOptions::new()
+        .name(format!("agent-relay {}", opts.node))
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        // Back within a quarter second of a server's return, and never more than 2 s later:
+        // the backlog waits for this.
+        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)));
+    if let Some(path) = &opts.creds {
+        co = co
+            .credentials_file(path)
+            .await
+            .map_err(|source| FederationError::Creds {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &opts.ca {
+        co = co.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    Ok(co)
+}
+
+/// Takes this relay's node name before the relay starts serving, when NATS answers within a
+/// few seconds: another live relay holding it is refused here, so `up` fails with what to
+/// do. NATS unreachable is no refusal: the link takes the name when it joins (and stops
+/// then if the name is held).
+///
+/// # Errors
+/// [`FederationError::NodeTaken`], and the option errors of [`run`].
+pub async fn claim_node_at_start(opts: &Options) -> Result<(), FederationError> {
+    core::validate_node(&opts.node)?;
+    let servers = core::servers(&opts.cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let co = connect_options(opts).await?.max_reconnects(Some(1));
+    let client = match tokio::time::timeout(Duration::from_secs(3), co.connect(servers)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "federation: NATS not reachable at start; the link takes node name {} when it joins", opts.node);
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::warn!(
+                "federation: NATS did not answer within 3 s at start; the link takes node name {} when it joins",
+                opts.node
+            );
+            return Ok(());
+        }
+    };
+    let js = jetstream::new(client.clone());
+    let result = async {
+        let kv = nodes_bucket(&js, replicas_for(&client, opts)).await?;
+        claim_node(&kv, opts).await.map(|_| ())
+    }
+    .await;
+    match result {
+        Ok(()) => Ok(()),
+        Err(SetupError::Taken(why)) => Err(FederationError::NodeTaken(why)),
+        Err(SetupError::Retry(why)) => {
+            tracing::warn!(%why, "federation: cannot take the node name at start; the link takes it when it joins");
+            Ok(())
+        }
+    }
+}
+
+fn replicas_for(client: &async_nats::Client, opts: &Options) -> usize {
+    if opts.replicas > 0 {
+        opts.replicas
+    } else {
+        client.server_info().connect_urls.len().clamp(1, 3)
+    }
+}
+
+/// The bucket of node names (made if absent), like the directory's.
+async fn nodes_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, SetupError> {
+    js.create_or_update_stream(jetstream::stream::Config {
+        name: format!("KV_{}", core::NODES_BUCKET),
+        subjects: vec![format!("$KV.{}.>", core::NODES_BUCKET)],
+        max_messages_per_subject: 1,
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))?;
+    js.get_key_value(core::NODES_BUCKET)
+        .await
+        .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))
+}
+
+/// This relay's lease, as it writes it.
+fn my_lease(opts: &Options, renewals: u64) -> core::NodeLease {
+    core::NodeLease {
+        owner: opts.instance.clone(),
+        host: opts.host.clone(),
+        pid: std::process::id(),
+        data_dir: opts.data_dir.clone(),
+        renewals,
+    }
+}
+
+/// The lease under `node` now, with its revision (`None`: nobody holds the name).
+async fn read_lease(
+    kv: &kv::Store,
+    node: &str,
+) -> Result<Option<(u64, Option<core::NodeLease>)>, SetupError> {
+    let entry = kv
+        .entry(node)
+        .await
+        .map_err(|e| SetupError::Retry(format!("node names: {e}")))?;
+    Ok(entry
+        .filter(|e| e.operation == kv::Operation::Put)
+        .map(|e| (e.revision, serde_json::from_slice(&e.value).ok())))
+}
+
+/// Takes the node name: free, this relay's own (restarted), or held by a relay that has not
+/// renewed it for [`core::LEASE_LAPSE_MS`] (watched that long). Returns the revision written.
+async fn claim_node(kv: &kv::Store, opts: &Options) -> Result<u64, SetupError> {
+    for _ in 0..5 {
+        let current = read_lease(kv, &opts.node).await?;
+        let lapsed = match &current {
+            Some((rev, Some(held))) if held.owner != opts.instance => {
+                tracing::info!(node = %opts.node, host = %held.host, pid = held.pid,
+                    "federation: another relay held this node name; waiting to see whether it is alive");
+                lapsed(kv, &opts.node, *rev).await?
+            }
+            _ => false,
+        };
+        let held = current.as_ref().and_then(|(_, l)| l.as_ref());
+        if let Some(h) = held
+            && !core::may_take_node(&opts.instance, Some(h), lapsed)
+        {
+            return Err(SetupError::Taken(core::node_taken_message(
+                &opts.node,
+                h,
+                opts.node_from_host,
+            )));
+        }
+        let value = serde_json::to_vec(&my_lease(opts, 0))
+            .map_err(|e| SetupError::Retry(format!("node lease: {e}")))?;
+        let written = match current {
+            None => kv
+                .create(&opts.node, value.into())
+                .await
+                .map_err(|e| e.to_string()),
+            Some((rev, _)) => kv
+                .update(&opts.node, value.into(), rev)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match written {
+            Ok(rev) => return Ok(rev),
+            // Another relay wrote meanwhile: read again and decide again.
+            Err(e) => tracing::debug!(error = %e, "federation: node name changed while taking it"),
+        }
+    }
+    Err(SetupError::Retry(
+        "node name: the lease keeps changing under this relay".into(),
+    ))
+}
+
+/// Watches a lease for [`core::LEASE_LAPSE_MS`]: true when it was not renewed (its relay is
+/// gone), false as soon as it is.
+async fn lapsed(kv: &kv::Store, node: &str, rev: u64) -> Result<bool, SetupError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(core::LEASE_LAPSE_MS);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match read_lease(kv, node).await? {
+            Some((now, _)) if now != rev => return Ok(false),
+            Some(_) => {}
+            None => return Ok(true),
+        }
+    }
+    Ok(true)
+}
+
+/// Renews the lease every [`core::LEASE_RENEW_MS`] for as long as this relay holds its node
+/// name; returns why it no longer does (another relay took it over: this one stood still
+/// longer than the lapse, or is a copy of it under the same identity). While NATS is away
+/// it keeps trying: nobody else can take the name then either.
+async fn keep_node(kv: kv::Store, opts: Options, mut rev: u64) -> String {
+    let mut tick = tokio::time::interval(Duration::from_millis(core::LEASE_RENEW_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewals = 0u64;
+    loop {
+        tick.tick().await;
+        renewals += 1;
+        let value = match serde_json::to_vec(&my_lease(&opts, renewals)) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "federation: cannot encode the node lease");
+                continue;
+            }
+        };
+        match kv.update(&opts.node, value.into(), rev).await {
+            Ok(r) => rev = r,
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                match read_lease(&kv, &opts.node).await {
+                    // Its own renewal whose answer was lost (a server failing over).
+                    Ok(Some((r, Some(l))))
+                        if l.owner == opts.instance
+                            && l.pid == std::process::id()
+                            && l.host == opts.host =>
+                    {
+                        rev = r;
+                    }
+                    Ok(Some((_, Some(l)))) => {
+                        return format!(
+                            "this relay no longer holds node name {}: {}",
+                            opts.node,
+                            core::node_taken_message(&opts.node, &l, opts.node_from_host)
+                        );
+                    }
+                    Ok(_) => {
+                        // Removed (by `bench`'s clean-up, say): taken again.
+                        match claim_node(&kv, &opts).await {
+                            Ok(r) => rev = r,
+                            Err(SetupError::Taken(why)) => return why,
+                            Err(SetupError::Retry(why)) => {
+                                tracing::debug!(%why, "federation: node lease not renewed; retrying")
+                            }
+                        }
+                    }
+                    Err(SetupError::Taken(why) | SetupError::Retry(why)) => {
+                        tracing::debug!(%why, "federation: node lease unreadable; retrying")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "federation: node lease not renewed (NATS away?); retrying")
+            }
+        }
+    }
 }
 
 /// The NATS client's events: the link's state (this is its one writer) and what went wrong.
@@ -317,12 +583,25 @@ async fn setup(
     sh: &Shared,
     opts: &Options,
     resume_from: &mut Option<u64>,
+) -> Result<(kv::Store, PullConsumer, kv::Store, u64), SetupError> {
+    let replicas = replicas_for(&sh.client, opts);
+    // The node name first: a relay that does not hold it must not touch its consumer (a
+    // second relay under one name used to recreate it and take half its messages).
+    let nodes = nodes_bucket(&sh.js, replicas).await?;
+    let lease = claim_node(&nodes, opts).await?;
+    let (kv, consumer) = setup_streams(sh, opts, replicas, resume_from)
+        .await
+        .map_err(SetupError::Retry)?;
+    Ok((kv, consumer, nodes, lease))
+}
+
+/// The stream, this node's durable consumer and the directory bucket ([`setup`]).
+async fn setup_streams(
+    sh: &Shared,
+    opts: &Options,
+    replicas: usize,
+    resume_from: &mut Option<u64>,
 ) -> Result<(kv::Store, PullConsumer), String> {
-    let replicas = if opts.replicas > 0 {
-        opts.replicas
-    } else {
-        sh.client.server_info().connect_urls.len().clamp(1, 3)
-    };
     sh.js
         .create_or_update_stream(jetstream::stream::Config {
             name: core::STREAM.into(),
@@ -494,12 +773,18 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Arriv
     }
 }
 
-/// A running stand-in: its inbound queue and what it was started with.
+/// A running stand-in: its inbound queue and what it was started with. Dropped, it stops.
 struct Standin {
     tx: mpsc::Sender<ToStandin>,
     node: String,
     topics: Vec<String>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// The directory loop: claims local names, keeps one stand-in per remote agent, routes
@@ -516,12 +801,14 @@ async fn manage(
     // Client connections for tools of other nodes (never recipients, never holding a name).
     let mut tools: HashMap<String, Standin> = HashMap::new();
     // The directory pass (KV reads, a query of the local relay) runs on its own task: inbound
-    // messages never wait for it.
+    // messages never wait for it. Both tasks end with this one (the set aborts them when
+    // dropped).
+    let mut tasks = tokio::task::JoinSet::new();
     {
         let (sh, opts, standins, tool) = (sh.clone(), opts.clone(), standins.clone(), tool.clone());
         let watched: Arc<RwLock<Watched>> = Arc::default();
-        tokio::spawn(watch_directory(kv.clone(), watched.clone()));
-        tokio::spawn(async move {
+        tasks.spawn(watch_directory(kv.clone(), watched.clone()));
+        tasks.spawn(async move {
             let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
