@@ -1642,3 +1642,32 @@ fn a_second_relay_under_a_held_node_name_is_refused() {
         },
     );
 }
+
+/// Issue 28.6: `bench --cluster` removes its two nodes from the federation when it ends: a
+/// relay that joins afterwards lists none of its receivers (before, each run left its
+/// receivers in the directory, shown online for ever). The directory is read in store order,
+/// so an agent that joined after the run being listed means the run's entries were read too.
+#[test]
+fn bench_cluster_leaves_no_receivers_in_the_directory() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let home = Relay::unstarted();
+    let out = home
+        .command()
+        .args(["bench", "--cluster", url.as_str()])
+        .args(["-s", "2", "-r", "3", "-n", "60", "--timeout", "120"])
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    assert!(text.contains("delivered   60/60"), "{text}");
+    let x = node(&url, "obsX");
+    let y = node(&url, "obsY");
+    let (_marker, _) = y.agent("Marker");
+    wait_listed(&x, "Marker", "obsY");
+    let listed = agents(&x);
+    let left: Vec<&String> = listed.keys().filter(|n| n.starts_with("bench-")).collect();
+    assert!(
+        left.is_empty(),
+        "bench agents left in the directory: {left:?}"
+    );
+}

@@ -132,8 +132,37 @@ fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
 }
 
-/// `agent-relay bench`.
-pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
+/// The node name of one of `bench --cluster`'s two private relays (`side`: `send`, `recv`):
+/// unique to this run, since a federation keeps a node name for the relay that holds it.
+fn bench_node(side: &str) -> String {
+    format!("bench-{}-{side}", std::process::id())
+}
+
+/// `agent-relay bench`. With `--cluster`, the run's two nodes are removed from the federation
+/// afterwards (their agents' directory entries, leases and consumers), whether it succeeded,
+/// failed or was interrupted (Ctrl-C): left there, its receivers were shown online on every
+/// node for ever.
+pub(crate) async fn bench(paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
+    let cluster = args.cluster.clone();
+    let result = tokio::select! {
+        r = bench_run(paths, args) => r,
+        // The private daemons (same process group) take the Ctrl-C too; dropping the run
+        // stops and waits for them before the clean-up below.
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("bench interrupted")),
+    };
+    if let Some(cluster) = cluster {
+        let nodes = [bench_node("send"), bench_node("recv")];
+        if let Err(e) = relay_federation::forget_nodes(&cluster, &nodes).await {
+            eprintln!(
+                "agent-relay bench: warning: cannot remove this run's nodes ({}) from the federation's directory: {e}",
+                nodes.join(", ")
+            );
+        }
+    }
+    result
+}
+
+async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.senders >= 1 && args.receivers >= 1,
         "--senders and --receivers must be at least 1"
@@ -166,7 +195,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                     "--cluster".to_owned(),
                     cluster.clone(),
                     "--node".to_owned(),
-                    format!("bench{tag}-{side}"),
+                    bench_node(side),
                     "--no-dashboard".to_owned(),
                 ]
             };

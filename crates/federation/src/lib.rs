@@ -376,6 +376,68 @@ pub async fn claim_node_at_start(opts: &Options) -> Result<(), FederationError> 
     }
 }
 
+/// Removes `nodes` from the federation at `cluster` for good: their agents' directory entries
+/// (other relays stop their stand-ins), their node-name leases and their durable consumers.
+/// For relays that are stopped and will not come back (`bench --cluster`'s private pair):
+/// left behind, their agents are shown online for ever. Returns the directory entries removed.
+///
+/// # Errors
+/// [`FederationError::Connect`] when NATS cannot be reached or refuses a step.
+pub async fn forget_nodes(cluster: &str, nodes: &[String]) -> Result<usize, FederationError> {
+    let servers = core::servers(cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let err =
+        |what: &str, e: &dyn std::fmt::Display| FederationError::Connect(format!("{what}: {e}"));
+    let client = tokio::time::timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::new()
+            .name("agent-relay forget")
+            .connect(servers),
+    )
+    .await
+    .map_err(|_| FederationError::Connect("no answer within 5 s".into()))?
+    .map_err(|e| err("connect", &e))?;
+    let js = jetstream::new(client);
+    let mut removed = 0;
+    if let Ok(dir) = js.get_key_value(core::BUCKET).await {
+        let mut keys = dir.keys().await.map_err(|e| err("directory", &e))?;
+        let mut names = Vec::new();
+        while let Some(k) = keys.next().await {
+            names.push(k.map_err(|e| err("directory", &e))?);
+        }
+        for name in names {
+            let Some(value) = dir.get(&name).await.map_err(|e| err("directory", &e))? else {
+                continue;
+            };
+            let owned =
+                serde_json::from_slice::<Entry>(&value).is_ok_and(|e| nodes.contains(&e.node));
+            if owned {
+                dir.purge(&name).await.map_err(|e| err("directory", &e))?;
+                removed += 1;
+            }
+        }
+    }
+    if let Ok(leases) = js.get_key_value(core::NODES_BUCKET).await {
+        for node in nodes {
+            leases
+                .purge(node)
+                .await
+                .map_err(|e| err("node names", &e))?;
+        }
+    }
+    if let Ok(stream) = js.get_stream(core::STREAM).await {
+        for node in nodes {
+            // Absent already (never made, or removed) is as good.
+            if let Err(e) = stream.delete_consumer(&core::consumer(node)).await {
+                tracing::debug!(error = %e, %node, "federation: consumer not removed");
+            }
+        }
+    }
+    Ok(removed)
+}
+
 fn replicas_for(client: &async_nats::Client, opts: &Options) -> usize {
     if opts.replicas > 0 {
         opts.replicas
