@@ -1358,6 +1358,32 @@ fn send_pipelined(c: &mut Raw, msgs: &[(String, String)]) -> (Vec<String>, Vec<V
     (ids, acks.join().unwrap())
 }
 
+/// [`read_until_marker`], failing at `deadline`.
+fn read_until_marker_by(c: &mut Raw, marker: &str, deadline: std::time::Instant) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} delivered, then nothing before the deadline",
+            ids.len()
+        );
+        let f = c.read().expect("connection open");
+        match f["type"].as_str() {
+            Some("PING") => {
+                c.send_env("PONG", json!({}), json!({}));
+            }
+            Some("DELIVER") => {
+                c.ack(&f);
+                if f["payload"]["body"] == marker {
+                    return ids;
+                }
+                ids.push(f["id"].as_str().unwrap().to_owned());
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Issue 28.1: NATS down while a backlog waits for many agents of another node; when it is
 /// back, every message is delivered (the stand-ins' publishes and the PubAcks that free their
 /// in-flight slots are polled together: before, all of them waited for a slot their own
@@ -1396,13 +1422,11 @@ fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() 
     });
     nats.spawn();
     eprintln!("NATS back");
+    // A stopped link fails the test at this deadline (the relay's PINGs keep a read alive).
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
     let readers: Vec<_> = receivers
         .drain(..)
-        .map(|mut r| {
-            // A stopped link shows as a read that times out.
-            r.read_timeout(Duration::from_secs(90));
-            std::thread::spawn(move || read_until_marker(&mut r, "end"))
-        })
+        .map(|mut r| std::thread::spawn(move || read_until_marker_by(&mut r, "end", deadline)))
         .collect();
     let mut got = Vec::new();
     for (i, t) in readers.into_iter().enumerate() {
@@ -1544,6 +1568,31 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
             .unwrap()
             .contains("its own agent named Eve"),
         "{n}"
+    );
+    // The losing node's Eve is told the real reason too, naming the node that holds her name.
+    let winner_node = if loser_node == "hostB" {
+        "hostA"
+    } else {
+        "hostB"
+    };
+    let (mut eve_l, _) = loser.agent("Eve");
+    let id = eve_l.send("Gus", "from the other Eve");
+    eve_l.expect("ACK");
+    let n = expect_notice(&mut eve_l, &id, "Gus");
+    let why = n["reason"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("Eve is held by node {winner_node}")),
+        "{n}"
+    );
+    // An agent of this node cannot take a name another node holds, and is told which node.
+    let mut impostor = loser.connect();
+    impostor.send_env("HELLO", json!({}), json!({"agent": "Gus"}));
+    let err = impostor.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "name_in_use", "{err}");
+    let msg = err["payload"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("held by node {winner_node}")),
+        "{err}"
     );
 }
 
