@@ -1720,3 +1720,70 @@ fn bench_cluster_leaves_no_receivers_in_the_directory() {
         "bench agents left in the directory: {left:?}"
     );
 }
+
+/// Issue 28.5: joining a federation is said. A project's `.agent-relay/config.toml` that sets
+/// `cluster` is shown by `up` with its source; a connection neither authenticated nor
+/// local-only is warned about loudly by `up` and flagged by `doctor`; a loopback one is not.
+#[test]
+fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
+    struct Down<'a>(&'a Relay);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let out = self.0.cli(&["down"]);
+            if !out.status.success() {
+                eprintln!("down: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+    let write = |relay: &Relay, text: &str| {
+        let path = relay.dir.path().join(".agent-relay/config.toml");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    // Exposed: a server that is not on loopback, no credentials (unreachable here: the relay
+    // starts anyway and the link keeps trying).
+    let exposed = Relay::unstarted();
+    write(
+        &exposed,
+        "[up]\ncluster = \"nats://192.0.2.1:4222\"\nnode = \"far\"\n",
+    );
+    let out = exposed.cli(&["up"]);
+    let _down = Down(&exposed);
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("federation: node far through nats://192.0.2.1:4222 (set by")
+            && text.contains("config.toml"),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WARNING")
+            && err.contains("neither authenticated")
+            && err.contains("--cluster-creds"),
+        "{err}"
+    );
+    let doctor = exposed.cli(&["doctor"]);
+    let d = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        d.lines().any(|l| l.starts_with("warn")
+            && l.contains("federation")
+            && l.contains("neither authenticated")),
+        "{d}"
+    );
+    // Local-only: said, not warned about.
+    let nats = Nats::start();
+    let local = Relay::unstarted();
+    write(
+        &local,
+        &format!("[up]\ncluster = \"{}\"\nnode = \"near\"\n", nats.url()),
+    );
+    let out = local.cli(&["up"]);
+    let _down2 = Down(&local);
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("federation: node near through nats://127.0.0.1"),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("WARNING"), "{err}");
+}

@@ -277,7 +277,7 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
     if !people.is_empty() {
         relay_people::Hub::new(people, paths.socket.clone(), None)?;
     }
-    match start_background(paths, settings)? {
+    let printed = match start_background(paths, settings)? {
         Started::Already(pid) => {
             same_settings(paths, pid, &resolved)?;
             print_running(paths, pid, true, args, settings)
@@ -295,7 +295,48 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
             ),
         }
         .into()),
+    };
+    printed?;
+    if !args.json {
+        print_federation(&resolved)?;
     }
+    Ok(())
+}
+
+/// With `--cluster` (from wherever it came: a project's `.agent-relay/config.toml` can set
+/// it), `up` says the relay is in a federation, through what, as which node, and warns loudly
+/// on stderr when that connection is neither authenticated nor local-only.
+fn print_federation(resolved: &Resolved) -> anyhow::Result<()> {
+    let s = &resolved.settings;
+    if s.cluster.trim().is_empty() {
+        return Ok(());
+    }
+    let source = SETTINGS
+        .iter()
+        .zip(&resolved.sources)
+        .find(|(setting, _)| setting.name == "cluster")
+        .map(|(_, source)| source);
+    let from = match source {
+        Some(Source::Default) | None => String::new(),
+        Some(Source::Flag) => " (--cluster)".to_owned(),
+        Some(other) => format!(" (set by {other})"),
+    };
+    let node = if s.node.is_empty() {
+        format!("{} (the host name; --node not given)", host_node_name())
+    } else {
+        s.node.clone()
+    };
+    line(format!(
+        "  federation: node {node} through {}{from}; `agent-relay status` shows the link",
+        relay_protocol::text::one_line(&s.cluster, 200)
+    ))?;
+    if let Some(w) = relay_federation::core::exposure(&s.cluster, !s.cluster_creds.is_empty()) {
+        eprintln!(
+            "agent-relay: WARNING: {}",
+            relay_protocol::text::one_line(&w, 600)
+        );
+    }
+    Ok(())
 }
 
 /// The file in the data directory where the daemon keeps its adapters' state

@@ -55,6 +55,42 @@ pub fn servers(cluster: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why a federation connection is exposed: `None` when it is authenticated (a credentials
+/// file, or a user in a server URL) or local-only (every server on loopback); else what
+/// anyone who can reach those servers can do, and what to do about it.
+pub fn exposure(cluster: &str, creds: bool) -> Option<String> {
+    let urls = servers(cluster);
+    let rest = |u: &str| u.split_once("://").map_or(u, |(_, r)| r).to_owned();
+    let user = urls.iter().any(|u| {
+        let r = rest(u);
+        r.split('/').next().is_some_and(|auth| auth.contains('@'))
+    });
+    let local = !urls.is_empty()
+        && urls.iter().all(|u| {
+            let r = rest(u);
+            let hostport = r.split('/').next().unwrap_or_default();
+            let host = if let Some(v6) = hostport.strip_prefix('[') {
+                v6.split(']').next().unwrap_or_default()
+            } else {
+                hostport.split(':').next().unwrap_or_default()
+            };
+            host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        });
+    if creds || user || local {
+        return None;
+    }
+    Some(format!(
+        "the federation connection ({cluster}) is neither authenticated (no --cluster-creds, no \
+         user in the URL) nor local-only: anyone who can reach that NATS server can send to this \
+         relay's agents as any agent of another node, broadcast to `*`, and rewrite the \
+         directory. Give each relay a credentials file (--cluster-creds) and TLS \
+         (--cluster-ca): docs/FEDERATION.md, Running on real hosts"
+    ))
+}
+
 /// The subject a node consumes.
 pub fn subject(node: &str) -> String {
     format!("{SUBJECT_PREFIX}.{node}")
@@ -988,5 +1024,19 @@ mod tests {
         );
         let m = node_taken_message("b", &held, true);
         assert!(m.contains("--node was not given"), "{m}");
+    }
+
+    #[test]
+    fn a_connection_is_exposed_unless_authenticated_or_loopback() {
+        assert_eq!(exposure("nats://127.0.0.1:4222", false), None);
+        assert_eq!(
+            exposure("nats://localhost:4222,nats://[::1]:4223", false),
+            None
+        );
+        assert_eq!(exposure("nats://relay:pw@nats.example:4222", false), None);
+        assert_eq!(exposure("tls://nats.example:4222", true), None);
+        let w = exposure("nats://127.0.0.1:4222,nats://10.0.0.2:4222", false);
+        assert!(w.is_some_and(|w| w.contains("neither authenticated")));
+        assert!(exposure("nats.example:4222", false).is_some());
     }
 }
