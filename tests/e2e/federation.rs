@@ -1709,6 +1709,13 @@ fn bench_cluster_leaves_no_receivers_in_the_directory() {
         .unwrap();
     let text = ok_stdout(&out);
     assert!(text.contains("delivered   60/60"), "{text}");
+    // Issue 28.9: beside its own figure, what JetStream alone sustains there, and the ratio.
+    assert!(
+        text.contains("JetStream alone (same servers, same run")
+            && text.contains("cross-node is")
+            && text.contains("% of the slower"),
+        "{text}"
+    );
     let x = node(&url, "obsX");
     let y = node(&url, "obsY");
     let (_marker, _) = y.agent("Marker");
@@ -1786,4 +1793,25 @@ fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("WARNING"), "{err}");
+}
+
+/// Issue 28.1, the other trigger: `bench --cluster` with 64 senders and 64 receivers (64
+/// stand-ins publishing at once) delivers all of its 50,000 messages (before, the link stopped
+/// after ~17,000 in a release build). Bounded by the bench's own timeout.
+#[test]
+fn bench_cluster_64_by_64_delivers_everything() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let home = Relay::unstarted();
+    let out = home
+        .command()
+        .args(["bench", "--cluster", url.as_str()])
+        .args(["-s", "64", "-r", "64", "-n", "50000", "--timeout", "240"])
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("delivered   50000/50000 accepted (lost 0, duplicated 0"),
+        "{text}"
+    );
 }

@@ -279,6 +279,25 @@ async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
     let lost = sent.accepted.saturating_sub(unique);
     let rate = unique as f64 / elapsed;
     let rss = daemon.as_ref().and_then(|d| peak_rss_kib(d.child.id()));
+    // What JetStream alone sustains on the same servers, measured now with the relays stopped
+    // (so they take none of the machine): the ceiling the cross-node figure is compared to.
+    drop(daemon);
+    drop(far);
+    let floor = match &args.cluster {
+        Some(cluster) => {
+            match relay_federation::jetstream_floor(cluster, n, args.bytes, 256).await {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("agent-relay bench: warning: JetStream alone not measured: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    // The slower of JetStream's two halves: every cross-node message is published once and
+    // consumed once.
+    let ceiling = floor.map(|f| f.publish_per_s.min(f.consume_per_s));
     let storage = if args.target.is_some() {
         "external".to_owned()
     } else if args.cluster.is_some() {
@@ -307,6 +326,11 @@ async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
                 "max": lat.last().copied().unwrap_or(0) as f64 / 1e6,
             },
             "daemon_peak_rss_kib": rss,
+            "jetstream_alone": floor.map(|f| serde_json::json!({
+                "publish_msgs_per_s": f.publish_per_s,
+                "consume_msgs_per_s": f.consume_per_s,
+            })),
+            "ratio_to_jetstream": ceiling.map(|c| rate / c),
             "error": sent.first_error,
         }))?;
     } else {
@@ -338,12 +362,18 @@ async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
                 kib as f64 / 1024.0
             ))?;
         }
+        if let (Some(f), Some(c)) = (floor, ceiling) {
+            line(format!(
+                "  JetStream alone (same servers, same run, file storage, PubAck and confirmed ack each): publish {:.0} msgs/s, consume {:.0} msgs/s; cross-node is {:.0} % of the slower",
+                f.publish_per_s,
+                f.consume_per_s,
+                100.0 * rate / c
+            ))?;
+        }
         if let Some(e) = &sent.first_error {
             line(format!("  error       {e}"))?;
         }
     }
-    drop(daemon);
-    drop(far);
     if lost > 0 || duplicates > 0 || sent.accepted < n {
         anyhow::bail!(
             "bench failed: {} of {n} accepted, {lost} lost, {duplicates} duplicated",

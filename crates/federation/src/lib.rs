@@ -438,6 +438,128 @@ pub async fn forget_nodes(cluster: &str, nodes: &[String]) -> Result<usize, Fede
     Ok(removed)
 }
 
+/// What JetStream alone sustains ([`jetstream_floor`]), in messages a second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floor {
+    /// Publishes with `Nats-Msg-Id` and a PubAck each, pipelined.
+    pub publish_per_s: f64,
+    /// A durable pull consumer taking them, a confirmed ack each, pipelined.
+    pub consume_per_s: f64,
+}
+
+/// Measures what JetStream alone does at `cluster` with the federation's durability: `n`
+/// messages of `bytes` to a file stream of its own (deleted afterwards), published with
+/// `Nats-Msg-Id` and a PubAck each (`window` in flight), then consumed by a durable pull
+/// consumer with a confirmed ack each (as the link does). The ceiling under `bench --cluster`.
+///
+/// # Errors
+/// [`FederationError::Connect`] with the step that failed.
+pub async fn jetstream_floor(
+    cluster: &str,
+    n: usize,
+    bytes: usize,
+    window: usize,
+) -> Result<Floor, FederationError> {
+    let e =
+        |what: &str, e: &dyn std::fmt::Display| FederationError::Connect(format!("{what}: {e}"));
+    let servers = core::servers(cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let client = async_nats::ConnectOptions::new()
+        .name("agent-relay floor")
+        .connect(servers)
+        .await
+        .map_err(|x| e("connect", &x))?;
+    let js = jetstream::new(client);
+    let name = format!("FLOOR_{}", std::process::id());
+    let subject = format!("agent-relay-floor.{}", std::process::id());
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: jetstream::stream::StorageType::File,
+            duplicate_window: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .map_err(|x| e("stream", &x))?;
+    let result = async {
+        let body = bytes::Bytes::from(vec![b'x'; bytes]);
+        let window = window.max(1);
+        let start = std::time::Instant::now();
+        let mut inflight: FuturesOrdered<
+            futures_util::future::BoxFuture<
+                'static,
+                Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+            >,
+        > = FuturesOrdered::new();
+        for i in 0..n {
+            if inflight.len() >= window
+                && let Some(r) = inflight.next().await
+            {
+                let _: jetstream::publish::PublishAck = r.map_err(|x| e("publish", &x))?;
+            }
+            let m = jetstream::message::PublishMessage::build()
+                .payload(body.clone())
+                .message_id(format!("m{i}"));
+            let ack = js
+                .send_publish(subject.clone(), m)
+                .await
+                .map_err(|x| e("publish", &x))?;
+            inflight.push_back(Box::pin(std::future::IntoFuture::into_future(ack)));
+        }
+        while let Some(r) = inflight.next().await {
+            r.map_err(|x| e("publish", &x))?;
+        }
+        let publish = start.elapsed();
+        let consumer: PullConsumer = stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some("floor".into()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                max_ack_pending: CONSUMER_IN_FLIGHT,
+                ..Default::default()
+            })
+            .await
+            .map_err(|x| e("consumer", &x))?;
+        let start = std::time::Instant::now();
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(512)
+            .messages()
+            .await
+            .map_err(|x| e("consume", &x))?;
+        let mut acks = FuturesOrdered::new();
+        let mut got = 0usize;
+        while got < n {
+            let Some(m) = messages.next().await else {
+                break;
+            };
+            let m = m.map_err(|x| e("consume", &x))?;
+            got += 1;
+            acks.push_back(async move { m.double_ack().await });
+            if acks.len() >= window
+                && let Some(r) = acks.next().await
+            {
+                r.map_err(|x| e("ack", &x))?;
+            }
+        }
+        while let Some(r) = acks.next().await {
+            r.map_err(|x| e("ack", &x))?;
+        }
+        let consume = start.elapsed();
+        Ok(Floor {
+            publish_per_s: n as f64 / publish.as_secs_f64().max(1e-9),
+            consume_per_s: got as f64 / consume.as_secs_f64().max(1e-9),
+        })
+    }
+    .await;
+    if let Err(x) = js.delete_stream(&name).await {
+        tracing::warn!(error = %x, stream = %name, "federation: the floor's stream is left on the servers");
+    }
+    result
+}
+
 fn replicas_for(client: &async_nats::Client, opts: &Options) -> usize {
     if opts.replicas > 0 {
         opts.replicas
