@@ -506,21 +506,24 @@ impl Core {
         let mut resumed = false;
         let person_door = hello.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
         self.may_take(&hello.agent, hello.role, conn.in_process, person_door)?;
-        let live = self
-            .agents
-            .get(&hello.agent)
-            .and_then(|a| a.online.as_ref());
+        let holder = self.agents.get(&hello.agent);
+        let live = holder.and_then(|a| a.online.as_ref());
         if hello.role == Role::Agent
             && let Some(old) = live
         {
             if hello.resume_token.as_deref() != Some(old.resume_token.as_str()) {
-                return Err((
-                    ErrorCode::NameInUse,
-                    format!(
+                // A federation stand-in holds it: the name is an agent's of another node.
+                let message = match holder.and_then(|a| remote_node(a.cli.as_deref())) {
+                    Some(node) => format!(
+                        "the name {:?} is held by node {node} in the federation (an agent of that node has it); choose another name",
+                        hello.agent
+                    ),
+                    None => format!(
                         "an agent named {:?} is already connected; choose another name or stop the other one",
                         hello.agent
                     ),
-                ));
+                };
+                return Err((ErrorCode::NameInUse, message));
             }
             old.killer.kill(
                 ErrorCode::NameInUse,
