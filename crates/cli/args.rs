@@ -29,6 +29,9 @@ AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 --all, inbox, agents) is one array, one thing (read, trace, status, dlq's answer) one object.
 Only a live stream (watch, inbox --follow) prints one object per line (JSON Lines).
 
+Deadlines: a command waits at most 30 s for the relay's answer, then says so and exits 1
+(AGENT_RELAY_REQUEST_TIMEOUT=SECONDS changes it); a live stream has none.
+
 Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
 running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
 relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130

@@ -133,6 +133,13 @@ fn a_query_the_relay_never_answers_fails_with_a_clear_error() {
         "{err}"
     );
     mute.join().unwrap();
+    // The deadline and the variable that changes it are in `--help`, as the error names them.
+    let help = relay.cli(&["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("AGENT_RELAY_REQUEST_TIMEOUT") && help.contains("at most 30 s"),
+        "--help does not name the request deadline:\n{help}"
+    );
 }
 
 /// The soft and hard open-files limits of process `pid`, from `/proc`.
