@@ -297,6 +297,51 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
     assert_eq!(stored, 1);
 }
 
+/// The signatures of accepted webhook requests are kept by appending one line each, not by
+/// rewriting the whole file on every request (before, each accepted request replaced
+/// `webhook-seen` with a new file: as many bytes written per request as signatures
+/// remembered). Seen here as one file (one inode) that gains one line per request; a request
+/// accepted before a restart is still refused after it (the other test shows that too).
+#[test]
+fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
+    use crate::people::{WEBHOOK_SECRET, now_s, post, signed};
+    use std::os::unix::fs::MetadataExt;
+    let hook = relay_standin::people::WebhookStandIn::start().unwrap();
+    let mut relay = webhook_relay(&hook);
+    let (mut alice, _) = relay.agent("Alice");
+    let (port, _) = crate::support::dashboard(&relay);
+    let seen = relay.data_dir().join("webhook-seen");
+    let mut first = None;
+    let mut inode = None;
+    for i in 0..5 {
+        let body = json!({"from": "ops", "to": "Alice", "body": format!("note {i}"), "id": format!("ops-note-{i}")})
+            .to_string();
+        let headers = signed(WEBHOOK_SECRET, now_s(), &body);
+        let (status, answer) = post(port, "/hooks/webhook", &headers, &body);
+        assert_eq!(status, 202, "{answer}");
+        let d = alice.expect("DELIVER");
+        assert_eq!(d["payload"]["body"], format!("note {i}"));
+        alice.ack(&d);
+        let meta = std::fs::metadata(&seen).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        match inode {
+            None => inode = Some(meta.ino()),
+            Some(ino) => assert_eq!(meta.ino(), ino, "webhook-seen was replaced at request {i}"),
+        }
+        let lines = std::fs::read_to_string(&seen).unwrap().lines().count();
+        assert_eq!(lines, i + 1, "one line per accepted request");
+        first.get_or_insert((headers, body));
+    }
+    drop(alice);
+    relay.stop();
+    relay.spawn();
+    crate::wrap::wait_online(&relay, "ops");
+    let (port, _) = crate::support::dashboard(&relay);
+    let (headers, body) = first.unwrap();
+    let (status, answer) = post(port, "/hooks/webhook", &headers, &body);
+    assert_eq!(status, 409, "a replay after a restart is refused: {answer}");
+}
+
 /// Peak resident memory of process `pid` (VmHWM), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

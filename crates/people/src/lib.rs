@@ -85,12 +85,42 @@ struct PersonSend {
 }
 
 /// The file, beside the adapters' state file, that keeps the webhook signatures accepted
-/// within the tolerance (one `TIMESTAMP SIGNATURE` a line, mode 0600).
+/// within the tolerance (one `TIMESTAMP SIGNATURE` a line, mode 0600): one line appended per
+/// accepted request, the whole rewritten without its stale lines only now and then.
 pub const SEEN_FILE: &str = "webhook-seen";
 
 /// The longest a delivery waits in all for peers that ask it to (a 429's `retry_after`)
 /// before it counts as failed.
 pub const MAX_PEER_WAIT: Duration = Duration::from_secs(600);
+
+/// Keeps an accepted webhook signature in `path` as [`sign::Keep`] says: one line appended
+/// (created 0600, synced before the request is acted on), or the file replaced atomically.
+fn keep_seen(path: &std::path::Path, keep: &sign::Keep) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match keep {
+        sign::Keep::Append(line) => {
+            let new = !path.exists();
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(path)?;
+            f.write_all(line.as_bytes())?;
+            f.sync_data()?;
+            // A new file's name is durable only once its directory is synced.
+            match path.parent() {
+                Some(dir) if new => std::fs::File::open(dir)?.sync_all(),
+                _ => Ok(()),
+            }
+        }
+        sign::Keep::Rewrite(text) => relay_protocol::file::write_atomic(
+            path,
+            text.as_bytes(),
+            relay_protocol::file::Durability::PowerLoss,
+        ),
+    }
+}
 
 /// What a relayed Telegram message was: (agent, message id, thread).
 type Relayed = (String, String, Option<String>);
@@ -638,31 +668,31 @@ impl Hub {
             hub.update("webhook", |s| s.refused += 1);
             (status, json!({ "error": why }))
         };
-        let checked = match lock(&self.inner.verifier).as_mut() {
-            Some(v) => v
-                .verify(timestamp, signature, body, now_ms() / 1000)
-                .map(|()| v.to_text()),
-            None => return (404, json!({"error": "no webhook adapter is configured"})),
-        };
-        let seen = match checked {
-            Ok(seen) => seen,
-            Err(e) => {
-                let status = if e == sign::Refusal::Replayed {
-                    409
-                } else {
-                    401
-                };
-                return refused(self, status, e.to_string());
+        // The signature is kept before anything is sent, so that after a restart the same
+        // request is still refused; under the verifier's lock, so that a rewrite of the kept
+        // file never races an append to it.
+        let kept = {
+            let mut guard = lock(&self.inner.verifier);
+            let Some(v) = guard.as_mut() else {
+                return (404, json!({"error": "no webhook adapter is configured"}));
+            };
+            match v.verify_and_keep(timestamp, signature, body, now_ms() / 1000) {
+                Ok(keep) => match &self.inner.seen_file {
+                    Some(path) => keep_seen(path, &keep).map_err(|e| (path.clone(), e)),
+                    None => Ok(()),
+                },
+                Err(e) => {
+                    drop(guard);
+                    let status = if e == sign::Refusal::Replayed {
+                        409
+                    } else {
+                        401
+                    };
+                    return refused(self, status, e.to_string());
+                }
             }
         };
-        // Kept before anything is sent: after a restart the same request is still refused.
-        if let Some(path) = &self.inner.seen_file
-            && let Err(e) = relay_protocol::file::write_atomic(
-                path,
-                seen.as_bytes(),
-                relay_protocol::file::Durability::PowerLoss,
-            )
-        {
+        if let Err((path, e)) = kept {
             tracing::error!(path = %path.display(), error = %e, "cannot keep the webhook's seen signatures");
             return (
                 503,

@@ -86,6 +86,21 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Stale lines the kept file may hold beyond twice what is remembered before it is rewritten.
+/// Appending one line per accepted request keeps the common path to one small write; the
+/// rewrite, now and then, keeps the file (and the next start's reading of it) bounded.
+const COMPACT_SLACK: usize = 256;
+
+/// How to keep an accepted signature across a restart: the file is appended to, and now and
+/// then rewritten with only what is still remembered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keep {
+    /// Append this line (`TIMESTAMP SIGNATURE\n`) to the kept file.
+    Append(String),
+    /// Replace the kept file with this text (stale lines dropped).
+    Rewrite(String),
+}
+
 /// Checks inbound signatures and remembers the ones accepted (for replay refusal) for as
 /// long as their timestamp is inside the tolerance.
 #[derive(Debug)]
@@ -95,6 +110,9 @@ pub struct Verifier {
     seen: HashSet<String>,
     /// Timestamp → signatures accepted with it, to forget them once stale.
     by_ts: BTreeMap<u64, Vec<String>>,
+    /// Lines the kept file holds (what was loaded plus what was appended since), stale ones
+    /// included: decides when [`Keep::Rewrite`] is due.
+    file_lines: usize,
 }
 
 impl Verifier {
@@ -105,6 +123,7 @@ impl Verifier {
             tolerance_s,
             seen: HashSet::new(),
             by_ts: BTreeMap::new(),
+            file_lines: 0,
         }
     }
 
@@ -120,6 +139,17 @@ impl Verifier {
         body: &[u8],
         now_s: u64,
     ) -> Result<(), Refusal> {
+        self.accept(timestamp, signature, body, now_s).map(drop)
+    }
+
+    /// [`Verifier::verify`], giving back the accepted timestamp and signature (hex).
+    fn accept(
+        &mut self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_s: u64,
+    ) -> Result<(u64, String), Refusal> {
         let ts: u64 = timestamp
             .and_then(|t| t.trim().parse().ok())
             .ok_or(Refusal::Malformed(TIMESTAMP_HEADER))?;
@@ -146,8 +176,30 @@ impl Verifier {
         if !self.seen.insert(key.clone()) {
             return Err(Refusal::Replayed);
         }
-        self.by_ts.entry(ts).or_default().push(key);
-        Ok(())
+        self.by_ts.entry(ts).or_default().push(key.clone());
+        Ok((ts, key))
+    }
+
+    /// [`Verifier::verify`], and how to keep what it accepted: one line appended to the kept
+    /// file, or the file rewritten once it holds more than twice what is remembered (plus a
+    /// slack), so that it stays bounded without being rewritten on every request.
+    ///
+    /// # Errors
+    /// The [`Refusal`].
+    pub fn verify_and_keep(
+        &mut self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_s: u64,
+    ) -> Result<Keep, Refusal> {
+        let (ts, sig) = self.accept(timestamp, signature, body, now_s)?;
+        if self.file_lines + 1 > 2 * self.seen.len() + COMPACT_SLACK {
+            self.file_lines = self.seen.len();
+            return Ok(Keep::Rewrite(self.to_text()));
+        }
+        self.file_lines += 1;
+        Ok(Keep::Append(format!("{ts} {sig}\n")))
     }
 
     /// Forgets signatures whose timestamps are before `oldest`: they are refused as stale now.
@@ -182,6 +234,7 @@ impl Verifier {
     /// that are not in that form are skipped and counted.
     pub fn load_text(&mut self, text: &str, now_s: u64) -> usize {
         let mut skipped = 0;
+        self.file_lines = text.lines().count();
         for line in text.lines() {
             let parsed = line
                 .split_once(' ')
@@ -213,6 +266,51 @@ mod tests {
         assert_eq!(
             hex(&m.finalize().into_bytes()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    /// One accepted request is one appended line; the kept file is rewritten only once it
+    /// holds more than twice what is remembered plus the slack, so over a long run it stays
+    /// bounded and what it holds after a rewrite loads back to the same refusals.
+    #[test]
+    fn accepted_signatures_are_appended_and_the_kept_file_stays_bounded() {
+        let mut v = Verifier::new(b"s3cret".to_vec(), 30);
+        let mut file = String::new();
+        let (mut appends, mut rewrites) = (0, 0);
+        for i in 0..5_000u64 {
+            // Ten requests a second: about 300 are inside the tolerance at any time.
+            let now = 1_000 + i / 10;
+            let body = format!("request {i}");
+            let sig = header_value(b"s3cret", now, body.as_bytes());
+            match v.verify_and_keep(Some(&now.to_string()), Some(&sig), body.as_bytes(), now) {
+                Ok(Keep::Append(line)) => {
+                    assert_eq!(line, format!("{now} {}\n", &sig["sha256=".len()..]));
+                    file.push_str(&line);
+                    appends += 1;
+                }
+                Ok(Keep::Rewrite(text)) => {
+                    file = text;
+                    rewrites += 1;
+                }
+                Err(e) => panic!("request {i} refused: {e}"),
+            }
+            assert!(
+                file.lines().count() <= 2 * v.remembered() + COMPACT_SLACK,
+                "the kept file grew unbounded at request {i}"
+            );
+        }
+        assert!(appends > 4_900, "{appends} appends, {rewrites} rewrites");
+        assert!(rewrites >= 1, "never rewritten");
+        // What the file holds refuses the same replays after a restart.
+        let now = 1_000 + 4_999 / 10;
+        let mut again = Verifier::new(b"s3cret".to_vec(), 30);
+        assert_eq!(again.load_text(&file, now), 0);
+        assert_eq!(again.remembered(), v.remembered());
+        let body = "request 4999";
+        let sig = header_value(b"s3cret", now, body.as_bytes());
+        assert_eq!(
+            again.verify(Some(&now.to_string()), Some(&sig), body.as_bytes(), now),
+            Err(Refusal::Replayed)
         );
     }
 
