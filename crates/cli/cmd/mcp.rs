@@ -761,23 +761,43 @@ impl RelayMcp {
     /// The agents the relay knows.
     #[tool(
         name = "relay_agents",
-        description = "List the agents the relay knows: name, whether online, their CLI, messages waiting for them."
+        description = "List the agents the relay knows: name, what each is doing (idle, busy since when, blocked and why, offline), its current thread, last activity, CLI and messages waiting for it."
     )]
     async fn relay_agents(&self) -> CallToolResult {
         match self.query(QueryRequest::Agents).await {
             Ok(QueryResult::Agents { agents }) => {
+                let now = relay_protocol::now_ms();
+                let ago = |ms: u64| format!("{}s ago", now.saturating_sub(ms) / 1000);
                 let lines: Vec<String> = agents
                     .iter()
                     .map(|a| {
+                        let mut state = a.state.as_str().to_owned();
+                        if let (Some(since), true) = (a.since, a.online) {
+                            state.push_str(&format!(" since {}", ago(since)));
+                        }
+                        if let Some(why) = &a.why {
+                            state.push_str(&format!(" ({})", for_terminal(why)));
+                        }
+                        let thread = a
+                            .thread
+                            .as_deref()
+                            .map(|t| format!(", thread {}", for_terminal(t)))
+                            .unwrap_or_default();
+                        let active = a
+                            .last_activity
+                            .map(|t| format!(", last active {}", ago(t)))
+                            .unwrap_or_default();
                         format!(
-                            "{}{} — {}{}, {} waiting",
+                            "{}{} — {}{}{}{}, {} waiting",
                             for_terminal(&a.name),
                             if a.name == self.name { " (you)" } else { "" },
-                            if a.online { "online" } else { "offline" },
+                            state,
                             a.cli
                                 .as_deref()
                                 .map(|c| format!(", {}", for_terminal(c)))
                                 .unwrap_or_default(),
+                            thread,
+                            active,
                             a.pending
                         )
                     })

@@ -14,6 +14,7 @@ pub(crate) mod rules;
 pub(crate) mod send;
 pub(crate) mod stop;
 pub(crate) mod teach;
+pub(crate) mod team;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -146,6 +147,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Reply(a) => inbox::reply(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
+                    Cmd::Wait(a) => team::wait(&paths, &a).await,
                     Cmd::Doctor(a) => doctor::doctor(&paths, a.json).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)

@@ -356,6 +356,10 @@ struct Core {
     resume: Option<Resume>,
     /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
     reported: Option<(TerminalState, Option<String>)>,
+    /// When a message was last typed into the agent, until its output settles after it: the
+    /// agent is answering (busy), for `agents`, `wait` and `--notify idle` (see
+    /// [`Core::answer_over`]).
+    answering: Option<Instant>,
     /// When the current run of output (no quiet spell of the settle time in it) began.
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
@@ -488,6 +492,7 @@ impl Core {
             relayed_told: false,
             resume: None,
             reported: None,
+            answering: None,
             burst_start: now,
             started: false,
             shown: false,
@@ -533,6 +538,9 @@ impl Core {
                 return (state, Some(why));
             }
         }
+        if self.answering.is_some() {
+            return (TerminalState::Busy, Some("answering a message".into()));
+        }
         // Printing for a while, not a moment: a person's typing echoed back or a one-line
         // answer is not worth telling anyone about.
         let printing = now < self.last_output + self.cfg.profile.settle
@@ -560,6 +568,15 @@ impl Core {
         if self.client.report_terminal(report).await.is_ok() {
             self.reported = Some(view);
         }
+    }
+
+    /// The answer to a typed message is over once the output has settled after it was typed
+    /// (or, for an agent that printed nothing at all, a settle time after it). Pure: the
+    /// caller clears [`Core::answering`].
+    fn answer_over(&self, now: Instant) -> bool {
+        self.answering.is_some_and(|typed| {
+            self.settled && (self.last_output > typed || now >= typed + self.cfg.profile.settle)
+        })
     }
 
     /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
@@ -1198,8 +1215,13 @@ impl Core {
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
         let settle = (!self.settled).then(|| self.settle_due());
+        let answered = self
+            .answering
+            .filter(|_| self.settled)
+            .map(|typed| typed + self.cfg.profile.settle);
         [
             settle,
+            answered,
             self.injector.next_deadline(),
             self.transcript_due,
             self.held_due,
@@ -1259,6 +1281,9 @@ impl Core {
             self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
         }
         self.release_held(now).await;
+        if self.answer_over(now) {
+            self.answering = None;
+        }
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
@@ -1283,6 +1308,7 @@ impl Core {
             match action {
                 Action::Type(text) => {
                     self.typing(&text);
+                    self.answering = Some(now);
                     self.parser.note_injected(&text);
                     term.type_text(&text).await?;
                 }
@@ -1294,6 +1320,9 @@ impl Core {
                     }
                 }
                 Action::Done(Item::Messages(messages), outcome) => {
+                    // The relay hears that the agent is answering before it hears the
+                    // messages taken: it never sees it idle in between.
+                    self.report_terminal(term.backend(), now).await;
                     self.finished(messages, outcome).await;
                 }
                 Action::Done(Item::Notice, _) => {}
