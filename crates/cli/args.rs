@@ -455,6 +455,13 @@ pub(crate) struct StopArgs {
     pub(crate) timeout: u64,
 }
 
+/// A `--subscribe` value: a topic pattern the relay accepts.
+fn topic_pattern(s: &str) -> Result<String, String> {
+    relay_protocol::validate_topic_pattern(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 /// `agent-relay wait`'s longer help.
 const WAIT_HELP: &str = "\
 An agent is idle when it is connected, nothing is being handed to it, and its terminal (as its
@@ -746,6 +753,12 @@ pub(crate) struct WrapArgs {
     /// .agent-relay/teach.md in the project when it exists, else the built-in one.
     #[arg(long)]
     pub(crate) no_teach: bool,
+    /// Subscribe the agent to topics matching PATTERN (repeatable; `build.*` one level,
+    /// `build.>` any depth): it gets every message sent to a matching topic (`send --topic`,
+    /// an agent's `@relay:#build.linux text`, the MCP `relay_send` with `topic`), once. Kept
+    /// in the relay's store, so the subscription outlives a restart of either side.
+    #[arg(long, value_name = "PATTERN", value_parser = topic_pattern)]
+    pub(crate) subscribe: Vec<String>,
     /// Internal: relay for an existing tmux session (started by `wrap --backend tmux`).
     #[arg(long, hide = true, value_name = "SESSION")]
     pub(crate) serve_tmux: Option<String>,

@@ -171,3 +171,64 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     let out = relay.cli(&["wait", "Nobody", "--until", "idle"]);
     assert_eq!(out.status.code(), Some(4), "{out:?}");
 }
+
+/// Says who it is, then echoes what it reads.
+const ECHO: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do echo "got: $line"; done
+"#;
+
+/// A wrapped agent started with `--subscribe 'build.*'` gets a message sent to `build.linux`
+/// exactly once, again after the relay restarted (the wrapper subscribes on every connection);
+/// an agent not subscribed gets none; `send --topic` to a topic nobody subscribes to says so.
+/// Before, a wrapped agent could not subscribe at all and such a send said "accepted" (issue
+/// 25.6).
+#[test]
+fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart() {
+    let mut relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let tmux = Tmux { dir: &dir };
+    let tia = start_tmux_agent(&relay, "Tia", ECHO, &["--subscribe", "build.*"]);
+    let ned = start_tmux_agent(&relay, "Ned", ECHO, &[]);
+    let shown = |session: &str, text: &str| {
+        tmux.pane(session)
+            .lines()
+            .filter(|l| l.starts_with("got: ") && l.contains(text))
+            .count()
+    };
+    let topic_send = |relay: &Relay, body: &str| {
+        let out = relay.cli(&["send", "--topic", "build.linux", "*", body, "--json"]);
+        let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+        assert_eq!(v["recipients"], 1, "{v}");
+    };
+    topic_send(&relay, "green-one");
+    wait_for(Duration::from_secs(30), "Tia got green-one", || {
+        shown(&tia, "green-one") == 1
+    });
+
+    // The relay restarts; Tia's wrapper connects again and is still subscribed.
+    relay.stop();
+    relay.spawn();
+    wait_for(Duration::from_secs(30), "Tia back online", || {
+        row(&relay, "Tia")["online"] == true
+    });
+    topic_send(&relay, "green-two");
+    // Markers sent after everything: deliveries are in store order, so once a marker is
+    // shown everything before it was too.
+    relay.cli(&["send", "Tia", "marker-tia"]);
+    relay.cli(&["send", "Ned", "marker-ned"]);
+    wait_for(Duration::from_secs(30), "markers shown", || {
+        shown(&tia, "marker-tia") == 1 && shown(&ned, "marker-ned") == 1
+    });
+    assert_eq!(shown(&tia, "green-one"), 1, "{}", tmux.pane(&tia));
+    assert_eq!(shown(&tia, "green-two"), 1, "{}", tmux.pane(&tia));
+    assert_eq!(shown(&ned, "green-"), 0, "{}", tmux.pane(&ned));
+
+    // A topic nobody subscribes to.
+    let out = relay.cli(&["send", "--topic", "nobody.here", "*", "hello?"]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no agent subscribes to topic nobody.here"),
+        "{err}"
+    );
+}

@@ -114,6 +114,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 no_teach: cli.no_teach,
                 delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,
+                subscribe: Vec::new(),
                 command,
             };
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)

@@ -155,6 +155,8 @@ pub struct WrapConfig {
     /// printed and went quiet: it is past its start). `agent-relay --detached` waits for
     /// them; an agent that exits first is reported by its exit status and last lines.
     pub report_start: bool,
+    /// Topic patterns the agent subscribes to (`wrap --subscribe`), on every (re)connection.
+    pub topics: Vec<String>,
 }
 
 /// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
@@ -1437,6 +1439,7 @@ async fn sleep_until(at: Option<Instant>) {
 async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
     let client = relay_client::Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
+        topics: cfg.topics.clone(),
         ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
     })
     .await?;
