@@ -177,9 +177,19 @@ const ECHO: &str = r#"echo "I am $AGENT_RELAY_NAME"
 while IFS= read -r line; do echo "got: $line"; done
 "#;
 
+/// On "announce", sends to the topic `build.linux` from its screen.
+const ANNOUNCER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  case "$line" in
+    *announce*) echo "@relay:#build.linux from-pat" ;;
+  esac
+done
+"#;
+
 /// A wrapped agent started with `--subscribe 'build.*'` gets a message sent to `build.linux`
 /// exactly once, again after the relay restarted (the wrapper subscribes on every connection);
-/// an agent not subscribed gets none; `send --topic` to a topic nobody subscribes to says so.
+/// an agent not subscribed gets none; another agent's `@relay:#build.linux` line reaches it
+/// once; `send --topic` to a topic nobody subscribes to says so.
 /// Before, a wrapped agent could not subscribe at all and such a send said "accepted" (issue
 /// 25.6).
 #[test]
@@ -189,6 +199,7 @@ fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart
     let tmux = Tmux { dir: &dir };
     let tia = start_tmux_agent(&relay, "Tia", ECHO, &["--subscribe", "build.*"]);
     let ned = start_tmux_agent(&relay, "Ned", ECHO, &[]);
+    start_tmux_agent(&relay, "Pat", ANNOUNCER, &[]);
     let shown = |session: &str, text: &str| {
         tmux.pane(session)
             .lines()
@@ -212,6 +223,13 @@ fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart
         row(&relay, "Tia")["online"] == true
     });
     topic_send(&relay, "green-two");
+    // An agent sends to the topic from its screen: `@relay:#build.linux ...`.
+    relay.cli(&["send", "Pat", "announce"]);
+    wait_for(
+        Duration::from_secs(30),
+        "Tia got Pat's announcement",
+        || shown(&tia, "from-pat") == 1,
+    );
     // Markers sent after everything: deliveries are in store order, so once a marker is
     // shown everything before it was too.
     relay.cli(&["send", "Tia", "marker-tia"]);
@@ -221,7 +239,9 @@ fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart
     });
     assert_eq!(shown(&tia, "green-one"), 1, "{}", tmux.pane(&tia));
     assert_eq!(shown(&tia, "green-two"), 1, "{}", tmux.pane(&tia));
+    assert_eq!(shown(&tia, "from-pat"), 1, "{}", tmux.pane(&tia));
     assert_eq!(shown(&ned, "green-"), 0, "{}", tmux.pane(&ned));
+    assert_eq!(shown(&ned, "from-pat"), 0, "{}", tmux.pane(&ned));
 
     // A topic nobody subscribes to.
     let out = relay.cli(&["send", "--topic", "nobody.here", "*", "hello?"]);

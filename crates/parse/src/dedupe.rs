@@ -50,7 +50,7 @@ pub(crate) struct Dedupe {
 fn key(d: &Directive) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     match &d.to {
-        crate::Target::Agent(name) => name.hash(&mut h),
+        crate::Target::Agent(name) | crate::Target::Topic(name) => name.hash(&mut h),
         crate::Target::Broadcast => "*\0broadcast".hash(&mut h),
     }
     d.kind.as_str().hash(&mut h);

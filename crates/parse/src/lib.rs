@@ -49,14 +49,29 @@ pub enum Target {
     Agent(String),
     /// Everyone (`*`).
     Broadcast,
+    /// The subscribers of a topic (`@relay:#build.linux text`): held as written, `#` first.
+    Topic(String),
 }
 
 impl Target {
-    /// The name as written: the agent's name, or `*`.
+    /// The name as written: the agent's name, `*`, or `#` and the topic.
     pub fn as_str(&self) -> &str {
         match self {
-            Self::Agent(name) => name,
+            Self::Agent(name) | Self::Topic(name) => name,
             Self::Broadcast => "*",
+        }
+    }
+
+    /// Where a SEND for it goes: `(to, topic)` — the agent's name or `*`, and for a topic
+    /// `*` with the topic (its subscribers).
+    pub fn route(&self) -> (String, Option<String>) {
+        match self {
+            Self::Agent(name) => (name.clone(), None),
+            Self::Broadcast => ("*".to_owned(), None),
+            Self::Topic(written) => (
+                "*".to_owned(),
+                Some(written.trim_start_matches('#').to_owned()),
+            ),
         }
     }
 }

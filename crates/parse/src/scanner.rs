@@ -244,6 +244,12 @@ fn parse_target(name: &str) -> Option<Target> {
     let name = name.strip_suffix(':').unwrap_or(name);
     if name == "*" {
         Some(Target::Broadcast)
+    } else if let Some(topic) = name.strip_prefix('#') {
+        // `@relay:#build.linux`: the subscribers of a topic (never an agent's name, which
+        // has no `#`).
+        relay_protocol::validate_topic(topic)
+            .is_ok()
+            .then(|| Target::Topic(name.to_string()))
     } else if valid_name(name) {
         Some(Target::Agent(name.to_string()))
     } else {
@@ -324,7 +330,7 @@ fn not_a_name(written: &str) -> String {
     };
     format!(
         "{shown:?} is not a name{other}: a name is letters, digits, '-', '_' and '.', or * for \
-         everyone"
+         everyone, or # and a topic (#build.linux) for its subscribers"
     )
 }
 
@@ -1175,6 +1181,25 @@ mod tests {
         assert_eq!(d[0].body, "run tests");
         assert_eq!(d[0].thread.as_deref(), Some("t1"));
         assert_eq!(d[0].data, Some(serde_json::json!({"n": 1})));
+    }
+
+    #[test]
+    fn a_topic_is_addressed_with_a_hash_and_never_taken_for_a_name() {
+        let d = scan(&["@relay:#build.linux green", "@relay:#bad..topic x"]);
+        assert_eq!(d.len(), 2, "{d:?}");
+        // Not a topic: not sent, and the agent is told (never sent to an agent "#bad..topic").
+        let why = d[1].malformed.as_deref().unwrap_or_default();
+        assert!(why.contains("# and a topic"), "{why}");
+        assert_eq!(d[0].to, Target::Topic("#build.linux".into()));
+        assert_eq!(
+            d[0].to.route(),
+            ("*".to_owned(), Some("build.linux".to_owned()))
+        );
+        assert_eq!(d[0].body, "green");
+        assert_eq!(
+            Target::Agent("Bob".into()).route(),
+            ("Bob".to_owned(), None)
+        );
     }
 
     #[test]

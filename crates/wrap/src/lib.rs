@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_parse::{Directive, Parser, ScreenText, Target};
+use relay_parse::{Directive, Parser, ScreenText};
 use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
@@ -648,10 +648,7 @@ impl Core {
     async fn send_checked(&mut self, mut d: Directive) {
         self.exchanged = true;
         self.end_chain_if_person_typed();
-        let to = match &d.to {
-            Target::Agent(name) => name.clone(),
-            Target::Broadcast => "*".to_owned(),
-        };
+        let to = d.to.as_str().to_owned();
         if let Some(t) = &mut self.transcript {
             self.screen_directives += 1;
             let cli = t.cli();
@@ -709,10 +706,7 @@ impl Core {
             }
         }
         for d in unseen {
-            let to = match &d.to {
-                Target::Agent(name) => name.clone(),
-                Target::Broadcast => "*".to_owned(),
-            };
+            let to = d.to.as_str().to_owned();
             tracing::info!(%to, body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
             self.relay_directive(d, to).await;
         }
@@ -779,10 +773,13 @@ impl Core {
             *n += 1;
             id
         });
+        // `to` as written (`#build.linux` for a topic's subscribers); the SEND says `*` and
+        // the topic.
+        let (send_to, topic) = d.to.route();
         let msg = Outgoing {
             id,
-            to: Some(to.clone()),
-            topic: None,
+            to: Some(send_to),
+            topic,
             payload: Send {
                 kind: d.kind,
                 body: d.body,
