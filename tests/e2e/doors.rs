@@ -283,7 +283,8 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
             "relay_inbox",
             "relay_read",
             "relay_search",
-            "relay_send"
+            "relay_send",
+            "relay_subscribe"
         ]
     );
 

@@ -252,3 +252,40 @@ fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart
         "{err}"
     );
 }
+
+/// An MCP agent subscribes with `relay_subscribe` and reads a topic message in its inbox once,
+/// again after the relay restarted (the subscription is stored); a bad pattern is refused.
+/// Before, no MCP tool could subscribe (issue 25.6).
+#[test]
+fn an_mcp_agent_subscribes_with_relay_subscribe_and_reads_topic_messages_once() {
+    let mut relay = Relay::start();
+    let mut sam = Mcp::start(&relay, "Sam");
+    let (err, said) = sam.tool(
+        "relay_subscribe",
+        serde_json::json!({"pattern": "build..x"}),
+    );
+    assert!(err, "{said}");
+    let (err, said) = sam.tool("relay_subscribe", serde_json::json!({"pattern": "build.*"}));
+    assert!(!err && said.starts_with("Subscribed to build.*"), "{said}");
+    let send = |relay: &Relay, body: &str| {
+        let out = relay.cli(&["send", "--topic", "build.linux", "*", body, "--json"]);
+        let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+        assert_eq!(v["recipients"], 1, "{v}");
+    };
+    send(&relay, "green-one");
+    relay.stop();
+    relay.spawn();
+    wait_for(Duration::from_secs(30), "Sam back online", || {
+        row(&relay, "Sam")["online"] == true
+    });
+    send(&relay, "green-two");
+    let mut seen = String::new();
+    wait_for(Duration::from_secs(30), "both in Sam's inbox", || {
+        let (err, inbox) = sam.tool("relay_inbox", serde_json::json!({}));
+        assert!(!err, "{inbox}");
+        seen.push_str(&inbox);
+        seen.contains("green-two")
+    });
+    assert_eq!(seen.matches("green-one").count(), 1, "{seen}");
+    assert_eq!(seen.matches("green-two").count(), 1, "{seen}");
+}

@@ -328,6 +328,14 @@ struct InboxParams {
     limit: Option<u32>,
 }
 
+/// Arguments of `relay_subscribe`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct SubscribeParams {
+    /// A topic pattern: `build.linux`, `build.*` (one level), `build.>` (any depth).
+    pattern: String,
+}
+
 /// Arguments of `relay_read`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
@@ -680,6 +688,34 @@ impl RelayMcp {
                 for_terminal(&reason)
             )),
             Err(e) => failed(format!("not sent: {e}")),
+        }
+    }
+
+    /// Subscribes this agent to a topic pattern (kept in the relay's store).
+    #[tool(
+        name = "relay_subscribe",
+        description = "Subscribe to a topic pattern (build.linux, build.* for one level, build.> for any depth): every message sent to a matching topic (relay_send with `topic` and to \"*\") reaches you, once; kept across restarts."
+    )]
+    async fn relay_subscribe(&self, Parameters(p): Parameters<SubscribeParams>) -> CallToolResult {
+        if let Err(e) = relay_protocol::validate_topic_pattern(&p.pattern) {
+            return failed(format!(
+                "{:?} is not a topic pattern: {e}",
+                for_terminal(&p.pattern)
+            ));
+        }
+        let Some(mailbox) = &self.agent else {
+            // A wrapped agent's connection is its wrapper's; its door takes sends only.
+            return failed(
+                "this agent is wrapped: its subscriptions are its wrapper's; start it with \
+                 `agent-relay wrap --subscribe PATTERN ...`",
+            );
+        };
+        match mailbox.client().subscribe(p.pattern.clone()).await {
+            Ok(()) => text(format!(
+                "Subscribed to {}: messages to a matching topic reach you once.",
+                for_terminal(&p.pattern)
+            )),
+            Err(e) => failed(format!("the relay refused the subscription: {e}")),
         }
     }
 
