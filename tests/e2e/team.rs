@@ -289,3 +289,48 @@ fn an_mcp_agent_subscribes_with_relay_subscribe_and_reads_topic_messages_once() 
     assert_eq!(seen.matches("green-one").count(), 1, "{seen}");
     assert_eq!(seen.matches("green-two").count(), 1, "{seen}");
 }
+
+/// On "join", subscribes to `build.*` with a `[[RELAY]]` block; echoes everything.
+const JOINER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *join*) echo '[[RELAY]]{"subscribe": "build.*"}[[/RELAY]]' ;;
+  esac
+done
+"#;
+
+/// A wrapped agent subscribes from its screen with a `[[RELAY]]` block `{"subscribe": ...}`:
+/// it is told it is subscribed, gets a topic message once, and no message goes to anyone for
+/// the block. Before, the block was reported malformed ("it has no \"to\"") (issue 25.6).
+#[test]
+fn a_wrapped_agent_subscribes_from_its_screen_with_a_relay_block() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let joy = start_tmux_agent(&relay, "Joy", JOINER, &[]);
+    relay.cli(&["send", "Joy", "please join"]);
+    wait_for(
+        Duration::from_secs(30),
+        "Joy told she is subscribed",
+        || tmux.pane(&joy).contains("subscribed to build.*"),
+    );
+    let out = relay.cli(&["send", "--topic", "build.linux", "*", "green-joy", "--json"]);
+    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(v["recipients"], 1, "{v}");
+    relay.cli(&["send", "Joy", "marker-joy"]);
+    wait_for(Duration::from_secs(30), "marker shown", || {
+        tmux.pane(&joy).contains("got: ") && tmux.pane(&joy).contains("marker-joy")
+    });
+    let pane = tmux.pane(&joy);
+    let got = pane
+        .lines()
+        .filter(|l| l.starts_with("got: ") && l.contains("green-joy"))
+        .count();
+    assert_eq!(got, 1, "{pane}");
+    // Nothing was sent for the block: the store holds only the messages sent here.
+    let h: Value =
+        serde_json::from_slice(&relay.cli(&["history", "--from", "Joy", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().map(Vec::len), Some(0), "{h}");
+}

@@ -57,6 +57,7 @@ fn key(d: &Directive) -> u64 {
     d.body.hash(&mut h);
     d.thread.hash(&mut h);
     d.data.as_ref().map(ToString::to_string).hash(&mut h);
+    d.subscribe.hash(&mut h);
     h.finish()
 }
 

@@ -117,6 +117,11 @@ pub struct Directive {
     /// tell the agent instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub malformed: Option<String>,
+    /// A team verb, not a message: a `[[RELAY]]` block `{"subscribe": "build.*"}` asks the
+    /// relay to subscribe the agent to that topic pattern (issue 25.6; `to` is then `*` and
+    /// `body` empty). Never send such a directive as a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<String>,
 }
 
 impl Directive {
@@ -130,6 +135,7 @@ impl Directive {
             data: None,
             truncated: false,
             malformed: None,
+            subscribe: None,
         }
     }
 

@@ -279,6 +279,20 @@ fn parse_block(json: &str) -> Result<Directive, String> {
     let obj = value
         .as_object()
         .ok_or("it is not a JSON object ({\"to\": NAME, \"body\": TEXT})")?;
+    // A team verb instead of `to` (shared DESIGN.md §13): never a message to an agent named
+    // after the verb.
+    if !obj.contains_key("to")
+        && let Some(pattern) = obj.get("subscribe")
+    {
+        let pattern = pattern
+            .as_str()
+            .filter(|p| relay_protocol::validate_topic_pattern(p).is_ok())
+            .ok_or("its \"subscribe\" is not a topic pattern (build.linux, build.*, build.>)")?;
+        return Ok(Directive {
+            subscribe: Some(pattern.to_owned()),
+            ..Directive::message(Target::Broadcast, "")
+        });
+    }
     let to = obj
         .get("to")
         .ok_or("it has no \"to\"")?
@@ -317,6 +331,7 @@ fn parse_block(json: &str) -> Result<Directive, String> {
         data,
         truncated: false,
         malformed: None,
+        subscribe: None,
     })
 }
 
@@ -580,6 +595,7 @@ impl Scanner {
                 data: None,
                 truncated,
                 malformed: None,
+                subscribe: None,
             };
             let found = Found {
                 directive,
@@ -1181,6 +1197,20 @@ mod tests {
         assert_eq!(d[0].body, "run tests");
         assert_eq!(d[0].thread.as_deref(), Some("t1"));
         assert_eq!(d[0].data, Some(serde_json::json!({"n": 1})));
+    }
+
+    #[test]
+    fn a_subscribe_block_is_a_verb_never_a_message() {
+        let d = scan(&[
+            r#"[[RELAY]]{"subscribe": "build.*"}[[/RELAY]]"#,
+            r#"[[RELAY]]{"subscribe": "build..x"}[[/RELAY]]"#,
+        ]);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(d[0].subscribe.as_deref(), Some("build.*"));
+        assert!(d[0].malformed.is_none() && d[0].body.is_empty(), "{d:?}");
+        assert!(d[1].subscribe.is_none());
+        let why = d[1].malformed.as_deref().unwrap_or_default();
+        assert!(why.contains("not a topic pattern"), "{why}");
     }
 
     #[test]

@@ -712,8 +712,29 @@ impl Core {
         }
     }
 
+    /// A `[[RELAY]]` block `{"subscribe": PATTERN}`: the agent's connection subscribes (kept
+    /// for its reconnections, and in the relay's store), and the agent is told how it went.
+    async fn subscribe_directive(&mut self, pattern: String) {
+        let told = match self.client.subscribe(pattern.clone()).await {
+            Ok(()) => format!("relay: subscribed to {}", text::one_line(&pattern, 200)),
+            Err(e) => format!(
+                "relay: not subscribed to {}: {}",
+                text::one_line(&pattern, 200),
+                text::one_line(&e.to_string(), 300)
+            ),
+        };
+        tracing::info!(%pattern, %told, "a subscribe directive");
+        if self.notices.send(told).is_err() {
+            tracing::warn!(%pattern, "the notice about a subscription could not be queued (wrapper stopping)");
+        }
+    }
+
     /// Relays a directive found on the screen or in the transcript (already checked).
     async fn relay_directive(&mut self, d: Directive, to: String) {
+        if let (Some(pattern), None) = (&d.subscribe, &d.malformed) {
+            self.subscribe_directive(pattern.clone()).await;
+            return;
+        }
         if let Some(why) = &d.malformed {
             // Not a directive the relay can send (a bad name, a block that does not parse):
             // the agent meant to send something, and is told what was not sent and why.
