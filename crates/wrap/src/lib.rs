@@ -21,6 +21,7 @@ pub mod inject;
 mod link;
 pub mod profile;
 mod pty;
+mod shell_line;
 pub mod state;
 mod terminal;
 pub mod tmux;
@@ -29,6 +30,7 @@ pub use door::SOCKET as DOOR_SOCKET;
 /// The door key's variable in the agent's environment, and how a wrapper makes one (see
 /// `door.rs`).
 pub use door::{KEY_ENV as DOOR_KEY_ENV, new_key as new_door_key};
+pub use transcript::descends_from;
 
 /// The door a message handed to a Claude Code hook is verified by, in its trace.
 const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";
@@ -619,7 +621,10 @@ impl Core {
         // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
         // reply for a while after a directive at its top showed: their directives wait until
         // the output has been quiet the settle time (at most HELD_MAX).
-        let at_reply_end = self.transcript.as_ref().is_some_and(|t| !t.sends_unseen());
+        let at_reply_end = self
+            .transcript
+            .as_ref()
+            .is_some_and(transcript::Transcript::writes_at_reply_end);
         let quiet_at = self.last_output + self.cfg.profile.settle;
         while let Some((d, until)) = self.held.front() {
             let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
@@ -687,11 +692,14 @@ impl Core {
             return;
         };
         // Codex and Gemini draw every line of a reply: their records only give the screen's
-        // directives their text, so each is sent once, by the screen.
+        // directives their text, so each is sent once, by the screen. Codex whose own rollout
+        // is found is read from it too: on its alternate screen a tall reply is not drawn whole.
+        t.look_for_own();
         if !t.sends_unseen() {
             return;
         }
         let unseen = t.take_unseen();
+        let cli = t.cli();
         if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
             // Replies with directives, but no transcript where it should be: a directive above
             // the last screenful of a tall reply is lost, and nothing can tell.
@@ -707,7 +715,12 @@ impl Core {
         }
         for d in unseen {
             let to = d.to.as_str().to_owned();
-            tracing::info!(%to, body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            let body = text::one_line(&d.body, 200);
+            if cli == "Codex" {
+                tracing::info!(%to, %body, "sent from Codex's rollout: the screen did not show it (a reply taller than the alternate screen)");
+            } else {
+                tracing::info!(%to, %body, "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            }
             self.relay_directive(d, to).await;
         }
     }
@@ -726,6 +739,14 @@ impl Core {
         tracing::info!(%pattern, %told, "a subscribe directive");
         if self.notices.send(told).is_err() {
             tracing::warn!(%pattern, "the notice about a subscription could not be queued (wrapper stopping)");
+        }
+    }
+
+    /// A prompt is submitted: the transcript's re-print guard starts a new turn (a directive
+    /// said again from now on is meant again, issue 23.17).
+    fn new_turn(&mut self) {
+        if let Some(t) = &mut self.transcript {
+            t.new_turn();
         }
     }
 
@@ -1056,6 +1077,16 @@ impl Core {
         self.exchanged = true;
         let req = match req {
             door::Request::Send(req) => req,
+            door::Request::Inbox { limit, reply } => {
+                let page = self.take_for_tool(limit).await;
+                if let Err((taken, _)) = reply.send(page) {
+                    tracing::warn!(
+                        n = taken.len(),
+                        "relay_inbox left before its answer: the messages it was handed are recorded shown"
+                    );
+                }
+                return;
+            }
             door::Request::Read { ids, reply } => {
                 let n = self.shown_by_tool(&ids).await;
                 if reply.send(n).is_err() {
@@ -1334,6 +1365,7 @@ impl Core {
                 }
                 Action::Enter => {
                     self.entering();
+                    self.new_turn();
                     term.enter().await?;
                     if let Some(pane) = term.pane() {
                         self.note_chain_start(pane);
@@ -1570,6 +1602,7 @@ async fn serve(
                     // next answers them, not the last relayed message.
                     if k.contains(&b'\r') {
                         core.replying_to = None;
+                        core.new_turn();
                     }
                     term.write_keys(k).await?;
                 }
@@ -1687,6 +1720,24 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
 /// # Errors
 /// [`WrapError`] when the relay cannot be reached at start or the session cannot be attached.
 pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapError> {
+    // SIGTERM is handled from before the first control client starts: its default action
+    // would end the process with the client attaching or attached, outside the tmux lock.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| WrapError::Terminal(e.to_string()))?;
+    let served = serve_tmux_with(cfg, session, term).await;
+    // Every control client let go of detaches under the tmux lock before the process ends.
+    if let Err(e) = tokio::task::spawn_blocking(tmux::wait_detached).await {
+        tracing::warn!(error = %e, "cannot wait for the tmux control client to detach");
+    }
+    served
+}
+
+/// [`serve_tmux`] with SIGTERM already handled by `term`.
+async fn serve_tmux_with(
+    cfg: WrapConfig,
+    session: String,
+    term: tokio::signal::unix::Signal,
+) -> Result<i32, WrapError> {
     let client = connect(&cfg).await?;
     let mut checkpoint = Checkpoint::load(&cfg.team_dir);
     if checkpoint.at_ms == 0 {
@@ -1732,7 +1783,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         seen: std::collections::HashMap::new(),
         dirty: false,
     });
-    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
+    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone(), term);
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
     match term.snapshot(Some(offset)) {
         Ok(snap) => core.resync(snap, now()).await,

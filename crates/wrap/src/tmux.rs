@@ -23,14 +23,19 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use std::collections::VecDeque;
+
 use tokio::sync::mpsc;
 
 pub(crate) use control::Note;
+use control::Notes;
 
 use crate::WrapError;
 
 mod control;
 mod guard;
+
+pub(crate) use control::wait_detached;
 
 fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux {what}: {e}"))
@@ -389,7 +394,7 @@ pub(crate) struct Pane {
 /// The control client and where its notes go.
 struct Client {
     control: Option<control::Control>,
-    notes: mpsc::UnboundedSender<Note>,
+    notes: Notes,
     /// The agent's pane (`%N`), once known: other panes' output is not the agent's.
     pane_id: Option<String>,
 }
@@ -416,6 +421,9 @@ pub(crate) struct Snapshot {
     pub(crate) rows: u16,
     /// Screen width (the parser's continuation rule needs it).
     pub(crate) cols: u16,
+    /// How many of the pane's notes were read before the screen's capture answered: those
+    /// show on the captured screen, the later ones came after it (see [`after_capture`]).
+    pub(crate) notes_before: u64,
 }
 
 impl Pane {
@@ -426,8 +434,8 @@ impl Pane {
     /// tmux cannot be started or the session is gone.
     pub(crate) fn attach(
         session: &str,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Note>), WrapError> {
-        let (notes, rx) = mpsc::unbounded_channel();
+    ) -> Result<(Self, mpsc::UnboundedReceiver<(u64, Note)>), WrapError> {
+        let (notes, rx) = Notes::channel();
         let pane = Self {
             session: session.to_owned(),
             target: control::quote(&format!("={session}:")),
@@ -479,9 +487,14 @@ impl Pane {
 
     /// Runs one command line through the control client; its output as text.
     fn run(&self, line: &str) -> Result<String, WrapError> {
+        self.run_counted(line).map(|(out, _)| out)
+    }
+
+    /// [`Pane::run`], with the number of the pane's notes read before its answer.
+    fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
         #[cfg(test)]
         if let Some(fake) = &self.fake {
-            return Ok(fake.lock().unwrap().answer(line));
+            return Ok((fake.lock().unwrap().answer(line), 0));
         }
         let mut c = self
             .client
@@ -491,7 +504,8 @@ impl Pane {
             // The loop attaches a new one when it hears of the end (`Note::Gone`).
             return Err(tmux_err("control client", "ended"));
         };
-        Ok(String::from_utf8_lossy(&control.run(line)?).into_owned())
+        let (out, at) = control.run_counted(line)?;
+        Ok((String::from_utf8_lossy(&out).into_owned(), at))
     }
 
     /// Reads the pane's screen and, from row `from` of its history on (counted from the
@@ -545,17 +559,21 @@ impl Pane {
         };
         // The checkpoint's row on the screen (negative: in the history).
         let at = from.map_or(-history, |f| i64::try_from(f).unwrap_or(i64::MAX) - history);
+        // The last capture's count of notes read before it is kept: every capture reads the
+        // screen as the stream had it at its answer, and the screen is captured last.
+        let notes_before = std::cell::Cell::new(0);
         let capture = |start: i64, end: &str, join: bool| -> Result<Vec<u8>, WrapError> {
             let start = if start <= -history {
                 "-".to_owned()
             } else {
                 start.to_string()
             };
-            let out = self.run(&format!(
+            let (out, at) = self.run_counted(&format!(
                 "capture-pane -p -e {}-S {start} -E {end} -t {}",
                 if join { "-J " } else { "" },
                 self.target
             ))?;
+            notes_before.set(at);
             Ok(out.into_bytes())
         };
         let lines = |text: Vec<u8>, last: bool| -> Vec<u8> {
@@ -590,6 +608,7 @@ impl Pane {
         }
         snap.unseen
             .extend_from_slice(format!("\x1b[{};{}H", cy + 1, cx + 1).as_bytes());
+        snap.notes_before = notes_before.get();
         Ok(snap)
     }
 
@@ -701,12 +720,32 @@ impl Pane {
     }
 }
 
+/// Of the notes read off the channel while a snapshot was taken (numbered, oldest first), the
+/// ones that came after its capture (`notes_before` were read before it answered), in order;
+/// and whether an earlier client's end was among those before (a new client is live then).
+/// Output before the capture is on the captured screen, a size before it is the snapshot's.
+fn after_capture(read: Vec<(u64, Note)>, notes_before: u64) -> (Vec<Note>, bool) {
+    let mut gone = false;
+    let mut later = Vec::new();
+    for (n, note) in read {
+        if n >= notes_before {
+            later.push(note);
+        } else {
+            gone |= matches!(note, Note::Gone);
+        }
+    }
+    (later, gone)
+}
+
 /// The tmux backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
 /// agent's pane through its control client, attached again when that client ends while the
 /// session lives, and SIGTERM (which stops the relaying, not the agent).
 pub(crate) struct TmuxTerminal {
     pub(crate) pane: Pane,
-    output: mpsc::UnboundedReceiver<Note>,
+    output: mpsc::UnboundedReceiver<(u64, Note)>,
+    /// Notes read off `output` while a snapshot was taken that came after its capture: the
+    /// loop gets them first.
+    after_snapshot: VecDeque<Note>,
     session: String,
     term: tokio::signal::unix::Signal,
 }
@@ -716,20 +755,20 @@ const SNAPSHOT_TRIES: usize = 5;
 
 impl TmuxTerminal {
     /// The terminal of `pane` (attached to `session`), whose notes arrive on `output`.
+    /// `term` hears SIGTERM (set up by the caller before any control client started).
     pub(crate) fn new(
         pane: Pane,
-        output: mpsc::UnboundedReceiver<Note>,
+        output: mpsc::UnboundedReceiver<(u64, Note)>,
         session: String,
-    ) -> Result<Self, WrapError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term =
-            signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
-        Ok(Self {
+        term: tokio::signal::unix::Signal,
+    ) -> Self {
+        Self {
             pane,
             output,
+            after_snapshot: VecDeque::new(),
             session,
             term,
-        })
+        }
     }
 
     /// Reads the pane afresh from row `from` (a wrapper attaching, or its control client
@@ -737,11 +776,15 @@ impl TmuxTerminal {
     /// snapshot.
     pub(crate) fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
         let snap = tokio::task::block_in_place(|| self.pane.snapshot(from))?;
-        // What came before the capture's answer is on the captured screen already.
-        let mut gone = false;
+        // What came before the capture's answer is on the captured screen already; what came
+        // after it is read next (the reader may have passed it on by now: dropping it lost a
+        // directive printed across the capture, issue 23.17).
+        let mut read = Vec::new();
         while let Ok(note) = self.output.try_recv() {
-            gone |= matches!(note, Note::Gone);
+            read.push(note);
         }
+        let (later, gone) = after_capture(read, snap.notes_before);
+        self.after_snapshot.extend(later);
         if gone {
             // The old client's end, read past above: the new client is live (its own end
             // comes on the channel when it ends).
@@ -762,9 +805,12 @@ impl crate::terminal::Terminal for TmuxTerminal {
     ) -> Result<crate::terminal::TermEvent, WrapError> {
         use crate::terminal::TermEvent;
         // Both branches are receives; what follows a note runs without awaiting: cancel-safe.
-        let note = tokio::select! {
-            note = self.output.recv() => note,
-            _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+        let note = match self.after_snapshot.pop_front() {
+            Some(note) => Some(note),
+            None => tokio::select! {
+                note = self.output.recv() => note.map(|(_, note)| note),
+                _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+            },
         };
         match note {
             Some(Note::Output(bytes)) => Ok(TermEvent::Output(bytes)),
@@ -835,9 +881,6 @@ impl crate::terminal::Terminal for TmuxTerminal {
 /// tmux paths with it: the checkpoint's row, the history a restarted wrapper looks in, the
 /// Enter it presses).
 #[cfg(test)]
-use std::collections::VecDeque;
-
-#[cfg(test)]
 #[derive(Debug, Default)]
 pub(crate) struct FakePane {
     /// The pane's history and screen, as `capture-pane -J -S -` gives it.
@@ -890,7 +933,7 @@ impl Pane {
             buffer: "relay-fake".to_owned(),
             client: std::sync::Arc::new(std::sync::Mutex::new(Client {
                 control: None,
-                notes: mpsc::unbounded_channel().0,
+                notes: Notes::channel().0,
                 pane_id: None,
             })),
             fake: Some(fake),
@@ -939,6 +982,34 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x` \"q\"\nline two"
         );
+    }
+
+    /// Output read off the channel while the snapshot was taken is kept when it came after
+    /// the capture (the rest of a directive the capture ends inside: dropping it lost the
+    /// directive, issue 23.17), dropped when it came before (the capture shows it).
+    #[test]
+    fn output_after_the_capture_is_kept_and_output_before_it_is_dropped() {
+        let out = |s: &str| Note::Output(s.as_bytes().to_vec());
+        let read = vec![
+            (3, out("@relay:Carol split ")),
+            (4, Note::Gone),
+            (5, out("across the capture")),
+            (6, out("\r\n")),
+            (7, Note::Gone),
+        ];
+        let (later, gone) = after_capture(read, 5);
+        assert!(gone, "the old client's end, before the capture");
+        let later: Vec<String> = later.iter().map(|n| format!("{n:?}")).collect();
+        assert_eq!(
+            later,
+            [
+                format!("{:?}", out("across the capture")),
+                format!("{:?}", out("\r\n")),
+                format!("{:?}", Note::Gone),
+            ]
+        );
+        let (later, gone) = after_capture(Vec::new(), 9);
+        assert!(later.is_empty() && !gone);
     }
 
     /// A pane that prints between the commands reading it is read again: the snapshot's rows
