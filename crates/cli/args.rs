@@ -153,6 +153,12 @@ pub(crate) enum Cmd {
     /// Follow the relay live, one line per event: agents connecting, messages sent, delivered,
     /// acknowledged, refused, expired. Runs until interrupted.
     Watch(WatchArgs),
+    /// Wait until agents are idle (`--until idle`) or have exited (`--until exit`), for
+    /// scripts and lead agents. Exit status: 0 every agent named did what --until asks;
+    /// 10 (--until idle) an agent went offline (exited) instead; 11 the --timeout passed;
+    /// 3 the relay is not running; 4 an agent named is not known.
+    #[command(after_help = WAIT_HELP)]
+    Wait(WaitArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -456,6 +462,52 @@ pub(crate) struct StopArgs {
     pub(crate) timeout: u64,
 }
 
+/// A `--subscribe` value: a topic pattern the relay accepts.
+fn topic_pattern(s: &str) -> Result<String, String> {
+    relay_protocol::validate_topic_pattern(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// `agent-relay wait`'s longer help.
+const WAIT_HELP: &str = "\
+An agent is idle when it is connected, nothing is being handed to it, and its terminal (as its
+wrapper reports it) is quiet: a message typed into a wrapped agent makes it busy until its
+output settles after it. `agent-relay agents` shows the same states.
+
+Exit status:
+  0   every agent named is idle (--until idle) or offline (--until exit)
+  10  --until idle: an agent named went offline (its wrapper exited) instead of idle
+  11  the --timeout passed first
+  3   the relay is not running
+  4   an agent named is not known to the relay";
+
+/// `agent-relay wait`.
+#[derive(Debug, Args)]
+pub(crate) struct WaitArgs {
+    /// The agents to wait for (all of them).
+    #[arg(required = true, value_name = "NAME")]
+    pub(crate) names: Vec<String>,
+    /// What to wait for.
+    #[arg(long, value_enum, default_value = "idle")]
+    pub(crate) until: WaitUntil,
+    /// Give up after this long (seconds, or 90s, 10m, 1h); default: wait as long as it takes.
+    #[arg(long, value_parser = crate::time::parse_secs, value_name = "DURATION")]
+    pub(crate) timeout: Option<u64>,
+    /// Print JSON for scripts: each agent's final state.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// What `wait` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum WaitUntil {
+    /// Connected, nothing being handed to it, its terminal quiet.
+    Idle,
+    /// Not connected any more (its wrapper exited).
+    Exit,
+}
+
 /// `agent-relay agents`.
 #[derive(Debug, Args)]
 pub(crate) struct AgentsArgs {
@@ -709,6 +761,12 @@ pub(crate) struct WrapArgs {
     /// .agent-relay/teach.md in the project when it exists, else the built-in one.
     #[arg(long)]
     pub(crate) no_teach: bool,
+    /// Subscribe the agent to topics matching PATTERN (repeatable; `build.*` one level,
+    /// `build.>` any depth): it gets every message sent to a matching topic (`send --topic`,
+    /// an agent's `@relay:#build.linux text`, the MCP `relay_send` with `topic`), once. Kept
+    /// in the relay's store, so the subscription outlives a restart of either side.
+    #[arg(long, value_name = "PATTERN", value_parser = topic_pattern)]
+    pub(crate) subscribe: Vec<String>,
     /// Internal: relay for an existing tmux session (started by `wrap --backend tmux`).
     #[arg(long, hide = true, value_name = "SESSION")]
     pub(crate) serve_tmux: Option<String>,

@@ -228,7 +228,7 @@ fn send_read_history_agents() {
     let a = ok_stdout(&relay.cli(&["who"]));
     assert!(
         a.lines()
-            .any(|l| l.starts_with("Bob") && l.contains("online")),
+            .any(|l| l.starts_with("Bob") && (l.contains(" idle ") || l.contains(" busy "))),
         "{a}"
     );
     let v: Value = serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap();

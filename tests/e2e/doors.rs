@@ -283,7 +283,8 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
             "relay_inbox",
             "relay_read",
             "relay_search",
-            "relay_send"
+            "relay_send",
+            "relay_subscribe"
         ]
     );
 
@@ -311,7 +312,15 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
 
     // Alice is a known, online agent (the MCP server holds her name), so Bob can answer.
     let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
-    assert!(agents.contains("Alice (you) — online, mcp"), "{agents}");
+    let alice = agents
+        .lines()
+        .find(|l| l.starts_with("Alice (you) — "))
+        .unwrap_or_default();
+    assert!(
+        (alice.contains("— idle since") || alice.contains("— busy since"))
+            && alice.contains(", mcp"),
+        "{agents}"
+    );
     let answer = "Looks good.\n  - one nit:\n      indent this";
     let id = bob.send("Alice", answer);
     let ack = bob.expect("ACK");

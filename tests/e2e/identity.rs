@@ -89,7 +89,14 @@ fn doors_refuse_outsiders_and_serve_the_agent(relay: &Relay, bob: &mut Raw, own:
     );
     bob.ack(&d);
     let (_, agents) = own.tool("relay_agents", serde_json::json!({}));
-    assert!(agents.contains("Alice (you) — online, sh"), "{agents}");
+    let alice = agents
+        .lines()
+        .find(|l| l.starts_with("Alice (you) — "))
+        .unwrap_or_default();
+    assert!(
+        !alice.contains("— offline") && alice.contains(", sh"),
+        "{agents}"
+    );
 }
 
 /// Issue 23.1 under a PTY wrapper: a process outside the agent's session cannot speak as it or

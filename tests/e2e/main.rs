@@ -32,6 +32,7 @@ mod record;
 pub(crate) mod safety;
 mod shells;
 mod support;
+mod team;
 mod tmux;
 mod trust;
 mod watch;

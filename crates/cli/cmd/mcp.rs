@@ -359,6 +359,14 @@ struct InboxParams {
     limit: Option<u32>,
 }
 
+/// Arguments of `relay_subscribe`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct SubscribeParams {
+    /// A topic pattern: `build.linux`, `build.*` (one level), `build.>` (any depth).
+    pattern: String,
+}
+
 /// Arguments of `relay_read`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
@@ -692,6 +700,34 @@ impl RelayMcp {
         }
     }
 
+    /// Subscribes this agent to a topic pattern (kept in the relay's store).
+    #[tool(
+        name = "relay_subscribe",
+        description = "Subscribe to a topic pattern (build.linux, build.* for one level, build.> for any depth): every message sent to a matching topic (relay_send with `topic` and to \"*\") reaches you, once; kept across restarts."
+    )]
+    async fn relay_subscribe(&self, Parameters(p): Parameters<SubscribeParams>) -> CallToolResult {
+        if let Err(e) = relay_protocol::validate_topic_pattern(&p.pattern) {
+            return failed(format!(
+                "{:?} is not a topic pattern: {e}",
+                for_terminal(&p.pattern)
+            ));
+        }
+        let Some(mailbox) = &self.agent else {
+            // A wrapped agent's connection is its wrapper's; its door takes sends only.
+            return failed(
+                "this agent is wrapped: its subscriptions are its wrapper's; start it with \
+                 `agent-relay wrap --subscribe PATTERN ...`",
+            );
+        };
+        match mailbox.client().subscribe(p.pattern.clone()).await {
+            Ok(()) => text(format!(
+                "Subscribed to {}: messages to a matching topic reach you once.",
+                for_terminal(&p.pattern)
+            )),
+            Err(e) => failed(format!("the relay refused the subscription: {e}")),
+        }
+    }
+
     /// The messages sent to this agent that it has not seen, oldest first, a page at a time.
     #[tool(
         name = "relay_inbox",
@@ -774,23 +810,43 @@ impl RelayMcp {
     /// The agents the relay knows.
     #[tool(
         name = "relay_agents",
-        description = "List the agents the relay knows: name, whether online, their CLI, messages waiting for them."
+        description = "List the agents the relay knows: name, what each is doing (idle, busy since when, blocked and why, offline), its current thread, last activity, CLI and messages waiting for it."
     )]
     async fn relay_agents(&self) -> CallToolResult {
         match self.query(QueryRequest::Agents).await {
             Ok(QueryResult::Agents { agents }) => {
+                let now = relay_protocol::now_ms();
+                let ago = |ms: u64| format!("{}s ago", now.saturating_sub(ms) / 1000);
                 let lines: Vec<String> = agents
                     .iter()
                     .map(|a| {
+                        let mut state = a.state.as_str().to_owned();
+                        if let (Some(since), true) = (a.since, a.online) {
+                            state.push_str(&format!(" since {}", ago(since)));
+                        }
+                        if let Some(why) = &a.why {
+                            state.push_str(&format!(" ({})", for_terminal(why)));
+                        }
+                        let thread = a
+                            .thread
+                            .as_deref()
+                            .map(|t| format!(", thread {}", for_terminal(t)))
+                            .unwrap_or_default();
+                        let active = a
+                            .last_activity
+                            .map(|t| format!(", last active {}", ago(t)))
+                            .unwrap_or_default();
                         format!(
-                            "{}{} — {}{}, {} waiting",
+                            "{}{} — {}{}{}{}, {} waiting",
                             for_terminal(&a.name),
                             if a.name == self.name { " (you)" } else { "" },
-                            if a.online { "online" } else { "offline" },
+                            state,
                             a.cli
                                 .as_deref()
                                 .map(|c| format!(", {}", for_terminal(c)))
                                 .unwrap_or_default(),
+                            thread,
+                            active,
                             a.pending
                         )
                     })

@@ -14,6 +14,7 @@ pub(crate) mod rules;
 pub(crate) mod send;
 pub(crate) mod stop;
 pub(crate) mod teach;
+pub(crate) mod team;
 pub(crate) mod up;
 mod watch;
 mod wrap;
@@ -113,6 +114,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 no_teach: cli.no_teach,
                 delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,
+                subscribe: Vec::new(),
                 command,
             };
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
@@ -146,6 +148,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Reply(a) => inbox::reply(&paths, a).await,
                     Cmd::Bench(a) => bench::bench(&paths, a).await,
                     Cmd::Watch(a) => watch::watch(&paths, &a).await,
+                    Cmd::Wait(a) => team::wait(&paths, &a).await,
                     Cmd::Doctor(a) => doctor::doctor(&paths, a.json).await,
                     Cmd::Up(_)
                     | Cmd::Down(_)

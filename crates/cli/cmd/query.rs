@@ -216,20 +216,32 @@ pub(crate) async fn agents(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
         return Ok(line("no agents have connected yet")?);
     }
     line(format!(
-        "{:<20} {:<8} {:<10} {:>7}  {:<19}  TOPICS",
-        "NAME", "STATE", "CLI", "WAITING", "LAST SEEN (UTC)"
+        "{:<20} {:<8} {:<8} {:<10} {:>7}  {:<19}  {:<10} {:<12} WHY",
+        "NAME", "STATE", "SINCE", "CLI", "WAITING", "LAST ACTIVE (UTC)", "THREAD", "TOPICS"
     ))?;
     for a in agents {
+        // The time of day the state began; an offline agent's is when it was last seen.
+        let since = a.since.unwrap_or(a.last_seen);
+        let since = format_utc(since).get(11..).unwrap_or("-").to_owned();
+        let thread = a
+            .thread
+            .as_deref()
+            .map_or_else(|| "-".into(), |t| relay_protocol::short_id(t).to_owned());
         line(format!(
-            "{:<20} {:<8} {:<10} {:>7}  {:<19}  {}",
+            "{:<20} {:<8} {:<8} {:<10} {:>7}  {:<19}  {:<10} {:<12} {}",
             field(&a.name),
-            if a.online { "online" } else { "offline" },
+            a.state.as_str(),
+            since,
             a.cli
                 .as_deref()
                 .map_or_else(|| "-".into(), |c| one_line(c, 40)),
             a.pending,
-            format_utc(a.last_seen),
-            field(&a.topics.join(","))
+            format_utc(a.last_activity.unwrap_or(a.last_seen).max(a.last_seen)),
+            field(&thread),
+            field(&a.topics.join(",")),
+            a.why
+                .as_deref()
+                .map_or_else(|| "-".into(), |w| one_line(w, 60)),
         ))?;
     }
     Ok(())

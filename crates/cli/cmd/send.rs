@@ -52,7 +52,7 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
     let msg = Outgoing {
         id: args.id,
         to: Some(args.to.clone()),
-        topic: args.topic,
+        topic: args.topic.clone(),
         payload: Send {
             kind,
             body,
@@ -66,13 +66,30 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
     let res = client.send(msg).await;
     client.close().await;
     let receipt = res?;
+    // A topic nobody subscribes to: stored, and nobody gets it; said rather than left to look
+    // delivered.
+    let unheard = match (&args.topic, receipt.recipients) {
+        (Some(t), Some(0)) => Some(format!(
+            "no agent subscribes to topic {}: nobody got it (an agent subscribes with `wrap --subscribe PATTERN`)",
+            relay_protocol::text::one_line(t, 200)
+        )),
+        _ => None,
+    };
     if args.json {
+        let note = receipt
+            .note
+            .as_deref()
+            .map(|n| relay_protocol::text::one_line(n, usize::MAX))
+            .or(unheard);
         return json(&serde_json::json!({
             "id": receipt.id,
             "status": receipt.status,
             "recipients": receipt.recipients,
-            "note": receipt.note.as_deref().map(|n| relay_protocol::text::one_line(n, usize::MAX)),
+            "note": note,
         }));
+    }
+    if let Some(u) = &unheard {
+        eprintln!("agent-relay: {u}");
     }
     let what = match (receipt.status, &receipt.note) {
         // The relay says why it waits (a recipient that has not connected yet).

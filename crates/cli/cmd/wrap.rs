@@ -229,6 +229,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         // The relaying process tells the command that started it (`tmux_front`) how the
         // start goes, on its stdout.
         report_start: args.serve_tmux.is_some(),
+        topics: args.subscribe.clone(),
     };
     match (backend, &args.serve_tmux) {
         (Backend::Pty, _) => {
@@ -633,6 +634,9 @@ fn ensure_relaying(
     .args(["--delivery", args.delivery.as_str()]);
     if args.inbox {
         cmd.arg("--inbox");
+    }
+    for t in &args.subscribe {
+        cmd.args(["--subscribe", t]);
     }
     if intro {
         cmd.arg("--intro");

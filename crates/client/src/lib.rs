@@ -381,7 +381,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::NotRunning`] when no daemon listens; [`ClientError::Refused`] when the
     /// daemon refuses the HELLO (name in use, invalid name).
-    pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
+    pub async fn connect(mut cfg: ClientConfig) -> Result<Self, ClientError> {
         // A process that restarts under its old name can get here before the daemon has
         // seen its previous connection close: give the name a moment to come free.
         let deadline = tokio::time::Instant::now() + NAME_RELEASE_WAIT;
@@ -400,6 +400,9 @@ impl Client {
         let (events_tx, events_rx) = mpsc::channel(1024);
         let session_id = welcome.session_id.clone();
         let request_timeout = cfg.request_timeout;
+        // Subscribed below, on this first connection too (the driver keeps them for the next
+        // ones as each subscription is made).
+        let topics = std::mem::take(&mut cfg.topics);
         let driver = Driver {
             cfg,
             cmds: cmds_rx,
@@ -417,12 +420,16 @@ impl Client {
             missed: 0,
         };
         tokio::spawn(driver.run(conn, welcome));
-        Ok(Self {
+        let client = Self {
             cmds: cmds_tx,
             events: events_rx,
             session_id,
             request_timeout,
-        })
+        };
+        for t in topics {
+            client.subscribe(t).await?;
+        }
+        Ok(client)
     }
 
     /// The session id of the first connection.

@@ -73,7 +73,9 @@ async function loadAgents() {
 }
 function stateTitle(a) {
   const waiting = a.inflight ? `${a.inflight} message(s) handed to it, not yet typed in` : '';
-  return [a.why, waiting].filter(Boolean).join('; ') || null;
+  const since = a.since && a.state !== 'offline' ? `since ${new Date(a.since).toLocaleTimeString()}` : '';
+  const thread = a.thread ? `thread ${a.thread}` : '';
+  return [since, a.why, waiting, thread].filter(Boolean).join('; ') || null;
 }
 function renderAgents(agents) {
   const tbody = $('#agents tbody');

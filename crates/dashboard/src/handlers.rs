@@ -14,7 +14,6 @@ use futures_util::Stream;
 use relay_daemon::{LiveAgent, Subscription};
 use relay_protocol::events::excerpt_of;
 use relay_protocol::query::{AgentInfo, HistoryFilter, QueryRequest, QueryResult};
-use relay_protocol::{TerminalReport, TerminalState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
@@ -86,34 +85,19 @@ pub(crate) async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
 }
 
-/// An agent as the dashboard shows it.
+/// An agent as the dashboard shows it: what the daemon says of it (its `state`, `since`,
+/// `why`, `thread` and `last_activity` included: one reading of an agent's state for
+/// `agents`, `relay_agents`, `wait` and this page) and the live counters.
 #[derive(Debug, Serialize)]
 struct AgentView {
     #[serde(flatten)]
     info: AgentInfo,
-    /// `offline`; `blocked` (its wrapper holds messages back: a dialog, a person's half-written
-    /// line, no input line on screen); `busy` (its wrapper sees it working, or messages were
-    /// handed to it and are not typed in yet); else `idle`.
-    state: &'static str,
-    /// Why, when its wrapper said.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    why: Option<String>,
     /// `pty` or `tmux` for a wrapped agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     backend: Option<String>,
     sent: u64,
     received: u64,
     inflight: u64,
-}
-
-/// What the dashboard calls an online agent's state, from its wrapper's report (if any) and
-/// the DELIVERs it has not acknowledged.
-fn state_of(terminal: Option<&TerminalReport>, inflight: u64) -> &'static str {
-    match (terminal.map(|t| t.state), inflight) {
-        (Some(TerminalState::Blocked), _) => "blocked",
-        (Some(TerminalState::Busy), _) | (_, 1..) => "busy",
-        _ => "idle",
-    }
 }
 
 /// `GET /api/agents`.
@@ -134,15 +118,8 @@ pub(crate) async fn agents(
         .map(|info| {
             let l = live.get(&info.name).cloned().unwrap_or_default();
             let terminal = l.terminal.filter(|_| info.online);
-            let state = if info.online {
-                state_of(terminal.as_ref(), l.inflight)
-            } else {
-                "offline"
-            };
             AgentView {
                 info,
-                state,
-                why: terminal.as_ref().and_then(|t| t.why.clone()),
                 backend: terminal.map(|t| t.backend),
                 sent: l.sent,
                 received: l.received,
@@ -556,26 +533,4 @@ pub(crate) async fn webhook(
         Json(answer),
     )
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wrappers_report_decides_the_state_and_blocked_wins() {
-        let report = |state| TerminalReport {
-            backend: "pty".into(),
-            state,
-            why: None,
-        };
-        assert_eq!(state_of(None, 0), "idle");
-        assert_eq!(state_of(None, 2), "busy");
-        assert_eq!(state_of(Some(&report(TerminalState::Idle)), 0), "idle");
-        assert_eq!(state_of(Some(&report(TerminalState::Busy)), 0), "busy");
-        assert_eq!(
-            state_of(Some(&report(TerminalState::Blocked)), 3),
-            "blocked"
-        );
-    }
 }

@@ -50,13 +50,14 @@ pub(crate) struct Dedupe {
 fn key(d: &Directive) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     match &d.to {
-        crate::Target::Agent(name) => name.hash(&mut h),
+        crate::Target::Agent(name) | crate::Target::Topic(name) => name.hash(&mut h),
         crate::Target::Broadcast => "*\0broadcast".hash(&mut h),
     }
     d.kind.as_str().hash(&mut h);
     d.body.hash(&mut h);
     d.thread.hash(&mut h);
     d.data.as_ref().map(ToString::to_string).hash(&mut h);
+    d.subscribe.hash(&mut h);
     h.finish()
 }
 

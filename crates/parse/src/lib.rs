@@ -49,14 +49,29 @@ pub enum Target {
     Agent(String),
     /// Everyone (`*`).
     Broadcast,
+    /// The subscribers of a topic (`@relay:#build.linux text`): held as written, `#` first.
+    Topic(String),
 }
 
 impl Target {
-    /// The name as written: the agent's name, or `*`.
+    /// The name as written: the agent's name, `*`, or `#` and the topic.
     pub fn as_str(&self) -> &str {
         match self {
-            Self::Agent(name) => name,
+            Self::Agent(name) | Self::Topic(name) => name,
             Self::Broadcast => "*",
+        }
+    }
+
+    /// Where a SEND for it goes: `(to, topic)` — the agent's name or `*`, and for a topic
+    /// `*` with the topic (its subscribers).
+    pub fn route(&self) -> (String, Option<String>) {
+        match self {
+            Self::Agent(name) => (name.clone(), None),
+            Self::Broadcast => ("*".to_owned(), None),
+            Self::Topic(written) => (
+                "*".to_owned(),
+                Some(written.trim_start_matches('#').to_owned()),
+            ),
         }
     }
 }
@@ -102,6 +117,11 @@ pub struct Directive {
     /// tell the agent instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub malformed: Option<String>,
+    /// A team verb, not a message: a `[[RELAY]]` block `{"subscribe": "build.*"}` asks the
+    /// relay to subscribe the agent to that topic pattern (issue 25.6; `to` is then `*` and
+    /// `body` empty). Never send such a directive as a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<String>,
 }
 
 impl Directive {
@@ -115,6 +135,7 @@ impl Directive {
             data: None,
             truncated: false,
             malformed: None,
+            subscribe: None,
         }
     }
 

@@ -244,6 +244,12 @@ fn parse_target(name: &str) -> Option<Target> {
     let name = name.strip_suffix(':').unwrap_or(name);
     if name == "*" {
         Some(Target::Broadcast)
+    } else if let Some(topic) = name.strip_prefix('#') {
+        // `@relay:#build.linux`: the subscribers of a topic (never an agent's name, which
+        // has no `#`).
+        relay_protocol::validate_topic(topic)
+            .is_ok()
+            .then(|| Target::Topic(name.to_string()))
     } else if valid_name(name) {
         Some(Target::Agent(name.to_string()))
     } else {
@@ -273,6 +279,20 @@ fn parse_block(json: &str) -> Result<Directive, String> {
     let obj = value
         .as_object()
         .ok_or("it is not a JSON object ({\"to\": NAME, \"body\": TEXT})")?;
+    // A team verb instead of `to` (shared DESIGN.md §13): never a message to an agent named
+    // after the verb.
+    if !obj.contains_key("to")
+        && let Some(pattern) = obj.get("subscribe")
+    {
+        let pattern = pattern
+            .as_str()
+            .filter(|p| relay_protocol::validate_topic_pattern(p).is_ok())
+            .ok_or("its \"subscribe\" is not a topic pattern (build.linux, build.*, build.>)")?;
+        return Ok(Directive {
+            subscribe: Some(pattern.to_owned()),
+            ..Directive::message(Target::Broadcast, "")
+        });
+    }
     let to = obj
         .get("to")
         .ok_or("it has no \"to\"")?
@@ -311,6 +331,7 @@ fn parse_block(json: &str) -> Result<Directive, String> {
         data,
         truncated: false,
         malformed: None,
+        subscribe: None,
     })
 }
 
@@ -324,7 +345,7 @@ fn not_a_name(written: &str) -> String {
     };
     format!(
         "{shown:?} is not a name{other}: a name is letters, digits, '-', '_' and '.', or * for \
-         everyone"
+         everyone, or # and a topic (#build.linux) for its subscribers"
     )
 }
 
@@ -574,6 +595,7 @@ impl Scanner {
                 data: None,
                 truncated,
                 malformed: None,
+                subscribe: None,
             };
             let found = Found {
                 directive,
@@ -1175,6 +1197,39 @@ mod tests {
         assert_eq!(d[0].body, "run tests");
         assert_eq!(d[0].thread.as_deref(), Some("t1"));
         assert_eq!(d[0].data, Some(serde_json::json!({"n": 1})));
+    }
+
+    #[test]
+    fn a_subscribe_block_is_a_verb_never_a_message() {
+        let d = scan(&[
+            r#"[[RELAY]]{"subscribe": "build.*"}[[/RELAY]]"#,
+            r#"[[RELAY]]{"subscribe": "build..x"}[[/RELAY]]"#,
+        ]);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(d[0].subscribe.as_deref(), Some("build.*"));
+        assert!(d[0].malformed.is_none() && d[0].body.is_empty(), "{d:?}");
+        assert!(d[1].subscribe.is_none());
+        let why = d[1].malformed.as_deref().unwrap_or_default();
+        assert!(why.contains("not a topic pattern"), "{why}");
+    }
+
+    #[test]
+    fn a_topic_is_addressed_with_a_hash_and_never_taken_for_a_name() {
+        let d = scan(&["@relay:#build.linux green", "@relay:#bad..topic x"]);
+        assert_eq!(d.len(), 2, "{d:?}");
+        // Not a topic: not sent, and the agent is told (never sent to an agent "#bad..topic").
+        let why = d[1].malformed.as_deref().unwrap_or_default();
+        assert!(why.contains("# and a topic"), "{why}");
+        assert_eq!(d[0].to, Target::Topic("#build.linux".into()));
+        assert_eq!(
+            d[0].to.route(),
+            ("*".to_owned(), Some("build.linux".to_owned()))
+        );
+        assert_eq!(d[0].body, "green");
+        assert_eq!(
+            Target::Agent("Bob".into()).route(),
+            ("Bob".to_owned(), None)
+        );
     }
 
     #[test]

@@ -178,6 +178,52 @@ pub struct AgentInfo {
     /// Topic patterns it subscribed to.
     #[serde(default)]
     pub topics: Vec<String>,
+    /// What it is doing now (extension; `offline` from a daemon that does not say).
+    #[serde(default)]
+    pub state: AgentState,
+    /// When it entered that state (Unix ms): for `busy`, since when it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+    /// Why it is busy or blocked, when known (a busy marker, a dialog, a person typing,
+    /// messages being handed over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The thread of the message it last sent or was handed (a message that starts a
+    /// thread: its own id), since the daemon started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    /// When it last sent, was handed a message or changed state (Unix ms), since the daemon
+    /// started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<u64>,
+}
+
+/// What an agent is doing, as `agents`, `relay_agents` and `wait` see it: a wrapped agent's
+/// terminal as its wrapper reports it, `busy` while messages are being handed to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Connected, nothing being handed to it, its terminal quiet.
+    Idle,
+    /// Working: printing, answering a message typed into it, or being handed messages.
+    Busy,
+    /// Messages wait and cannot be typed (a dialog, a person typing, no input line).
+    Blocked,
+    /// Not connected.
+    #[default]
+    Offline,
+}
+
+impl AgentState {
+    /// Lower-case name, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Busy => "busy",
+            Self::Blocked => "blocked",
+            Self::Offline => "offline",
+        }
+    }
 }
 
 /// Daemon status.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use relay_protocol::query::{
-    AgentInfo, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
+    AgentInfo, AgentState, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
 };
 
 #[path = "memory_dlq.rs"]
@@ -472,6 +472,11 @@ impl Store for MemoryStore {
                 last_seen: a.last_seen,
                 pending: self.pending_count(name),
                 topics: self.topics(name),
+                state: AgentState::Offline,
+                since: None,
+                why: None,
+                thread: None,
+                last_activity: None,
             })
             .collect())
     }

@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use relay_protocol::query::{
-    AgentInfo, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
+    AgentInfo, AgentState, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
 };
 use relay_protocol::{Kind, Send};
 use rusqlite::types::Value;
@@ -1418,6 +1418,11 @@ impl Store for SqliteStore {
                 last_seen: to_u64(last_seen),
                 pending,
                 topics,
+                state: AgentState::Offline,
+                since: None,
+                why: None,
+                thread: None,
+                last_activity: None,
             });
         }
         Ok(out)

@@ -49,7 +49,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_parse::{Directive, Parser, ScreenText, Target};
+use relay_parse::{Directive, Parser, ScreenText};
 use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
@@ -157,6 +157,8 @@ pub struct WrapConfig {
     /// printed and went quiet: it is past its start). `agent-relay --detached` waits for
     /// them; an agent that exits first is reported by its exit status and last lines.
     pub report_start: bool,
+    /// Topic patterns the agent subscribes to (`wrap --subscribe`), on every (re)connection.
+    pub topics: Vec<String>,
 }
 
 /// A note telling an agent how to use the relay, typed in with `--intro`: one line (Enter
@@ -358,6 +360,10 @@ struct Core {
     resume: Option<Resume>,
     /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
     reported: Option<(TerminalState, Option<String>)>,
+    /// When a message was last typed into the agent, until its output settles after it: the
+    /// agent is answering (busy), for `agents`, `wait` and `--notify idle` (see
+    /// [`Core::answer_over`]).
+    answering: Option<Instant>,
     /// When the current run of output (no quiet spell of the settle time in it) began.
     burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
@@ -490,6 +496,7 @@ impl Core {
             relayed_told: false,
             resume: None,
             reported: None,
+            answering: None,
             burst_start: now,
             started: false,
             shown: false,
@@ -535,6 +542,9 @@ impl Core {
                 return (state, Some(why));
             }
         }
+        if self.answering.is_some() {
+            return (TerminalState::Busy, Some("answering a message".into()));
+        }
         // Printing for a while, not a moment: a person's typing echoed back or a one-line
         // answer is not worth telling anyone about.
         let printing = now < self.last_output + self.cfg.profile.settle
@@ -562,6 +572,15 @@ impl Core {
         if self.client.report_terminal(report).await.is_ok() {
             self.reported = Some(view);
         }
+    }
+
+    /// The answer to a typed message is over once the output has settled after it was typed
+    /// (or, for an agent that printed nothing at all, a settle time after it). Pure: the
+    /// caller clears [`Core::answering`].
+    fn answer_over(&self, now: Instant) -> bool {
+        self.answering.is_some_and(|typed| {
+            self.settled && (self.last_output > typed || now >= typed + self.cfg.profile.settle)
+        })
     }
 
     /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
@@ -634,10 +653,7 @@ impl Core {
     async fn send_checked(&mut self, mut d: Directive) {
         self.exchanged = true;
         self.end_chain_if_person_typed();
-        let to = match &d.to {
-            Target::Agent(name) => name.clone(),
-            Target::Broadcast => "*".to_owned(),
-        };
+        let to = d.to.as_str().to_owned();
         if let Some(t) = &mut self.transcript {
             self.screen_directives += 1;
             let cli = t.cli();
@@ -698,10 +714,7 @@ impl Core {
             }
         }
         for d in unseen {
-            let to = match &d.to {
-                Target::Agent(name) => name.clone(),
-                Target::Broadcast => "*".to_owned(),
-            };
+            let to = d.to.as_str().to_owned();
             let body = text::one_line(&d.body, 200);
             if cli == "Codex" {
                 tracing::info!(%to, %body, "sent from Codex's rollout: the screen did not show it (a reply taller than the alternate screen)");
@@ -709,6 +722,23 @@ impl Core {
                 tracing::info!(%to, %body, "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
             }
             self.relay_directive(d, to).await;
+        }
+    }
+
+    /// A `[[RELAY]]` block `{"subscribe": PATTERN}`: the agent's connection subscribes (kept
+    /// for its reconnections, and in the relay's store), and the agent is told how it went.
+    async fn subscribe_directive(&mut self, pattern: String) {
+        let told = match self.client.subscribe(pattern.clone()).await {
+            Ok(()) => format!("relay: subscribed to {}", text::one_line(&pattern, 200)),
+            Err(e) => format!(
+                "relay: not subscribed to {}: {}",
+                text::one_line(&pattern, 200),
+                text::one_line(&e.to_string(), 300)
+            ),
+        };
+        tracing::info!(%pattern, %told, "a subscribe directive");
+        if self.notices.send(told).is_err() {
+            tracing::warn!(%pattern, "the notice about a subscription could not be queued (wrapper stopping)");
         }
     }
 
@@ -722,6 +752,10 @@ impl Core {
 
     /// Relays a directive found on the screen or in the transcript (already checked).
     async fn relay_directive(&mut self, d: Directive, to: String) {
+        if let (Some(pattern), None) = (&d.subscribe, &d.malformed) {
+            self.subscribe_directive(pattern.clone()).await;
+            return;
+        }
         if let Some(why) = &d.malformed {
             // Not a directive the relay can send (a bad name, a block that does not parse):
             // the agent meant to send something, and is told what was not sent and why.
@@ -781,10 +815,13 @@ impl Core {
             *n += 1;
             id
         });
+        // `to` as written (`#build.linux` for a topic's subscribers); the SEND says `*` and
+        // the topic.
+        let (send_to, topic) = d.to.route();
         let msg = Outgoing {
             id,
-            to: Some(to.clone()),
-            topic: None,
+            to: Some(send_to),
+            topic,
             payload: Send {
                 kind: d.kind,
                 body: d.body,
@@ -1229,8 +1266,13 @@ impl Core {
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
         let settle = (!self.settled).then(|| self.settle_due());
+        let answered = self
+            .answering
+            .filter(|_| self.settled)
+            .map(|typed| typed + self.cfg.profile.settle);
         [
             settle,
+            answered,
             self.injector.next_deadline(),
             self.transcript_due,
             self.held_due,
@@ -1290,6 +1332,9 @@ impl Core {
             self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
         }
         self.release_held(now).await;
+        if self.answer_over(now) {
+            self.answering = None;
+        }
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
@@ -1314,6 +1359,7 @@ impl Core {
             match action {
                 Action::Type(text) => {
                     self.typing(&text);
+                    self.answering = Some(now);
                     self.parser.note_injected(&text);
                     term.type_text(&text).await?;
                 }
@@ -1326,6 +1372,9 @@ impl Core {
                     }
                 }
                 Action::Done(Item::Messages(messages), outcome) => {
+                    // The relay hears that the agent is answering before it hears the
+                    // messages taken: it never sees it idle in between.
+                    self.report_terminal(term.backend(), now).await;
                     self.finished(messages, outcome).await;
                 }
                 Action::Done(Item::Notice, _) => {}
@@ -1440,6 +1489,7 @@ async fn sleep_until(at: Option<Instant>) {
 async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
     let client = relay_client::Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
+        topics: cfg.topics.clone(),
         ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
     })
     .await?;

@@ -113,6 +113,15 @@ impl Link {
         }
     }
 
+    /// See [`Client::subscribe`].
+    pub(crate) async fn subscribe(&self, pattern: String) -> Result<(), ClientError> {
+        match self {
+            Self::Client(c) => c.subscribe(pattern).await,
+            #[cfg(test)]
+            Self::Fake(_) => Ok(()),
+        }
+    }
+
     /// See [`Client::report_terminal`].
     pub(crate) async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
         match self {

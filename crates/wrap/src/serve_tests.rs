@@ -132,6 +132,7 @@ impl Rig {
             delivery: crate::format::Delivery::default(),
             door_key: None,
             report_start: false,
+            topics: Vec::new(),
         };
         let task = tokio::spawn(async move {
             let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();

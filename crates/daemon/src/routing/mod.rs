@@ -27,11 +27,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_protocol::events::{RelayEvent, excerpt, excerpt_of};
-use relay_protocol::query::{DeliveryStatus, QueryResult};
+use relay_protocol::query::{AgentState, DeliveryStatus, QueryResult};
 use relay_protocol::{
     AckStatus, Budget, Busy, DeliveryState, ErrorCode, Hello, Nack, NackCode, Payload, Role, Send,
-    ServerInfo, TerminalReport, Welcome, topic_matches, validate_agent_name, validate_topic,
-    validate_topic_pattern,
+    ServerInfo, TerminalReport, TerminalState, Welcome, topic_matches, validate_agent_name,
+    validate_topic, validate_topic_pattern,
 };
 use relay_store::{
     AppendOutcome, DeadNotice, NewMessage, Recipient, RetryOutcome, StoredMessage, WriteOp,
@@ -182,6 +182,11 @@ struct Online {
     conn_id: u64,
     /// How its wrapper last said the agent's terminal looks (a wrapped agent only).
     terminal: Option<TerminalReport>,
+    /// When its terminal entered its current state (Unix ms; connecting counts).
+    state_since: u64,
+    /// When the deliveries now in flight began to be handed over (Unix ms; meaningful while
+    /// `inflight` is not empty).
+    handing_since: u64,
     /// When the live feed was last told of it, and whether a newer report waits to be told
     /// (at most one `agent_state` per [`STATE_EVERY`]; the rest on the next second's tick).
     terminal_told: Option<Instant>,
@@ -243,10 +248,55 @@ struct Agent {
     /// Messages sent and received since the daemon started (for the dashboard).
     sent: u64,
     received: u64,
+    /// When it last sent, was handed a message or changed state (Unix ms; 0: not since
+    /// this daemon started).
+    activity: u64,
+    /// The thread of the message it last sent or was handed (a message that starts one: its
+    /// id).
+    thread: Option<String>,
 }
 
 /// Why a DELIVER could not be queued.
 struct SlowConsumer;
+
+/// What an agent is doing, from what the daemon holds of its session: offline without one;
+/// busy while messages are being handed to it (delivered, not yet acknowledged) and its
+/// terminal shows nothing worse; else its wrapper's last report of its terminal (idle for a
+/// client without a wrapper). Returns the state, since when, and why.
+fn team_state(online: Option<&Online>) -> (AgentState, Option<u64>, Option<String>) {
+    let Some(on) = online else {
+        return (AgentState::Offline, None, None);
+    };
+    let handing = (on.inflight.len(), on.handing_since);
+    let (state, since, why) = state_of(on.terminal.as_ref(), on.state_since, handing);
+    (state, Some(since), why)
+}
+
+/// [`team_state`] of a connected agent, pure: its wrapper's report (if any) and when its
+/// state began, and how many deliveries are in flight since when.
+fn state_of(
+    terminal: Option<&TerminalReport>,
+    state_since: u64,
+    (inflight, handing_since): (usize, u64),
+) -> (AgentState, u64, Option<String>) {
+    let (state, why) = match terminal {
+        Some(t) => (
+            match t.state {
+                TerminalState::Idle => AgentState::Idle,
+                TerminalState::Busy => AgentState::Busy,
+                TerminalState::Blocked => AgentState::Blocked,
+            },
+            t.why.clone(),
+        ),
+        None => (AgentState::Idle, None),
+    };
+    if state == AgentState::Idle && inflight > 0 {
+        let s = if inflight == 1 { "" } else { "s" };
+        let why = format!("{inflight} message{s} being handed over");
+        return (AgentState::Busy, handing_since, Some(why));
+    }
+    (state, state_since, why)
+}
 
 impl Online {
     /// The terminal report to tell the live feed at `now`: the newest one not yet told, unless
@@ -335,6 +385,9 @@ impl Online {
             self.traced_through = pos - 1;
         }
         self.last_sent = self.last_sent.max(pos);
+        if self.inflight.is_empty() {
+            self.handing_since = now_ms;
+        }
         // In flight until acknowledged, or for an `ack: false` connection until written.
         self.inflight.insert(pos, (id, seq));
         let first = self.trace_since.is_none();
@@ -574,10 +627,13 @@ impl Core {
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
         agent.connected_at = self.now.ms;
+        agent.activity = self.now.ms;
         agent.offline_backlog = 0;
         agent.online = Some(Online {
             conn_id: conn.id,
             terminal: None,
+            state_since: self.now.ms,
+            handing_since: self.now.ms,
             terminal_told: None,
             terminal_pending: false,
             tx: conn.tx,
@@ -1356,6 +1412,13 @@ impl Core {
             if let Some(live) = self.agents.get(&a.name) {
                 a.online = live.online.is_some();
                 a.topics = live.topics.iter().cloned().collect();
+                let (state, since, why) = team_state(live.online.as_ref());
+                a.state = state;
+                a.since = since;
+                a.why = why;
+                a.thread.clone_from(&live.thread);
+                let activity = since.map_or(live.activity, |s| s.max(live.activity));
+                a.last_activity = (activity > 0).then_some(activity);
             }
         }
         agents.sort_by(|a, b| b.online.cmp(&a.online).then_with(|| a.name.cmp(&b.name)));
@@ -1528,8 +1591,15 @@ impl Core {
                 recipients: recipients.clone(),
             }
         });
+        let thread = message
+            .payload
+            .thread
+            .clone()
+            .unwrap_or_else(|| message.id.clone());
         if let Some(sender) = self.agents.get_mut(&message.from) {
             sender.sent += 1;
+            sender.activity = self.now.ms;
+            sender.thread = Some(thread.clone());
         }
         // A recipient nobody has connected as yet (`names.rs`): the message waits for it like
         // one for an offline agent, and its sender is told.
@@ -1551,6 +1621,8 @@ impl Core {
                 continue;
             };
             agent.received += 1;
+            agent.activity = self.now.ms;
+            agent.thread = Some(thread.clone());
             let Some(on) = agent.online.as_mut() else {
                 // An offline inbox passing the high-water mark: warn once per crossing and
                 // tell the sender, as for an online recipient far behind.
@@ -2125,6 +2197,9 @@ impl Core {
         report.why = report.why.map(|w| excerpt_of(&w, 120).0);
         if on.terminal.as_ref() == Some(&report) {
             return;
+        }
+        if on.terminal.as_ref().map(|t| t.state) != Some(report.state) {
+            on.state_since = self.now.ms;
         }
         on.terminal = Some(report);
         on.terminal_pending = true;

@@ -612,3 +612,34 @@ fn a_connection_that_does_not_read_is_closed_and_its_messages_wait() {
     let got = w.delivered(bob);
     assert_eq!(got, ["m1", "m2", "m3", "m4"]);
 }
+
+#[test]
+fn a_wrappers_report_decides_the_state_blocked_wins_and_handing_over_is_busy() {
+    use relay_protocol::query::AgentState;
+    use relay_protocol::{TerminalReport, TerminalState};
+    let report = |state| TerminalReport {
+        backend: "pty".into(),
+        state,
+        why: None,
+    };
+    let state = |t: Option<&TerminalReport>, inflight| super::state_of(t, 10, (inflight, 20)).0;
+    assert_eq!(state(None, 0), AgentState::Idle);
+    assert_eq!(state(None, 2), AgentState::Busy);
+    assert_eq!(
+        state(Some(&report(TerminalState::Idle)), 0),
+        AgentState::Idle
+    );
+    assert_eq!(
+        state(Some(&report(TerminalState::Busy)), 0),
+        AgentState::Busy
+    );
+    assert_eq!(
+        state(Some(&report(TerminalState::Blocked)), 3),
+        AgentState::Blocked
+    );
+    // Busy because messages are being handed over: since they were, and it says so.
+    let (s, since, why) = super::state_of(Some(&report(TerminalState::Idle)), 10, (1, 20));
+    assert_eq!((s, since), (AgentState::Busy, 20));
+    assert_eq!(why.as_deref(), Some("1 message being handed over"));
+    assert_eq!(super::team_state(None).0, AgentState::Offline);
+}
