@@ -254,17 +254,6 @@ fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
-/// Runs `f`, which blocks (a command down the tmux control client), without holding up the
-/// runtime's other tasks: through `block_in_place` on the multi-threaded runtime the wrapper
-/// runs on, in place on a current-thread runtime (the loop's unit tests: a paused clock needs
-/// one, and `block_in_place` panics there).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 /// The screen seen through a profile, for the injector: the parser's own screen model, fed by
 /// the agent's output on both backends (one screen: nothing is captured to decide).
 struct ProfileLook<'a> {
@@ -406,8 +395,6 @@ struct Core {
 struct Resume {
     checkpoint: Checkpoint,
     session: String,
-    /// The agent's pane (its control client, shared with the loop).
-    pane: tmux::Pane,
     /// Directives found since the checkpoint, by (to, body): how many.
     seen: std::collections::HashMap<(String, String), u32>,
     /// Output was read since the checkpoint was saved.
@@ -579,21 +566,20 @@ impl Core {
     /// transcript has its reply (a turn's end is seen on the screen before Claude Code has
     /// written the reply there, and only the transcript tells a line a ```text block quotes
     /// from one the reply says), waiting at most the settle time for it.
-    async fn send_directive(&mut self, d: Directive) {
+    async fn send_directive(&mut self, d: Directive, now: Instant, term: &mut impl Terminal) {
         if let Some(t) = &mut self.transcript
             && (!self.held.is_empty() || !t.knows(&d))
         {
-            let now = Instant::now();
             self.held.push_back((d, now + self.cfg.profile.settle));
             self.held_due.get_or_insert(now + HELD_RECHECK);
             return;
         }
-        self.send_checked(d).await;
+        self.send_checked(d, term).await;
     }
 
     /// Sends the held directives whose reply the transcript has now, or whose wait is over,
     /// in the order the screen showed them.
-    async fn release_held(&mut self, now: Instant) {
+    async fn release_held(&mut self, now: Instant, term: &mut impl Terminal) {
         if self.held_due.is_none_or(|due| now < due) {
             return;
         }
@@ -620,15 +606,15 @@ impl Core {
                 );
             }
             if let Some((d, _)) = self.held.pop_front() {
-                self.send_checked(d).await;
+                self.send_checked(d, term).await;
             }
         }
         self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
     }
 
-    async fn send_checked(&mut self, mut d: Directive) {
+    async fn send_checked(&mut self, mut d: Directive, term: &mut impl Terminal) {
         self.exchanged = true;
-        self.end_chain_if_person_typed();
+        self.end_chain_if_person_typed(term).await;
         let to = match &d.to {
             Target::Agent(name) => name.clone(),
             Target::Broadcast => "*".to_owned(),
@@ -823,7 +809,7 @@ impl Core {
 
     /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
     /// them relayed.
-    async fn on_output(&mut self, bytes: &[u8], now: Instant) {
+    async fn on_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
         self.paste.feed(bytes);
         self.injector.on_output(now);
         self.last_output = now;
@@ -831,17 +817,17 @@ impl Core {
         self.turn_checked = false;
         self.turn_looked = false;
         for d in self.parser.feed(bytes) {
-            self.send_directive(d).await;
+            self.send_directive(d, now, term).await;
         }
     }
 
     /// tmux: bytes the pane printed.
-    async fn on_pane_output(&mut self, bytes: &[u8], now: Instant) {
+    async fn on_pane_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
         self.on_read(bytes.len(), None, now);
         if let Some(r) = &mut self.resume {
             r.dirty = true;
         }
-        self.on_output(bytes, now).await;
+        self.on_output(bytes, now, term).await;
     }
 
     /// tmux: reads what a snapshot of the pane holds (see [`tmux::Pane::snapshot`]), with a
@@ -849,7 +835,7 @@ impl Core {
     /// dropped (it was relayed), then the texts typed since the checkpoint noted (their echo
     /// is no directive), then the rows no wrapper read, whose directives are relayed with the
     /// ids they would have had (the relay drops those sent already).
-    async fn resync(&mut self, snap: tmux::Snapshot, now: Instant) {
+    async fn resync(&mut self, snap: tmux::Snapshot, now: Instant, term: &mut impl Terminal) {
         let mut parser = Parser::new(self.cfg.profile.parse.clone());
         parser.set_rows(usize::from(snap.rows));
         parser.set_cols(usize::from(snap.cols));
@@ -874,11 +860,11 @@ impl Core {
             bytes = snap.unseen.len(),
             "reading what the pane shows since the checkpoint"
         );
-        self.on_pane_output(&snap.unseen, now).await;
+        self.on_pane_output(&snap.unseen, now, term).await;
     }
 
     /// A message arrived for this agent.
-    async fn on_message(&mut self, m: Delivered, pane: Option<&tmux::Pane>) {
+    async fn on_message(&mut self, m: Delivered, term: &mut impl Terminal) {
         self.exchanged = true;
         if self.queued.contains(&m.id) {
             return;
@@ -932,14 +918,16 @@ impl Core {
                 // now gone, so the new agent is given it (typing it "again" types it once);
                 // after its Enter, what the agent took is unknown, and typing twice is the
                 // worse error.
-                let shown = match pane {
-                    Some(p) => {
-                        let short = relay_protocol::short_id(&m.id);
-                        blocking(|| p.history())
-                            .map(|h| h.contains(&format!("[{short}]")))
-                            .unwrap_or(true)
+                let kept = term.outlives_wrapper();
+                let shown = if kept {
+                    let short = relay_protocol::short_id(&m.id);
+                    match term.history().await {
+                        Ok(Some(h)) => h.contains(&format!("[{short}]")),
+                        // Unknown: taken as typed, the safe side (typing twice is worse).
+                        Ok(None) | Err(_) => true,
                     }
-                    None => state == Remembered::Entered,
+                } else {
+                    state == Remembered::Entered
                 };
                 if !shown {
                     tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
@@ -947,13 +935,13 @@ impl Core {
                 if shown {
                     // Typed; if the wrapper stopped before its Enter, the text still waits
                     // in the input line: submit it now.
-                    if let Some(p) = pane {
+                    if kept {
                         // The parser's screen: read afresh from the pane when this wrapper
                         // attached.
                         let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
                         if waiting {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            if let Err(e) = blocking(|| p.enter()) {
+                            if let Err(e) = term.enter().await {
                                 // Acknowledged as injected all the same: the text is in the
                                 // agent's input line, where a person can submit it; typing it
                                 // again would double it.
@@ -970,7 +958,7 @@ impl Core {
                     // have read the line: say so (a failure report makes it a dead letter and
                     // tells the sender) rather than call it delivered. A tmux pane's history
                     // showed the text, so there it was given.
-                    if pane.is_some() {
+                    if kept {
                         self.ack(&m, DeliveryState::Injected).await;
                     } else {
                         tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
@@ -1253,12 +1241,12 @@ impl Core {
                 self.report_start("started");
             }
             for d in self.parser.settle() {
-                self.send_directive(d).await;
+                self.send_directive(d, now, term).await;
             }
             self.send_from_transcript().await;
             self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
         }
-        self.release_held(now).await;
+        self.release_held(now, term).await;
         if self.transcript_due.is_some_and(|due| now >= due) {
             self.transcript_due = None;
             self.send_from_transcript().await;
@@ -1267,7 +1255,7 @@ impl Core {
         if !term.sees_keys() {
             self.end_turn_if_idle();
         }
-        self.maybe_checkpoint();
+        self.maybe_checkpoint(term).await;
         self.tell_if_relayed();
         loop {
             let mut look = ProfileLook {
@@ -1289,9 +1277,7 @@ impl Core {
                 Action::Enter => {
                     self.entering();
                     term.enter().await?;
-                    if let Some(pane) = term.pane() {
-                        self.note_chain_start(pane);
-                    }
+                    self.note_chain_start(term).await;
                 }
                 Action::Done(Item::Messages(messages), outcome) => {
                     self.finished(messages, outcome).await;
@@ -1337,20 +1323,24 @@ impl Core {
 
     /// tmux: once everything read is settled and every directive in it acknowledged, a
     /// restarted wrapper can start reading from here.
-    fn maybe_checkpoint(&mut self) {
-        let Some(r) = &mut self.resume else {
+    async fn maybe_checkpoint(&mut self, term: &mut impl Terminal) {
+        let Some(r) = &self.resume else {
             return;
         };
         if !self.settled || self.unacked > 0 || !self.held.is_empty() || !r.dirty {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
-        let row = match blocking(|| r.pane.row()) {
-            Ok(row) => row,
+        let row = match term.cursor_row().await {
+            Ok(Some(row)) => row,
+            Ok(None) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");
                 return;
             }
+        };
+        let Some(r) = &mut self.resume else {
+            return;
         };
         r.dirty = false;
         r.checkpoint = Checkpoint {
@@ -1381,13 +1371,14 @@ impl Core {
 
     /// Sends what the screen still holds and says goodbye; whether the agent was a command
     /// that exited at once (see [`Core::fleeting`]), judged after those last directives.
-    async fn finish(mut self) -> bool {
+    async fn finish(mut self, term: &mut impl Terminal) -> bool {
+        let now = now();
         for d in self.parser.finish() {
-            self.send_directive(d).await;
+            self.send_directive(d, now, term).await;
         }
         // Nothing more will come: what waits for the transcript goes by the screen now.
         while let Some((d, _)) = self.held.pop_front() {
-            self.send_checked(d).await;
+            self.send_checked(d, term).await;
         }
         let fleeting = self.fleeting();
         // Let the last receipts arrive before saying goodbye.
@@ -1512,7 +1503,7 @@ async fn serve(
                         r.dirty = true;
                     }
                     term.show(&bytes);
-                    core.on_output(&bytes, now).await;
+                    core.on_output(&bytes, now, term).await;
                 }
                 TermEvent::Keys(k) => {
                     core.injector.on_person_input(&k, now());
@@ -1529,13 +1520,13 @@ async fn serve(
                     core.parser.set_rows(usize::from(rows));
                     core.parser.set_cols(usize::from(cols));
                 }
-                TermEvent::Reread(snap) => core.resync(snap, now()).await,
+                TermEvent::Reread(snap) => core.resync(snap, now(), term).await,
                 TermEvent::Ended => return Ok(Ended::Exited),
                 TermEvent::Stopped(signal) => return Ok(Ended::Stopped(signal)),
             },
             Some(req) = door.recv() => core.door_send(req).await,
             ev = core.client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => core.on_message(m, term.pane()).await,
+                Some(Event::Message(m)) => core.on_message(m, term).await,
                 Some(other) => tracing::debug!(?other, "relay event"),
                 None => {
                     // The agent keeps running; it just is not relayed any more.
@@ -1612,16 +1603,13 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         Ended::Stopped(signal) => Some(signal),
         Ended::Exited => None,
     };
-    let mut pty = term.pty;
     if let Some(signal) = stopped {
         tracing::info!(signal, "stopped by a signal: ending the agent");
-        pty.kill();
+        term.pty.kill();
     }
-    let code = tokio::task::spawn_blocking(move || pty.wait())
-        .await
-        .map_err(|e| WrapError::Pty(e.to_string()))??;
+    let code = term.pty.wait().await?;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish().await && stopped.is_none();
+    let fleeting = core.finish(&mut term).await && stopped.is_none();
     if fleeting {
         forget_fleeting(&cfg).await;
     }
@@ -1678,14 +1666,14 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     core.resume = Some(Resume {
         checkpoint,
         session: session.clone(),
-        pane: pane.clone(),
         seen: std::collections::HashMap::new(),
         dirty: false,
     });
     let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
-    match term.snapshot(Some(offset)) {
-        Ok(snap) => core.resync(snap, now()).await,
+    match Terminal::snapshot(&mut term, Some(offset)).await {
+        Ok(Some(snap)) => core.resync(snap, now(), &mut term).await,
+        Ok(None) => {}
         Err(e) if session_lives(&session) => return Err(e),
         Err(_) => {}
     }
@@ -1700,9 +1688,9 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     let code = read_exit(&core.cfg.team_dir).await;
     tracing::info!(?code, "the agent exited; ending its session");
     log_last_lines(&core.cfg.team_dir, code);
-    core.maybe_checkpoint();
+    core.maybe_checkpoint(&mut term).await;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish().await;
+    let fleeting = core.finish(&mut term).await;
     tmux::kill(&session);
     if fleeting {
         forget_fleeting(&cfg).await;

@@ -14,13 +14,14 @@
 //! codex, gemini, or a `prompt` in an override): for the others quiet output proves nothing
 //! (a program may think without printing). For those the wrapper asks tmux instead whether a
 //! person pressed a key in the session (or attached to it) since the message typed last was
-//! entered ([`tmux::Pane::person_activity`], which the wrapper's own typing does not move): if
+//! entered ([`Terminal::person_activity`], which the wrapper's own typing does not move): if
 //! so, the person took a turn and what the agent prints next starts a new chain, as a
 //! person's Enter does under a PTY. tmux keeps that time in whole seconds, so a key pressed in
 //! the same second as the wrapper's Enter is not seen and the chain goes on: the safe side of
 //! the budget.
 
-use crate::{Core, tmux};
+use crate::Core;
+use crate::terminal::Terminal;
 
 impl Core {
     /// tmux: ends the reply chain if the agent's turn for the message typed last is over.
@@ -48,12 +49,12 @@ impl Core {
 impl Core {
     /// tmux, a profile without a known input line: remembers the session's person activity as
     /// the relayed message typed last is entered.
-    pub(crate) fn note_chain_start(&mut self, pane: &tmux::Pane) {
-        if self.cfg.profile.knows_prompt() {
+    pub(crate) async fn note_chain_start(&mut self, term: &mut impl Terminal) {
+        if term.sees_keys() || self.cfg.profile.knows_prompt() {
             return;
         }
-        self.chain_activity = match crate::blocking(|| pane.person_activity()) {
-            Ok(at) => Some(at),
+        self.chain_activity = match term.person_activity().await {
+            Ok(at) => at,
             Err(e) => {
                 // Without it a person's turn is not seen: the chain goes on (the safe side).
                 tracing::warn!(error = %e, "cannot read the session's activity; a person's turn will not end this reply chain");
@@ -64,18 +65,16 @@ impl Core {
 
     /// tmux: ends the reply chain if a person pressed a key in the session since the message
     /// typed last was entered (see [`Core::note_chain_start`]).
-    pub(crate) fn end_chain_if_person_typed(&mut self) {
-        let (Some(since), Some(r)) = (self.chain_activity, &self.resume) else {
+    pub(crate) async fn end_chain_if_person_typed(&mut self, term: &mut impl Terminal) {
+        let (Some(since), Some(_)) = (self.chain_activity, &self.resume) else {
             return;
         };
-        // The loop's pane (its control client), not a new one.
-        let pane = r.pane.clone();
         if self.replying_to.is_none() {
             self.chain_activity = None;
             return;
         }
-        match crate::blocking(|| pane.person_activity()) {
-            Ok(at) if at > since => {
+        match term.person_activity().await {
+            Ok(Some(at)) if at > since => {
                 self.chain_activity = None;
                 if let Some((id, _)) = self.replying_to.take() {
                     tracing::debug!(%id, "a person typed into the session: what the agent prints now starts a new reply chain");
