@@ -22,9 +22,6 @@ use crate::inject::{Joiner, Outcome};
 use crate::state::Typed as Remembered;
 use crate::{Core, Item, WrapConfig};
 
-/// How many ids shown by the agent's tool before their delivery came are remembered.
-const SHOWN_UNSEEN: usize = 256;
-
 /// The text typed for `messages` (one, or several typed as one prompt).
 fn text_of(
     delivery: Delivery,
@@ -126,7 +123,7 @@ impl Core {
             tracing::debug!(id = %m.id, "typing a message");
             // The text once (tmux notes its echo after a restart), with the first id.
             let recorded = match (&self.resume, i) {
-                (Some(r), 0) => self.log.started_at(&m.id, r.checkpoint.offset, text),
+                (Some(r), 0) => self.log.started_at(&m.id, r.offset(), text),
                 _ => self.log.started(&m.id),
             };
             if let Err(e) = recorded {
@@ -134,22 +131,8 @@ impl Core {
             }
         }
         // What the agent prints next answers the message typed last (after a digest, the one
-        // from whom it goes to: see `relay_directive`).
-        self.replying_to = messages
-            .last()
-            .map(|m| (m.id.clone(), m.payload.thread.clone()));
-        self.digest_senders = if messages.len() > 1 {
-            let mut senders: Vec<(String, String, Option<String>)> = Vec::new();
-            for m in messages {
-                senders.retain(|(from, _, _)| *from != m.from);
-                senders.push((m.from.clone(), m.id.clone(), m.payload.thread.clone()));
-            }
-            senders
-        } else {
-            Vec::new()
-        };
-        // Measured again once it is entered.
-        self.chain_activity = None;
+        // from whom it goes to: see `decide/chain.rs`).
+        self.chain.typed(messages);
     }
 
     /// The injector is about to press Enter for the text typed.
@@ -185,7 +168,7 @@ impl Core {
                 tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            let state = if self.read_early.remove(&m.id) {
+            let state = if self.noticed.take_read_early(&m.id) {
                 // The agent's tool showed it while its notice was typed.
                 DeliveryState::Verified
             } else if let Outcome::Failed(why) = &outcome {
@@ -198,7 +181,7 @@ impl Core {
             } else if self.cfg.delivery == Delivery::Notice {
                 tracing::debug!(id = %m.id, "notice submitted: the message waits for the agent's tool");
                 self.ack(&m, DeliveryState::Injected).await;
-                self.noticed.insert(m.id.clone(), m);
+                self.noticed.noticed(m);
                 continue;
             } else {
                 DeliveryState::Verified
@@ -217,7 +200,7 @@ impl Core {
         }
         let mut n = 0;
         for id in ids {
-            if let Some(m) = self.noticed.remove(id) {
+            if let Some(m) = self.noticed.take_noticed(id) {
                 tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
                 self.ack_door(&m, crate::TOOL_DOOR).await;
                 n += 1;
@@ -246,34 +229,27 @@ impl Core {
         if let Some(Item::Messages(ms)) = self.injector.current() {
             for m in ms {
                 if wanted.contains(m.id.as_str()) {
-                    self.read_early.insert(m.id.clone());
+                    self.noticed.read_while_typed(&m.id);
                     current.insert(m.id.as_str());
                 }
             }
         }
         // Shown before this wrapper was handed it (the tool reads the store): no notice
         // when it comes. Ids it already dealt with are not kept; nor more than a few.
-        for id in ids {
-            if !current.contains(id.as_str())
-                && self.log.get(id).is_none()
-                && !self.shown_unseen.contains(id)
-            {
-                self.shown_unseen.push_back(id.clone());
-            }
-        }
-        while self.shown_unseen.len() > SHOWN_UNSEEN {
-            self.shown_unseen.pop_front();
-        }
+        let log = &self.log;
+        self.noticed.shown_before_delivery(
+            ids.iter().filter(|id| !current.contains(id.as_str())),
+            |id| log.get(id).is_some(),
+        );
         n
     }
 
     /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
     /// is recorded and acknowledged verified, with no notice typed.
     pub(crate) async fn shown_already(&mut self, m: &Delivered) -> bool {
-        let Some(at) = self.shown_unseen.iter().position(|id| *id == m.id) else {
+        if !self.noticed.take_shown_unseen(&m.id) {
             return false;
-        };
-        self.shown_unseen.remove(at);
+        }
         tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
         if let Err(e) = self.log.finished(&m.id, true) {
             tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");

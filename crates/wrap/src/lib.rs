@@ -14,6 +14,7 @@
 //! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
+mod decide;
 mod deliver;
 mod door;
 pub mod format;
@@ -47,14 +48,20 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
-use relay_parse::{Directive, Parser, ScreenText, Target};
+use relay_parse::{Directive, Parser, ScreenText};
 use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
+use crate::decide::chain::Chain;
+use crate::decide::ledger::{self, Admission, Replayed};
+use crate::decide::notices::Notices;
+use crate::decide::outbox::{Gate, Outbox, recipient};
+use crate::decide::quiet::Quiet;
+use crate::decide::resume::Resume;
 use crate::inject::{Action, Injector, Look, Timing};
 use crate::link::Link;
 use crate::profile::{NotReady, Profile};
-use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
+use crate::state::{Checkpoint, InboxEntry, InjectedLog};
 use crate::terminal::{TermEvent, Terminal};
 
 /// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
@@ -62,18 +69,6 @@ use crate::terminal::{TermEvent, Terminal};
 /// attach to: with `CI` set, Gemini CLI exits at start and Claude Code draws without colour
 /// (a code block then looks like prose, and a directive shown in one like a real one).
 pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
-
-/// Output running this long (no quiet spell of the profile's settle time) reports the agent
-/// busy to the relay.
-const BUSY_AFTER: Duration = Duration::from_secs(1);
-/// How long after output went quiet Claude Code's transcript is looked at once more (it may
-/// write a reply there after drawing it).
-const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
-/// How often Claude Code's transcript is read while a directive waits for its reply there.
-const HELD_RECHECK: Duration = Duration::from_millis(5);
-/// Longest a directive of Codex's or Gemini's waits for their record of the reply while the
-/// output goes on (they write it when the reply ends; see [`Core::release_held`]).
-const HELD_MAX: Duration = Duration::from_secs(10);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -319,34 +314,19 @@ struct Core {
     receipts: mpsc::UnboundedSender<ReceiptDone>,
     /// Directives relayed whose receipt has not come back.
     unacked: usize,
-    /// The message typed last: what the agent prints next answers it.
-    replying_to: Option<(String, Option<String>)>,
-    /// tmux: the pane was looked at for the end of the agent's turn since its last output
-    /// (see `turn.rs`).
-    turn_looked: bool,
-    /// tmux, a profile that does not know the CLI's input line: the session's person activity
-    /// (see [`tmux::Pane::person_activity`]) when the message typed last was entered; a
-    /// person's key after it ends the reply chain (see `turn.rs`).
-    chain_activity: Option<u64>,
+    /// The quiet clock of the agent's output (see `decide/quiet.rs`).
+    quiet: Quiet,
+    /// Which relayed message what the agent prints answers (see `decide/chain.rs`).
+    chain: Chain,
     /// Ids queued in the injector (a replay after a reconnect must not queue them twice).
     queued: HashSet<String>,
-    last_output: Instant,
-    settled: bool,
-    /// The screen was looked at for the end of the agent's turn since the last output (see
-    /// [`Profile::turn_settle`]).
-    turn_checked: bool,
-    /// Bytes of the agent's output read so far by this wrapper. Logged
-    /// with each burst and each settling, so a test can tell which output an event follows.
-    read: u64,
     /// Output read since the log last said everything read was settled and relayed
     /// (see [`Core::tell_if_relayed`]).
     relayed_told: bool,
-    /// tmux: where relaying can resume.
+    /// tmux: where relaying can resume (see `decide/resume.rs`).
     resume: Option<Resume>,
     /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
     reported: Option<(TerminalState, Option<String>)>,
-    /// When the current run of output (no quiet spell of the settle time in it) began.
-    burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
     /// The agent printed and then went quiet once: it is past its start (see
@@ -358,47 +338,16 @@ struct Core {
     /// Whether the agent has turned bracketed paste on, as its output says: a multi-line text
     /// typed before that has its line breaks flattened (PTY) or submitted (tmux).
     paste: format::PasteMode,
-    /// Notice delivery: messages whose notice was typed (acknowledged as injected), by id,
-    /// until the agent's tool shows them (then verified; see `deliver.rs`).
-    noticed: std::collections::HashMap<String, Delivered>,
-    /// Notice delivery: ids the agent's tool showed while their notice was being typed.
-    read_early: HashSet<String>,
-    /// Notice delivery: ids the agent's tool showed before their delivery reached this
-    /// wrapper (the latest few): they need no notice.
-    shown_unseen: std::collections::VecDeque<String>,
-    /// The senders of the digest typed last, with the id and thread of each one's latest
-    /// message in it: a directive to one of them answers that message.
-    digest_senders: Vec<(String, String, Option<String>)>,
+    /// Notice delivery's bookkeeping (see `decide/notices.rs` and `deliver.rs`).
+    noticed: Notices,
     /// How text is typed into this agent: as a shell no-op when it is a shell.
     form: format::Form,
-    /// Claude Code's transcript: tells a directive its reply says from one it only quotes in a
-    /// code block drawn like prose (`claude` profile).
-    transcript: Option<transcript::Transcript>,
-    /// When to look at the transcript once more after output went quiet: Claude Code may
-    /// write the reply there after it drew its last screen.
-    transcript_due: Option<Instant>,
-    /// Directives read off the screen (while a transcript is kept): a reply was given.
-    screen_directives: u64,
-    /// The log was told that no transcript is to be found.
-    transcript_missing_told: bool,
-    /// Directives read off the screen before Claude Code's transcript had their reply, in
-    /// order, each with the time it is sent all the same (see [`Core::release_held`]).
-    held: std::collections::VecDeque<(Directive, Instant)>,
-    /// When to look at the transcript again for the held directives.
-    held_due: Option<Instant>,
+    /// Directives on their way out, behind the agent's own record of its replies (Claude
+    /// Code's transcript, Codex's rollout, Gemini's chat; see `decide/outbox.rs`).
+    outbox: Outbox,
     /// Messages Claude Code's Stop hook handed to the model (acknowledged injected), verified
     /// when its next Stop hook runs: the turn they started has ended.
     hooked: Vec<Delivered>,
-}
-
-/// tmux: the checkpoint relaying resumes from, and what was read since.
-struct Resume {
-    checkpoint: Checkpoint,
-    session: String,
-    /// Directives found since the checkpoint, by (to, body): how many.
-    seen: std::collections::HashMap<(String, String), u32>,
-    /// Output was read since the checkpoint was saved.
-    dirty: bool,
 }
 
 impl Core {
@@ -440,7 +389,7 @@ impl Core {
         if let Some(joiner) = deliver::joiner(&cfg, form) {
             injector.set_joiner(joiner);
         }
-        let transcript = match &cfg.profile.transcript {
+        let transcript: Option<Box<dyn Gate>> = match &cfg.profile.transcript {
             Some(source) => {
                 let t = std::env::current_dir()
                     .ok()
@@ -451,47 +400,33 @@ impl Core {
                         "no working directory, or the profile's transcript_dir names an unset variable: the agent's own record of its replies cannot be read; directives go as the screen shows them"
                     );
                 }
-                t
+                t.map(|t| Box::new(t) as Box<dyn Gate>)
             }
             None => None,
         };
         Ok(Self {
             injector,
-            cfg,
             client,
             parser,
             log,
             notices,
             receipts,
             unacked: 0,
-            replying_to: None,
-            turn_looked: false,
-            chain_activity: None,
+            quiet: Quiet::new(cfg.profile.settle, cfg.profile.turn_settle, now),
+            chain: Chain::default(),
             queued: HashSet::new(),
-            last_output: now,
-            settled: true,
-            turn_checked: false,
-            read: 0,
             relayed_told: false,
             resume: None,
             reported: None,
-            burst_start: now,
             started: false,
             shown: false,
             exchanged: false,
             paste: format::PasteMode::default(),
-            noticed: std::collections::HashMap::new(),
-            read_early: HashSet::new(),
-            shown_unseen: std::collections::VecDeque::new(),
-            digest_senders: Vec::new(),
+            noticed: Notices::default(),
             form,
-            transcript,
-            transcript_due: None,
-            screen_directives: 0,
-            transcript_missing_told: false,
-            held: std::collections::VecDeque::new(),
-            held_due: None,
+            outbox: Outbox::new(transcript, cfg.profile.settle),
             hooked: Vec::new(),
+            cfg,
         })
     }
 
@@ -522,9 +457,7 @@ impl Core {
         }
         // Printing for a while, not a moment: a person's typing echoed back or a one-line
         // answer is not worth telling anyone about.
-        let printing = now < self.last_output + self.cfg.profile.settle
-            && now.duration_since(self.burst_start) >= BUSY_AFTER;
-        if printing {
+        if self.quiet.printing(now) {
             (TerminalState::Busy, Some("printing".into()))
         } else {
             (TerminalState::Idle, None)
@@ -551,7 +484,7 @@ impl Core {
 
     /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
     fn set_agent_pid(&mut self, pid: Option<u32>) {
-        match (&mut self.transcript, pid) {
+        match (self.outbox.gate_mut(), pid) {
             (Some(t), Some(pid)) => t.set_agent_pid(pid),
             // Claude Code's sessions are found from its process; Codex's and Gemini's records
             // from the working directory.
@@ -562,131 +495,58 @@ impl Core {
         }
     }
 
-    /// Sends a directive read off the screen; with Claude Code's transcript, once the
-    /// transcript has its reply (a turn's end is seen on the screen before Claude Code has
-    /// written the reply there, and only the transcript tells a line a ```text block quotes
-    /// from one the reply says), waiting at most the settle time for it.
+    /// Sends a directive read off the screen, once the agent's record of its replies has its
+    /// reply if one is kept (see `decide/outbox.rs`).
     async fn send_directive(&mut self, d: Directive, now: Instant, term: &mut impl Terminal) {
-        if let Some(t) = &mut self.transcript
-            && (!self.held.is_empty() || !t.knows(&d))
-        {
-            self.held.push_back((d, now + self.cfg.profile.settle));
-            self.held_due.get_or_insert(now + HELD_RECHECK);
-            return;
+        if let Some(d) = self.outbox.found(d, now) {
+            self.send_checked(d, term).await;
         }
-        self.send_checked(d, term).await;
     }
 
-    /// Sends the held directives whose reply the transcript has now, or whose wait is over,
-    /// in the order the screen showed them.
+    /// Sends the held directives whose reply the record has now, or whose wait is over, in
+    /// the order the screen showed them.
     async fn release_held(&mut self, now: Instant, term: &mut impl Terminal) {
-        if self.held_due.is_none_or(|due| now < due) {
+        if !self.outbox.release_due(now) {
             return;
         }
-        // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
-        // reply for a while after a directive at its top showed: their directives wait until
-        // the output has been quiet the settle time (at most HELD_MAX).
-        let at_reply_end = self.transcript.as_ref().is_some_and(|t| !t.sends_unseen());
-        let quiet_at = self.last_output + self.cfg.profile.settle;
-        while let Some((d, until)) = self.held.front() {
-            let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
-            let until = if at_reply_end {
-                (*until).max(quiet_at.min(*until + HELD_MAX))
-            } else {
-                *until
-            };
-            if !known && now < until {
-                break;
-            }
-            if !known {
-                let cli = self.transcript.as_ref().map_or("", |t| t.cli());
-                tracing::debug!(
-                    cli,
-                    "the agent's transcript does not have a directive's reply yet; it goes by the screen"
-                );
-            }
-            if let Some((d, _)) = self.held.pop_front() {
-                self.send_checked(d, term).await;
-            }
+        while let Some(d) = self.outbox.next_released(now, self.quiet.last_output()) {
+            self.send_checked(d, term).await;
         }
-        self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
+        self.outbox.released(now);
     }
 
-    async fn send_checked(&mut self, mut d: Directive, term: &mut impl Terminal) {
+    /// Sends a directive from the screen as the agent's record of its replies has it (if it
+    /// is to be sent at all), in the reply chain a person's key may have ended.
+    async fn send_checked(&mut self, d: Directive, term: &mut impl Terminal) {
         self.exchanged = true;
         self.end_chain_if_person_typed(term).await;
-        let to = match &d.to {
-            Target::Agent(name) => name.clone(),
-            Target::Broadcast => "*".to_owned(),
-        };
-        if let Some(t) = &mut self.transcript {
-            self.screen_directives += 1;
-            let cli = t.cli();
-            match t.check(&d) {
-                relay_parse::transcript::Origin::Quoted => {
-                    // Not a message: the agent showed the syntax, in a code block or escaped.
-                    tracing::info!(%to, cli, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (the agent's transcript)");
-                    return;
-                }
-                relay_parse::transcript::Origin::Sent => {
-                    // The transcript was read first and it went from there, or (Codex, Gemini)
-                    // it went with the reply's text and the screen shows it again.
-                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "already sent from or with the agent's transcript; the screen shows it now");
-                    return;
-                }
-                relay_parse::transcript::Origin::Said(exact) => {
-                    // The screen shows what the CLI drew of the reply's Markdown (a code block
-                    // without fences, lines re-wrapped or re-indented, marks dropped; Codex:
-                    // only a directive's first line): the reply's own text goes.
-                    tracing::debug!(%to, cli, same = (exact.body == d.body), "sent with the reply's own text from the agent's transcript");
-                    d = exact;
-                }
-                relay_parse::transcript::Origin::Unknown => {
-                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "directive not in the agent's transcript: sent as the screen shows it")
-                }
-            }
+        let to = recipient(&d);
+        if let Some(d) = self.outbox.check(d) {
+            self.relay_directive(d, to).await;
         }
-        self.relay_directive(d, to).await;
     }
 
     /// Sends what Claude Code's replies said and its screen did not show: the start of a
     /// reply taller than the screen, which Claude Code never draws when the reply arrives at
     /// once (issue 19.2).
     async fn send_from_transcript(&mut self) {
-        let Some(t) = &mut self.transcript else {
-            return;
-        };
-        // Codex and Gemini draw every line of a reply: their records only give the screen's
-        // directives their text, so each is sent once, by the screen.
-        if !t.sends_unseen() {
-            return;
-        }
-        let unseen = t.take_unseen();
-        if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
-            // Replies with directives, but no transcript where it should be: a directive above
-            // the last screenful of a tall reply is lost, and nothing can tell.
-            self.transcript_missing_told = true;
-            tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript of this agent's found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
-            // The agent is the sender of what may be lost: it is told once, and how to avoid it.
-            let notice = "relay: this agent's Claude Code transcript was not found, so a @relay: line at the top of a reply taller than the screen is lost if it scrolls away before it is drawn. Keep @relay: lines short and near the end of a reply";
-            if self.notices.send(notice.to_owned()).is_err() {
-                tracing::warn!(
-                    "the notice about the missing transcript could not be queued (wrapper stopping)"
-                );
-            }
+        let (unseen, notice) = self.outbox.unseen();
+        // The agent is the sender of what may be lost: it is told once, and how to avoid it.
+        if let Some(notice) = notice
+            && self.notices.send(notice.to_owned()).is_err()
+        {
+            tracing::warn!(
+                "the notice about the missing transcript could not be queued (wrapper stopping)"
+            );
         }
         for d in unseen {
-            let to = match &d.to {
-                Target::Agent(name) => name.clone(),
-                Target::Broadcast => "*".to_owned(),
-            };
-            tracing::info!(%to, body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            let to = recipient(&d);
             self.relay_directive(d, to).await;
         }
     }
 
     /// Relays a directive found on the screen or in the transcript (already checked).
-    async fn relay_directive(&mut self, d: Directive, to: String) {
+    async fn relay_directive(&mut self, mut d: Directive, to: String) {
         if let Some(why) = &d.malformed {
             // Not a directive the relay can send (a bad name, a block that does not parse):
             // the agent meant to send something, and is told what was not sent and why.
@@ -718,34 +578,12 @@ impl Core {
             }
             return;
         }
-        // Printed after a relayed message arrived: an answer to it, in its thread. After a
-        // digest, the message from the one it goes to (else the digest's last).
-        let from_digest = self
-            .digest_senders
-            .iter()
-            .find(|(from, _, _)| *from == to)
-            .map(|(_, id, thread)| (id.clone(), thread.clone()));
-        let replying_to = match (&self.replying_to, from_digest) {
-            (Some(_), Some(answered)) => Some(answered),
-            (r, _) => r.clone(),
-        };
-        let (in_reply_to, thread) = match &replying_to {
-            Some((id, thread)) => (
-                Some(id.clone()),
-                d.thread
-                    .or_else(|| thread.clone())
-                    .or_else(|| Some(id.clone())),
-            ),
-            None => (None, d.thread),
-        };
+        // Printed after a relayed message arrived: an answer to it, in its thread (see
+        // `decide/chain.rs`).
+        let (in_reply_to, thread) = self.chain.answer(&to, d.thread.take());
         // tmux: ids repeatable from the checkpoint, so a wrapper restarted there re-sends
         // the same ids and the relay drops them as duplicates.
-        let id = self.resume.as_mut().map(|r| {
-            let n = r.seen.entry((to.clone(), d.body.clone())).or_insert(0);
-            let id = r.checkpoint.directive_id(&r.session, &to, &d.body, *n);
-            *n += 1;
-            id
-        });
+        let id = self.resume.as_mut().map(|r| r.directive_id(&to, &d.body));
         let msg = Outgoing {
             id,
             to: Some(to.clone()),
@@ -796,15 +634,10 @@ impl Core {
         if n == 0 {
             return;
         }
-        self.read = read.unwrap_or(self.read + n as u64);
-        if self.settled {
-            // Output after a quiet spell: a new burst.
-            self.burst_start = now;
-            tracing::debug!(read = self.read, "output after a quiet spell");
+        if self.quiet.on_read(n, read, now) {
+            tracing::debug!(read = self.quiet.read(), "output after a quiet spell");
         }
         self.relayed_told = false;
-        self.last_output = now;
-        self.settled = false;
     }
 
     /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
@@ -812,10 +645,8 @@ impl Core {
     async fn on_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
         self.paste.feed(bytes);
         self.injector.on_output(now);
-        self.last_output = now;
-        self.settled = false;
-        self.turn_checked = false;
-        self.turn_looked = false;
+        self.quiet.on_output(now);
+        self.chain.on_output();
         for d in self.parser.feed(bytes) {
             self.send_directive(d, now, term).await;
         }
@@ -825,7 +656,7 @@ impl Core {
     async fn on_pane_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
         self.on_read(bytes.len(), None, now);
         if let Some(r) = &mut self.resume {
-            r.dirty = true;
+            r.output();
         }
         self.on_output(bytes, now, term).await;
     }
@@ -843,8 +674,8 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        r.seen.clear();
-        let typed = self.log.typed_since(r.checkpoint.offset);
+        r.reread();
+        let typed = self.log.typed_since(r.offset());
         if !snap.seen.is_empty() {
             self.parser.feed(&snap.seen);
             let dropped = self.parser.finish();
@@ -863,83 +694,67 @@ impl Core {
         self.on_pane_output(&snap.unseen, now, term).await;
     }
 
-    /// A message arrived for this agent.
+    /// A message arrived for this agent: admitted against what this terminal was given
+    /// before (see `decide/ledger.rs`), then queued to be typed.
     async fn on_message(&mut self, m: Delivered, term: &mut impl Terminal) {
         self.exchanged = true;
-        if self.queued.contains(&m.id) {
-            return;
-        }
-        // The daemon refuses such ids, but the wrapper does not rely on it: an id with a space,
-        // a line break or a control character would corrupt `injected.log` (one id per line)
-        // and could end a typed line early. Such a message is not typed; it is reported failed,
-        // so it becomes a dead letter and its sender is told.
-        if let Err(e) = relay_protocol::validate_message_id(&m.id) {
-            tracing::warn!(
-                id = %text::one_line(&m.id, 160),
-                error = %e,
-                "a message with an id the relay should have refused: not typed, reported failed"
-            );
-            self.fail(
-                &m,
-                &format!("not typed: its id is not one the relay accepts ({e})"),
-            )
-            .await;
-            return;
-        }
+        let admission = ledger::admit(
+            self.queued.contains(&m.id),
+            relay_protocol::validate_message_id(&m.id).map_err(|e| e.to_string()),
+            self.log.get(&m.id),
+            self.cfg.delivery,
+        );
         // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
         // quoted line.
         let text = self.text_for(std::slice::from_ref(&m), m.payload.urgent);
-        // Never typed twice: a message this terminal was given before (a replay after a
-        // reconnect or a wrapper restart) is acknowledged with what is known of it.
-        match self.log.get(&m.id) {
-            Some(Remembered::Verified) if self.cfg.delivery == format::Delivery::Notice => {
-                // Its notice was typed; the agent's tool has not shown it (or the relay would
-                // not deliver it again).
+        match admission {
+            Admission::Queued => return,
+            Admission::BadId(why) => {
+                // Reported failed, so it becomes a dead letter and its sender is told.
+                tracing::warn!(
+                    id = %text::one_line(&m.id, 160),
+                    error = %why,
+                    "a message with an id the relay should have refused: not typed, reported failed"
+                );
+                self.fail(&m, &why).await;
+                return;
+            }
+            Admission::Noticed => {
                 self.ack(&m, DeliveryState::Injected).await;
-                self.noticed.insert(m.id.clone(), m);
+                self.noticed.noticed(m);
                 return;
             }
-            Some(Remembered::Verified) => {
-                self.ack(&m, DeliveryState::Verified).await;
+            Admission::Known(state) => {
+                self.ack(&m, state).await;
                 return;
             }
-            Some(Remembered::Failed) => {
-                self.fail(
-                    &m,
-                    "typed into the agent earlier and not submitted (recorded in injected.log)",
-                )
-                .await;
+            Admission::FailedBefore => {
+                self.fail(&m, ledger::FAILED_BEFORE).await;
                 return;
             }
-            Some(state @ (Remembered::Started | Remembered::Entered)) => {
-                // The wrapper stopped between typing and checking. A tmux pane outlives it:
-                // the history says whether the text got there. A PTY agent ended with the
-                // wrapper: before its Enter the text was only in the input line of an agent
-                // now gone, so the new agent is given it (typing it "again" types it once);
-                // after its Enter, what the agent took is unknown, and typing twice is the
-                // worse error.
+            Admission::Interrupted(state) => {
                 let kept = term.outlives_wrapper();
-                let shown = if kept {
+                let in_history = if kept {
                     let short = relay_protocol::short_id(&m.id);
                     match term.history().await {
-                        Ok(Some(h)) => h.contains(&format!("[{short}]")),
-                        // Unknown: taken as typed, the safe side (typing twice is worse).
-                        Ok(None) | Err(_) => true,
+                        Ok(h) => h.map(|h| h.contains(&format!("[{short}]"))),
+                        Err(e) => {
+                            tracing::warn!(id = %m.id, error = %e, "cannot read the terminal's history; the message is taken as typed");
+                            None
+                        }
                     }
                 } else {
-                    state == Remembered::Entered
+                    None
                 };
-                if !shown {
-                    tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
-                }
-                if shown {
-                    // Typed; if the wrapper stopped before its Enter, the text still waits
-                    // in the input line: submit it now.
-                    if kept {
-                        // The parser's screen: read afresh from the pane when this wrapper
-                        // attached.
-                        let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
-                        if waiting {
+                // The parser's screen: read afresh from the pane when this wrapper attached.
+                let (profile, parser) = (&self.cfg.profile, &self.parser);
+                let waiting = || !profile.submitted(&parser.screen(), &text);
+                match ledger::replayed(state, kept, in_history, waiting) {
+                    Replayed::TypeAgain => {
+                        tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
+                    }
+                    Replayed::Given { press_enter } => {
+                        if press_enter {
                             tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
                             if let Err(e) = term.enter().await {
                                 // Acknowledged as injected all the same: the text is in the
@@ -948,31 +763,19 @@ impl Core {
                                 tracing::warn!(id = %m.id, error = %e, "cannot press that Enter; the text waits in the agent's input line");
                             }
                         }
-                    }
-                    if let Err(e) = self.log.finished(&m.id, false) {
-                        // The ACK below still goes; a later replay finds the id started and,
-                        // the text being in the pane's history, acknowledges it again untyped.
-                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
-                    }
-                    // A PTY agent that ended with the wrapper after the Enter may or may not
-                    // have read the line: say so (a failure report makes it a dead letter and
-                    // tells the sender) rather than call it delivered. A tmux pane's history
-                    // showed the text, so there it was given.
-                    if kept {
+                        self.record_replayed(&m);
                         self.ack(&m, DeliveryState::Injected).await;
-                    } else {
-                        tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
-                        self.fail(
-                            &m,
-                            "submitted to an agent that ended with its wrapper before the \
-                             wrapper saw it taken; whether the agent read it is unknown",
-                        )
-                        .await;
+                        return;
                     }
-                    return;
+                    Replayed::Unknown => {
+                        self.record_replayed(&m);
+                        tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
+                        self.fail(&m, ledger::READ_UNKNOWN).await;
+                        return;
+                    }
                 }
             }
-            None => {}
+            Admission::New => {}
         }
         if let Some(dir) = &self.cfg.inbox {
             let entry = InboxEntry {
@@ -993,6 +796,15 @@ impl Core {
         tracing::debug!(id = %m.id, "a message waits to be typed");
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Messages(vec![m]), urgent);
+    }
+
+    /// Records the outcome of a message a stopped wrapper typed, found given.
+    fn record_replayed(&mut self, m: &Delivered) {
+        if let Err(e) = self.log.finished(&m.id, false) {
+            // The acknowledgement still goes; a later replay finds the id started and, the
+            // text being in the pane's history, acknowledges it again untyped.
+            tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+        }
     }
 
     /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
@@ -1132,7 +944,7 @@ impl Core {
             }
             for m in messages {
                 tracing::debug!(id = %m.id, hook, "handed to Claude Code's hook instead of typing");
-                self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
+                self.chain.handed(&m);
                 self.ack(&m, DeliveryState::Injected).await;
                 self.hooked.push(m);
             }
@@ -1185,57 +997,24 @@ impl Core {
 
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
-        let settle = (!self.settled).then(|| self.settle_due());
         [
-            settle,
+            self.quiet.due(),
             self.injector.next_deadline(),
-            self.transcript_due,
-            self.held_due,
+            self.outbox.due(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
-    /// When the output counts as settled if nothing more comes: after the profile's short
-    /// quiet time for a screen showing the turn over, until that screen was looked at; then
-    /// after its settle time.
-    fn settle_due(&self) -> Instant {
-        match self.cfg.profile.turn_settle {
-            Some(t) if !self.turn_checked => self.last_output + t,
-            _ => self.last_output + self.cfg.profile.settle,
-        }
-    }
-
-    /// Whether the output counts as settled at `now`: quiet for the settle time, or for the
-    /// turn's short quiet time with the screen showing the agent back at an empty input line,
-    /// nothing working and no dialog (its reply is whole: a directive in it goes now rather
-    /// than after the settle time).
-    fn settles(&mut self, now: Instant) -> bool {
-        if self.settled {
-            return false;
-        }
-        if now >= self.last_output + self.cfg.profile.settle {
-            return true;
-        }
-        match self.cfg.profile.turn_settle {
-            Some(t) if !self.turn_checked && now >= self.last_output + t => {
-                self.turn_checked = true;
-                let over = self.cfg.profile.waiting_for_input(&self.parser.screen());
-                if over {
-                    tracing::debug!("the screen shows the turn over: settled early");
-                }
-                over
-            }
-            _ => false,
-        }
-    }
-
     /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
     async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
-        if self.settles(now) {
-            self.settled = true;
-            if !self.shown && self.read > 0 {
+        let (profile, parser) = (&self.cfg.profile, &self.parser);
+        if self
+            .quiet
+            .settles(now, || profile.waiting_for_input(&parser.screen()))
+        {
+            if !self.shown && self.quiet.read() > 0 {
                 self.shown = true;
                 tracing::info!("the agent printed and went quiet: it is past its start");
                 self.report_start("started");
@@ -1244,11 +1023,10 @@ impl Core {
                 self.send_directive(d, now, term).await;
             }
             self.send_from_transcript().await;
-            self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
+            self.outbox.settled(now);
         }
         self.release_held(now, term).await;
-        if self.transcript_due.is_some_and(|due| now >= due) {
-            self.transcript_due = None;
+        if self.outbox.recheck(now) {
             self.send_from_transcript().await;
             tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
@@ -1306,17 +1084,12 @@ impl Core {
     /// an `output after a quiet spell` line (logged before the person sees those bytes)
     /// says when more came.
     fn tell_if_relayed(&mut self) {
-        if self.relayed_told
-            || !self.settled
-            || self.transcript_due.is_some()
-            || self.unacked > 0
-            || !self.held.is_empty()
-        {
+        if self.relayed_told || !self.quiet.settled() || !self.outbox.empty() || self.unacked > 0 {
             return;
         }
         self.relayed_told = true;
         tracing::debug!(
-            read = self.read,
+            read = self.quiet.read(),
             "output settled; every directive in it relayed"
         );
     }
@@ -1327,7 +1100,10 @@ impl Core {
         let Some(r) = &self.resume else {
             return;
         };
-        if !self.settled || self.unacked > 0 || !self.held.is_empty() || !r.dirty {
+        if !r.due(
+            self.quiet.settled(),
+            self.unacked == 0 && !self.outbox.holding(),
+        ) {
             return;
         }
         // The cursor's row: everything above it was read and relayed (the output is quiet).
@@ -1342,13 +1118,7 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        r.dirty = false;
-        r.checkpoint = Checkpoint {
-            offset: row,
-            at_ms: now_ms(),
-        };
-        r.seen.clear();
-        if let Err(e) = r.checkpoint.save(&self.cfg.team_dir) {
+        if let Err(e) = r.moved(row, now_ms()).save(&self.cfg.team_dir) {
             tracing::warn!(error = %e, "cannot save the relaying checkpoint");
         }
     }
@@ -1377,7 +1147,7 @@ impl Core {
             self.send_directive(d, now, term).await;
         }
         // Nothing more will come: what waits for the transcript goes by the screen now.
-        while let Some((d, _)) = self.held.pop_front() {
+        for d in self.outbox.drain() {
             self.send_checked(d, term).await;
         }
         let fleeting = self.fleeting();
@@ -1491,7 +1261,7 @@ async fn serve(
     let mut relay_open = true;
     loop {
         let wake = core.next_wake();
-        let checkpoint = core.resume.as_ref().map(|r| r.checkpoint.offset);
+        let checkpoint = core.resume.as_ref().map(Resume::offset);
         tokio::select! {
             ev = term.next_event(checkpoint) => match ev? {
                 TermEvent::Output(bytes) => {
@@ -1500,7 +1270,7 @@ async fn serve(
                     // wrapper has read them (see `Core::tell_if_relayed`).
                     core.on_read(bytes.len(), None, now);
                     if let Some(r) = &mut core.resume {
-                        r.dirty = true;
+                        r.output();
                     }
                     term.show(&bytes);
                     core.on_output(&bytes, now, term).await;
@@ -1510,7 +1280,7 @@ async fn serve(
                     // A person's new line starts a new conversation: what the agent prints
                     // next answers them, not the last relayed message.
                     if k.contains(&b'\r') {
-                        core.replying_to = None;
+                        core.chain.person_entered();
                     }
                     term.write_keys(k).await?;
                 }
@@ -1663,12 +1433,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         }
     });
     let offset = checkpoint.offset;
-    core.resume = Some(Resume {
-        checkpoint,
-        session: session.clone(),
-        seen: std::collections::HashMap::new(),
-        dirty: false,
-    });
+    core.resume = Some(Resume::new(checkpoint, session.clone()));
     let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
     match Terminal::snapshot(&mut term, Some(offset)).await {

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use relay_client::{Delivered, Event};
-use relay_protocol::{DeliveryState, Kind, Send, TerminalState};
+use relay_protocol::{DeliveryState, TerminalState};
 use tokio::sync::mpsc;
 
-use super::{Core, Ended, ReceiptDone, Resume, WrapConfig, WrapError, door, serve};
+use super::{Core, Ended, ReceiptDone, WrapConfig, WrapError, door, serve};
+use crate::decide::resume::Resume;
 use crate::link::{Link, fake};
 use crate::profile::{Overrides, Profile};
 use crate::state::Checkpoint;
@@ -44,24 +45,9 @@ const BUSY: &str = "thinking... (esc to interrupt)\n";
 const IDLE: &str = "done.\n> ";
 
 fn message(id: &str, body: &str) -> Delivered {
-    Delivered {
-        id: id.to_owned(),
-        from: "Bob".to_owned(),
-        to: "Alice".to_owned(),
-        topic: None,
-        ts: 0,
-        seq: 1,
-        attempt: 1,
-        payload: Send {
-            kind: Kind::Message,
-            body: body.to_owned(),
-            data: None,
-            thread: None,
-            in_reply_to: None,
-            budget: None,
-            urgent: false,
-        },
-    }
+    let mut m = crate::decide::testing::message(id, "Bob", None);
+    body.clone_into(&mut m.payload.body);
+    m
 }
 
 /// One wrapper: its loop runs on a task, over a fake terminal and a fake relay.
@@ -110,12 +96,7 @@ impl Rig {
                 checkpoint.at_ms = 1_700_000_000_000;
                 checkpoint.save(dir).unwrap();
             }
-            Resume {
-                checkpoint,
-                session: "fake".to_owned(),
-                seen: std::collections::HashMap::new(),
-                dirty: false,
-            }
+            Resume::new(checkpoint, "fake".to_owned())
         });
         let cfg = WrapConfig {
             name: "Alice".to_owned(),
