@@ -156,7 +156,7 @@ impl Core {
     /// Typing `messages` (as one prompt) ended with `outcome`: each is recorded and
     /// acknowledged on its own. A notice submitted leaves its messages injected, waiting for
     /// the agent's tool to show them.
-    pub(crate) async fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
+    pub(crate) fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
         let verified = outcome == Outcome::Verified;
         for m in messages {
             if let Outcome::Failed(why) = &outcome {
@@ -175,18 +175,17 @@ impl Core {
                 self.fail(
                     &m,
                     &format!("typed into the agent but not submitted: {why}"),
-                )
-                .await;
+                );
                 continue;
             } else if self.cfg.delivery == Delivery::Notice {
                 tracing::debug!(id = %m.id, "notice submitted: the message waits for the agent's tool");
-                self.ack(&m, DeliveryState::Injected).await;
+                self.ack(&m, DeliveryState::Injected);
                 self.noticed.noticed(m);
                 continue;
             } else {
                 DeliveryState::Verified
             };
-            self.ack(&m, state).await;
+            self.ack(&m, state);
         }
     }
 
@@ -194,7 +193,7 @@ impl Core {
     /// (`relay_inbox`, `relay_read`): each this wrapper gave a notice for is verified, and one
     /// whose notice is still waiting needs none any more. Returns how many were verified
     /// here. Other deliveries type the whole text, so a tool's read changes nothing.
-    pub(crate) async fn shown_by_tool(&mut self, ids: &[String]) -> usize {
+    pub(crate) fn shown_by_tool(&mut self, ids: &[String]) -> usize {
         if self.cfg.delivery != Delivery::Notice {
             return 0;
         }
@@ -202,7 +201,7 @@ impl Core {
         for id in ids {
             if let Some(m) = self.noticed.take_noticed(id) {
                 tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
-                self.ack_door(&m, crate::TOOL_DOOR).await;
+                self.ack_door(&m, crate::TOOL_DOOR);
                 n += 1;
             }
         }
@@ -221,7 +220,7 @@ impl Core {
                     tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
                 }
                 self.queued.remove(&m.id);
-                self.ack_door(&m, crate::TOOL_DOOR).await;
+                self.ack_door(&m, crate::TOOL_DOOR);
                 n += 1;
             }
         }
@@ -246,7 +245,7 @@ impl Core {
 
     /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
     /// is recorded and acknowledged verified, with no notice typed.
-    pub(crate) async fn shown_already(&mut self, m: &Delivered) -> bool {
+    pub(crate) fn shown_already(&mut self, m: &Delivered) -> bool {
         if !self.noticed.take_shown_unseen(&m.id) {
             return false;
         }
@@ -254,7 +253,7 @@ impl Core {
         if let Err(e) = self.log.finished(&m.id, true) {
             tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
         }
-        self.ack_door(m, crate::TOOL_DOOR).await;
+        self.ack_door(m, crate::TOOL_DOOR);
         true
     }
 }

@@ -22,6 +22,7 @@ pub mod inject;
 mod link;
 pub mod profile;
 mod pty;
+mod shell;
 pub mod state;
 mod terminal;
 pub mod tmux;
@@ -47,22 +48,22 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_client::{ClientConfig, ClientError, Delivered, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText};
-use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
+use relay_protocol::{DeliveryState, Send, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
 use crate::decide::chain::Chain;
+use crate::decide::effect::Effect;
 use crate::decide::ledger::{self, Admission, Replayed};
 use crate::decide::notices::Notices;
 use crate::decide::outbox::{Gate, Outbox, recipient};
 use crate::decide::quiet::Quiet;
 use crate::decide::resume::Resume;
 use crate::inject::{Action, Injector, Look, Timing};
-use crate::link::Link;
 use crate::profile::{NotReady, Profile};
-use crate::state::{Checkpoint, InboxEntry, InjectedLog};
-use crate::terminal::{TermEvent, Terminal};
+use crate::state::{Checkpoint, InjectedLog};
+use crate::terminal::Terminal;
 
 /// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
 /// no person is at the terminal, and the agent under the relay is in a terminal a person can
@@ -241,9 +242,6 @@ fn cut_at_word(s: &str, max: usize) -> String {
     format!("{whole}…")
 }
 
-/// A receipt came back (or never will) for a relayed directive.
-struct ReceiptDone;
-
 /// Now, on tokio's clock: paused (and advanced by hand) in the loop's unit tests.
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -306,12 +304,16 @@ impl Look for ProfileLook<'_> {
 /// the wrapper remembers on disk.
 struct Core {
     cfg: WrapConfig,
-    client: Link,
     parser: Parser,
     injector: Injector<Item>,
     log: InjectedLog,
-    notices: mpsc::UnboundedSender<String>,
-    receipts: mpsc::UnboundedSender<ReceiptDone>,
+    /// What the shell is to do, in order (see [`Core::take_effects`]).
+    out: Vec<Effect>,
+    /// Directives checked and waiting for a person's activity to be read (see
+    /// [`Effect::ReadActivity`]), in order.
+    parked: std::collections::VecDeque<(Directive, String)>,
+    /// A person's activity was asked for and has not come back.
+    asked_activity: bool,
     /// Directives relayed whose receipt has not come back.
     unacked: usize,
     /// The quiet clock of the agent's output (see `decide/quiet.rs`).
@@ -351,12 +353,13 @@ struct Core {
 }
 
 impl Core {
+    /// The core of agent `cfg`, with the agent's record of its replies behind `gate` (see
+    /// [`transcript_gate`]), its terminal `rows` high, at `now`.
     fn new(
         cfg: WrapConfig,
-        client: Link,
-        notices: mpsc::UnboundedSender<String>,
-        receipts: mpsc::UnboundedSender<ReceiptDone>,
+        gate: Option<Box<dyn Gate>>,
         rows: u16,
+        now: Instant,
     ) -> Result<Self, WrapError> {
         let log = InjectedLog::open(&cfg.team_dir).map_err(|e| {
             WrapError::State(format!(
@@ -375,7 +378,6 @@ impl Core {
             enter_retries: cfg.profile.enter_retries,
             recheck: Duration::from_secs(2),
         };
-        let now = now();
         let mut injector = Injector::new(timing, now);
         let form = format::Form::for_agent(cfg.profile.name(), &cfg.command);
         if form == format::Form::ShellNoOp {
@@ -389,28 +391,13 @@ impl Core {
         if let Some(joiner) = deliver::joiner(&cfg, form) {
             injector.set_joiner(joiner);
         }
-        let transcript: Option<Box<dyn Gate>> = match &cfg.profile.transcript {
-            Some(source) => {
-                let t = std::env::current_dir()
-                    .ok()
-                    .and_then(|cwd| transcript::Transcript::new(source, &cwd));
-                if t.is_none() {
-                    tracing::warn!(
-                        dir = %source.dir,
-                        "no working directory, or the profile's transcript_dir names an unset variable: the agent's own record of its replies cannot be read; directives go as the screen shows them"
-                    );
-                }
-                t.map(|t| Box::new(t) as Box<dyn Gate>)
-            }
-            None => None,
-        };
         Ok(Self {
             injector,
-            client,
             parser,
             log,
-            notices,
-            receipts,
+            out: Vec::new(),
+            parked: std::collections::VecDeque::new(),
+            asked_activity: false,
             unacked: 0,
             quiet: Quiet::new(cfg.profile.settle, cfg.profile.turn_settle, now),
             chain: Chain::default(),
@@ -424,7 +411,7 @@ impl Core {
             paste: format::PasteMode::default(),
             noticed: Notices::default(),
             form,
-            outbox: Outbox::new(transcript, cfg.profile.settle),
+            outbox: Outbox::new(gate, cfg.profile.settle),
             hooked: Vec::new(),
             cfg,
         })
@@ -464,22 +451,21 @@ impl Core {
         }
     }
 
-    /// Tells the relay how the terminal looks when that changed since it was last told (the
-    /// dashboard's agent state); nothing is sent while it stays the same.
-    async fn report_terminal(&mut self, backend: &str, now: Instant) {
+    /// How the terminal looks at `now`, when that changed since the relay was last told (the
+    /// dashboard's agent state; see [`Core::reported`]); nothing while it stays the same.
+    fn terminal_report(&self, now: Instant) -> Option<(TerminalState, Option<String>)> {
         let view = self.terminal_view(now);
-        if self.reported.as_ref() == Some(&view) {
-            return;
-        }
-        let (state, why) = view.clone();
-        let report = TerminalReport {
-            backend: backend.to_owned(),
-            state,
-            why,
-        };
-        if self.client.report_terminal(report).await.is_ok() {
-            self.reported = Some(view);
-        }
+        (self.reported.as_ref() != Some(&view)).then_some(view)
+    }
+
+    /// The relay was told `view` of the terminal.
+    fn reported(&mut self, view: (TerminalState, Option<String>)) {
+        self.reported = Some(view);
+    }
+
+    /// What the shell is to do, in order; the core forgets them.
+    fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.out)
     }
 
     /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
@@ -497,64 +483,80 @@ impl Core {
 
     /// Sends a directive read off the screen, once the agent's record of its replies has its
     /// reply if one is kept (see `decide/outbox.rs`).
-    async fn send_directive(&mut self, d: Directive, now: Instant, term: &mut impl Terminal) {
+    fn send_directive(&mut self, d: Directive, now: Instant) {
         if let Some(d) = self.outbox.found(d, now) {
-            self.send_checked(d, term).await;
+            self.send_checked(d);
         }
     }
 
     /// Sends the held directives whose reply the record has now, or whose wait is over, in
     /// the order the screen showed them.
-    async fn release_held(&mut self, now: Instant, term: &mut impl Terminal) {
+    fn release_held(&mut self, now: Instant) {
         if !self.outbox.release_due(now) {
             return;
         }
         while let Some(d) = self.outbox.next_released(now, self.quiet.last_output()) {
-            self.send_checked(d, term).await;
+            self.send_checked(d);
         }
         self.outbox.released(now);
     }
 
     /// Sends a directive from the screen as the agent's record of its replies has it (if it
-    /// is to be sent at all), in the reply chain a person's key may have ended.
-    async fn send_checked(&mut self, d: Directive, term: &mut impl Terminal) {
+    /// is to be sent at all), in the reply chain a person's key may have ended: while one
+    /// may have (see `decide/chain.rs`), the directive waits for the person's activity to be
+    /// read ([`Effect::ReadActivity`]), as do those after it.
+    fn send_checked(&mut self, d: Directive) {
         self.exchanged = true;
-        self.end_chain_if_person_typed(term).await;
         let to = recipient(&d);
-        if let Some(d) = self.outbox.check(d) {
-            self.relay_directive(d, to).await;
+        let Some(d) = self.outbox.check(d) else {
+            return;
+        };
+        if self.parked.is_empty() && self.chain.activity_wanted().is_none() {
+            self.relay_directive(d, to);
+            return;
+        }
+        self.parked.push_back((d, to));
+        if !self.asked_activity {
+            self.asked_activity = true;
+            self.out.push(Effect::ReadActivity);
+        }
+    }
+
+    /// A person's activity in the terminal, read for the directives waiting for it (`None`:
+    /// it could not be read; the chain goes on): they go now.
+    fn person_activity(&mut self, at: Option<u64>) {
+        self.asked_activity = false;
+        if let Some(at) = at {
+            self.chain.person_activity(at);
+        }
+        while let Some((d, to)) = self.parked.pop_front() {
+            self.relay_directive(d, to);
         }
     }
 
     /// Sends what Claude Code's replies said and its screen did not show: the start of a
     /// reply taller than the screen, which Claude Code never draws when the reply arrives at
     /// once (issue 19.2).
-    async fn send_from_transcript(&mut self) {
+    fn send_from_transcript(&mut self) {
         let (unseen, notice) = self.outbox.unseen();
         // The agent is the sender of what may be lost: it is told once, and how to avoid it.
-        if let Some(notice) = notice
-            && self.notices.send(notice.to_owned()).is_err()
-        {
-            tracing::warn!(
-                "the notice about the missing transcript could not be queued (wrapper stopping)"
-            );
+        if let Some(notice) = notice {
+            self.push_notice(notice);
         }
         for d in unseen {
             let to = recipient(&d);
-            self.relay_directive(d, to).await;
+            self.relay_directive(d, to);
         }
     }
 
     /// Relays a directive found on the screen or in the transcript (already checked).
-    async fn relay_directive(&mut self, mut d: Directive, to: String) {
+    fn relay_directive(&mut self, mut d: Directive, to: String) {
         if let Some(why) = &d.malformed {
             // Not a directive the relay can send (a bad name, a block that does not parse):
             // the agent meant to send something, and is told what was not sent and why.
             tracing::warn!(%to, %why, "a malformed directive was printed; not sent, the agent is told");
             let why: String = text::typed(why).chars().take(400).collect();
-            if self.notices.send(format!("relay: {why}")).is_err() {
-                tracing::warn!(%to, "the notice about a malformed directive could not be queued (wrapper stopping)");
-            }
+            self.push_notice(&format!("relay: {why}"));
             return;
         }
         if d.truncated {
@@ -572,10 +574,7 @@ impl Core {
                 )
             };
             tracing::warn!(%to, %reason, "a directive longer than the limit was printed; not sent, the agent is told");
-            let notice = refusal_notice(&to, &reason);
-            if self.notices.send(notice).is_err() {
-                tracing::warn!(%to, "the notice about a message too long could not be queued (wrapper stopping)");
-            }
+            self.push_notice(&refusal_notice(&to, &reason));
             return;
         }
         // Printed after a relayed message arrived: an answer to it, in its thread (see
@@ -598,33 +597,14 @@ impl Core {
                 urgent: false,
             },
         };
-        // The receipt is awaited off the loop; a refusal goes back to the agent as a notice, so
-        // it learns (a misspelt name, a message too large...).
-        match self.client.send_nowait(msg).await {
-            Ok((id, pending)) => {
-                tracing::debug!(%id, %to, "relaying a directive");
-                self.unacked += 1;
-                let notices = self.notices.clone();
-                let receipts = self.receipts.clone();
-                tokio::spawn(async move {
-                    match pending.wait().await {
-                        Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
-                        Err(ClientError::Rejected { reason, .. }) => {
-                            let shown = text::one_line(&reason, 300);
-                            tracing::warn!(%id, %to, reason = %shown, "relay refused a message");
-                            if notices.send(refusal_notice(&to, &reason)).is_err() {
-                                tracing::debug!(%id, "the wrapper has ended; the refusal is only logged");
-                            }
-                        }
-                        Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
-                    }
-                    if receipts.send(ReceiptDone).is_err() {
-                        tracing::debug!(%id, "the wrapper has ended before the receipt came");
-                    }
-                });
-            }
-            Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
-        }
+        // The receipt is awaited off the loop (see [`Core::on_receipt`]).
+        self.unacked += 1;
+        self.out.push(Effect::Relay { msg, to });
+    }
+
+    /// A directive's receipt came back (or never will).
+    fn on_receipt(&mut self) {
+        self.unacked = self.unacked.saturating_sub(1);
     }
 
     /// `n` bytes of output were read at `now`, the total now `read` (`None`: `n` more than
@@ -640,25 +620,53 @@ impl Core {
         self.relayed_told = false;
     }
 
+    /// The agent's output: `n` bytes read at `now` (before the person sees them, see
+    /// [`Core::on_read`]).
+    fn output_read(&mut self, n: usize, now: Instant) {
+        self.on_read(n, None, now);
+        if let Some(r) = &mut self.resume {
+            r.output();
+        }
+    }
+
+    /// A person's keys at the wrapper's terminal (PTY), at `now`: a half-written line holds
+    /// messages back, and a new line starts a new conversation (what the agent prints next
+    /// answers them, not the last relayed message).
+    fn on_keys(&mut self, keys: &[u8], now: Instant) {
+        self.injector.on_person_input(keys, now);
+        if keys.contains(&b'\r') {
+            self.chain.person_entered();
+        }
+    }
+
+    /// The agent's terminal has a new size.
+    fn on_resize(&mut self, rows: u16, cols: u16) {
+        self.parser.set_rows(usize::from(rows));
+        self.parser.set_cols(usize::from(cols));
+    }
+
+    /// A person's activity in the terminal as the message typed last was entered (see
+    /// [`Effect::NoteActivity`]; `None`: unknown).
+    fn chain_entered(&mut self, at: Option<u64>) {
+        self.chain.entered(at);
+    }
+
     /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
     /// them relayed.
-    async fn on_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
+    fn on_output(&mut self, bytes: &[u8], now: Instant) {
         self.paste.feed(bytes);
         self.injector.on_output(now);
         self.quiet.on_output(now);
         self.chain.on_output();
         for d in self.parser.feed(bytes) {
-            self.send_directive(d, now, term).await;
+            self.send_directive(d, now);
         }
     }
 
     /// tmux: bytes the pane printed.
-    async fn on_pane_output(&mut self, bytes: &[u8], now: Instant, term: &mut impl Terminal) {
-        self.on_read(bytes.len(), None, now);
-        if let Some(r) = &mut self.resume {
-            r.output();
-        }
-        self.on_output(bytes, now, term).await;
+    fn on_pane_output(&mut self, bytes: &[u8], now: Instant) {
+        self.output_read(bytes.len(), now);
+        self.on_output(bytes, now);
     }
 
     /// tmux: reads what a snapshot of the pane holds (see [`tmux::Pane::snapshot`]), with a
@@ -666,7 +674,7 @@ impl Core {
     /// dropped (it was relayed), then the texts typed since the checkpoint noted (their echo
     /// is no directive), then the rows no wrapper read, whose directives are relayed with the
     /// ids they would have had (the relay drops those sent already).
-    async fn resync(&mut self, snap: tmux::Snapshot, now: Instant, term: &mut impl Terminal) {
+    fn resync(&mut self, snap: terminal::Snapshot, now: Instant) {
         let mut parser = Parser::new(self.cfg.profile.parse.clone());
         parser.set_rows(usize::from(snap.rows));
         parser.set_cols(usize::from(snap.cols));
@@ -691,19 +699,33 @@ impl Core {
             bytes = snap.unseen.len(),
             "reading what the pane shows since the checkpoint"
         );
-        self.on_pane_output(&snap.unseen, now, term).await;
+        self.on_pane_output(&snap.unseen, now);
     }
 
-    /// A message arrived for this agent: admitted against what this terminal was given
-    /// before (see `decide/ledger.rs`), then queued to be typed.
-    async fn on_message(&mut self, m: Delivered, term: &mut impl Terminal) {
-        self.exchanged = true;
-        let admission = ledger::admit(
+    /// How message `m` is admitted against what this terminal was given before (see
+    /// `decide/ledger.rs`).
+    fn admission(&self, m: &Delivered) -> Admission {
+        ledger::admit(
             self.queued.contains(&m.id),
             relay_protocol::validate_message_id(&m.id).map_err(|e| e.to_string()),
             self.log.get(&m.id),
             self.cfg.delivery,
-        );
+        )
+    }
+
+    /// Whether the terminal's history must be read before message `m` is admitted: a
+    /// stopped wrapper typed it, and the terminal outlives its wrapper (`kept`).
+    fn needs_history(&self, m: &Delivered, kept: bool) -> bool {
+        kept && matches!(self.admission(m), Admission::Interrupted(_))
+    }
+
+    /// A message arrived for this agent: admitted against what this terminal was given
+    /// before (see `decide/ledger.rs`), then queued to be typed. `kept`: the terminal
+    /// outlives its wrapper; `history`: what it holds, read when [`Core::needs_history`]
+    /// said so (`None`: not read, or it could not be).
+    fn on_message(&mut self, m: Delivered, kept: bool, history: Option<&str>) {
+        self.exchanged = true;
+        let admission = self.admission(&m);
         // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
         // quoted line.
         let text = self.text_for(std::slice::from_ref(&m), m.payload.urgent);
@@ -716,36 +738,25 @@ impl Core {
                     error = %why,
                     "a message with an id the relay should have refused: not typed, reported failed"
                 );
-                self.fail(&m, &why).await;
+                self.fail(&m, &why);
                 return;
             }
             Admission::Noticed => {
-                self.ack(&m, DeliveryState::Injected).await;
+                self.ack(&m, DeliveryState::Injected);
                 self.noticed.noticed(m);
                 return;
             }
             Admission::Known(state) => {
-                self.ack(&m, state).await;
+                self.ack(&m, state);
                 return;
             }
             Admission::FailedBefore => {
-                self.fail(&m, ledger::FAILED_BEFORE).await;
+                self.fail(&m, ledger::FAILED_BEFORE);
                 return;
             }
             Admission::Interrupted(state) => {
-                let kept = term.outlives_wrapper();
-                let in_history = if kept {
-                    let short = relay_protocol::short_id(&m.id);
-                    match term.history().await {
-                        Ok(h) => h.map(|h| h.contains(&format!("[{short}]"))),
-                        Err(e) => {
-                            tracing::warn!(id = %m.id, error = %e, "cannot read the terminal's history; the message is taken as typed");
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
+                let short = relay_protocol::short_id(&m.id);
+                let in_history = history.map(|h| h.contains(&format!("[{short}]")));
                 // The parser's screen: read afresh from the pane when this wrapper attached.
                 let (profile, parser) = (&self.cfg.profile, &self.parser);
                 let waiting = || !profile.submitted(&parser.screen(), &text);
@@ -753,49 +764,44 @@ impl Core {
                     Replayed::TypeAgain => {
                         tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
                     }
-                    Replayed::Given { press_enter } => {
-                        if press_enter {
-                            tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            if let Err(e) = term.enter().await {
-                                // Acknowledged as injected all the same: the text is in the
-                                // agent's input line, where a person can submit it; typing it
-                                // again would double it.
-                                tracing::warn!(id = %m.id, error = %e, "cannot press that Enter; the text waits in the agent's input line");
-                            }
-                        }
-                        self.record_replayed(&m);
-                        self.ack(&m, DeliveryState::Injected).await;
+                    Replayed::Given { press_enter: true } => {
+                        tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
+                        self.out.push(Effect::EnterReplayed(m));
+                        return;
+                    }
+                    Replayed::Given { press_enter: false } => {
+                        self.replayed_given(m);
                         return;
                     }
                     Replayed::Unknown => {
                         self.record_replayed(&m);
                         tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
-                        self.fail(&m, ledger::READ_UNKNOWN).await;
+                        self.fail(&m, ledger::READ_UNKNOWN);
                         return;
                     }
                 }
             }
             Admission::New => {}
         }
-        if let Some(dir) = &self.cfg.inbox {
-            let entry = InboxEntry {
-                id: &m.id,
-                from: &m.from,
-                ts: m.ts,
-                thread: m.payload.thread.as_deref(),
-                body: &m.payload.body,
-            };
-            if let Err(e) = state::append_inbox(dir, &entry) {
-                tracing::warn!(error = %e, "cannot write the inbox file");
-            }
+        if self.cfg.inbox.is_some() {
+            self.out.push(Effect::AppendInbox(m.clone()));
         }
-        if self.shown_already(&m).await {
+        if self.shown_already(&m) {
             return;
         }
         let urgent = m.payload.urgent;
         tracing::debug!(id = %m.id, "a message waits to be typed");
         self.queued.insert(m.id.clone());
         self.injector.push(text, Item::Messages(vec![m]), urgent);
+    }
+
+    /// A message a stopped wrapper typed is in the terminal (its missing Enter pressed if it
+    /// was; see [`Effect::EnterReplayed`]): recorded and acknowledged injected. A failure to
+    /// press the Enter changes nothing: the text is in the agent's input line, where a person
+    /// can submit it; typing it again would double it.
+    fn replayed_given(&mut self, m: Delivered) {
+        self.record_replayed(&m);
+        self.ack(&m, DeliveryState::Injected);
     }
 
     /// Records the outcome of a message a stopped wrapper typed, found given.
@@ -813,58 +819,9 @@ impl Core {
             .push(self.form.apply(notice), Item::Notice, false);
     }
 
-    /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
-    /// agent's connection; the receipt goes back to the tool.
-    async fn door_send(&mut self, req: door::Request) {
+    /// The agent's own tool used the door (`door.rs`): it took part.
+    fn door_used(&mut self) {
         self.exchanged = true;
-        let req = match req {
-            door::Request::Send(req) => req,
-            door::Request::Read { ids, reply } => {
-                let n = self.shown_by_tool(&ids).await;
-                if reply.send(n).is_err() {
-                    tracing::debug!("the tool left before its answer");
-                }
-                return;
-            }
-            door::Request::Stop { active, reply } => {
-                let texts = self.hook_stop(active).await;
-                let n = texts.len();
-                if reply.send(texts).is_err() {
-                    tracing::warn!(
-                        n,
-                        "the Stop hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
-                    );
-                }
-                return;
-            }
-            door::Request::Prompt { reply } => {
-                let texts = self.hook_prompt().await;
-                let n = texts.len();
-                if reply.send(texts).is_err() {
-                    tracing::warn!(
-                        n,
-                        "the UserPromptSubmit hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
-                    );
-                }
-                return;
-            }
-        };
-        let door::SendRequest { msg, reply } = req;
-        match self.client.send_nowait(msg).await {
-            Ok((id, pending)) => {
-                tracing::debug!(%id, "sending for the agent's own tool");
-                tokio::spawn(async move {
-                    if reply.send(pending.wait().await).is_err() {
-                        tracing::debug!(%id, "the tool left before its receipt");
-                    }
-                });
-            }
-            Err(e) => {
-                if reply.send(Err(e)).is_err() {
-                    tracing::debug!("the tool left before its answer");
-                }
-            }
-        }
     }
 
     /// Claude Code ran its Stop hook (`agent-relay hooks stop`, through the door): the turn
@@ -874,20 +831,20 @@ impl Core {
     /// handed over instead: recorded in `injected.log` as typed and entered (never typed
     /// after), acknowledged injected, and returned for the hook's block decision. What no hook
     /// takes is typed once the agent is idle, as before.
-    async fn hook_stop(&mut self, active: bool) -> Vec<String> {
+    fn hook_stop(&mut self, active: bool) -> Vec<String> {
         for m in std::mem::take(&mut self.hooked) {
             tracing::debug!(id = %m.id, "the turn the Stop hook started with this message has ended: verified");
             if let Err(e) = self.log.finished(&m.id, true) {
                 tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            self.ack_door(&m, HOOK_DOOR).await;
+            self.ack_door(&m, HOOK_DOOR);
         }
         if active {
             tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
             return Vec::new();
         }
-        self.hand_to_hook("Stop").await
+        self.hand_to_hook("Stop")
     }
 
     /// Claude Code ran its UserPromptSubmit hook (`agent-relay hooks prompt`, through the
@@ -895,20 +852,20 @@ impl Core {
     /// prompt submitted), a person submitted it: the messages waiting to be typed (held while
     /// the person wrote their line) go in with it, as the turn's context, recorded as for the
     /// Stop hook (injected now, verified when the turn's Stop hook runs) and never typed after.
-    async fn hook_prompt(&mut self) -> Vec<String> {
+    fn hook_prompt(&mut self) -> Vec<String> {
         if self.injector.current().is_some() {
             tracing::debug!(
                 "the prompt submitted is the wrapper's own typing: the other messages wait their turn"
             );
             return Vec::new();
         }
-        self.hand_to_hook("UserPromptSubmit").await
+        self.hand_to_hook("UserPromptSubmit")
     }
 
     /// Takes the messages waiting to be typed out of the queue for Claude Code's `hook` (named
     /// in the log): recorded in `injected.log` as typed and entered, acknowledged injected, to
     /// be verified by the next Stop hook; their texts are returned for the hook's answer.
-    async fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
+    fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
         // At most HOOK_TEXT_MAX bytes of text in one answer (always one message at least):
         // Claude Code puts longer hook output in a file and shows the model a preview, so
         // the rest stays queued, in order, for the next hook or for typing.
@@ -945,7 +902,7 @@ impl Core {
             for m in messages {
                 tracing::debug!(id = %m.id, hook, "handed to Claude Code's hook instead of typing");
                 self.chain.handed(&m);
-                self.ack(&m, DeliveryState::Injected).await;
+                self.ack(&m, DeliveryState::Injected);
                 self.hooked.push(m);
             }
             texts.push(text);
@@ -953,46 +910,20 @@ impl Core {
         texts
     }
 
-    /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
-    /// (its driver is gone): the relay will deliver the message again to the next connection
-    /// under this name, and `injected.log` keeps it from being typed twice then.
     /// Reports `m` failed, saying why (the dead letter's reason, told to its sender).
-    async fn fail(&self, m: &Delivered, why: &str) {
-        if let Err(e) = self.client.ack_failed(m, why).await {
-            tracing::warn!(
-                id = %m.id,
-                why,
-                error = %e,
-                "cannot report a message failed (the relay client stopped); it will be delivered \
-                 again after a reconnect and reported from injected.log"
-            );
-        }
+    fn fail(&mut self, m: &Delivered, why: &str) {
+        self.out.push(Effect::Fail(m.clone(), why.to_owned()));
     }
 
     /// Acknowledges `m` verified because `door` showed it to the model whole (a hook's
-    /// answer, the agent's own tool): `trace` names the door.
-    async fn ack_door(&self, m: &Delivered, door: &str) {
-        if let Err(e) = self.client.ack_shown(m, door).await {
-            tracing::warn!(
-                id = %m.id,
-                door,
-                error = %e,
-                "cannot acknowledge a message (the relay client stopped); it will be delivered \
-                 again after a reconnect and acknowledged from injected.log"
-            );
-        }
+    /// answer, the agent's own tool): the trace names the door.
+    fn ack_door(&mut self, m: &Delivered, door: &'static str) {
+        self.out.push(Effect::AckShown(m.clone(), door));
     }
 
-    async fn ack(&self, m: &Delivered, state: DeliveryState) {
-        if let Err(e) = self.client.ack(m, Some(state)).await {
-            tracing::warn!(
-                id = %m.id,
-                ?state,
-                error = %e,
-                "cannot acknowledge a message (the relay client stopped); it will be delivered \
-                 again after a reconnect and acknowledged from injected.log"
-            );
-        }
+    /// Acknowledges `m` with its outcome.
+    fn ack(&mut self, m: &Delivered, state: DeliveryState) {
+        self.out.push(Effect::Ack(m.clone(), state));
     }
 
     /// When the loop must wake up next, if nothing happens before.
@@ -1007,8 +938,11 @@ impl Core {
         .min()
     }
 
-    /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
-    async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
+    /// Does whatever of the output is due at `now`: settle the parser, send its directives,
+    /// look at the transcript. Then the shell takes a checkpoint if one is due
+    /// ([`Core::checkpoint_due`]) and calls [`Core::drive_typing`]. `sees_keys`: the person's
+    /// keys come through the wrapper (PTY), so a reply chain ends at their Enter.
+    fn drive_output(&mut self, now: Instant, sees_keys: bool) {
         let (profile, parser) = (&self.cfg.profile, &self.parser);
         if self
             .quiet
@@ -1020,20 +954,24 @@ impl Core {
                 self.report_start("started");
             }
             for d in self.parser.settle() {
-                self.send_directive(d, now, term).await;
+                self.send_directive(d, now);
             }
-            self.send_from_transcript().await;
+            self.send_from_transcript();
             self.outbox.settled(now);
         }
-        self.release_held(now, term).await;
+        self.release_held(now);
         if self.outbox.recheck(now) {
-            self.send_from_transcript().await;
+            self.send_from_transcript();
             tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
-        if !term.sees_keys() {
+        if !sees_keys {
             self.end_turn_if_idle();
         }
-        self.maybe_checkpoint(term).await;
+    }
+
+    /// Types, presses Enter and checks whatever is due at `now` (after
+    /// [`Core::drive_output`]).
+    fn drive_typing(&mut self, now: Instant, sees_keys: bool) {
         self.tell_if_relayed();
         loop {
             let mut look = ProfileLook {
@@ -1050,15 +988,17 @@ impl Core {
                 Action::Type(text) => {
                     self.typing(&text);
                     self.parser.note_injected(&text);
-                    term.type_text(&text).await?;
+                    self.out.push(Effect::Type(text));
                 }
                 Action::Enter => {
                     self.entering();
-                    term.enter().await?;
-                    self.note_chain_start(term).await;
+                    self.out.push(Effect::Enter);
+                    if !self.cfg.profile.knows_prompt() {
+                        self.out.push(Effect::NoteActivity);
+                    }
                 }
                 Action::Done(Item::Messages(messages), outcome) => {
-                    self.finished(messages, outcome).await;
+                    self.finished(messages, outcome);
                 }
                 Action::Done(Item::Notice, _) => {}
             }
@@ -1071,10 +1011,9 @@ impl Core {
             );
         }
         // A message's outcome known: its turn may be over already.
-        if !term.sees_keys() {
+        if !sees_keys {
             self.end_turn_if_idle();
         }
-        Ok(())
     }
 
     /// Logs, once per burst of output, when everything read has settled and every directive
@@ -1094,40 +1033,30 @@ impl Core {
         );
     }
 
-    /// tmux: once everything read is settled and every directive in it acknowledged, a
-    /// restarted wrapper can start reading from here.
-    async fn maybe_checkpoint(&mut self, term: &mut impl Terminal) {
-        let Some(r) = &self.resume else {
-            return;
-        };
-        if !r.due(
-            self.quiet.settled(),
-            self.unacked == 0 && !self.outbox.holding(),
-        ) {
-            return;
-        }
-        // The cursor's row: everything above it was read and relayed (the output is quiet).
-        let row = match term.cursor_row().await {
-            Ok(Some(row)) => row,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");
-                return;
-            }
-        };
-        let Some(r) = &mut self.resume else {
-            return;
-        };
-        if let Err(e) = r.moved(row, now_ms()).save(&self.cfg.team_dir) {
-            tracing::warn!(error = %e, "cannot save the relaying checkpoint");
+    /// tmux: whether a checkpoint is due (see `decide/resume.rs`): everything read is settled
+    /// and every directive in it acknowledged, so a restarted wrapper can start reading from
+    /// the cursor's row.
+    fn checkpoint_due(&self) -> bool {
+        self.resume.as_ref().is_some_and(|r| {
+            r.due(
+                self.quiet.settled(),
+                self.unacked == 0 && !self.outbox.holding() && self.parked.is_empty(),
+            )
+        })
+    }
+
+    /// tmux: the checkpoint moves to the cursor's `row` (read because it was due) at `at_ms`.
+    fn checkpoint_at(&mut self, row: u64, at_ms: u64) {
+        if let Some(r) = &mut self.resume {
+            self.out.push(Effect::SaveCheckpoint(*r.moved(row, at_ms)));
         }
     }
 
     /// Tells the command that started this wrapper how the start goes (see
     /// [`WrapConfig::report_start`]).
-    fn report_start(&self, word: &str) {
+    fn report_start(&mut self, word: &'static str) {
         if self.cfg.report_start {
-            report_start_line(word);
+            self.out.push(Effect::ReportStart(word));
         }
     }
 
@@ -1139,34 +1068,19 @@ impl Core {
         self.cfg.profile.name() == "generic" && !self.shown && !self.exchanged
     }
 
-    /// Sends what the screen still holds and says goodbye; whether the agent was a command
-    /// that exited at once (see [`Core::fleeting`]), judged after those last directives.
-    async fn finish(mut self, term: &mut impl Terminal) -> bool {
-        let now = now();
+    /// Sends what the screen still holds: the agent's side ended at `now`.
+    fn finish(&mut self, now: Instant) {
         for d in self.parser.finish() {
-            self.send_directive(d, now, term).await;
+            self.send_directive(d, now);
         }
         // Nothing more will come: what waits for the transcript goes by the screen now.
         for d in self.outbox.drain() {
-            self.send_checked(d, term).await;
+            self.send_checked(d);
         }
-        let fleeting = self.fleeting();
-        // Let the last receipts arrive before saying goodbye.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.client.close().await;
-        fleeting
     }
 }
 
-/// Sleeps until `at`, or forever.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
+async fn connect(cfg: &WrapConfig) -> Result<relay_client::Client, WrapError> {
     let client = relay_client::Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
         ..ClientConfig::agent(cfg.socket.clone(), cfg.name.clone())
@@ -1175,7 +1089,7 @@ async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
     if cfg.report_start {
         report_start_line("connected");
     }
-    Ok(Link::Client(client))
+    Ok(client)
 }
 
 /// One line on stdout for the command that started this wrapper; it may have gone (it stops
@@ -1246,80 +1160,6 @@ enum Ended {
     Stopped(i32),
 }
 
-/// The wrapper's one loop, over any [`Terminal`]: the agent's output is counted, shown and
-/// parsed (its directives relayed), messages from the relay and notices are queued for the
-/// injector, the door's sends go out, and after each event whatever is due is done (see
-/// [`Core::drive`]) and the terminal's state reported. Returns when the agent's side ends or
-/// a signal stops the wrapper.
-async fn serve(
-    core: &mut Core,
-    term: &mut impl Terminal,
-    door: &mut door::Door,
-    notices: &mut mpsc::UnboundedReceiver<String>,
-    receipts: &mut mpsc::UnboundedReceiver<ReceiptDone>,
-) -> Result<Ended, WrapError> {
-    let mut relay_open = true;
-    loop {
-        let wake = core.next_wake();
-        let checkpoint = core.resume.as_ref().map(Resume::offset);
-        tokio::select! {
-            ev = term.next_event(checkpoint) => match ev? {
-                TermEvent::Output(bytes) => {
-                    let now = now();
-                    // Counted before the person sees them: a test that sees them knows the
-                    // wrapper has read them (see `Core::tell_if_relayed`).
-                    core.on_read(bytes.len(), None, now);
-                    if let Some(r) = &mut core.resume {
-                        r.output();
-                    }
-                    term.show(&bytes);
-                    core.on_output(&bytes, now, term).await;
-                }
-                TermEvent::Keys(k) => {
-                    core.injector.on_person_input(&k, now());
-                    // A person's new line starts a new conversation: what the agent prints
-                    // next answers them, not the last relayed message.
-                    if k.contains(&b'\r') {
-                        core.chain.person_entered();
-                    }
-                    term.write_keys(k).await?;
-                }
-                TermEvent::Resized { rows, cols } => {
-                    tracing::debug!(rows, cols, "the terminal was resized");
-                    term.resize(rows, cols)?;
-                    core.parser.set_rows(usize::from(rows));
-                    core.parser.set_cols(usize::from(cols));
-                }
-                TermEvent::Reread(snap) => core.resync(snap, now(), term).await,
-                TermEvent::Ended => return Ok(Ended::Exited),
-                TermEvent::Stopped(signal) => return Ok(Ended::Stopped(signal)),
-            },
-            Some(req) = door.recv() => core.door_send(req).await,
-            ev = core.client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => core.on_message(m, term).await,
-                Some(other) => tracing::debug!(?other, "relay event"),
-                None => {
-                    // The agent keeps running; it just is not relayed any more.
-                    tracing::warn!("relay client stopped");
-                    relay_open = false;
-                }
-            },
-            Some(notice) = notices.recv() => core.push_notice(&notice),
-            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
-            // Only when something is due (unread output, a queued message): an idle agent
-            // costs the wrapper no wake-ups.
-            () = sleep_until(wake) => {}
-        }
-        if let Err(e) = core.drive(now(), term).await {
-            if term.typing_errors_end() {
-                return Err(e);
-            }
-            tracing::warn!(error = %e, "typing into the pane failed");
-        }
-        core.report_terminal(term.backend(), now()).await;
-    }
-}
-
 /// Runs the agent in a PTY until it exits; returns its exit code.
 ///
 /// # Errors
@@ -1358,14 +1198,14 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         drop(keys_tx);
     }
     let mut term = pty::PtyTerminal::new(pty, output, keys)?;
-    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    let gate = shell::transcript_gate(&cfg);
+    let mut core = Core::new(cfg, gate, rows, now())?;
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(term.pty.pid());
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
-    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    let mut shell = shell::Shell::new(client);
+    let ended = shell.serve(&mut core, &mut term, &mut door).await?;
     // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
     // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
     // sent to it, like any other command).
@@ -1379,7 +1219,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     }
     let code = term.pty.wait().await?;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish(&mut term).await && stopped.is_none();
+    let fleeting = shell.end(&mut core, &mut term).await && stopped.is_none();
     if fleeting {
         forget_fleeting(&cfg).await;
     }
@@ -1422,9 +1262,9 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
         Err(e) => return Err(e),
     };
     let key = session_door_key(&pane, cfg.door_key.as_deref());
-    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, 40)?;
+    let gate = shell::transcript_gate(&cfg);
+    let mut core = Core::new(cfg, gate, 40, now())?;
+    let mut shell = shell::Shell::new(client);
     core.set_agent_pid(match pane.pid() {
         Ok(pid) => Some(pid),
         Err(e) => {
@@ -1437,25 +1277,28 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
     match Terminal::snapshot(&mut term, Some(offset)).await {
-        Ok(Some(snap)) => core.resync(snap, now(), &mut term).await,
+        Ok(Some(snap)) => {
+            core.resync(snap, now());
+            shell.apply(&mut core, &mut term).await?;
+        }
         Ok(None) => {}
         Err(e) if session_lives(&session) => return Err(e),
         Err(_) => {}
     }
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
-    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    let ended = shell.serve(&mut core, &mut term, &mut door).await?;
     if let Ended::Stopped(_) = ended {
         // Stopped: the agent keeps running in its session; a new wrapper resumes.
         tracing::info!("stopped by a signal; the agent keeps running in tmux");
-        core.client.close().await;
+        shell.close().await;
         return Ok(0);
     }
     let code = read_exit(&core.cfg.team_dir).await;
     tracing::info!(?code, "the agent exited; ending its session");
     log_last_lines(&core.cfg.team_dir, code);
-    core.maybe_checkpoint(&mut term).await;
+    shell.checkpoint(&mut core, &mut term).await;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish(&mut term).await;
+    let fleeting = shell.end(&mut core, &mut term).await;
     tmux::kill(&session);
     if fleeting {
         forget_fleeting(&cfg).await;
@@ -1533,6 +1376,8 @@ async fn read_exit(team_dir: &std::path::Path) -> Option<i32> {
     None
 }
 
+#[cfg(test)]
+mod fake_relay;
 #[cfg(test)]
 mod serve_tests;
 

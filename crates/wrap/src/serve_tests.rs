@@ -11,38 +11,14 @@ use relay_client::{Delivered, Event};
 use relay_protocol::{DeliveryState, TerminalState};
 use tokio::sync::mpsc;
 
-use super::{Core, Ended, ReceiptDone, WrapConfig, WrapError, door, serve};
+use super::{Core, Ended, WrapError, door};
 use crate::decide::resume::Resume;
-use crate::link::{Link, fake};
-use crate::profile::{Overrides, Profile};
+use crate::decide::testing::{BUSY, IDLE, config, screen};
+use crate::fake_relay as fake;
+use crate::shell::Shell;
 use crate::state::Checkpoint;
+use crate::terminal::Snapshot;
 use crate::terminal::{Fake, Kept, TermEvent, Typed};
-use crate::tmux::Snapshot;
-
-/// Readiness rules for a made-up CLI: its input line is `> text`, it is busy while it shows
-/// "esc to interrupt", and "Do you want to" is a dialog. Timings as the generic profile's:
-/// quiet 500 ms, Enter 100 ms after the text, checked 300 ms after Enter, one retry.
-fn profile() -> Profile {
-    let o: Overrides = toml::from_str(
-        r#"
-prompt = '^> ?(.*)$'
-busy = ["esc to interrupt"]
-dialogs = ["Do you want to"]
-"#,
-    )
-    .unwrap();
-    Profile::load_with("generic", Some((&o, "<test>")), None).unwrap()
-}
-
-/// A screen drawn afresh: cleared, then `rows`.
-fn screen(rows: &str) -> Vec<u8> {
-    let mut out = b"\x1b[2J\x1b[H".to_vec();
-    out.extend_from_slice(rows.replace('\n', "\r\n").as_bytes());
-    out
-}
-
-const BUSY: &str = "thinking... (esc to interrupt)\n";
-const IDLE: &str = "done.\n> ";
 
 fn message(id: &str, body: &str) -> Delivered {
     let mut m = crate::decide::testing::message(id, "Bob", None);
@@ -98,32 +74,19 @@ impl Rig {
             }
             Resume::new(checkpoint, "fake".to_owned())
         });
-        let cfg = WrapConfig {
-            name: "Alice".to_owned(),
-            command: vec!["made-up-cli".to_owned()],
-            profile: profile(),
-            socket: dir.join("no.sock"),
-            max_body: 4000,
-            interactive: false,
-            team_dir: dir.to_owned(),
-            inbox: None,
-            intro: false,
-            delivery: crate::format::Delivery::default(),
-            door_key: None,
-            report_start: false,
-        };
+        let cfg = config(dir, crate::format::Delivery::default());
         let task = tokio::spawn(async move {
-            let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-            let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-            let mut core = Core::new(cfg, Link::Fake(relay), notice_tx, receipt_tx, 24)?;
+            let mut core = Core::new(cfg, None, 24, super::now())?;
+            let mut shell = Shell::new(relay);
             core.resume = resume;
             let mut term = term;
             if let Some(snap) = first {
-                core.resync(snap, super::now(), &mut term).await;
+                core.resync(snap, super::now());
+                shell.apply(&mut core, &mut term).await?;
             }
             let mut door = door::open(&core.cfg.team_dir, "Alice", "test-key");
-            let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
-            core.finish(&mut term).await;
+            let ended = shell.serve(&mut core, &mut term, &mut door).await;
+            shell.end(&mut core, &mut term).await;
             ended
         });
         Self {

@@ -6,7 +6,7 @@
 //! of the loop under tokio's paused clock, [`Fake`], which records what was typed and lets a
 //! test feed output, resizes and the agent's exit, and set what it tells.
 
-use crate::{WrapError, tmux};
+use crate::WrapError;
 
 /// Something that happened at the terminal.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub(crate) enum TermEvent {
     },
     /// The terminal was read afresh (tmux: a control client attached again after the last one
     /// ended while the session lives): the core reads it from its checkpoint.
-    Reread(tmux::Snapshot),
+    Reread(Snapshot),
     /// The agent's side ended: the agent exited (tmux: the session is gone).
     Ended,
     /// A signal stopped the wrapper (its number).
@@ -96,10 +96,26 @@ pub(crate) trait Terminal {
     }
 
     /// The terminal read afresh from row `from` of its history (tmux; `None` where there is
-    /// nothing to read back): see [`tmux::Snapshot`].
-    async fn snapshot(&mut self, _from: Option<u64>) -> Result<Option<tmux::Snapshot>, WrapError> {
+    /// nothing to read back): see [`Snapshot`].
+    async fn snapshot(&mut self, _from: Option<u64>) -> Result<Option<Snapshot>, WrapError> {
         Ok(None)
     }
+}
+
+/// The screen and history of a terminal read afresh (tmux: a pane, read at once when a
+/// wrapper attaches; see [`crate::tmux::Pane::snapshot`]).
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// Rows a previous wrapper read and relayed (above its checkpoint, on the screen): fed to
+    /// the parser so that its screen is whole, with what they make it find dropped.
+    pub(crate) seen: Vec<u8>,
+    /// Rows no wrapper has read: from the checkpoint (or the session's start) to the end of
+    /// the screen, then the cursor put where tmux has it.
+    pub(crate) unseen: Vec<u8>,
+    /// Screen height.
+    pub(crate) rows: u16,
+    /// Screen width (the parser's continuation rule needs it).
+    pub(crate) cols: u16,
 }
 
 #[cfg(test)]

@@ -399,21 +399,7 @@ impl std::fmt::Debug for Pane {
     }
 }
 
-/// The screen and history of a pane, read at once when a wrapper attaches (see
-/// [`Pane::snapshot`]).
-#[derive(Debug, Default)]
-pub(crate) struct Snapshot {
-    /// Rows a previous wrapper read and relayed (above its checkpoint, on the screen): fed to
-    /// the parser so that its screen is whole, with what they make it find dropped.
-    pub(crate) seen: Vec<u8>,
-    /// Rows no wrapper has read: from the checkpoint (or the session's start) to the end of
-    /// the screen, then the cursor put where tmux has it.
-    pub(crate) unseen: Vec<u8>,
-    /// Screen height.
-    pub(crate) rows: u16,
-    /// Screen width (the parser's continuation rule needs it).
-    pub(crate) cols: u16,
-}
+pub(crate) use crate::terminal::Snapshot;
 
 impl Pane {
     /// Attaches a control client to session `session`; the pane's output and the client's

@@ -8,9 +8,11 @@
 //! - [`ledger`]: a delivered message admitted against what this terminal was given before.
 //! - [`outbox`]: directives on their way out, behind the agent's record of its replies.
 //! - [`notices`]: notice delivery's bookkeeping.
+//! - [`effect`]: what the core asks the shell to do, as data.
 //! - [`resume`]: where relaying resumes in a terminal that outlives its wrapper (tmux).
 
 pub(crate) mod chain;
+pub(crate) mod effect;
 pub(crate) mod ledger;
 pub(crate) mod notices;
 pub(crate) mod outbox;
