@@ -1377,6 +1377,8 @@ async fn read_exit(team_dir: &std::path::Path) -> Option<i32> {
 }
 
 #[cfg(test)]
+mod core_tests;
+#[cfg(test)]
 mod fake_relay;
 #[cfg(test)]
 mod serve_tests;
