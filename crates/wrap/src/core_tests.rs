@@ -32,6 +32,8 @@ struct World {
     effects: Vec<Effect>,
     /// What the terminal shows as the cursor's row (tmux checkpoints).
     row: u64,
+    /// The terminal outlives the wrapper (tmux), with this history: every text typed into it.
+    kept: Option<String>,
 }
 
 impl World {
@@ -50,13 +52,32 @@ impl World {
             sees_keys: true,
             effects: Vec::new(),
             row: 0,
+            kept: None,
         }
+    }
+
+    /// A tmux wrapper: the pane outlives it, and the person's keys do not come through.
+    fn tmux(dir: &std::path::Path) -> Self {
+        let mut w = Self::new(dir, Delivery::Each);
+        w.sees_keys = false;
+        w.kept = Some(String::new());
+        w.core.resume = Some(Resume::new(
+            Checkpoint {
+                offset: 0,
+                at_ms: 1,
+            },
+            "s".into(),
+        ));
+        w
     }
 
     /// The wrapper restarted on the same files (a PTY agent restarted with it).
     fn restart(&mut self) {
         let delivery = self.core.cfg.delivery;
         self.core = Core::new(config(&self.dir, delivery), None, 24, self.now).unwrap();
+        if self.kept.is_some() {
+            self.core.resume = Some(Resume::new(Checkpoint::load(&self.dir), "s".into()));
+        }
     }
 
     /// Carries out the effects that answer back, records all of them.
@@ -68,6 +89,12 @@ impl World {
             }
             for e in effects {
                 match &e {
+                    Effect::Type(text) => {
+                        if let Some(history) = &mut self.kept {
+                            history.push_str(text);
+                            history.push('\n');
+                        }
+                    }
                     Effect::ReadActivity => self.core.person_activity(None),
                     Effect::NoteActivity => self.core.chain_entered(None),
                     Effect::EnterReplayed(m) => self.core.replayed_given(m.clone()),
@@ -103,7 +130,12 @@ impl World {
     }
 
     fn deliver(&mut self, m: Delivered) {
-        self.core.on_message(m, false, None);
+        let kept = self.kept.is_some();
+        let history = self
+            .kept
+            .clone()
+            .filter(|_| self.core.needs_history(&m, kept));
+        self.core.on_message(m, kept, history.as_deref());
         self.collect();
         self.drive();
     }
@@ -552,12 +584,13 @@ mod model {
             .collect()
     }
 
-    /// What the effects of one life say: texts typed per id, and typings entered per id.
+    /// What the effects of one life say: texts typed per id (`typed`: into this terminal, for
+    /// the life of the wrapper or, tmux, of the pane), and typings entered per id.
     fn check_life(
         effects: &[Effect],
+        typed: &mut BTreeMap<String, u32>,
         entered: &mut BTreeMap<String, u32>,
     ) -> Result<(), TestCaseError> {
-        let mut typed: BTreeMap<String, u32> = BTreeMap::new();
         let mut current: Vec<String> = Vec::new();
         let mut counted = false;
         for e in effects {
@@ -567,7 +600,7 @@ mod model {
                     counted = false;
                     for id in &current {
                         *typed.entry(id.clone()).or_default() += 1;
-                        prop_assert!(typed[id] <= 1, "{id} typed twice into one agent");
+                        prop_assert!(typed[id] <= 1, "{id} typed twice into one terminal");
                     }
                 }
                 Effect::Enter if !counted => {
@@ -599,6 +632,69 @@ mod model {
             .collect()
     }
 
+    /// Runs `ops` on a wrapper (PTY, or tmux when `tmux`), then checks the properties.
+    fn run(ops: Vec<Op>, tmux: bool) -> Result<(), TestCaseError> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = if tmux {
+            World::tmux(dir.path())
+        } else {
+            World::new(dir.path(), Delivery::Each)
+        };
+        let mut delivered: BTreeSet<String> = BTreeSet::new();
+        let mut typed: BTreeMap<String, u32> = BTreeMap::new();
+        let mut entered: BTreeMap<String, u32> = BTreeMap::new();
+        let mut life_start = 0;
+        let mut person_line = false;
+        for op in ops {
+            match op {
+                Op::Deliver(n) => {
+                    delivered.insert(id(n));
+                    w.deliver(message(&id(n), "Bob", "hello"));
+                }
+                Op::Idle => w.print(&screen(IDLE)),
+                Op::Busy => w.print(&screen(BUSY)),
+                // Under tmux the person's keys do not come through the wrapper.
+                Op::Keys(_) if tmux => {}
+                Op::Keys(enter) => {
+                    person_line = !enter;
+                    w.keys(if enter { b"go\r" } else { b"half" });
+                }
+                Op::Receipt => w.receipt(),
+                Op::Pass(ms) => w.pass(u64::from(ms)),
+                Op::Restart => {
+                    check_life(&w.effects[life_start..], &mut typed, &mut entered)?;
+                    life_start = w.effects.len();
+                    person_line = false;
+                    if !tmux {
+                        // A new agent: nothing was typed into it yet.
+                        typed.clear();
+                    }
+                    w.restart();
+                    // The relay delivers again what it has no outcome for.
+                    let done = outcomes(&w.effects);
+                    for id in delivered.difference(&done).cloned().collect::<Vec<_>>() {
+                        w.deliver(message(&id, "Bob", "hello"));
+                    }
+                }
+            }
+        }
+        // The person leaves the input line, the agent is idle, the relay delivers again.
+        if person_line {
+            w.keys(b"\r");
+        }
+        w.print(&screen(IDLE));
+        let done = outcomes(&w.effects);
+        for id in delivered.difference(&done).cloned().collect::<Vec<_>>() {
+            w.deliver(message(&id, "Bob", "hello"));
+        }
+        w.pass(60_000);
+        check_life(&w.effects[life_start..], &mut typed, &mut entered)?;
+        let done = outcomes(&w.effects);
+        let missing: Vec<&String> = delivered.difference(&done).collect();
+        prop_assert!(missing.is_empty(), "no outcome for {missing:?}");
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -606,53 +702,16 @@ mod model {
         fn every_accepted_delivery_is_typed_once_or_failed_with_a_reason(
             ops in proptest::collection::vec(op(), 1..40)
         ) {
-            let dir = tempfile::tempdir().unwrap();
-            let mut w = World::new(dir.path(), Delivery::Each);
-            let mut delivered: BTreeSet<String> = BTreeSet::new();
-            let mut entered: BTreeMap<String, u32> = BTreeMap::new();
-            let mut life_start = 0;
-            let mut person_line = false;
-            for op in ops {
-                match op {
-                    Op::Deliver(n) => {
-                        delivered.insert(id(n));
-                        w.deliver(message(&id(n), "Bob", "hello"));
-                    }
-                    Op::Idle => w.print(&screen(IDLE)),
-                    Op::Busy => w.print(&screen(BUSY)),
-                    Op::Keys(enter) => {
-                        person_line = !enter;
-                        w.keys(if enter { b"go\r" } else { b"half" });
-                    }
-                    Op::Receipt => w.receipt(),
-                    Op::Pass(ms) => w.pass(u64::from(ms)),
-                    Op::Restart => {
-                        check_life(&w.effects[life_start..], &mut entered)?;
-                        life_start = w.effects.len();
-                        person_line = false;
-                        w.restart();
-                        // The relay delivers again what it has no outcome for.
-                        let done = outcomes(&w.effects);
-                        for id in delivered.difference(&done).cloned().collect::<Vec<_>>() {
-                            w.deliver(message(&id, "Bob", "hello"));
-                        }
-                    }
-                }
-            }
-            // The person leaves the input line, the agent is idle, the relay delivers again.
-            if person_line {
-                w.keys(b"\r");
-            }
-            w.print(&screen(IDLE));
-            let done = outcomes(&w.effects);
-            for id in delivered.difference(&done).cloned().collect::<Vec<_>>() {
-                w.deliver(message(&id, "Bob", "hello"));
-            }
-            w.pass(60_000);
-            check_life(&w.effects[life_start..], &mut entered)?;
-            let done = outcomes(&w.effects);
-            let missing: Vec<&String> = delivered.difference(&done).collect();
-            prop_assert!(missing.is_empty(), "no outcome for {missing:?}");
+            run(ops, false)?;
+        }
+
+        /// Under tmux the pane outlives its wrapper: a message is typed into it at most once
+        /// over every restart, its history telling a restarted wrapper what was typed.
+        #[test]
+        fn every_accepted_delivery_is_typed_once_into_a_pane_that_outlives_its_wrapper(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            run(ops, true)?;
         }
     }
 }
