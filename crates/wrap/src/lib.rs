@@ -327,7 +327,7 @@ struct Core {
     relayed_told: bool,
     /// tmux: where relaying can resume (see `decide/resume.rs`).
     resume: Option<Resume>,
-    /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
+    /// What the relay was last told of the terminal (see [`Core::terminal_report`]).
     reported: Option<(TerminalState, Option<String>)>,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
@@ -354,7 +354,7 @@ struct Core {
 
 impl Core {
     /// The core of agent `cfg`, with the agent's record of its replies behind `gate` (see
-    /// [`transcript_gate`]), its terminal `rows` high, at `now`.
+    /// [`shell::transcript_gate`]), its terminal `rows` high, at `now`.
     fn new(
         cfg: WrapConfig,
         gate: Option<Box<dyn Gate>>,

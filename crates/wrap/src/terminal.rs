@@ -3,7 +3,7 @@
 //! a person's activity, a fresh snapshot). Implemented by the PTY backend
 //! ([`crate::pty::PtyTerminal`]), the tmux backend ([`crate::tmux::TmuxTerminal`], one
 //! control-mode client; its blocking commands run off the loop's thread) and, for unit tests
-//! of the loop under tokio's paused clock, [`Fake`], which records what was typed and lets a
+//! of the loop under tokio's paused clock, `Fake`, which records what was typed and lets a
 //! test feed output, resizes and the agent's exit, and set what it tells.
 
 use crate::WrapError;
