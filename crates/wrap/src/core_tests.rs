@@ -533,6 +533,127 @@ fn the_agent_printing_for_a_second_is_reported_busy_and_then_idle() {
     );
 }
 
+#[test]
+fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_shown_message_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::tmux(dir.path());
+    w.print(&screen(IDLE));
+    w.deliver(message("m-shown", "Bob", "one"));
+    w.pass(550);
+    assert_eq!((w.texts().len(), w.enters()), (1, 0));
+    let text = w.texts()[0].to_owned();
+    // The pane lives on with the text waiting in its input line; a new wrapper reads it.
+    w.restart();
+    w.print(&screen(&format!("done.\n> {text}")));
+    let before = w.effects.len();
+    w.deliver(message("m-shown", "Bob", "one"));
+    let after: Vec<&Effect> = w.effects[before..].iter().collect();
+    assert!(
+        matches!(after.first(), Some(Effect::EnterReplayed(m)) if m.id == "m-shown"),
+        "{after:?}"
+    );
+    assert_eq!(w.texts().len(), 1, "typed again");
+    assert_eq!(
+        w.acks(),
+        vec![("m-shown".to_owned(), DeliveryState::Injected, None)]
+    );
+}
+
+#[test]
+fn a_re_read_pane_relays_what_follows_the_checkpoint_with_the_ids_it_had_and_nothing_above() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::tmux(dir.path());
+    w.print(b"@relay:Bob first\r\n\r\n> \r\n@relay:Bob second\r\n\r\n> ");
+    w.pass(2_000);
+    let ids = |w: &World| -> Vec<(String, Option<String>)> {
+        w.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Relay { msg, .. } => Some((msg.payload.body.clone(), msg.id.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let before = ids(&w);
+    assert_eq!(before.len(), 2, "{before:?}");
+    // The control client was replaced: the pane is read again from the checkpoint (the
+    // session's start: no receipt came, so it never moved), the first row above it.
+    w.core.resync(
+        crate::terminal::Snapshot {
+            seen: b"@relay:Bob first\r\n\r\n".to_vec(),
+            unseen: b"> \r\n@relay:Bob second\r\n\r\n> ".to_vec(),
+            rows: 24,
+            cols: 80,
+        },
+        w.now,
+    );
+    w.collect();
+    w.pass(2_000);
+    let after = ids(&w);
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert_eq!(after[2], before[1], "the same directive, the same id");
+}
+
+#[test]
+fn a_stop_hook_hands_the_waiting_messages_over_and_the_next_one_verifies_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::new(dir.path(), Delivery::Each);
+    w.print(&screen(BUSY));
+    w.deliver(message("m-hook", "Bob", "hello"));
+    // A Stop hook that continued a turn takes nothing.
+    assert!(w.core.hook_stop(true).is_empty());
+    let texts = w.core.hook_stop(false);
+    w.collect();
+    assert_eq!(texts.len(), 1);
+    assert!(texts[0].ends_with("hello"), "{texts:?}");
+    assert_eq!(
+        w.acks(),
+        vec![("m-hook".to_owned(), DeliveryState::Injected, None)]
+    );
+    // Never typed after, and verified when the turn it started ends.
+    w.print(&screen(IDLE));
+    w.pass(5_000);
+    assert!(w.texts().is_empty(), "typed after a hook took it");
+    assert!(w.core.hook_stop(false).is_empty());
+    w.collect();
+    assert_eq!(w.acks().last(), Some(&verified("m-hook")));
+    // Its answer is in reply to it.
+    w.print(&screen("@relay:Bob thanks\n\n> "));
+    w.pass(2_000);
+    assert_eq!(
+        w.relayed(),
+        vec![("Bob".into(), "thanks".into(), Some("m-hook".into()))]
+    );
+}
+
+#[test]
+fn under_notice_delivery_a_message_is_verified_when_the_agents_tool_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::new(dir.path(), Delivery::Notice);
+    w.print(&screen(IDLE));
+    w.deliver(message("m-note", "Bob", "the long story"));
+    w.pass(1_000);
+    let texts = w.texts();
+    assert_eq!(texts.len(), 1);
+    assert!(
+        !texts[0].contains("the long story"),
+        "a notice names, it does not tell"
+    );
+    assert_eq!(
+        w.acks(),
+        vec![("m-note".to_owned(), DeliveryState::Injected, None)]
+    );
+    assert_eq!(w.core.shown_by_tool(&["m-note".to_owned()]), 1);
+    w.collect();
+    assert_eq!(w.acks().last(), Some(&verified("m-note")));
+    // Shown before its delivery came: no notice at all.
+    assert_eq!(w.core.shown_by_tool(&["m-early".to_owned()]), 0);
+    w.deliver(message("m-early", "Bob", "hi"));
+    w.pass(1_000);
+    assert_eq!(w.texts().len(), 1, "a notice for a message already shown");
+    assert_eq!(w.acks().last(), Some(&verified("m-early")));
+}
+
 mod model {
     //! Every accepted delivery is typed once or failed with a reason, across random output,
     //! a person's keys, receipts and restarts of the wrapper (a PTY agent restarted with it):
