@@ -663,6 +663,10 @@ mod model {
     //! - every failure says why;
     //! - once the person leaves the input line, the agent is idle and the relay delivers what
     //!   it has no outcome for again, every message gets one.
+    //!
+    //! Run for each delivery (one by one, as a digest, as a notice) on a PTY, and under tmux,
+    //! where the pane outlives its wrapper and a message is typed into it at most once over
+    //! every restart.
 
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -754,12 +758,12 @@ mod model {
     }
 
     /// Runs `ops` on a wrapper (PTY, or tmux when `tmux`), then checks the properties.
-    fn run(ops: Vec<Op>, tmux: bool) -> Result<(), TestCaseError> {
+    fn run(ops: Vec<Op>, tmux: bool, delivery: Delivery) -> Result<(), TestCaseError> {
         let dir = tempfile::tempdir().unwrap();
         let mut w = if tmux {
             World::tmux(dir.path())
         } else {
-            World::new(dir.path(), Delivery::Each)
+            World::new(dir.path(), delivery)
         };
         let mut delivered: BTreeSet<String> = BTreeSet::new();
         let mut typed: BTreeMap<String, u32> = BTreeMap::new();
@@ -823,7 +827,7 @@ mod model {
         fn every_accepted_delivery_is_typed_once_or_failed_with_a_reason(
             ops in proptest::collection::vec(op(), 1..40)
         ) {
-            run(ops, false)?;
+            run(ops, false, Delivery::Each)?;
         }
 
         /// Under tmux the pane outlives its wrapper: a message is typed into it at most once
@@ -832,7 +836,23 @@ mod model {
         fn every_accepted_delivery_is_typed_once_into_a_pane_that_outlives_its_wrapper(
             ops in proptest::collection::vec(op(), 1..40)
         ) {
-            run(ops, true)?;
+            run(ops, true, Delivery::Each)?;
+        }
+
+        /// Messages that waited typed as one digest: each still once, each with its outcome.
+        #[test]
+        fn every_message_of_a_digest_is_typed_once_or_failed_with_a_reason(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            run(ops, false, Delivery::Digest)?;
+        }
+
+        /// Only a notice typed for each: never twice, each with its outcome.
+        #[test]
+        fn every_noticed_message_is_noticed_once_or_failed_with_a_reason(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            run(ops, false, Delivery::Notice)?;
         }
     }
 }
