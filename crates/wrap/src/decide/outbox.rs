@@ -262,8 +262,6 @@ impl Outbox {
 mod tests {
     use super::*;
 
-    use relay_protocol::Kind;
-
     /// A record that has the replies a test puts in it.
     #[derive(Default)]
     struct Record {
@@ -324,15 +322,7 @@ mod tests {
     }
 
     fn directive(body: &str) -> Directive {
-        Directive {
-            to: Target::Agent("Bob".to_owned()),
-            kind: Kind::Message,
-            body: body.to_owned(),
-            data: None,
-            thread: None,
-            malformed: None,
-            truncated: false,
-        }
+        Directive::message(Target::Agent("Bob".to_owned()), body)
     }
 
     const SETTLE: Duration = Duration::from_millis(500);
