@@ -1330,8 +1330,34 @@ fn codex_directive_above_a_tall_reply_is_sent_once() {
 }
 
 fn tall_reply_from(cli: Cli, name: &str) {
-    const FIRST: &str = "The summary is at the top, the details follow.";
+    tall_reply_from_in(&Relay::start(), cli, name);
+}
+
+/// Issue 23.17: Codex on its alternate screen (its own default; here a person's profile
+/// override takes out the `--no-alt-screen` the wrapper adds) never draws the first lines of a
+/// reply taller than the screen. The directive at the top of such a reply is read from the
+/// agent's own rollout (the one its Codex process has open) and reaches Bob once. Before, it
+/// was lost.
+#[test]
+fn codex_on_its_alternate_screen_sends_a_tall_replys_directive_once() {
     let relay = Relay::start();
+    let profiles = relay
+        .dir
+        .path()
+        .join("home-Alto/.config/agent-relay/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(profiles.join("codex.toml"), "args = []\n").unwrap();
+    let log = tall_reply_from_in(&relay, Cli::Codex, "Alto");
+    assert!(
+        log.contains("sent from Codex's rollout: the screen did not show it"),
+        "the directive was read off the screen, not the rollout: the test did not run Codex \
+         on its alternate screen:\n{log}"
+    );
+}
+
+/// [`tall_reply_from`] on `relay`; the wrapper's log.
+fn tall_reply_from_in(relay: &Relay, cli: Cli, name: &str) -> String {
+    const FIRST: &str = "The summary is at the top, the details follow.";
     let (mut bob, _) = relay.agent("Bob");
     bob.read_timeout(LONG);
     let mut reply = format!("@relay:Bob {FIRST}\n\n");
@@ -1340,7 +1366,7 @@ fn tall_reply_from(cli: Cli, name: &str) {
     }
     reply.push_str("That is all.");
     let agent = Agent::start(
-        &relay,
+        relay,
         cli,
         name,
         Script::new(vec![Rule::contains("Write it all", &reply)]),
@@ -1349,7 +1375,7 @@ fn tall_reply_from(cli: Cli, name: &str) {
     agent.person_types("Write it all");
     // Bob's connection hears a PING every 5 s: wait on the history, which has a deadline.
     wait_for(LONG, "the directive reaches the relay", || {
-        !history(&relay).is_empty()
+        !history(relay).is_empty()
     });
     let d = bob.expect("DELIVER");
     assert_eq!(d["payload"]["body"], FIRST, "{}", agent.pane());
@@ -1357,8 +1383,9 @@ fn tall_reply_from(cli: Cli, name: &str) {
     agent.wait_replies_done();
     // The reply was drawn to its end and the wrapper has relayed all it read of it.
     agent.wait_all_relayed("That is all.");
-    let h = history(&relay);
+    let h = history(relay);
     assert_eq!(h.len(), 1, "{h:?}");
+    agent.wrap_log()
 }
 
 /// Two Claude Code agents in one working directory (one repository, as people run them)

@@ -1166,3 +1166,347 @@ fn agents_started_and_stopped_together_leave_the_tmux_server_running() {
     }
     assert!(tmux.has("mine"), "the tmux server died");
 }
+
+/// A tmux client that has told the server it is a control client (its first identify message)
+/// and says no more until asked: what every `tmux -C` is for a few of the server's loop turns
+/// while it identifies, held open. tmux 3.3a's server has no control state for it yet, and any
+/// notification to control clients then crashes the server (`control_write` on a null state:
+/// `segfault at 20`, as seen in the field); so does losing it before it is done.
+struct IdentifyingClient {
+    socket: std::os::unix::net::UnixStream,
+}
+
+impl IdentifyingClient {
+    /// tmux's protocol version (3.3a) and message types (`tmux-protocol.h`).
+    const VERSION: u32 = 8;
+    const FLAGS: u32 = 100;
+    const TERM: u32 = 101;
+    const TTYNAME: u32 = 102;
+    const STDIN: u32 = 104;
+    const DONE: u32 = 106;
+    const CLIENTPID: u32 = 107;
+    const CWD: u32 = 108;
+    const STDOUT: u32 = 110;
+    /// `CLIENT_CONTROL`.
+    const CONTROL: i32 = 0x2000;
+
+    /// Connects to the test's tmux server and sends the first identify message.
+    fn start(tmux: &Tmux<'_>) -> Self {
+        let uid = rustix::process::getuid().as_raw();
+        let path = tmux.dir.join(format!("tmux-{uid}/default"));
+        let mut me = Self {
+            socket: std::os::unix::net::UnixStream::connect(&path).unwrap(),
+        };
+        me.send(Self::FLAGS, &Self::CONTROL.to_ne_bytes(), None);
+        // The server has read it once it has answered a client that came after it: it reads
+        // every socket that was ready before it serves a later one.
+        let out = tmux.run(&["display-message", "-p", "x"]);
+        assert!(out.status.success(), "{out:?}");
+        me
+    }
+
+    /// One message (imsg header, then `data`), with `fd` passed alongside.
+    fn send(&mut self, ty: u32, data: &[u8], fd: Option<std::os::fd::BorrowedFd<'_>>) {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&ty.to_ne_bytes());
+        msg.extend_from_slice(&u16::try_from(16 + data.len()).unwrap().to_ne_bytes());
+        msg.extend_from_slice(&0u16.to_ne_bytes());
+        msg.extend_from_slice(&Self::VERSION.to_ne_bytes());
+        msg.extend_from_slice(&std::process::id().to_ne_bytes());
+        msg.extend_from_slice(data);
+        let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds;
+        if let Some(fd) = fd {
+            fds = [fd];
+            assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        }
+        let sent = sendmsg(
+            &self.socket,
+            &[std::io::IoSlice::new(&msg)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(sent, msg.len());
+    }
+
+    /// Sends the rest of the identify messages: the server sets the client up as a control
+    /// client with no session, which it can then lose safely (when what is returned drops).
+    fn finish(
+        mut self,
+    ) -> (
+        std::os::unix::net::UnixStream,
+        Vec<std::os::unix::net::UnixStream>,
+    ) {
+        use std::os::fd::AsFd;
+        self.send(Self::TERM, b"xterm\0", None);
+        self.send(Self::TTYNAME, b"\0", None);
+        self.send(Self::CWD, b"/\0", None);
+        let (stdin, stdin_w) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (stdout_r, stdout) = std::os::unix::net::UnixStream::pair().unwrap();
+        self.send(Self::STDIN, &[], Some(stdin.as_fd()));
+        self.send(Self::STDOUT, &[], Some(stdout.as_fd()));
+        self.send(Self::CLIENTPID, &std::process::id().to_ne_bytes(), None);
+        self.send(Self::DONE, &[], None);
+        (self.socket, vec![stdin, stdin_w, stdout_r, stdout])
+    }
+}
+
+/// The tmux lock the relaying processes share (see `relay_wrap`'s tmux guard), taken as one of
+/// them takes it.
+fn hold_tmux_lock(tmux: &Tmux<'_>) -> std::fs::File {
+    let uid = rustix::process::getuid().as_raw();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(tmux.dir.join(format!("tmux-{uid}/agent-relay.lock")))
+        .unwrap();
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    file
+}
+
+/// Issue 23.19: a relaying process that is stopped while another one attaches its control
+/// client (the lock held, that client identifying) detaches its own client only once the
+/// lock is free. It used to end at once, its client then detaching with it outside the lock;
+/// tmux announced the detaching to every control client, the identifying one included, and
+/// its server crashed with every agent's session (`agents_started_and_stopped_together...`
+/// saw it under load, by chance). Here the identifying client is held open, so the detaching
+/// crashes the server whenever it comes too early.
+#[test]
+fn a_relaying_process_stopped_while_a_control_client_identifies_leaves_the_tmux_server_running() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
+    assert!(mine.status.success(), "{mine:?}");
+    let session = start_tmux_agent(&relay, "Ada", "echo \"I am Ada\"\nexec sleep 1000\n", &[]);
+    wait_online(&relay, "Ada");
+    // Its control client is attached (the relaying process attaches it once connected).
+    wait_or_dump(&relay, &tmux, "Ada's control client is attached", || {
+        let out = tmux.run(&[
+            "list-clients",
+            "-t",
+            &format!("={session}"),
+            "-F",
+            "#{client_control_mode}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == "1")
+    });
+    let log = relay.data_dir().join("team/Ada/wrap.log");
+    let relaying = pid_in(&relay.data_dir().join("team/Ada/relay.lock"));
+    // Another relaying process's attach, as the server and the lock see it.
+    let lock = hold_tmux_lock(&tmux);
+    let identifying = IdentifyingClient::start(&tmux);
+    signal_pid(relaying, rustix::process::Signal::Term);
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    };
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "Ada's relaying process waits for the lock to detach, or has ended",
+        || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| {
+                    l.contains("waiting for the tmux lock") && l.contains("detach a control client")
+                })
+                || gone(relaying)
+                || !tmux.has("mine")
+        },
+    );
+    assert!(
+        tmux.has("mine"),
+        "the tmux server died when Ada's relaying process stopped while another control client identified"
+    );
+    // The other attach is done: its client identified, then gone, then the lock released.
+    drop(identifying.finish());
+    drop(lock);
+    wait_or_dump(&relay, &tmux, "Ada's relaying process has ended", || {
+        gone(relaying)
+    });
+    assert!(tmux.has("mine"), "the tmux server died");
+    assert!(tmux.has(&session), "stopping the relaying leaves the agent");
+    let out = wrap_cmd(&relay, &["stop", "Ada"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(tmux.has("mine"), "the tmux server died");
+}
+
+/// Issue 23.17: the relaying process is killed after it typed a message and pressed Enter,
+/// before the agent's answer; the agent prints the start of its directive, a new relaying
+/// process reads the pane (its capture ends inside the directive), and the agent prints the
+/// rest, which the new process reads from its control client's `%output`. The directive is
+/// relayed once, whole: the capture and the stream meet at the capture's answer, with
+/// nothing read twice or dropped between.
+#[test]
+fn a_directive_printed_across_a_restarted_wrappers_capture_is_relayed_once() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    drop(relay.agent("Carol"));
+    let dir = relay.dir.path().display().to_string();
+    let agent = format!(
+        r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *"Relay message from"*)
+      while [ ! -e '{dir}/one' ]; do sleep 0.05; done
+      printf '@relay:Carol split across '
+      while [ ! -e '{dir}/two' ]; do sleep 0.05; done
+      printf 'the capture\n\n';;
+  esac
+done
+"#
+    );
+    let bob = start_tmux_agent(&relay, "Bob", &agent, &[]);
+    wait_online(&relay, "Bob");
+    ok_stdout(&relay.cli(&["send", "Bob", "question"]));
+    // Typed and submitted: the agent read it.
+    wait_or_dump(&relay, &tmux, "Bob read the message", || {
+        tmux.pane(&bob).contains("got: Relay message from human [")
+    });
+    let lock = relay.data_dir().join("team/Bob/relay.lock");
+    signal_pid(pid_in(&lock), rustix::process::Signal::Kill);
+    wait_for(Duration::from_secs(20), "Bob is seen offline", || {
+        !is_online(&relay, "Bob")
+    });
+    std::fs::write(relay.dir.path().join("one"), "").unwrap();
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "Bob printed the start of the directive",
+        || tmux.pane(&bob).contains("@relay:Carol split across"),
+    );
+    // A new relaying process, its log saying when it has read the pane.
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "wrap",
+            "--backend",
+            "tmux",
+            "--detached",
+            "-n",
+            "Bob",
+            "--",
+            "sh",
+            "unused.sh",
+        ],
+    )
+    .env("AGENT_RELAY_LOG", "relay_wrap=debug")
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = relay.data_dir().join("team/Bob/wrap.log");
+    wait_or_dump(
+        &relay,
+        &tmux,
+        "the new relaying process read the pane",
+        || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("reading what the pane shows since the checkpoint")
+        },
+    );
+    std::fs::write(relay.dir.path().join("two"), "").unwrap();
+    wait_or_dump(&relay, &tmux, "Bob's directive is relayed", || {
+        history(&relay)
+            .iter()
+            .any(|(f, _, b)| f == "Bob" && b == "split across the capture")
+    });
+    wait_or_dump(&relay, &tmux, "everything read is settled", || {
+        settled(&relay, "Bob")
+    });
+    let h = history(&relay);
+    let from_bob: Vec<_> = h.iter().filter(|(f, _, _)| f == "Bob").collect();
+    assert_eq!(from_bob.len(), 1, "{h:#?}");
+}
+
+/// Issue 23.17: the re-print guard of Codex and Gemini (their screens draw a directive again
+/// while redrawing; one sent with its reply's text is not sent again) told no redraw from an
+/// agent saying the same line again in its next turn: when the record had not caught up with
+/// that turn's reply, the repeat was dropped as a re-print. Here a Codex stand-in (the codex
+/// profile, a script that writes its own rollout) says one line in three turns; its rollout
+/// has the first and third replies and never the second. Its third reply also draws the line
+/// twice, as Codex once did at the end of a long reply: that one is a re-print. Bob gets the
+/// line three times.
+#[test]
+fn a_codex_agent_saying_the_same_line_in_three_turns_is_relayed_three_times() {
+    let relay = Relay::start();
+    let tmux = Tmux {
+        dir: relay.dir.path(),
+    };
+    drop(relay.agent("Bob"));
+    let codex_home = relay.dir.path().join("codex-home");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    let agent = r#"day="$CODEX_HOME/sessions/$(date +%Y/%m/%d)"
+mkdir -p "$day"
+f="$day/rollout-standin.jsonl"
+printf '{"type":"session_meta","payload":{"cwd":"%s"}}\n' "$PWD" > "$f"
+n=0
+printf '› '
+while IFS= read -r line; do
+  n=$((n+1))
+  echo
+  echo "  @relay:Bob the same line"
+  echo
+  if [ "$n" != 2 ]; then
+    printf '%s\n' '{"type":"response_item","payload":{"type":"message","role":"user","content":[]}}' >> "$f"
+    printf '%s\n' '{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"@relay:Bob the same line"}]}}' >> "$f"
+  fi
+  if [ "$n" = 3 ]; then
+    echo "  Details of turn three."
+    echo
+    echo "  @relay:Bob the same line"
+    echo
+  fi
+  echo "  Turn $n over."
+  echo
+  printf '› '
+done
+"#;
+    let session = start_tmux_agent_with(
+        &relay,
+        "Cody",
+        agent,
+        &["--profile", "codex", "--no-teach"],
+        &[("CODEX_HOME", &codex_home)],
+    );
+    wait_online(&relay, "Cody");
+    let from_cody = || {
+        history(&relay)
+            .iter()
+            .filter(|(f, t, b)| f == "Cody" && t == "Bob" && b == "the same line")
+            .count()
+    };
+    for (n, word) in ["one", "two", "three"].iter().enumerate() {
+        ok_stdout(&relay.cli(&["send", "Cody", &format!("turn {word}")]));
+        wait_or_dump(&relay, &tmux, &format!("turn {word} is over"), || {
+            tmux.pane(&session)
+                .contains(&format!("Turn {} over.", n + 1))
+        });
+        wait_or_dump(
+            &relay,
+            &tmux,
+            &format!("turn {word}'s line is relayed"),
+            || from_cody() == n + 1,
+        );
+        // Every directive read is judged (a re-print included) and acknowledged.
+        wait_or_dump(&relay, &tmux, "everything read is settled", || {
+            settled(&relay, "Cody")
+        });
+    }
+    assert_eq!(from_cody(), 3, "{:#?}", history(&relay));
+}

@@ -71,6 +71,36 @@ pub fn codex_reply_text(line: &str) -> Option<String> {
     (!texts.is_empty()).then(|| texts.concat())
 }
 
+/// Whether one line of a Codex rollout is a user message (a turn's prompt, or the context
+/// Codex sends with it): a new turn has begun.
+pub fn codex_user_turn(line: &str) -> bool {
+    let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+        return false;
+    };
+    let payload = entry.get("payload");
+    entry.get("type").and_then(serde_json::Value::as_str) == Some("response_item")
+        && payload
+            .and_then(|p| p.get("type"))
+            .and_then(serde_json::Value::as_str)
+            == Some("message")
+        && payload
+            .and_then(|p| p.get("role"))
+            .and_then(serde_json::Value::as_str)
+            == Some("user")
+}
+
+/// Whether one line of a Gemini CLI chat recording is the person's message: a new turn.
+pub fn gemini_user_turn(line: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(line)
+        .ok()
+        .and_then(|e| {
+            e.get("type")
+                .and_then(serde_json::Value::as_str)
+                .map(|t| t == "user")
+        })
+        .unwrap_or(false)
+}
+
 /// The Markdown text of the model's reply in one line of a Gemini CLI chat recording
 /// (`~/.gemini/tmp/<project>/chats/session-*.jsonl`, 0.61.0): the `content` of a `gemini`
 /// message (a string, or parts with `text`). `None` for every other line (the session's
@@ -299,6 +329,32 @@ impl ReplySource {
         self
     }
 
+    /// A new turn began (a prompt was submitted: the wrapper's typed message, a person's
+    /// line, or the record's next user message): a directive the screen shows from now on is a
+    /// new print, not a re-print of one sent with an earlier reply's text. Re-prints (Codex
+    /// drawing a directive again at the end of a long reply) happen within their turn; an
+    /// agent that says the same line in two turns means it twice (issue 23.17).
+    ///
+    /// Directives the screen sent that the record still lacks are forgotten too: the caller
+    /// has read the record first, and an earlier turn's reply it never had (a record that
+    /// lags or lost it) would otherwise take a later turn's reply of the same text for itself,
+    /// leaving that turn's directive, and its re-print, to the screen alone.
+    /// Only with [`ReplySource::dropping_reprints`]: Claude Code's record sends what the screen
+    /// never showed, so forgetting what the screen sent would send it again from there.
+    pub fn new_turn(&mut self) {
+        if self.drop_reprints {
+            self.said_sent.clear();
+            self.screen_sent.clear();
+        }
+    }
+
+    /// The record has a new prompt (read in order with the replies): directives sent with an
+    /// earlier reply's text are no longer re-printed. What the screen sent before the record
+    /// had it stays: this turn's reply may follow the prompt in the record.
+    pub fn prompt_recorded(&mut self) {
+        self.said_sent.clear();
+    }
+
     /// Remembers the directives of one reply (its Markdown text), written while the wrapper
     /// runs: what the screen does not show is sent from here ([`ReplySource::take_unseen`]).
     pub fn add_reply(&mut self, markdown: &str) {
@@ -449,6 +505,61 @@ mod tests {
         );
         // Said again in a later reply, seen on the screen first: sent again.
         assert_eq!(src.check(&msg("Bob", "last")), Origin::Unknown);
+    }
+
+    /// The re-print guard drops a directive shown again within its turn, and sends one an
+    /// agent says again in a later turn even when the record has not caught up with it: a
+    /// genuine repeat is not a redraw (issue 23.17).
+    #[test]
+    fn a_repeat_in_a_new_turn_is_sent_and_a_reprint_in_the_same_turn_is_not() {
+        let mut src = ReplySource::with_min_prefix(1).dropping_reprints();
+        src.add_reply("@relay:Bob the same line");
+        let d = msg("Bob", "the same line");
+        assert_eq!(src.check(&d), Origin::Said(d.clone()));
+        // Drawn again at the end of the same reply: a re-print.
+        assert_eq!(src.check(&d), Origin::Sent);
+        // Said again, turn after turn, before the record has the new reply.
+        src.new_turn();
+        assert_eq!(src.check(&d), Origin::Unknown);
+        // The record catches up: the screen sent it already.
+        src.add_reply("@relay:Bob the same line");
+        assert_eq!(src.take_unseen(), []);
+        assert!(!src.knows(&d));
+        // Sent by the screen in a turn the record never has: the next turn's reply of the
+        // same text is that turn's, and its re-print is one.
+        src.new_turn();
+        assert_eq!(src.check(&d), Origin::Unknown);
+        src.new_turn();
+        src.prompt_recorded();
+        src.add_reply("@relay:Bob the same line");
+        assert_eq!(src.check(&d), Origin::Said(d.clone()));
+        assert_eq!(src.check(&d), Origin::Sent);
+    }
+
+    #[test]
+    fn a_new_turn_forgets_nothing_claude_codes_record_would_send_again() {
+        let mut src = ReplySource::new();
+        let d = msg("Bob", "sent by the screen before the transcript had it");
+        assert_eq!(src.check(&d), Origin::Unknown);
+        src.new_turn();
+        src.add_reply("@relay:Bob sent by the screen before the transcript had it");
+        assert_eq!(src.take_unseen(), []);
+    }
+
+    #[test]
+    fn user_lines_of_codex_and_gemini_records_are_new_turns() {
+        assert!(codex_user_turn(
+            r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[]}}"#
+        ));
+        assert!(!codex_user_turn(
+            r#"{"type":"response_item","payload":{"type":"message","role":"assistant","content":[]}}"#
+        ));
+        assert!(!codex_user_turn(
+            r#"{"type":"session_meta","payload":{"cwd":"/w"}}"#
+        ));
+        assert!(!codex_user_turn("not json"));
+        assert!(gemini_user_turn(r#"{"type":"user","content":"hi"}"#));
+        assert!(!gemini_user_turn(r#"{"type":"gemini","content":"hi"}"#));
     }
 
     #[test]

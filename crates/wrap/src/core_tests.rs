@@ -440,6 +440,10 @@ impl Gate for Record {
     fn sends_unseen(&self) -> bool {
         true
     }
+    fn writes_at_reply_end(&self) -> bool {
+        false
+    }
+    fn look_for_own(&mut self) {}
     fn take_unseen(&mut self) -> Vec<Directive> {
         Vec::new()
     }
@@ -453,6 +457,7 @@ impl Gate for Record {
         std::path::PathBuf::from("/nowhere")
     }
     fn set_agent_pid(&mut self, _pid: u32) {}
+    fn new_turn(&mut self) {}
 }
 
 #[test]
@@ -584,6 +589,7 @@ fn a_re_read_pane_relays_what_follows_the_checkpoint_with_the_ids_it_had_and_not
             unseen: b"> \r\n@relay:Bob second\r\n\r\n> ".to_vec(),
             rows: 24,
             cols: 80,
+            notes_before: 0,
         },
         w.now,
     );

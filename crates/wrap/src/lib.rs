@@ -549,6 +549,12 @@ impl Core {
         }
     }
 
+    /// A prompt is submitted: the transcript's re-print guard starts a new turn (a directive
+    /// said again from now on is meant again, issue 23.17).
+    fn new_turn(&mut self) {
+        self.outbox.new_turn();
+    }
+
     /// Relays a directive found on the screen or in the transcript (already checked).
     fn relay_directive(&mut self, mut d: Directive, to: String) {
         if let Some(why) = &d.malformed {
@@ -636,6 +642,7 @@ impl Core {
         self.injector.on_person_input(keys, now);
         if keys.contains(&b'\r') {
             self.chain.person_entered();
+            self.new_turn();
         }
     }
 
@@ -992,6 +999,7 @@ impl Core {
                 }
                 Action::Enter => {
                     self.entering();
+                    self.new_turn();
                     self.out.push(Effect::Enter);
                     if !self.cfg.profile.knows_prompt() {
                         self.out.push(Effect::NoteActivity);
@@ -1235,6 +1243,24 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
 /// # Errors
 /// [`WrapError`] when the relay cannot be reached at start or the session cannot be attached.
 pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapError> {
+    // SIGTERM is handled from before the first control client starts: its default action
+    // would end the process with the client attaching or attached, outside the tmux lock.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| WrapError::Terminal(e.to_string()))?;
+    let served = serve_tmux_with(cfg, session, term).await;
+    // Every control client let go of detaches under the tmux lock before the process ends.
+    if let Err(e) = tokio::task::spawn_blocking(tmux::wait_detached).await {
+        tracing::warn!(error = %e, "cannot wait for the tmux control client to detach");
+    }
+    served
+}
+
+/// [`serve_tmux`] with SIGTERM already handled by `term`.
+async fn serve_tmux_with(
+    cfg: WrapConfig,
+    session: String,
+    term: tokio::signal::unix::Signal,
+) -> Result<i32, WrapError> {
     let client = connect(&cfg).await?;
     let mut checkpoint = Checkpoint::load(&cfg.team_dir);
     if checkpoint.at_ms == 0 {
@@ -1274,7 +1300,7 @@ pub async fn serve_tmux(cfg: WrapConfig, session: String) -> Result<i32, WrapErr
     });
     let offset = checkpoint.offset;
     core.resume = Some(Resume::new(checkpoint, session.clone()));
-    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone())?;
+    let mut term = tmux::TmuxTerminal::new(pane, output, session.clone(), term);
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
     match Terminal::snapshot(&mut term, Some(offset)).await {
         Ok(Some(snap)) => {

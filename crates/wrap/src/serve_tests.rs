@@ -467,6 +467,7 @@ fn snapshot(seen: &str, unseen: &str) -> Snapshot {
         unseen: unseen.replace('\n', "\r\n").into_bytes(),
         rows: 24,
         cols: 80,
+        notes_before: 0,
     }
 }
 

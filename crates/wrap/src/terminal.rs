@@ -116,6 +116,10 @@ pub(crate) struct Snapshot {
     pub(crate) rows: u16,
     /// Screen width (the parser's continuation rule needs it).
     pub(crate) cols: u16,
+    /// tmux: how many of the pane's notes were read before the screen's capture answered:
+    /// those show on the captured screen, the later ones came after it (see `tmux.rs`,
+    /// `after_capture`).
+    pub(crate) notes_before: u64,
 }
 
 #[cfg(test)]

@@ -23,14 +23,19 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use std::collections::VecDeque;
+
 use tokio::sync::mpsc;
 
 pub(crate) use control::Note;
+use control::Notes;
 
 use crate::WrapError;
 
 mod control;
 mod guard;
+
+pub(crate) use control::wait_detached;
 
 fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux {what}: {e}"))
@@ -386,7 +391,7 @@ pub(crate) struct Pane {
 /// The control client and where its notes go.
 struct Client {
     control: Option<control::Control>,
-    notes: mpsc::UnboundedSender<Note>,
+    notes: Notes,
     /// The agent's pane (`%N`), once known: other panes' output is not the agent's.
     pane_id: Option<String>,
 }
@@ -409,8 +414,8 @@ impl Pane {
     /// tmux cannot be started or the session is gone.
     pub(crate) fn attach(
         session: &str,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Note>), WrapError> {
-        let (notes, rx) = mpsc::unbounded_channel();
+    ) -> Result<(Self, mpsc::UnboundedReceiver<(u64, Note)>), WrapError> {
+        let (notes, rx) = Notes::channel();
         let pane = Self {
             session: session.to_owned(),
             target: control::quote(&format!("={session}:")),
@@ -460,6 +465,11 @@ impl Pane {
 
     /// Runs one command line through the control client; its output as text.
     fn run(&self, line: &str) -> Result<String, WrapError> {
+        self.run_counted(line).map(|(out, _)| out)
+    }
+
+    /// [`Pane::run`], with the number of the pane's notes read before its answer.
+    fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
         let mut c = self
             .client
             .lock()
@@ -468,7 +478,8 @@ impl Pane {
             // The loop attaches a new one when it hears of the end (`Note::Gone`).
             return Err(tmux_err("control client", "ended"));
         };
-        Ok(String::from_utf8_lossy(&control.run(line)?).into_owned())
+        let (out, at) = control.run_counted(line)?;
+        Ok((String::from_utf8_lossy(&out).into_owned(), at))
     }
 
     /// Reads the pane's screen and, from row `from` of its history on (counted from the
@@ -481,13 +492,13 @@ impl Pane {
     /// output the captures then showed put the parser's cursor on a row above it: the next
     /// text typed overwrote, in the parser's copy only, a directive below it, never relayed.
     pub(crate) fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
-        Commands::new(&|line| self.run(line), &self.target).snapshot(from)
+        Commands::new(&|line| self.run_counted(line), &self.target).snapshot(from)
     }
 
     /// The row the cursor is on, counted from the oldest row in the pane's history: where a
     /// restarted wrapper starts reading (see [`Pane::snapshot`]).
     pub(crate) fn row(&self) -> Result<u64, WrapError> {
-        Commands::new(&|line| self.run(line), &self.target).row()
+        Commands::new(&|line| self.run_counted(line), &self.target).row()
     }
 
     /// Everything in the pane's history and screen, as text (for finding a message typed by
@@ -500,23 +511,32 @@ impl Pane {
     /// drive the copy mode, not the agent): one buffer set and one paste, bracketed when the
     /// application asked for bracketed paste.
     pub(crate) fn type_text(&self, text: &str) -> Result<(), WrapError> {
-        Commands::new(&|line| self.run(line), &self.target).type_text(&self.buffer, text)
+        Commands::new(&|line| self.run_counted(line), &self.target).type_text(&self.buffer, text)
     }
 }
+
+/// Runs a command line down a pane's control client: its output, and how many of the pane's
+/// notes were read before it answered.
+type Runner<'a> = dyn Fn(&str) -> Result<(String, u64), WrapError> + 'a;
 
 /// The command lines that read or type into a pane, over whatever runs them: the pane's
 /// control client, or in unit tests a stand-in that answers as tmux would.
 struct Commands<'a> {
-    run: &'a dyn Fn(&str) -> Result<String, WrapError>,
+    run: &'a Runner<'a>,
     target: &'a str,
 }
 
 impl<'a> Commands<'a> {
-    fn new(run: &'a dyn Fn(&str) -> Result<String, WrapError>, target: &'a str) -> Self {
+    fn new(run: &'a Runner<'a>, target: &'a str) -> Self {
         Self { run, target }
     }
 
     fn run(&self, line: &str) -> Result<String, WrapError> {
+        (self.run)(line).map(|(out, _)| out)
+    }
+
+    /// [`Commands::run`], with the number of the pane's notes read before its answer.
+    fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
         (self.run)(line)
     }
 
@@ -563,17 +583,21 @@ impl<'a> Commands<'a> {
         };
         // The checkpoint's row on the screen (negative: in the history).
         let at = from.map_or(-history, |f| i64::try_from(f).unwrap_or(i64::MAX) - history);
+        // The last capture's count of notes read before it is kept: every capture reads the
+        // screen as the stream had it at its answer, and the screen is captured last.
+        let notes_before = std::cell::Cell::new(0);
         let capture = |start: i64, end: &str, join: bool| -> Result<Vec<u8>, WrapError> {
             let start = if start <= -history {
                 "-".to_owned()
             } else {
                 start.to_string()
             };
-            let out = self.run(&format!(
+            let (out, at) = self.run_counted(&format!(
                 "capture-pane -p -e {}-S {start} -E {end} -t {}",
                 if join { "-J " } else { "" },
                 self.target
             ))?;
+            notes_before.set(at);
             Ok(out.into_bytes())
         };
         let lines = |text: Vec<u8>, last: bool| -> Vec<u8> {
@@ -608,6 +632,7 @@ impl<'a> Commands<'a> {
         }
         snap.unseen
             .extend_from_slice(format!("\x1b[{};{}H", cy + 1, cx + 1).as_bytes());
+        snap.notes_before = notes_before.get();
         Ok(snap)
     }
 
@@ -708,12 +733,32 @@ impl Pane {
     }
 }
 
+/// Of the notes read off the channel while a snapshot was taken (numbered, oldest first), the
+/// ones that came after its capture (`notes_before` were read before it answered), in order;
+/// and whether an earlier client's end was among those before (a new client is live then).
+/// Output before the capture is on the captured screen, a size before it is the snapshot's.
+fn after_capture(read: Vec<(u64, Note)>, notes_before: u64) -> (Vec<Note>, bool) {
+    let mut gone = false;
+    let mut later = Vec::new();
+    for (n, note) in read {
+        if n >= notes_before {
+            later.push(note);
+        } else {
+            gone |= matches!(note, Note::Gone);
+        }
+    }
+    (later, gone)
+}
+
 /// The tmux backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
 /// agent's pane through its control client, attached again when that client ends while the
 /// session lives, and SIGTERM (which stops the relaying, not the agent).
 pub(crate) struct TmuxTerminal {
     pub(crate) pane: Pane,
-    output: mpsc::UnboundedReceiver<Note>,
+    output: mpsc::UnboundedReceiver<(u64, Note)>,
+    /// Notes read off `output` while a snapshot was taken that came after its capture: the
+    /// loop gets them first.
+    after_snapshot: VecDeque<Note>,
     session: String,
     term: tokio::signal::unix::Signal,
 }
@@ -723,20 +768,20 @@ const SNAPSHOT_TRIES: usize = 5;
 
 impl TmuxTerminal {
     /// The terminal of `pane` (attached to `session`), whose notes arrive on `output`.
+    /// `term` hears SIGTERM (set up by the caller before any control client started).
     pub(crate) fn new(
         pane: Pane,
-        output: mpsc::UnboundedReceiver<Note>,
+        output: mpsc::UnboundedReceiver<(u64, Note)>,
         session: String,
-    ) -> Result<Self, WrapError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term =
-            signal(SignalKind::terminate()).map_err(|e| WrapError::Terminal(e.to_string()))?;
-        Ok(Self {
+        term: tokio::signal::unix::Signal,
+    ) -> Self {
+        Self {
             pane,
             output,
+            after_snapshot: VecDeque::new(),
             session,
             term,
-        })
+        }
     }
 
     /// Runs `f`, a command down the pane's control client (which blocks until tmux answers),
@@ -757,11 +802,15 @@ impl TmuxTerminal {
     /// snapshot.
     pub(crate) async fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
         let snap = self.blocking(move |pane| pane.snapshot(from)).await?;
-        // What came before the capture's answer is on the captured screen already.
-        let mut gone = false;
+        // What came before the capture's answer is on the captured screen already; what came
+        // after it is read next (the reader may have passed it on by now: dropping it lost a
+        // directive printed across the capture, issue 23.17).
+        let mut read = Vec::new();
         while let Ok(note) = self.output.try_recv() {
-            gone |= matches!(note, Note::Gone);
+            read.push(note);
         }
+        let (later, gone) = after_capture(read, snap.notes_before);
+        self.after_snapshot.extend(later);
         if gone {
             // The old client's end, read past above: the new client is live (its own end
             // comes on the channel when it ends).
@@ -782,9 +831,12 @@ impl crate::terminal::Terminal for TmuxTerminal {
     ) -> Result<crate::terminal::TermEvent, WrapError> {
         use crate::terminal::TermEvent;
         // Both branches are receives; what follows a note runs without awaiting: cancel-safe.
-        let note = tokio::select! {
-            note = self.output.recv() => note,
-            _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+        let note = match self.after_snapshot.pop_front() {
+            Some(note) => Some(note),
+            None => tokio::select! {
+                note = self.output.recv() => note.map(|(_, note)| note),
+                _ = self.term.recv() => return Ok(TermEvent::Stopped(15)),
+            },
         };
         match note {
             Some(Note::Output(bytes)) => Ok(TermEvent::Output(bytes)),
@@ -912,7 +964,7 @@ mod tests {
 
     /// Runs `f` with the command lines of a pane that answers from `fake`.
     fn with_fake<T>(fake: &std::sync::Mutex<FakePane>, f: impl FnOnce(Commands<'_>) -> T) -> T {
-        let run = |line: &str| Ok(fake.lock().unwrap().answer(line));
+        let run = |line: &str| Ok((fake.lock().unwrap().answer(line), 0));
         f(Commands::new(&run, "=fake:"))
     }
 
@@ -953,6 +1005,34 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x` \"q\"\nline two"
         );
+    }
+
+    /// Output read off the channel while the snapshot was taken is kept when it came after
+    /// the capture (the rest of a directive the capture ends inside: dropping it lost the
+    /// directive, issue 23.17), dropped when it came before (the capture shows it).
+    #[test]
+    fn output_after_the_capture_is_kept_and_output_before_it_is_dropped() {
+        let out = |s: &str| Note::Output(s.as_bytes().to_vec());
+        let read = vec![
+            (3, out("@relay:Carol split ")),
+            (4, Note::Gone),
+            (5, out("across the capture")),
+            (6, out("\r\n")),
+            (7, Note::Gone),
+        ];
+        let (later, gone) = after_capture(read, 5);
+        assert!(gone, "the old client's end, before the capture");
+        let later: Vec<String> = later.iter().map(|n| format!("{n:?}")).collect();
+        assert_eq!(
+            later,
+            [
+                format!("{:?}", out("across the capture")),
+                format!("{:?}", out("\r\n")),
+                format!("{:?}", Note::Gone),
+            ]
+        );
+        let (later, gone) = after_capture(Vec::new(), 9);
+        assert!(later.is_empty() && !gone);
     }
 
     /// A pane that prints between the commands reading it is read again: the snapshot's rows

@@ -31,16 +31,24 @@
 //! person in one working directory share them (a screen's directive may then take the other's
 //! text of the same directive).
 
+mod rollouts;
+
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use relay_parse::Directive;
 use relay_parse::transcript::{
-    Origin, ReplySource, claude_reply_text, codex_reply_text, gemini_reply_text,
+    Origin, ReplySource, claude_reply_text, codex_reply_text, codex_user_turn, gemini_reply_text,
+    gemini_user_turn,
 };
 
 use crate::profile::{TranscriptFormat, TranscriptSource};
+
+/// A record line's reply text, if it is a reply (by the CLI's format).
+type ReplyText = fn(&str) -> Option<String>;
+/// Whether a record line is a prompt (by the CLI's format).
+type UserTurn = fn(&str) -> bool;
 
 /// Longest slug Claude Code uses as is; longer ones are cut and given a hash suffix.
 const MAX_SLUG: usize = 200;
@@ -87,6 +95,11 @@ enum Other {
     Codex {
         sessions: PathBuf,
         owned: HashMap<PathBuf, bool>,
+        /// The rollouts the agent's own processes have open (see [`rollouts`]), and when they
+        /// were last looked for: found, only they are read, and a directive a reply has that
+        /// the screen never drew (Codex on its alternate screen) is sent from there.
+        open: Vec<PathBuf>,
+        looked: Option<std::time::Instant>,
     },
     /// Gemini's folder (`~/.gemini`).
     Gemini { root: PathBuf },
@@ -265,6 +278,8 @@ impl Transcript {
                 Other::Codex {
                     sessions: root,
                     owned: HashMap::new(),
+                    open: Vec::new(),
+                    looked: None,
                 },
                 cwd,
             ),
@@ -298,8 +313,28 @@ impl Transcript {
     /// Whether directives the record has and the screen never showed are sent from it
     /// (Claude Code: it draws only the last screenful of a reply that arrives at once). Codex
     /// and Gemini draw every line: their records only give the screen's directives their text.
+    ///
+    /// Codex when its own rollout is known (open in the agent's processes): on its alternate
+    /// screen (Codex's default, when `--no-alt-screen` is not given) a reply taller than the
+    /// screen scrolls inside it and its first lines are never drawn (issue 23.17).
     pub(crate) fn sends_unseen(&self) -> bool {
-        self.other.is_none()
+        match &self.other {
+            None => true,
+            Some(Other::Codex { open, .. }) => !open.is_empty(),
+            Some(Other::Gemini { .. }) => false,
+        }
+    }
+
+    /// Looks for the records that are this agent's own, where they are told by its process
+    /// (Codex's rollouts; Claude Code's sessions are looked for at each read).
+    pub(crate) fn look_for_own(&mut self) {
+        self.find_open_rollouts();
+    }
+
+    /// Whether the CLI writes a reply to its record only once the reply ends (Codex, Gemini):
+    /// a directive the screen showed waits for the output to go quiet before it goes.
+    pub(crate) fn writes_at_reply_end(&self) -> bool {
+        self.other.is_some()
     }
 
     /// The CLI's name, for log lines.
@@ -429,6 +464,14 @@ impl Transcript {
         self.source.knows(d)
     }
 
+    /// A prompt was submitted (the wrapper's Enter, a person's under the PTY): what the screen
+    /// shows from now on is a new turn's (see [`ReplySource::new_turn`]).
+    pub(crate) fn new_turn(&mut self) {
+        // What the record has of the turns before goes to them.
+        self.read_new();
+        self.source.new_turn();
+    }
+
     pub(crate) fn check(&mut self, d: &Directive) -> Origin {
         self.read_new();
         self.source.check(d)
@@ -485,6 +528,41 @@ impl Transcript {
         }
     }
 
+    /// Codex: looks for the rollouts the agent's processes have open: at each read until one
+    /// is found (Codex opens it with the first prompt), then at most every few seconds (a new
+    /// session opens another).
+    fn find_open_rollouts(&mut self) {
+        let Some(root) = self.agent_pid else { return };
+        let Some(Other::Codex {
+            sessions,
+            open,
+            looked,
+            ..
+        }) = &mut self.other
+        else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if !open.is_empty()
+            && looked.is_some_and(|at| now.duration_since(at) < std::time::Duration::from_secs(5))
+        {
+            return;
+        }
+        *looked = Some(now);
+        let found = rollouts::open_in(root, sessions);
+        for path in &found {
+            if !open.contains(path) {
+                tracing::info!(file = %path.display(), "this agent's own Codex rollout (open in its process): directives its replies have that the screen never drew are sent from it");
+            }
+        }
+        // Those found before stay (one closed by a new session has nothing more to read).
+        for path in found {
+            if !open.contains(&path) {
+                open.push(path);
+            }
+        }
+    }
+
     /// Reads what was added to this agent's transcripts.
     fn read_new(&mut self) {
         if self.other.is_some() {
@@ -507,8 +585,20 @@ impl Transcript {
         }
     }
 
-    /// Reads what was added to Codex's or Gemini's records of this working directory.
+    /// Reads what was added to Codex's or Gemini's records of this working directory (Codex:
+    /// only the agent's own rollouts, once they are found open in its processes).
     fn read_new_other(&mut self) {
+        self.find_open_rollouts();
+        if let Some(Other::Codex { open, .. }) = &self.other
+            && !open.is_empty()
+        {
+            for path in open.clone() {
+                if let Err(e) = self.read_file(&path) {
+                    tracing::debug!(file = %path.display(), error = %e, "cannot read this agent's Codex rollout; the screen's copy goes");
+                }
+            }
+            return;
+        }
         for path in self.other_files() {
             if let Some(Other::Codex { owned, .. }) = &mut self.other {
                 let ours = match owned.get(&path) {
@@ -575,15 +665,17 @@ impl Transcript {
             // Written before the wrapper started: history.
             let history = at_start.is_some_and(|n| at < n);
             at += line.len() as u64;
-            let reply_text = match self.other {
-                None => claude_reply_text,
-                Some(Other::Codex { .. }) => codex_reply_text,
-                Some(Other::Gemini { .. }) => gemini_reply_text,
+            let (reply_text, user_turn): (ReplyText, UserTurn) = match self.other {
+                None => (claude_reply_text, |_| false),
+                Some(Other::Codex { .. }) => (codex_reply_text, codex_user_turn),
+                Some(Other::Gemini { .. }) => (gemini_reply_text, gemini_user_turn),
             };
-            if let Some(reply) = std::str::from_utf8(line)
-                .ok()
-                .and_then(|l| reply_text(l.trim_end()))
-            {
+            let line = std::str::from_utf8(line).ok().map(str::trim_end);
+            if !history && line.is_some_and(user_turn) {
+                // A prompt the record has (a person's, under tmux, included): a new turn.
+                self.source.prompt_recorded();
+            }
+            if let Some(reply) = line.and_then(reply_text) {
                 if history {
                     self.source.add_history(&reply);
                 } else {
@@ -613,6 +705,12 @@ impl crate::decide::outbox::Gate for Transcript {
     fn sends_unseen(&self) -> bool {
         Transcript::sends_unseen(self)
     }
+    fn writes_at_reply_end(&self) -> bool {
+        Transcript::writes_at_reply_end(self)
+    }
+    fn look_for_own(&mut self) {
+        Transcript::look_for_own(self);
+    }
     fn take_unseen(&mut self) -> Vec<Directive> {
         Transcript::take_unseen(self)
     }
@@ -627,6 +725,9 @@ impl crate::decide::outbox::Gate for Transcript {
     }
     fn set_agent_pid(&mut self, pid: u32) {
         Transcript::set_agent_pid(self, pid);
+    }
+    fn new_turn(&mut self) {
+        Transcript::new_turn(self);
     }
 }
 

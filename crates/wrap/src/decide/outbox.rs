@@ -43,6 +43,12 @@ pub(crate) trait Gate: std::marker::Send + Sync {
     fn check(&mut self, d: &Directive) -> Origin;
     /// Whether directives the record has and the screen never showed are sent from it.
     fn sends_unseen(&self) -> bool;
+    /// Whether the CLI writes a reply to its record only when the reply ends (Codex, Gemini):
+    /// a directive then waits for the output to go quiet.
+    fn writes_at_reply_end(&self) -> bool;
+    /// Looks for the CLI's own record again if it is not found yet (Codex: the rollout it
+    /// holds open).
+    fn look_for_own(&mut self);
     /// The directives the record has that the screen never showed (each once).
     fn take_unseen(&mut self) -> Vec<Directive>;
     /// How many record files were found.
@@ -54,6 +60,9 @@ pub(crate) trait Gate: std::marker::Send + Sync {
     /// The agent's process: whose records are read (Claude Code's sessions are found from
     /// it).
     fn set_agent_pid(&mut self, pid: u32);
+    /// A prompt was submitted: the record's re-print guard starts a new turn (a directive
+    /// said again from now on is meant again).
+    fn new_turn(&mut self);
 }
 
 /// Who a directive goes to, as the relay names it.
@@ -96,6 +105,13 @@ impl Outbox {
         }
     }
 
+    /// A prompt was submitted (see [`Gate::new_turn`]).
+    pub(crate) fn new_turn(&mut self) {
+        if let Some(g) = &mut self.gate {
+            g.new_turn();
+        }
+    }
+
     /// The record, if one is kept.
     pub(crate) fn gate_mut(&mut self) -> Option<&mut (dyn Gate + 'static)> {
         self.gate.as_deref_mut()
@@ -129,7 +145,10 @@ impl Outbox {
         now: Instant,
         last_output: Instant,
     ) -> Option<Directive> {
-        let at_reply_end = self.gate.as_ref().is_some_and(|g| !g.sends_unseen());
+        // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
+        // reply for a while after a directive at its top showed: their directives wait until
+        // the output has been quiet the settle time (at most HELD_MAX).
+        let at_reply_end = self.gate.as_ref().is_some_and(|g| g.writes_at_reply_end());
         let quiet_at = last_output + self.settle;
         let (d, until) = self.held.front()?;
         let known = self.gate.as_mut().is_some_and(|g| g.knows(d));
@@ -206,7 +225,9 @@ impl Outbox {
             return (Vec::new(), None);
         };
         // Codex and Gemini draw every line of a reply: their records only give the screen's
-        // directives their text, so each is sent once, by the screen.
+        // directives their text, so each is sent once, by the screen. Codex whose own rollout
+        // is found is read from it too: on its alternate screen a tall reply is not drawn whole.
+        g.look_for_own();
         if !g.sends_unseen() {
             return (Vec::new(), None);
         }
@@ -219,8 +240,14 @@ impl Outbox {
             tracing::warn!(folder = %g.folder().display(), "no Claude Code transcript of this agent's found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
             notice = Some(MISSING_NOTICE);
         }
+        let cli = g.cli();
         for d in &unseen {
-            tracing::info!(to = %recipient(d), body = %text::one_line(&d.body, 200), "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            let (to, body) = (recipient(d), text::one_line(&d.body, 200));
+            if cli == "Codex" {
+                tracing::info!(%to, %body, "sent from Codex's rollout: the screen did not show it (a reply taller than the alternate screen)");
+            } else {
+                tracing::info!(%to, %body, "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
+            }
         }
         (unseen, notice)
     }
@@ -294,6 +321,10 @@ mod tests {
         fn sends_unseen(&self) -> bool {
             !self.at_reply_end
         }
+        fn writes_at_reply_end(&self) -> bool {
+            self.at_reply_end
+        }
+        fn look_for_own(&mut self) {}
         fn take_unseen(&mut self) -> Vec<Directive> {
             std::mem::take(&mut self.unseen)
         }
@@ -307,6 +338,7 @@ mod tests {
             PathBuf::from("/nowhere")
         }
         fn set_agent_pid(&mut self, _pid: u32) {}
+        fn new_turn(&mut self) {}
     }
 
     /// What [`Outbox`] releases at `now`, as the shell takes it.

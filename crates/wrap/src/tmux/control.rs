@@ -25,8 +25,39 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// A command's answer: its output lines, or tmux's error text.
 type Answer = Result<Vec<u8>, String>;
 
-/// The waiting commands' reply slots, oldest first: tmux answers commands in order.
-type Waiting = Arc<Mutex<VecDeque<mpsc::Sender<Answer>>>>;
+/// The waiting commands' reply slots, oldest first: tmux answers commands in order. Each
+/// answer comes with the number of notes read before it (see [`Notes`]).
+type Waiting = Arc<Mutex<VecDeque<mpsc::Sender<(Answer, u64)>>>>;
+
+/// Where the notes of one pane's control clients go, numbered in the order they were read
+/// (one count for every client the pane has had). tmux writes a pane's `%output` and the
+/// answers to commands on one stream, in order: a capture's answer tells, by the count of
+/// notes read before it, which output the capture holds and which came after it (issue 23.17).
+#[derive(Clone, Debug)]
+pub(crate) struct Notes {
+    tx: tokio::sync::mpsc::UnboundedSender<(u64, Note)>,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Notes {
+    /// A new channel of numbered notes, from 0.
+    pub(crate) fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<(u64, Note)>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let count = Arc::default();
+        (Self { tx, count }, rx)
+    }
+
+    /// Passes `note` on with its number; an error when nothing reads any more.
+    fn send(&self, note: Note) -> Result<(), ()> {
+        let n = self.count.fetch_add(1, Ordering::AcqRel);
+        self.tx.send((n, note)).map_err(|_| ())
+    }
+
+    /// How many notes were passed on so far.
+    fn sent(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+}
 
 fn err(what: &str, e: impl std::fmt::Display) -> WrapError {
     WrapError::Pty(format!("tmux control client: {what}: {e}"))
@@ -69,7 +100,7 @@ impl Control {
     pub(crate) fn attach(
         session: &str,
         pane: Option<String>,
-        notes: tokio::sync::mpsc::UnboundedSender<Note>,
+        notes: Notes,
     ) -> Result<Self, WrapError> {
         // Held until the client has answered a first command, that is until tmux has set it
         // up as a control client (see [`super::guard`]).
@@ -138,6 +169,11 @@ impl Control {
 
     /// Runs one command line (already quoted, see [`quote`]); its output.
     pub(crate) fn run(&mut self, line: &str) -> Result<Vec<u8>, WrapError> {
+        self.run_counted(line).map(|(out, _)| out)
+    }
+
+    /// [`Control::run`], with the number of notes read before its answer (see [`Notes`]).
+    pub(crate) fn run_counted(&mut self, line: &str) -> Result<(Vec<u8>, u64), WrapError> {
         // One command per line, no `;` lists: each command gets its own answer block.
         debug_assert!(!line.contains('\n'), "one command per line");
         let (tx, rx) = mpsc::channel();
@@ -158,8 +194,8 @@ impl Control {
             return Err(err("write", e));
         }
         match rx.recv_timeout(ANSWER_WITHIN) {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(msg)) => Err(WrapError::Pty(format!("tmux: {}", msg.trim()))),
+            Ok((Ok(out), at)) => Ok((out, at)),
+            Ok((Err(msg), _)) => Err(WrapError::Pty(format!("tmux: {}", msg.trim()))),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 Err(err("gone", "the client ended (session or server gone)"))
             }
@@ -183,7 +219,9 @@ impl Drop for Control {
         };
         let stdin = self.stdin.take();
         // Its detaching is announced to every control client: it is done under the lock
-        // (see [`super::guard`]), off the loop, and the lock is held until it has gone.
+        // (see [`super::guard`]), off the loop, and the lock is held until it has gone. The
+        // process waits for it before it ends ([`wait_detached`]): ending first would close
+        // `stdin` outside the lock.
         let reaped = std::thread::Builder::new()
             .name("relay-tmux-reap".into())
             .spawn(move || {
@@ -193,9 +231,42 @@ impl Drop for Control {
                     tracing::debug!(error = %e, "cannot reap the tmux control client");
                 }
             });
-        if let Err(e) = reaped {
+        match reaped {
+            Ok(handle) => match DETACHING.lock() {
+                Ok(mut pending) => pending.push(handle),
+                Err(_) => tracing::warn!(
+                    "cannot record a tmux control client's detaching; the process may end before it"
+                ),
+            },
             // The thread (and with it `stdin`) is gone: the client detaches all the same.
-            tracing::debug!(error = %e, "cannot start a thread to reap the tmux control client");
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot start a thread to reap the tmux control client");
+            }
+        }
+    }
+}
+
+/// The threads detaching this process's control clients under the lock (see `Drop`), not yet
+/// waited for.
+static DETACHING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits until every control client this process let go of has detached, each under the lock
+/// (see [`super::guard`]). A relaying process calls it before it ends: a client still attached
+/// when the process ends detaches when its stdin closes with the process, outside the lock,
+/// and tmux announces that detaching to every control client, one that another relaying
+/// process is attaching included, which crashes the server (issue 23.19). Bounded: each
+/// thread waits at most the lock's limit, then for a client that has lost its input.
+pub(crate) fn wait_detached() {
+    let pending = match DETACHING.lock() {
+        Ok(mut pending) => std::mem::take(&mut *pending),
+        Err(_) => {
+            tracing::warn!("cannot read the tmux control clients still detaching");
+            return;
+        }
+    };
+    for handle in pending {
+        if handle.join().is_err() {
+            tracing::warn!("a thread detaching a tmux control client panicked");
         }
     }
 }
@@ -208,7 +279,7 @@ fn read_answers(
     waiting: &Waiting,
     alive: &AtomicBool,
     pane: Option<&str>,
-    notes: &tokio::sync::mpsc::UnboundedSender<Note>,
+    notes: &Notes,
 ) {
     // The block being read: its command number and whether it answers one of ours (flags 1;
     // the attach command's own block has flags 0).
@@ -233,7 +304,7 @@ fn read_answers(
                         };
                         let slot = waiting.lock().ok().and_then(|mut w| w.pop_front());
                         if let Some(slot) = slot
-                            && slot.send(answer).is_err()
+                            && slot.send((answer, notes.sent())).is_err()
                         {
                             tracing::debug!("a tmux answer came after its command gave up");
                         }
@@ -416,15 +487,15 @@ mod tests {
         let waiting: Waiting = Arc::default();
         let (a, ra) = mpsc::channel();
         let (b, rb) = mpsc::channel();
-        let (c, rc) = mpsc::channel::<Answer>();
+        let (c, rc) = mpsc::channel::<(Answer, u64)>();
         waiting.lock().unwrap().extend([a, b, c]);
         let alive = AtomicBool::new(true);
-        let (notes, _) = tokio::sync::mpsc::unbounded_channel();
+        let (notes, _rx) = Notes::channel();
         read_answers(&stdout[..], &waiting, &alive, None, &notes);
         // A line of output that looks like another block's end is output.
-        assert_eq!(ra.recv().unwrap().unwrap(), b"line one\n%end 1 12 1\n");
+        assert_eq!(ra.recv().unwrap().0.unwrap(), b"line one\n%end 1 12 1\n");
         assert_eq!(
-            rb.recv().unwrap().unwrap_err(),
+            rb.recv().unwrap().0.unwrap_err(),
             "parse error: unknown command: x\n"
         );
         // The client ended before answering the third: its command is told.
@@ -432,15 +503,15 @@ mod tests {
         assert!(!alive.load(Ordering::Acquire));
     }
 
-    #[test]
-    fn pane_output_is_decoded_and_only_the_agents_pane_is_passed_on() {
-        let stdout = "%output %1 a\\134b\\015\\012\\033[1m\u{e9}\n\
-            %begin 1 5 1\n%output %1 not output: inside a block\n%end 1 5 1\n\
-            %output %2 other pane\n%output %1 \n%output %1 end\\012\n";
+    type NoteReceiver = tokio::sync::mpsc::UnboundedReceiver<(u64, Note)>;
+
+    /// What pane `%1`'s client passes on of `stdout`, one command waiting: its answer and the
+    /// notes.
+    fn read_for_one_command(stdout: &str) -> (mpsc::Receiver<(Answer, u64)>, NoteReceiver) {
         let waiting: Waiting = Arc::default();
         let (a, ra) = mpsc::channel();
         waiting.lock().unwrap().push_back(a);
-        let (notes, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (notes, rx) = Notes::channel();
         read_answers(
             stdout.as_bytes(),
             &waiting,
@@ -448,15 +519,37 @@ mod tests {
             Some("%1"),
             &notes,
         );
+        (ra, rx)
+    }
+
+    #[test]
+    fn pane_output_is_decoded_and_only_the_agents_pane_is_passed_on() {
+        let stdout = "%output %1 a\\134b\\015\\012\\033[1m\u{e9}\n\
+            %begin 1 5 1\n%output %1 not output: inside a block\n%end 1 5 1\n\
+            %output %2 other pane\n%output %1 \n%output %1 end\\012\n";
+        let (ra, mut rx) = read_for_one_command(stdout);
         let mut got = Vec::new();
-        while let Ok(Note::Output(b)) = rx.try_recv() {
+        while let Ok((_, Note::Output(b))) = rx.try_recv() {
             got.push(b);
         }
         assert_eq!(got, ["a\\b\r\n\x1b[1m\u{e9}".as_bytes(), b"", b"end\n"]);
         assert_eq!(
-            ra.recv().unwrap().unwrap(),
+            ra.recv().unwrap().0.unwrap(),
             b"%output %1 not output: inside a block\n"
         );
+    }
+
+    #[test]
+    fn an_answer_tells_how_many_notes_came_before_it() {
+        // A capture's answer between two pieces of output: the first is on the captured
+        // screen, the second came after it (issue 23.17).
+        let stdout = "%output %1 before\n%begin 1 5 1\ncaptured\n%end 1 5 1\n%output %1 after\n";
+        let (ra, mut rx) = read_for_one_command(stdout);
+        let (answer, at) = ra.recv().unwrap();
+        assert_eq!(answer.unwrap(), b"captured\n");
+        assert_eq!(at, 1);
+        let numbers: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok().map(|(n, _)| n)).collect();
+        assert_eq!(numbers, [0, 1]);
     }
 
     #[test]
@@ -479,7 +572,7 @@ mod tests {
         let layout = "c08a,100x30,0,0[100x15,0,0,0,100x14,0,16,1]";
         let stdout =
             format!("%output %1 before\n%layout-change @0 {layout} {layout} *\n%output %1 after\n");
-        let (notes, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (notes, mut rx) = Notes::channel();
         read_answers(
             stdout.as_bytes(),
             &Waiting::default(),
@@ -488,7 +581,7 @@ mod tests {
             &notes,
         );
         let mut got = Vec::new();
-        while let Ok(note) = rx.try_recv() {
+        while let Ok((_, note)) = rx.try_recv() {
             got.push(format!("{note:?}"));
         }
         assert_eq!(

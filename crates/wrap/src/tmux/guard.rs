@@ -14,6 +14,12 @@
 //! one lock per tmux socket directory, so that none of the relay's own steps falls in another's
 //! window. An agent that exits or a person who detaches during the window is outside the
 //! relay's reach; the window is a few of the server's loop turns.
+//!
+//! A relaying process that ends waits until its control client has detached under the lock
+//! ([`super::control::wait_detached`]), and it handles SIGTERM from before it starts one: a
+//! process that ended with its client attached had the client detach, announced to every
+//! control client, outside the lock (`agents_started_and_stopped_together...` lost the
+//! server that way under load, issue 23.19).
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -79,10 +85,16 @@ pub(crate) fn take(what: &str) -> Guard {
         }
     };
     let deadline = Instant::now() + WAIT_AT_MOST;
+    let mut said = false;
     loop {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Guard { _file: Some(file) },
             Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+                if !said {
+                    // Said once: what a relaying process waits for when it seems stuck.
+                    tracing::info!(what, "waiting for the tmux lock");
+                    said = true;
+                }
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(rustix::io::Errno::WOULDBLOCK) => {
