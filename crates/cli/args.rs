@@ -25,6 +25,10 @@ Paths: one relay per project (nearest directory with .git, Cargo.toml, package.j
 pyproject.toml or .agent-relay). Override with AGENT_RELAY_DATA_DIR, AGENT_RELAY_SOCKET,
 AGENT_RELAY_STORAGE_PATH; AGENT_RELAY_STORAGE_TYPE=memory keeps nothing on disk.
 
+--json: every command that prints data prints one JSON document: a list (history, history
+--all, inbox, agents) is one array, one thing (read, trace, status, dlq's answer) one object.
+Only a live stream (watch, inbox --follow) prints one object per line (JSON Lines).
+
 Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
 running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
 relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
@@ -520,7 +524,8 @@ pub(crate) struct InboxArgs {
     /// After the unread messages, also show the latest ones read before.
     #[arg(long)]
     pub(crate) all: bool,
-    /// One JSON object per line (JSON Lines), each with `"unread": true|false`.
+    /// Print JSON: one array of messages, each with `"unread": true|false` (as `history
+    /// --json`); with --follow, a stream: one JSON object per line (JSON Lines).
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -585,7 +590,7 @@ pub(crate) struct HistoryArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) limit: u32,
     /// Everything that matches, however much (newest first, fetched a page at a time): with
-    /// --json, one JSON object per line (JSON Lines), written as each page arrives.
+    /// --json, the same JSON array as without --all, written as each page arrives.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) all: bool,
     /// Print JSON for scripts.

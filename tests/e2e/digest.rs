@@ -182,17 +182,13 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
     );
 }
 
-/// With `--delivery notice`, a scripted agent is typed only a one-line notice; the message
-/// is recorded injected (acked) until the agent's MCP server, under the wrapper, shows it with
-/// relay_inbox, exactly, and then verified; a second relay_inbox shows nothing new. A message
-/// the tool showed while the agent was busy (its notice not typed yet) is verified and gets no
-/// notice. Before, the whole message was typed.
-#[test]
-fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
-    let relay = Relay::start();
+/// Bob, a scripted agent with his MCP server in his session (as his CLI would start it, issue
+/// 23.1), under `--delivery DELIVERY`, shows a busy marker; a message comes and waits in the
+/// wrapper; relay_inbox shows it, exactly, and it is verified; then Bob is let go. Returns
+/// Bob, his MCP client and the message's id.
+fn shown_while_busy(relay: &Relay, delivery: &str) -> (Wrapped, crate::doors::Mcp, String) {
     let go = relay.dir.path().join("go");
-    // Bob's MCP server runs in his session, as his CLI would start it (issue 23.1).
-    let pipes = crate::doors::SessionPipes::new(&relay, "Bob");
+    let pipes = crate::doors::SessionPipes::new(relay, "Bob");
     let script = format!(
         "{}\n\
          printf 'working (esc to interrupt)'\n\
@@ -202,13 +198,12 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
         pipes.background(),
         go.display()
     );
-    let bob = Wrapped::start(&relay, "Bob", &["--delivery", "notice"], &script);
+    let bob = Wrapped::start(relay, "Bob", &["--delivery", delivery], &script);
     let mut mcp = pipes.connect();
-    wait_online(&relay, "Bob");
-
-    // Busy: the first message waits in the wrapper; the tool shows it first.
-    let early = send(&relay, "Bob", BODIES[0]);
-    wait_for(LONG, "the wrapper holds the first message", || {
+    wait_online(relay, "Bob");
+    // Busy: the message waits in the wrapper; the tool shows it first.
+    let early = send(relay, "Bob", BODIES[0]);
+    wait_for(LONG, "the wrapper holds the message", || {
         logged(&bob.log(), "a message waits to be typed", &early) == 1
     });
     let (error, text) = mcp.tool("relay_inbox", serde_json::json!({}));
@@ -217,8 +212,20 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
         text.contains(&format!("[{early}] from human to Bob:\n{}", BODIES[0])),
         "{text}"
     );
-    assert_eq!(delivery_status(&relay, &early), "verified");
+    assert_eq!(delivery_status(relay, &early), "verified");
     std::fs::write(&go, "").unwrap();
+    (bob, mcp, early)
+}
+
+/// With `--delivery notice`, a scripted agent is typed only a one-line notice; the message
+/// is recorded injected (acked) until the agent's MCP server, under the wrapper, shows it with
+/// relay_inbox, exactly, and then verified; a second relay_inbox shows nothing new. A message
+/// the tool showed while the agent was busy (its notice not typed yet) is verified and gets no
+/// notice. Before, the whole message was typed.
+#[test]
+fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
+    let relay = Relay::start();
+    let (bob, mut mcp, early) = shown_while_busy(&relay, "notice");
 
     let body = BODIES[1];
     let id = send(&relay, "Bob", body);
@@ -247,6 +254,32 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
     assert_eq!(bob.got(), [notice], "no body typed, nothing typed twice");
     assert_eq!(logged(&bob.log(), "typing a message", &early), 0);
     assert_eq!(history(&relay).len(), 2);
+}
+
+/// One record whatever the door, with `--delivery each` (the default): a message waiting in
+/// the wrapper (the agent busy) that the agent's MCP server shows with relay_inbox is handed
+/// over by the wrapper itself, verified by the tool's door, and never typed after; once the
+/// agent is free a later message is typed (store order: everything before it was dealt with),
+/// and relay_inbox shows nothing again. Before, relay_inbox showed it from the store and the
+/// wrapper typed it too.
+#[test]
+fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
+    let relay = Relay::start();
+    let (bob, mut mcp, early) = shown_while_busy(&relay, "each");
+    let later = send(&relay, "Bob", BODIES[2]);
+    wait_for(LONG, "the later message is typed and verified", || {
+        delivery_status(&relay, &later) == "verified"
+    });
+    let got = bob.got();
+    assert!(
+        got.iter().any(|l| l.contains(BODIES[2])) && !got.iter().any(|l| l.contains(BODIES[0])),
+        "typed: {got:?}"
+    );
+    assert_eq!(logged(&bob.log(), "typing a message", &early), 0);
+    assert_eq!(
+        mcp.tool("relay_inbox", serde_json::json!({})).1,
+        "No new relay messages."
+    );
 }
 
 /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the

@@ -862,6 +862,9 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     assert_eq!(dl[0]["code"], "budget_exceeded");
 }
 
+/// A person's `send` reaches another node under a name of its own; under a person's name of
+/// that node (`human` is every node's) it is refused there, and a dead letter at its sender
+/// with the reason (issue 28.5: a node cannot speak as a person of another node).
 #[test]
 fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     let nats = Nats::start();
@@ -871,16 +874,36 @@ fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     let (mut bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
     wait_listed(&b, "Alice", "hostA");
-    // `agent-relay send` is a client connection named "human" on each host.
-    ok_stdout(&a.cli(&["send", "Bob", "from the person on hostA"]));
+    // `agent-relay send` is a client connection named "human" on each host: hostB's own
+    // person is "human" there, so hostA's "human" cannot speak as them.
+    let out = ok_stdout(&a.cli(&["send", "Bob", "as hostB's person", "--json"]));
+    let refused: Value = serde_json::from_str(&out).unwrap();
+    let refused_id = refused["id"].as_str().unwrap().to_owned();
+    ok_stdout(&a.cli(&["send", "--from", "ann", "Bob", "from the person on hostA"]));
     let f = next_deliver(&mut bob);
     assert_eq!(
         (f["from"].as_str(), f["payload"]["body"].as_str()),
-        (Some("human"), Some("from the person on hostA")),
+        (Some("ann"), Some("from the person on hostA")),
         "{f}"
     );
+    wait_for(
+        Duration::from_secs(30),
+        "the refusal is a dead letter on hostA",
+        || {
+            json_of(&a, &["dlq", "list"])["dead_letters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| {
+                    d["msg_id"] == refused_id.as_str()
+                        && d["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("a person of node hostB"))
+                })
+        },
+    );
     // hostB's own person is not locked out by the name the other host's person used.
-    ok_stdout(&b.cli(&["send", "Alice", "from the person on hostB"]));
+    ok_stdout(&b.cli(&["send", "--from", "bea", "Alice", "from the person on hostB"]));
     ok_stdout(&b.cli(&["send", "Bob", "local, from the person on hostB"]));
     let f = next_deliver(&mut alice);
     assert_eq!(f["payload"]["body"], "from the person on hostB", "{f}");
@@ -1292,4 +1315,503 @@ fn trace_on_the_senders_node_shows_the_legs_on_the_far_node() {
         || has(&legs(&a), "Bob@hostB", "verified"),
     );
     drop(nats);
+}
+
+/// Writes one SEND per `(to, body)` on `c` without waiting for each ACK (a thread reads them,
+/// each accepted or queued); returns the ids once every ACK is in, and the DELIVERs that came
+/// meanwhile (not acknowledged: the reading thread writes nothing, so that no frame of it
+/// lands inside one of the SENDs). A backlog of thousands is stored in seconds this way.
+fn send_pipelined(c: &mut Raw, msgs: &[(String, String)]) -> (Vec<String>, Vec<Value>) {
+    let mut reader = c.reader();
+    // A relay that stops reading fails the test instead of hanging it.
+    c.stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let n = msgs.len();
+    let acks = std::thread::spawn(move || {
+        let mut got = 0;
+        let mut delivered = Vec::new();
+        while got < n {
+            let f = reader.read().expect("connection open");
+            match f["type"].as_str() {
+                Some("ACK") => {
+                    let status = f["payload"]["status"].as_str().unwrap_or_default();
+                    assert!(status == "accepted" || status == "queued", "{f}");
+                    got += 1;
+                }
+                Some("DELIVER") => delivered.push(f),
+                _ => {}
+            }
+        }
+        delivered
+    });
+    let ids = msgs
+        .iter()
+        .map(|(to, body)| {
+            c.send_env(
+                "SEND",
+                json!({"to": to}),
+                json!({"kind": "message", "body": body}),
+            )
+        })
+        .collect();
+    (ids, acks.join().unwrap())
+}
+
+/// [`read_until_marker`], failing at `deadline`.
+fn read_until_marker_by(c: &mut Raw, marker: &str, deadline: std::time::Instant) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} delivered, then nothing before the deadline",
+            ids.len()
+        );
+        let f = c.read().expect("connection open");
+        match f["type"].as_str() {
+            Some("PING") => {
+                c.send_env("PONG", json!({}), json!({}));
+            }
+            Some("DELIVER") => {
+                c.ack(&f);
+                if f["payload"]["body"] == marker {
+                    return ids;
+                }
+                ids.push(f["id"].as_str().unwrap().to_owned());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Issue 28.1: NATS down while a backlog waits for many agents of another node; when it is
+/// back, every message is delivered (the stand-ins' publishes and the PubAcks that free their
+/// in-flight slots are polled together: before, all of them waited for a slot their own
+/// unpolled PubAcks held, and the link published nothing more, for good), and a fresh
+/// message afterwards arrives too. Each read is bounded: a link that stops fails the test.
+#[test]
+fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() {
+    // 64 stand-ins with up to 256 publishes each in flight: far more than the 5,000 slots
+    // of the link's JetStream context, so every stand-in waits for one at once.
+    const AGENTS: usize = 64;
+    const EACH: usize = 320;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("r{i}")).collect();
+    let mut receivers: Vec<Raw> = names.iter().map(|n| b.agent(n).0).collect();
+    for n in &names {
+        wait_listed(&a, n, "hostB");
+    }
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    // Round-robin over the agents, then one end marker each.
+    let msgs: Vec<(String, String)> = (0..EACH * AGENTS)
+        .map(|k| (names[k % AGENTS].clone(), format!("backlog {k}")))
+        .collect();
+    eprintln!("sending {} messages while NATS is down", msgs.len());
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    eprintln!("sent");
+    let markers: Vec<(String, String)> = names.iter().map(|n| (n.clone(), "end".into())).collect();
+    send_pipelined(&mut alice, &markers);
+    wait_for(Duration::from_secs(60), "status shows the backlog", || {
+        federation(&a)["backlog"].as_u64() >= Some((EACH * AGENTS) as u64)
+    });
+    nats.spawn();
+    eprintln!("NATS back");
+    // A stopped link fails the test at this deadline (the relay's PINGs keep a read alive).
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let readers: Vec<_> = receivers
+        .drain(..)
+        .map(|mut r| std::thread::spawn(move || read_until_marker_by(&mut r, "end", deadline)))
+        .collect();
+    let mut got = Vec::new();
+    for (i, t) in readers.into_iter().enumerate() {
+        let ids_i = t
+            .join()
+            .unwrap_or_else(|_| panic!("r{i}: the backlog stopped"));
+        assert_eq!(ids_i.len(), EACH, "r{i}");
+        got.extend(ids_i);
+    }
+    got.sort();
+    let mut want = ids.clone();
+    want.sort();
+    exactly_once(&got, &want, "backlog after the outage");
+    // The link goes on: a fresh message from another agent arrives.
+    let (mut carol, _) = a.agent("Carol");
+    let mut r0 = b.connect();
+    r0.hello("late", json!({}));
+    wait_listed(&a, "late", "hostB");
+    let id = carol.send("late", "fresh");
+    carol.expect("ACK");
+    r0.read_timeout(Duration::from_secs(60));
+    let f = next_deliver(&mut r0);
+    assert_eq!(f["id"], id.as_str(), "{f}");
+    wait_for(Duration::from_secs(60), "backlog 0", || {
+        federation(&a)["backlog"] == 0
+    });
+}
+
+/// Issue 28.3 and 28.4: a message that can never be handed over ends. After a name conflict
+/// (Eve taken on both nodes while NATS was down), the winning Eve's messages to the losing
+/// node cannot be sent there under her name (that node's own Eve has it): before, each was
+/// put back for ever, and thousands of them took every slot of the node's consumer, so
+/// genuine messages stopped. Now each is a dead letter on the sender's node with the real
+/// reason (and she is told), and the genuine messages after them arrive.
+#[test]
+fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_rest_flows() {
+    const POISON: usize = 4200;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (_alice, _) = a.agent("Alice");
+    let (bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "links down", || {
+        federation(&a)["link"] != "connected" && federation(&b)["link"] != "connected"
+    });
+    let (eve_a, _) = a.agent("Eve");
+    let (eve_b, _) = b.agent("Eve");
+    nats.spawn();
+    let has = |r: &Relay| {
+        federation(r)["conflicts"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|x| x["name"] == "Eve"))
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "a node reports the conflict",
+        || has(&a) || has(&b),
+    );
+    // The winner's Eve sends to an agent of the loser's node; the loser's Eve stays online.
+    let (winner, loser, mut eve_w, _eve_l) = if has(&b) {
+        (&a, &b, eve_a, eve_b)
+    } else {
+        (&b, &a, eve_b, eve_a)
+    };
+    let (loser_node, far_agent, mut far_conn) = if std::ptr::eq(loser, &b) {
+        ("hostB", "Bob", bob.reader())
+    } else {
+        let (c, _) = a.agent("Alf");
+        wait_listed(&b, "Alf", "hostA");
+        ("hostA", "Alf", c)
+    };
+    let msgs: Vec<(String, String)> = (0..POISON)
+        .map(|k| (far_agent.to_owned(), format!("never {k}")))
+        .collect();
+    let (poison, mut seen) = send_pipelined(&mut eve_w, &msgs);
+    // Genuine messages after them, from an agent without a conflict.
+    let (mut sender, _) = winner.agent("Gus");
+    wait_listed(
+        loser,
+        "Gus",
+        if std::ptr::eq(winner, &a) {
+            "hostA"
+        } else {
+            "hostB"
+        },
+    );
+    far_conn.read_timeout(Duration::from_secs(120));
+    exchange(
+        &mut sender,
+        far_agent,
+        &mut far_conn,
+        5,
+        ("genuine", "genuine end"),
+        "genuine messages after the poison",
+    );
+    // Every poison message is a dead letter on the sender's node, with the real reason:
+    // counted by removing them as they come (a list shows at most 1,000).
+    let poison_set: std::collections::HashSet<&str> = poison.iter().map(String::as_str).collect();
+    let mut removed = 0;
+    wait_for(
+        Duration::from_secs(240),
+        "every poison message dead-lettered at its sender",
+        || {
+            let dl = json_of(winner, &["dlq", "list", "--limit", "1000"]);
+            for d in dl["dead_letters"].as_array().unwrap() {
+                assert_eq!(d["from"], "Eve", "{d}");
+                assert!(poison_set.contains(d["msg_id"].as_str().unwrap()), "{d}");
+                let reason = d["reason"].as_str().unwrap();
+                assert!(
+                    reason.contains(&format!("node {loser_node}"))
+                        && reason.contains("its own agent named Eve"),
+                    "{reason}"
+                );
+            }
+            removed += json_of(winner, &["dlq", "purge"])["removed"]
+                .as_u64()
+                .unwrap();
+            removed >= POISON as u64
+        },
+    );
+    assert_eq!(removed, POISON as u64);
+    // Eve is told: a relay notice for one of them, with the reason.
+    let n = match seen.pop() {
+        Some(f) => f,
+        None => eve_w.expect("DELIVER"),
+    };
+    assert_eq!(n["from"], "relay", "{n}");
+    let notice = &n["payload"]["data"]["relay_notice"];
+    assert_eq!(notice["code"], "failed", "{n}");
+    assert!(
+        poison_set.contains(notice["msg_id"].as_str().unwrap()),
+        "{n}"
+    );
+    assert!(
+        notice["reason"]
+            .as_str()
+            .unwrap()
+            .contains("its own agent named Eve"),
+        "{n}"
+    );
+    // The losing node's Eve is told the real reason too, naming the node that holds her name.
+    let winner_node = if loser_node == "hostB" {
+        "hostA"
+    } else {
+        "hostB"
+    };
+    let (mut eve_l, _) = loser.agent("Eve");
+    let id = eve_l.send("Gus", "from the other Eve");
+    eve_l.expect("ACK");
+    let n = expect_notice(&mut eve_l, &id, "Gus");
+    let why = n["reason"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("Eve is held by node {winner_node}")),
+        "{n}"
+    );
+    // An agent of this node cannot take a name another node holds, and is told which node.
+    let mut impostor = loser.connect();
+    impostor.send_env("HELLO", json!({}), json!({"agent": "Gus"}));
+    let err = impostor.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "name_in_use", "{err}");
+    let msg = err["payload"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("held by node {winner_node}")),
+        "{err}"
+    );
+}
+
+/// Runs `up --foreground` for `relay` with `args` and waits (bounded) for it to exit; returns
+/// its status and what it wrote. A relay that starts instead of exiting fails the test.
+fn refused_start(relay: &Relay, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = relay
+        .command()
+        .args(["up", "--foreground"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return (status, text);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "a second relay under a held node name started instead of being refused:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 28.2: a node name has one live owner. A second relay started under a name another
+/// live relay holds is refused with what to do (and, with `--node` unset on two hosts of one
+/// host name, says so), so that node's messages are never split between two relays; once the
+/// holder is gone, its claim lapses and another relay may take the name.
+#[test]
+fn a_second_relay_under_a_held_node_name_is_refused() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let a = node(&url, "hostA");
+    let mut b = node(&url, "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    // Another machine (its own data directory) under the same --node.
+    let other = Relay::unstarted();
+    let mut args = UNLIMITED.to_vec();
+    args.extend(["--cluster", url.as_str(), "--node", "hostB"]);
+    let (status, out) = refused_start(&other, &args);
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("node name hostB is already held") && out.contains("--node NAME"),
+        "{out}"
+    );
+    // hostB's traffic is whole: every message reaches its Bob.
+    exchange(
+        &mut alice,
+        "Bob",
+        &mut bob,
+        100,
+        ("whole", "whole end"),
+        "Alice@hostA -> Bob@hostB with a second relay refused",
+    );
+    // Two hosts of one host name, --node unset on both: the second says what happened.
+    let first = Relay::start_with(&["--cluster", url.as_str()]);
+    wait_for(
+        Duration::from_secs(30),
+        "the first host-named relay joined",
+        || federation(&first)["link"] == "connected",
+    );
+    let clone = Relay::unstarted();
+    let (status, out) = refused_start(&clone, &["--cluster", url.as_str()]);
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("--node was not given") && out.contains("host name"),
+        "{out}"
+    );
+    // Once hostB's relay is gone, its claim lapses and another relay takes the name.
+    b.stop();
+    let mut next = Relay::unstarted();
+    next.set_args(&args);
+    next.spawn();
+    wait_for(
+        Duration::from_secs(30),
+        "the new relay runs as hostB",
+        || {
+            let f = federation(&next);
+            f["link"] == "connected" && f["node"] == "hostB"
+        },
+    );
+}
+
+/// Issue 28.6: `bench --cluster` removes its two nodes from the federation when it ends: a
+/// relay that joins afterwards lists none of its receivers (before, each run left its
+/// receivers in the directory, shown online for ever). The directory is read in store order,
+/// so an agent that joined after the run being listed means the run's entries were read too.
+#[test]
+fn bench_cluster_leaves_no_receivers_in_the_directory() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let home = Relay::unstarted();
+    let out = home
+        .command()
+        .args(["bench", "--cluster", url.as_str()])
+        .args(["-s", "2", "-r", "3", "-n", "60", "--timeout", "120"])
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    assert!(text.contains("delivered   60/60"), "{text}");
+    // Issue 28.9: beside its own figure, what JetStream alone sustains there, and the ratio.
+    assert!(
+        text.contains("JetStream alone (same servers, same run")
+            && text.contains("cross-node is")
+            && text.contains("% of the slower"),
+        "{text}"
+    );
+    let x = node(&url, "obsX");
+    let y = node(&url, "obsY");
+    let (_marker, _) = y.agent("Marker");
+    wait_listed(&x, "Marker", "obsY");
+    let listed = agents(&x);
+    let left: Vec<&String> = listed.keys().filter(|n| n.starts_with("bench-")).collect();
+    assert!(
+        left.is_empty(),
+        "bench agents left in the directory: {left:?}"
+    );
+}
+
+/// Issue 28.5: joining a federation is said. A project's `.agent-relay/config.toml` that sets
+/// `cluster` is shown by `up` with its source; a connection neither authenticated nor
+/// local-only is warned about loudly by `up` and flagged by `doctor`; a loopback one is not.
+#[test]
+fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
+    struct Down<'a>(&'a Relay);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let out = self.0.cli(&["down"]);
+            if !out.status.success() {
+                eprintln!("down: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+    let write = |relay: &Relay, text: &str| {
+        let path = relay.dir.path().join(".agent-relay/config.toml");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    // Exposed: a server that is not on loopback, no credentials (unreachable here: the relay
+    // starts anyway and the link keeps trying).
+    let exposed = Relay::unstarted();
+    write(
+        &exposed,
+        "[up]\ncluster = \"nats://192.0.2.1:4222\"\nnode = \"far\"\n",
+    );
+    let out = exposed.cli(&["up"]);
+    let _down = Down(&exposed);
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("federation: node far through nats://192.0.2.1:4222 (set by")
+            && text.contains("config.toml"),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WARNING")
+            && err.contains("neither authenticated")
+            && err.contains("--cluster-creds"),
+        "{err}"
+    );
+    let doctor = exposed.cli(&["doctor"]);
+    let d = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        d.lines().any(|l| l.starts_with("warn")
+            && l.contains("federation")
+            && l.contains("neither authenticated")),
+        "{d}"
+    );
+    // Local-only: said, not warned about.
+    let nats = Nats::start();
+    let local = Relay::unstarted();
+    write(
+        &local,
+        &format!("[up]\ncluster = \"{}\"\nnode = \"near\"\n", nats.url()),
+    );
+    let out = local.cli(&["up"]);
+    let _down2 = Down(&local);
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("federation: node near through nats://127.0.0.1"),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("WARNING"), "{err}");
+}
+
+/// Issue 28.1, the other trigger: `bench --cluster` with 64 senders and 64 receivers (64
+/// stand-ins publishing at once) delivers all of its 50,000 messages (before, the link stopped
+/// after ~17,000 in a release build). Bounded by the bench's own timeout.
+#[test]
+fn bench_cluster_64_by_64_delivers_everything() {
+    let nats = Nats::start();
+    let url = nats.url();
+    let home = Relay::unstarted();
+    let out = home
+        .command()
+        .args(["bench", "--cluster", url.as_str()])
+        .args(["-s", "64", "-r", "64", "-n", "50000", "--timeout", "240"])
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("delivered   50000/50000 accepted (lost 0, duplicated 0"),
+        "{text}"
+    );
 }

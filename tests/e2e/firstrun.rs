@@ -664,9 +664,9 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
     assert!(out.status.success(), "{out:?}");
     let answer = wait_for_value(Duration::from_secs(60), "the answer in the inbox", || {
         let out = relay.cli(&["inbox", "--json"]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .unwrap_or_default()
+            .into_iter()
             .find(|m| m["from"] == "Bob" && m["body"] == "All good")
     });
     assert_eq!(answer["to"], "human", "{answer:#}");

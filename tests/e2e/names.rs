@@ -217,11 +217,11 @@ done
 }
 
 /// An agent started again (tmux: a new session under the same name) printing the same line
-/// gets new ids, short ids included, so `read SHORT` names one message; and an id two senders
-/// chose alike resolves with its sender. Before the fix the second run's directive had the
+/// gets new ids, short ids included, so `read SHORT` names one message; and a full id names one
+/// message: a second sender choosing it is refused. Before the fix the second run's directive had the
 /// first's short id (`read` said "matches 2 messages").
 #[test]
-fn a_restarted_agent_gets_new_short_ids_and_an_id_with_its_sender_always_resolves() {
+fn a_restarted_agent_gets_new_short_ids_and_a_full_id_always_resolves() {
     let relay = Relay::start();
     let tmux = Tmux {
         dir: relay.dir.path(),
@@ -258,31 +258,102 @@ done
         let out = ok_stdout(&relay.cli(&["read", &short(id)]));
         assert!(out.contains("the very same words"), "{out}");
     }
-    // Two senders choosing one id: the id alone is ambiguous, and says how to name one; with
-    // its sender it resolves, for `read` and `trace`.
-    for (name, body) in [("Carol", "Carol's words"), ("Dave", "Dave's words")] {
-        let (mut c, _) = relay.agent(name);
-        c.send_env(
-            "SEND",
-            json!({"id": "same-id-0001", "to": "Bob"}),
-            json!({"body": body}),
-        );
-        c.expect("ACK");
-    }
-    let out = relay.cli(&["read", "same-id-0001"]);
-    assert_eq!(out.status.code(), Some(4), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("same-id-0001 from Carol")
-            && err.contains("same-id-0001 from Dave")
-            && err.contains("--from"),
-        "{err}"
+    // Two senders choosing one id: an id names one message, so the second sender's SEND is
+    // refused (nothing stored, it says why) and the full id alone resolves, for `read` and
+    // `trace`; sent again with its own id, the second message is stored. Before the fix both
+    // were stored and `read same-id-0001` said "matches 2 messages".
+    let (mut carol, _) = relay.agent("Carol");
+    carol.send_env(
+        "SEND",
+        json!({"id": "same-id-0001", "to": "Bob"}),
+        json!({"body": "Carol's words"}),
     );
-    let out = ok_stdout(&relay.cli(&["read", "same-id-0001", "--from", "Dave"]));
+    carol.expect("ACK");
+    let (mut dave, _) = relay.agent("Dave");
+    dave.send_env(
+        "SEND",
+        json!({"id": "same-id-0001", "to": "Bob"}),
+        json!({"body": "Dave's words"}),
+    );
+    let nack = dave.expect("NACK");
+    assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
+    let reason = nack["payload"]["reason"].as_str().unwrap();
     assert!(
-        out.contains("Dave's words") && !out.contains("Carol's"),
+        reason.contains("another sender") && reason.contains("new id"),
+        "{reason}"
+    );
+    let out = ok_stdout(&relay.cli(&["read", "same-id-0001"]));
+    assert!(
+        out.contains("Carol's words") && !out.contains("Dave's"),
         "{out}"
     );
-    let out = ok_stdout(&relay.cli(&["trace", "same-id-0001", "--from", "Carol"]));
+    let out = ok_stdout(&relay.cli(&["trace", "same-id-0001"]));
     assert!(out.contains("Carol"), "{out}");
+    // The same sender sending its id again is a duplicate, as before.
+    carol.send_env(
+        "SEND",
+        json!({"id": "same-id-0001", "to": "Bob"}),
+        json!({"body": "Carol's words"}),
+    );
+    assert_eq!(carol.expect("ACK")["payload"]["status"], "duplicate");
+    dave.send_env(
+        "SEND",
+        json!({"id": "same-id-0002", "to": "Bob"}),
+        json!({"body": "Dave's words"}),
+    );
+    dave.expect("ACK");
+    let out = ok_stdout(&relay.cli(&["read", "same-id-0002"]));
+    assert!(out.contains("Dave's words"), "{out}");
+    // Bob gets each stored message once, in store order, and Dave's refused one never.
+    let mut got = Vec::new();
+    while got.last().map(String::as_str) != Some("Dave's words") {
+        let d = bob.expect("DELIVER");
+        bob.ack(&d);
+        let body = d["payload"]["body"].as_str().unwrap().to_owned();
+        if body.ends_with("'s words") {
+            got.push(body);
+        }
+    }
+    assert_eq!(got, ["Carol's words", "Dave's words"]);
+}
+
+/// "Told once" is kept in the store, so a relay restart does not tell again: Alice sends to
+/// Zed, who never connected, and is told once that Zed has not connected yet; the relay
+/// restarts; her second message to Zed waits too, and she is not told again (a marker sent to
+/// her after it, in store order, is the next thing she gets). Before, the pairs told were in
+/// the daemon's memory: the restarted relay told her a second time.
+#[test]
+fn a_sender_told_a_name_has_not_connected_yet_is_not_told_again_after_a_relay_restart() {
+    let mut relay = Relay::start();
+    {
+        let (mut alice, _) = relay.agent("Alice");
+        alice.send("Zed", "first");
+        let ack = alice.expect("ACK");
+        assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+        let d = alice.expect("DELIVER");
+        alice.ack(&d);
+        assert_eq!(d["from"], "relay", "{d}");
+        assert!(
+            d["payload"]["body"]
+                .as_str()
+                .unwrap()
+                .contains("Zed has not connected yet"),
+            "{d}"
+        );
+    }
+    relay.stop();
+    relay.spawn();
+    let (mut alice, _) = relay.agent("Alice");
+    alice.send("Zed", "second");
+    let ack = alice.expect("ACK");
+    assert_eq!(ack["payload"]["status"], "queued", "{ack}");
+    ok_stdout(&relay.cli(&["send", "Alice", "marker"]));
+    let d = alice.expect("DELIVER");
+    alice.ack(&d);
+    assert_eq!(d["payload"]["body"], "marker", "told again: {d}");
+    let told = history(&relay)
+        .iter()
+        .filter(|(f, t, b)| f == "relay" && t == "Alice" && b.contains("has not connected yet"))
+        .count();
+    assert_eq!(told, 1);
 }

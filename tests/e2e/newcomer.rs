@@ -124,10 +124,12 @@ fn root_only_tests_fail_without_root_instead_of_passing() {
     }
 }
 
-/// `history` shows at most 1,000 rows; `history --all --json` exports everything, as JSON
-/// lines, newest first, each message once (here 5,000, five pages).
+/// `history` shows at most 1,000 rows; `history --all --json` exports everything, newest
+/// first, each message once (here 5,000, five pages), in the one form every `--json` list
+/// has: the JSON array `history --json` prints, the same text for the same messages (issue
+/// 24.12). Before, `--all --json` printed JSON Lines.
 #[test]
-fn history_all_exports_every_message_as_json_lines() {
+fn history_all_exports_every_message_as_the_array_history_json_prints() {
     let relay = crate::support::Relay::start_with(crate::support::UNLIMITED);
     let out = relay
         .command()
@@ -139,10 +141,8 @@ fn history_all_exports_every_message_as_json_lines() {
         .unwrap();
     crate::support::ok_stdout(&out);
     let all = crate::support::ok_stdout(&relay.cli(&["history", "--all", "--json"]));
-    let rows: Vec<serde_json::Value> = all
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&all).unwrap_or_else(|e| panic!("not one JSON array ({e})"));
     assert_eq!(rows.len(), 5000);
     let pos: Vec<i64> = rows.iter().map(|r| r["pos"].as_i64().unwrap()).collect();
     assert!(
@@ -152,6 +152,37 @@ fn history_all_exports_every_message_as_json_lines() {
     let ids: std::collections::HashSet<&str> =
         rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), 5000);
+    // The newest 1,000 are what `history --json` shows, and where both hold the same
+    // messages, both print the same text.
+    let page: Vec<serde_json::Value> = serde_json::from_str(&crate::support::ok_stdout(
+        &relay.cli(&["history", "--json", "--limit", "1000"]),
+    ))
+    .unwrap();
+    assert_eq!(page[..], rows[..1000]);
+    for body in ["first to export", "second to export"] {
+        crate::support::ok_stdout(&relay.cli(&["send", "--from", "Carol", "Dan", body]));
+    }
+    let one = |extra: &[&str]| {
+        let mut args = vec!["history", "--from", "Carol", "--json"];
+        args.extend_from_slice(extra);
+        crate::support::ok_stdout(&relay.cli(&args))
+    };
+    let (paged, whole) = (one(&[]), one(&["--all"]));
+    assert_eq!(paged, whole);
+    assert_eq!(
+        serde_json::from_str::<Vec<serde_json::Value>>(&whole)
+            .unwrap()
+            .len(),
+        2
+    );
+    // No match: an empty array, both ways.
+    let none = |extra: &[&str]| {
+        let mut args = vec!["history", "--from", "Nobody", "--json"];
+        args.extend_from_slice(extra);
+        crate::support::ok_stdout(&relay.cli(&args))
+    };
+    assert_eq!(none(&[]).trim(), "[]");
+    assert_eq!(none(&["--all"]).trim(), "[]");
     // The paged default is unchanged, and --all does not take a limit.
     let page: serde_json::Value = serde_json::from_str(&crate::support::ok_stdout(
         &relay.cli(&["history", "--json"]),

@@ -265,14 +265,12 @@ fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
     assert!(!second.iter().any(|r| r.contains(body)), "{second:?}");
 }
 
-/// `agent-relay inbox --json` (or with `--as NAME`), as JSON Lines.
+/// `agent-relay inbox --json` (or with `--as NAME`): one JSON array, as every `--json` list.
 fn inbox_json(relay: &Relay, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["inbox", "--json"];
     all.extend_from_slice(args);
-    ok_stdout(&relay.cli(&all))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let out = ok_stdout(&relay.cli(&all));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON array ({e}): {out}"))
 }
 
 /// Issue 24.1: the person always has a mailbox. `send Bob` signs as `human`; Bob's answer to
@@ -571,6 +569,108 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         trace_details(&relay, &ids[0], "verified"),
         ["handed to the model by Claude Code's hook (through the wrapper)"]
     );
+}
+
+/// The MCP server's hook door answers its own agent's session only: a stand-in for an
+/// unwrapped agent CLI (a shell) runs `agent-relay mcp --name Alice` and, when told, its Stop
+/// hook; a hook run by any other process with `AGENT_RELAY_NAME=Alice`, and a raw request to
+/// `team/Alice/mcp-door.sock`, are refused and take nothing; the session's own hook is handed
+/// the waiting message. Before the fix the door took no key: the first outsider took the page.
+#[test]
+fn the_mcp_servers_hook_door_answers_only_its_own_agents_session() {
+    let relay = Relay::start();
+    known_offline(&relay, "Alice");
+    let dir = relay.dir.path();
+    let go = dir.join("go");
+    let fifo = |p: &std::path::Path| {
+        let out = std::process::Command::new("mkfifo")
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    fifo(&go);
+    // The server's stdin is the test's pipe (the MCP client's side, never written), so it
+    // runs until the test lets go of it; it is started as a simple command, so its parent is
+    // the shell (the agent CLI).
+    // (`<&0` alone: an asynchronous command's stdin is /dev/null before its redirections.)
+    let script = r#"exec 3<&0
+"$BIN" mcp --name Alice <&3 3<&- >/dev/null 2>mcp.err &
+while read -r cmd < go; do
+  case "$cmd" in
+    hook) printf '{"stop_hook_active": false}' | "$BIN" hooks stop >hook.out 2>hook.err; echo done >hook.done ;;
+    quit) kill $!; exit 0 ;;
+  esac
+done
+"#;
+    /// The stand-in agent, killed if the test fails; its server ends as its stdin closes.
+    struct Agent(std::process::Child);
+    impl Drop for Agent {
+        fn drop(&mut self) {
+            drop(self.0.stdin.take());
+            if let Err(e) = self.0.kill() {
+                eprintln!("the stand-in agent: {e}");
+            }
+            if let Err(e) = self.0.wait() {
+                eprintln!("the stand-in agent: {e}");
+            }
+        }
+    }
+    let template = relay.command();
+    let mut agent = Agent(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .envs(
+                template
+                    .get_envs()
+                    .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+            )
+            .env("BIN", crate::support::BIN)
+            .env("AGENT_RELAY_NAME", "Alice")
+            .current_dir(dir)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    crate::wrap::wait_online(&relay, "Alice");
+    let door = relay.data_dir().join("team/Alice/mcp-door.sock");
+    wait_for(Duration::from_secs(20), "the hook door opens", || {
+        door.exists()
+    });
+    bob_sends(&relay, "Alice", &["for Alice's own hooks".to_owned()]);
+    // An outsider's hook: nothing handed over.
+    assert!(stop_hook(&relay, "Alice").trim().is_empty());
+    // A raw request: refused, and says why.
+    let answer = {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&door).unwrap();
+        s.write_all(b"{\"hook\": \"stop\"}\n").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    };
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not of this agent's session"))
+            && v.get("messages").is_none(),
+        "{answer}"
+    );
+    // The session's own hook gets the message.
+    std::fs::write(&go, "hook\n").unwrap();
+    wait_for(Duration::from_secs(20), "the agent's own hook ran", || {
+        dir.join("hook.done").exists()
+    });
+    let out = std::fs::read_to_string(dir.join("hook.out")).unwrap();
+    assert!(
+        out.contains("for Alice's own hooks"),
+        "{out}\n{}",
+        std::fs::read_to_string(dir.join("hook.err")).unwrap_or_default()
+    );
+    std::fs::write(&go, "quit\n").unwrap();
+    assert!(agent.0.wait().unwrap().success());
 }
 
 /// Issue 23.8, two doors of one unwrapped agent: while its MCP server holds the name (and so

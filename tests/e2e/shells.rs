@@ -175,3 +175,177 @@ fn a_wrapped_dash_runs_no_message() {
 fn a_wrapped_zsh_runs_no_message() {
     a_shell_runs_no_message("zsh", &["--profile", "generic", "--", "zsh", "-f", "-i"]);
 }
+
+/// Waits until `cond`; on timeout fails with `dump` of what is shown and logged.
+fn wait_or(dump: &dyn Fn(&str) -> String, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            dump(&format!("timed out waiting until {what}"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Where a person edits a shell's line in the recall test: the person's own terminal (a
+/// private tmux server running the PTY wrapper, whose keys the wrapper counts) or the agent's
+/// tmux session (whose keys the wrapper never sees).
+enum RecallPane<'a> {
+    // The terminal is held for its drop, which kills its tmux server with the test.
+    Pty(
+        &'a std::path::Path,
+        #[allow(dead_code)] crate::wrap::PersonTerminal,
+    ),
+    Tmux(&'a crate::tmux::Tmux<'a>, String),
+}
+
+impl RecallPane<'_> {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        match self {
+            RecallPane::Pty(dir, _) => crate::wrap::tmux_in(dir, "relayrecall", args),
+            RecallPane::Tmux(tmux, _) => tmux.run(args),
+        }
+    }
+
+    fn target(&self) -> String {
+        match self {
+            RecallPane::Pty(..) => String::new(),
+            RecallPane::Tmux(_, session) => format!("={session}:"),
+        }
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let target = self.target();
+        let mut args = vec!["send-keys", "-t", &target];
+        args.extend_from_slice(keys);
+        let out = self.run(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+
+    fn text(&self) -> String {
+        let target = self.target();
+        let out = self.run(&["capture-pane", "-p", "-J", "-S", "-", "-t", &target]);
+        // `-J` keeps the spaces a line was drawn with after its text.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| format!("{}\n", l.trim_end()))
+            .collect()
+    }
+}
+
+/// A shell's line is judged from the screen, not from a count of a person's keys (issue
+/// 23.16): under the shell profile a person recalls a command (Up) and erases four characters
+/// (the key count is 0 again, the line still holds `echo hello-from-his`); a message sent then
+/// waits, typed neither onto the line nor run with it, until the person clears the line, and
+/// then goes in on its own. Before the fix it was typed onto the half-edited command and its
+/// Enter ran it (`hello-from-his: Relay message ...`).
+fn a_recalled_command(backend: crate::backends::Backend) {
+    let relay = Relay::start();
+    let dir = relay.dir.path();
+    // The test's tmux server (the agent's session, under tmux), killed with the test.
+    let tmux = crate::tmux::Tmux { dir };
+    let pane = match backend {
+        crate::backends::Backend::Pty => RecallPane::Pty(
+            dir,
+            crate::wrap::person_terminal(
+                &relay,
+                "relayrecall",
+                "AGENT_RELAY_LOG=relay_wrap=debug {bin} wrap -n Sam -- bash --norc --noprofile -i",
+            ),
+        ),
+        crate::backends::Backend::Tmux => {
+            let out = crate::tmux::wrap_cmd(
+                &relay,
+                &[
+                    "wrap",
+                    "--backend",
+                    "tmux",
+                    "--detached",
+                    "-n",
+                    "Sam",
+                    "--",
+                    "bash",
+                    "--norc",
+                    "--noprofile",
+                    "-i",
+                ],
+            )
+            .output()
+            .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            RecallPane::Tmux(&tmux, crate::tmux::session_of(&relay, "Sam"))
+        }
+    };
+    let log = relay.data_dir().join("team/Sam/wrap.log");
+    let dump = |what: &str| {
+        format!(
+            "{what}\npane:\n{}\nlog:\n{}",
+            pane.text().trim_end(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    };
+    wait_online(&relay, "Sam");
+    // `bash-5.2$ `, or `bash-5.2# ` as root.
+    wait_or(&dump, "bash's prompt", || {
+        pane.text().lines().any(|l| l.ends_with(['$', '#']))
+    });
+    // The person runs a command, then recalls it and erases its last four characters.
+    pane.keys(&["-l", "echo hello-from-history"]);
+    pane.keys(&["Enter"]);
+    wait_or(&dump, "the command ran", || {
+        pane.text().lines().any(|l| l == "hello-from-history")
+    });
+    pane.keys(&["Up"]);
+    pane.keys(&["BSpace", "BSpace", "BSpace", "BSpace"]);
+    wait_for(
+        Duration::from_secs(30),
+        "the half-edited command shows",
+        || {
+            pane.text()
+                .lines()
+                .any(|l| l.ends_with(" echo hello-from-his"))
+        },
+    );
+    let sent = ok_stdout(&relay.cli(&["send", "Sam", "a note for the shell", "--json"]));
+    let sent: Value = serde_json::from_str(&sent).unwrap();
+    let id = sent["id"].as_str().unwrap().to_owned();
+    // The wrapper has the message due and holds it (an event in its log, not a wait).
+    crate::tmux::held_for_a_person(&relay, &tmux, "Sam", &id);
+    let status = || {
+        let v: Value =
+            serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap_or_default();
+        v["deliveries"][0]["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(status(), "queued", "{}", dump("not queued"));
+    // The person clears the line: the message goes in on its own, and is verified.
+    pane.keys(&["C-u"]);
+    wait_or(&dump, "the message is verified", || status() == "verified");
+    let shown = pane.text();
+    assert!(
+        shown.contains("a note for the shell")
+            && !shown.lines().any(|l| l.starts_with("hello-from-his:")),
+        "{}",
+        dump("the recalled command ran with the message")
+    );
+    assert_eq!(
+        shown.lines().filter(|l| *l == "hello-from-history").count(),
+        1,
+        "{}",
+        dump("the recalled command ran")
+    );
+}
+
+#[test]
+fn a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto() {
+    a_recalled_command(crate::backends::Backend::Pty);
+}
+
+#[test]
+fn a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto() {
+    a_recalled_command(crate::backends::Backend::Tmux);
+}

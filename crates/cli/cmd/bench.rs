@@ -132,8 +132,37 @@ fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
 }
 
-/// `agent-relay bench`.
-pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
+/// The node name of one of `bench --cluster`'s two private relays (`side`: `send`, `recv`):
+/// unique to this run, since a federation keeps a node name for the relay that holds it.
+fn bench_node(side: &str) -> String {
+    format!("bench-{}-{side}", std::process::id())
+}
+
+/// `agent-relay bench`. With `--cluster`, the run's two nodes are removed from the federation
+/// afterwards (their agents' directory entries, leases and consumers), whether it succeeded,
+/// failed or was interrupted (Ctrl-C): left there, its receivers were shown online on every
+/// node for ever.
+pub(crate) async fn bench(paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
+    let cluster = args.cluster.clone();
+    let result = tokio::select! {
+        r = bench_run(paths, args) => r,
+        // The private daemons (same process group) take the Ctrl-C too; dropping the run
+        // stops and waits for them before the clean-up below.
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("bench interrupted")),
+    };
+    if let Some(cluster) = cluster {
+        let nodes = [bench_node("send"), bench_node("recv")];
+        if let Err(e) = relay_federation::forget_nodes(&cluster, &nodes).await {
+            eprintln!(
+                "agent-relay bench: warning: cannot remove this run's nodes ({}) from the federation's directory: {e}",
+                nodes.join(", ")
+            );
+        }
+    }
+    result
+}
+
+async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.senders >= 1 && args.receivers >= 1,
         "--senders and --receivers must be at least 1"
@@ -166,7 +195,7 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                     "--cluster".to_owned(),
                     cluster.clone(),
                     "--node".to_owned(),
-                    format!("bench{tag}-{side}"),
+                    bench_node(side),
                     "--no-dashboard".to_owned(),
                 ]
             };
@@ -250,6 +279,25 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
     let lost = sent.accepted.saturating_sub(unique);
     let rate = unique as f64 / elapsed;
     let rss = daemon.as_ref().and_then(|d| peak_rss_kib(d.child.id()));
+    // What JetStream alone sustains on the same servers, measured now with the relays stopped
+    // (so they take none of the machine): the ceiling the cross-node figure is compared to.
+    drop(daemon);
+    drop(far);
+    let floor = match &args.cluster {
+        Some(cluster) => {
+            match relay_federation::jetstream_floor(cluster, n, args.bytes, 256).await {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("agent-relay bench: warning: JetStream alone not measured: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    // The slower of JetStream's two halves: every cross-node message is published once and
+    // consumed once.
+    let ceiling = floor.map(|f| f.publish_per_s.min(f.consume_per_s));
     let storage = if args.target.is_some() {
         "external".to_owned()
     } else if args.cluster.is_some() {
@@ -278,6 +326,11 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                 "max": lat.last().copied().unwrap_or(0) as f64 / 1e6,
             },
             "daemon_peak_rss_kib": rss,
+            "jetstream_alone": floor.map(|f| serde_json::json!({
+                "publish_msgs_per_s": f.publish_per_s,
+                "consume_msgs_per_s": f.consume_per_s,
+            })),
+            "ratio_to_jetstream": ceiling.map(|c| rate / c),
             "error": sent.first_error,
         }))?;
     } else {
@@ -309,12 +362,18 @@ pub(crate) async fn bench(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()>
                 kib as f64 / 1024.0
             ))?;
         }
+        if let (Some(f), Some(c)) = (floor, ceiling) {
+            line(format!(
+                "  JetStream alone (same servers, same run, file storage, PubAck and confirmed ack each): publish {:.0} msgs/s, consume {:.0} msgs/s; cross-node is {:.0} % of the slower",
+                f.publish_per_s,
+                f.consume_per_s,
+                100.0 * rate / c
+            ))?;
+        }
         if let Some(e) = &sent.first_error {
             line(format!("  error       {e}"))?;
         }
     }
-    drop(daemon);
-    drop(far);
     if lost > 0 || duplicates > 0 || sent.accepted < n {
         anyhow::bail!(
             "bench failed: {} of {n} accepted, {lost} lost, {duplicates} duplicated",

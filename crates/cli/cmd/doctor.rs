@@ -63,6 +63,7 @@ pub(crate) async fn doctor(paths: &Paths, as_json: bool) -> anyhow::Result<()> {
     let mut found = vec![tmux(), data_dir(&paths.data_dir)];
     found.extend(socket_dir(&paths.socket));
     found.push(relay(paths).await);
+    found.extend(federation(paths));
     for (cmd, profile, package, var) in AGENTS {
         found.push(agent(cmd, profile, package, var));
     }
@@ -245,6 +246,42 @@ async fn relay(paths: &Paths) -> Finding {
             Some("agent-relay up (or `agent-relay -n NAME <cli>`, which starts it)".into()),
         ),
     }
+}
+
+/// The project's federation (`cluster` from its configuration file or the environment): a
+/// warning when its connection is neither authenticated nor local-only.
+fn federation(paths: &Paths) -> Option<Finding> {
+    let (resolved, _) = match crate::settings::for_project(paths, &Default::default()) {
+        Ok(r) => r,
+        Err(e) => {
+            return Some(finding(
+                "federation",
+                Level::Warn,
+                format!("cannot read the project's settings: {e}"),
+                None,
+            ));
+        }
+    };
+    let s = &resolved.settings;
+    if s.cluster.trim().is_empty() {
+        return None;
+    }
+    Some(
+        match relay_federation::core::exposure(&s.cluster, !s.cluster_creds.is_empty()) {
+            Some(w) => finding(
+                "federation",
+                Level::Warn,
+                w,
+                Some("agent-relay up --cluster-creds FILE --cluster-ca CA.pem (or set them in .agent-relay/config.toml)".into()),
+            ),
+            None => finding(
+                "federation",
+                Level::Ok,
+                format!("cluster {}", s.cluster),
+                None,
+            ),
+        },
+    )
 }
 
 fn agent(cmd: &str, profile: &str, package: &str, var: &str) -> Finding {

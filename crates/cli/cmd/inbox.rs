@@ -16,7 +16,7 @@ use relay_protocol::{Kind, short_id};
 
 use crate::args::{InboxArgs, ReplyArgs, SendArgs};
 use crate::cmd::mailbox::Mailbox;
-use crate::out::line;
+use crate::out::{JsonArray, line};
 use crate::time::format_utc;
 
 /// The door's name in a delivery's trace.
@@ -45,13 +45,16 @@ pub(crate) async fn inbox(paths: &Paths, args: &InboxArgs) -> anyhow::Result<()>
             one_line(&args.person, 64)
         );
         let read = latest(paths, &args.person, READ_SHOWN, &[]).await?;
-        return print_records(&read, false, args.json);
+        let mut out = Out::of(args);
+        print_records(&read, false, &mut out)?;
+        return out.finish();
     };
+    let mut out = Out::of(args);
     let mut shown = Vec::new();
     loop {
         let (page, more) = mailbox.take(PAGE, DOOR).await?;
         for m in &page {
-            print_delivered(m, args.json)?;
+            print_delivered(m, &mut out)?;
         }
         shown.extend(page.iter().map(|m| m.id.clone()));
         if more == 0 || page.is_empty() {
@@ -69,16 +72,46 @@ pub(crate) async fn inbox(paths: &Paths, args: &InboxArgs) -> anyhow::Result<()>
         if !read.is_empty() && !args.json {
             line("Read before:")?;
         }
-        print_records(&read, false, args.json)?;
+        print_records(&read, false, &mut out)?;
     }
     if args.follow {
         while let Some(m) = mailbox.next(DOOR).await {
-            print_delivered(&m, args.json)?;
+            print_delivered(&m, &mut out)?;
         }
     }
     // Closed, not dropped: what was acknowledged is written before the command ends.
     mailbox.close().await;
-    Ok(())
+    out.finish()
+}
+
+/// How the inbox prints: text, or `--json`: one JSON array (`history --json`'s form), or
+/// with `--follow`, a stream that never ends, one object per line (JSON Lines).
+enum Out {
+    Text,
+    Array(JsonArray),
+    Lines,
+}
+
+impl Out {
+    fn of(args: &InboxArgs) -> Self {
+        match (args.json, args.follow) {
+            (false, _) => Out::Text,
+            (true, false) => Out::Array(JsonArray::new()),
+            (true, true) => Out::Lines,
+        }
+    }
+
+    fn json(&self) -> bool {
+        !matches!(self, Out::Text)
+    }
+
+    /// Ends the output (closes the array).
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Out::Array(a) => a.finish(),
+            Out::Text | Out::Lines => Ok(()),
+        }
+    }
 }
 
 /// The latest `limit` messages to `person` other than `except`, oldest first.
@@ -119,10 +152,14 @@ fn print_one(
     body: &str,
     unread: bool,
     json: Option<serde_json::Value>,
+    out: &mut Out,
 ) -> anyhow::Result<()> {
     if let Some(mut v) = json {
         v["unread"] = serde_json::Value::Bool(unread);
-        line(relay_protocol::text::json_line(&v)?)?;
+        match out {
+            Out::Array(a) => a.push(&v)?,
+            Out::Text | Out::Lines => line(relay_protocol::text::json_line(&v)?)?,
+        }
         return Ok(());
     }
     let mut head = format!(
@@ -148,8 +185,8 @@ fn print_one(
     Ok(())
 }
 
-fn print_delivered(m: &Delivered, json: bool) -> anyhow::Result<()> {
-    let v = json.then(|| {
+fn print_delivered(m: &Delivered, out: &mut Out) -> anyhow::Result<()> {
+    let v = out.json().then(|| {
         serde_json::json!({
             "id": m.id,
             "ts": m.ts,
@@ -171,12 +208,13 @@ fn print_delivered(m: &Delivered, json: bool) -> anyhow::Result<()> {
         &m.payload.body,
         true,
         v,
+        out,
     )
 }
 
-fn print_records(messages: &[MessageRecord], unread: bool, json: bool) -> anyhow::Result<()> {
+fn print_records(messages: &[MessageRecord], unread: bool, out: &mut Out) -> anyhow::Result<()> {
     for m in messages {
-        let v = if json {
+        let v = if out.json() {
             Some(serde_json::to_value(m)?)
         } else {
             None
@@ -190,6 +228,7 @@ fn print_records(messages: &[MessageRecord], unread: bool, json: bool) -> anyhow
             &m.body,
             unread,
             v,
+            out,
         )?;
     }
     Ok(())

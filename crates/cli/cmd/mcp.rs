@@ -22,12 +22,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use relay_client::paths::Paths;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Outgoing};
-use relay_protocol::query::DeliveryStatus;
 use relay_protocol::query::{HistoryFilter, MessageRecord, QueryRequest, QueryResult};
 use relay_protocol::text::for_terminal;
 use relay_protocol::{AckStatus, Kind};
@@ -164,7 +162,6 @@ async fn serve(socket: PathBuf, who: Identity, door: PathBuf) -> anyhow::Result<
         door,
         key,
         agent,
-        seen_pos: Arc::new(AtomicI64::new(0)),
         replying_to: Arc::new(Mutex::new(HashMap::new())),
         tool_router: RelayMcp::tool_router(),
     };
@@ -222,11 +219,37 @@ impl Drop for HookDoor {
     }
 }
 
+/// Whether the process at the other end of `stream` is of this agent's own session: the agent
+/// CLI that started this server (its parent, `session`) or one of that CLI's descendants (the
+/// hooks Claude Code runs). The wrapper's door asks for the door key its wrapper put in the
+/// session's environment; an unwrapped agent has no wrapper to give one, so the session is
+/// told by the process tree instead, the same rule (issue 24, item noticed: any local process
+/// took the agent's waiting page). `Err`: why the caller is refused.
+fn of_session(stream: &tokio::net::UnixStream, session: u32) -> Result<(), String> {
+    let pid = stream
+        .peer_cred()
+        .map_err(|e| format!("cannot tell who is asking ({e})"))?
+        .pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("cannot tell which process is asking")?;
+    if relay_wrap::descends_from(pid, session) {
+        Ok(())
+    } else {
+        Err(format!(
+            "process {pid} is not of this agent's session (its CLI, process {session}, and what \
+             that runs): only the agent's own hooks are handed its messages"
+        ))
+    }
+}
+
 /// Opens the socket `hooks.rs` asks (`team/NAME/mcp-door.sock`, next to where a wrapper's door
 /// would be): one JSON line `{"hook": "stop"|"prompt"}`, answered by one JSON line, a page of
-/// messages taken from `mailbox` (see `hooks::answer_from`). A door that cannot open is
-/// logged: the hooks then hand nothing over while this server holds the name.
+/// messages taken from `mailbox` (see `hooks::answer_from`), for the agent's own session only
+/// ([`of_session`]). A door that cannot open is logged: the hooks then hand nothing over while
+/// this server holds the name.
 fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<HookDoor> {
+    // The agent CLI that started this server (Claude Code runs its MCP servers itself).
+    let session = std::os::unix::process::parent_id();
     use std::os::unix::fs::DirBuilderExt;
     let dir = wrapper_door.parent()?;
     if let Err(e) = std::fs::DirBuilder::new()
@@ -263,20 +286,28 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
             let mailbox = Arc::clone(&mailbox);
             tokio::spawn(async move {
                 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+                let refused = of_session(&stream, session).err();
                 let (read, mut write) = stream.into_split();
                 let mut line = String::new();
-                let answer = match tokio::io::BufReader::new(read.take(4096))
+                let read = tokio::io::BufReader::new(read.take(4096))
                     .read_line(&mut line)
-                    .await
-                {
-                    Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+                    .await;
+                let answer = match (read, refused) {
+                    // Refused before anything is taken from the mailbox.
+                    (Ok(_), Some(why)) => {
+                        tracing::warn!(%why, "the hooks' door refused a caller");
+                        serde_json::json!({"error": format!("refused: {why}")})
+                    }
+                    (Ok(_), None) => match serde_json::from_str::<serde_json::Value>(&line) {
                         Ok(v) => {
                             let hook = v["hook"].as_str().unwrap_or("");
                             crate::cmd::hooks::answer_from(&mailbox, hook).await
                         }
                         Err(e) => serde_json::json!({"error": format!("not a hook request: {e}")}),
                     },
-                    Err(e) => serde_json::json!({"error": format!("cannot read the request: {e}")}),
+                    (Err(e), _) => {
+                        serde_json::json!({"error": format!("cannot read the request: {e}")})
+                    }
                 };
                 if let Err(e) = write.write_all(format!("{answer}\n").as_bytes()).await {
                     tracing::warn!(error = %e, "the hook left before its answer: the messages it was handed are recorded as handed over");
@@ -371,9 +402,6 @@ struct RelayMcp {
     /// The agent's own connection, when this server holds the name (only it may send as the
     /// agent), with the deliveries it holds.
     agent: Option<Arc<Mailbox>>,
-    /// Under a wrapper: the newest store position `relay_inbox` has shown (what the store
-    /// records as handed over is the wrapper's to say).
-    seen_pos: Arc<AtomicI64>,
     /// Per sender, the latest of its messages the model was shown (id, thread): a message to
     /// that sender is an answer to it.
     replying_to: Arc<Mutex<HashMap<String, Answered>>>,
@@ -561,52 +589,33 @@ impl RelayMcp {
         Ok(messages)
     }
 
-    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages to this agent
-    /// the store does not record as verified or ended, and newer than what this server showed;
-    /// the wrapper is told they were shown. Returns them with how many more wait.
-    async fn unread_in_store(
+    /// Under a wrapper (which holds the deliveries): the oldest `limit` messages it holds for
+    /// the agent and has not typed, handed over by the wrapper itself through its door (it
+    /// records each as shown by this tool, verified, and never types it after), with how many
+    /// more wait there. The store is the one record of what was handed over (DESIGN §12): no
+    /// position is kept here, and a message the wrapper typed is never shown again.
+    async fn page_from_wrapper(
         &self,
+        key: &str,
         limit: usize,
     ) -> Result<(Vec<MessageRecord>, usize), ClientError> {
-        let seen = self.seen_pos.load(Ordering::Relaxed);
-        let mut waiting: Vec<MessageRecord> = self
-            .latest(1000)
-            .await?
-            .into_iter()
-            .filter(|m| {
-                m.pos > seen
-                    && m.deliveries.iter().any(|d| {
-                        d.recipient == self.name
-                            && matches!(d.status, DeliveryStatus::Queued | DeliveryStatus::Acked)
-                    })
-            })
-            .collect();
-        let more = waiting.len().saturating_sub(limit);
-        waiting.truncate(limit);
-        if let Some(last) = waiting.iter().map(|m| m.pos).max() {
-            self.seen_pos.fetch_max(last, Ordering::Relaxed);
+        let request = serde_json::json!({ "inbox": limit, "key": key });
+        let answer = door_exchange(&self.door, &request)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("cannot reach the wrapper's door: {e}")))?;
+        if let Some(e) = answer["error"].as_str() {
+            return Err(ClientError::Protocol(format!(
+                "the wrapper: {}",
+                for_terminal(e)
+            )));
         }
-        self.tell_shown(waiting.iter().map(|m| m.id.clone()).collect())
-            .await;
-        Ok((waiting, more))
-    }
-}
-
-/// A held delivery as the record the tools show.
-fn record_of(m: &Delivered) -> MessageRecord {
-    MessageRecord {
-        pos: 0,
-        id: m.id.clone(),
-        ts: m.ts,
-        from: m.from.clone(),
-        to: m.to.clone(),
-        topic: m.topic.clone(),
-        kind: m.payload.kind,
-        body: m.payload.body.clone(),
-        data: m.payload.data.clone(),
-        thread: m.payload.thread.clone(),
-        in_reply_to: m.payload.in_reply_to.clone(),
-        deliveries: Vec::new(),
+        let messages: Vec<MessageRecord> = serde_json::from_value(answer["messages"].clone())
+            .map_err(|e| ClientError::Protocol(format!("the wrapper's answer: {e}")))?;
+        let more = answer["more"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        Ok((messages, more))
     }
 }
 
@@ -696,9 +705,13 @@ impl RelayMcp {
             mailbox
                 .take(limit, DOOR)
                 .await
-                .map(|(taken, more)| (taken.iter().map(record_of).collect(), more))
+                .map(|(taken, more)| (taken.iter().map(Delivered::record).collect(), more))
+        } else if let Some(key) = &self.key {
+            self.page_from_wrapper(key, limit).await
         } else {
-            self.unread_in_store(limit).await
+            Err(ClientError::Protocol(
+                "this server neither holds the agent's name nor has its wrapper's door key".into(),
+            ))
         };
         let (shown, more) = match taken {
             Ok(t) => t,

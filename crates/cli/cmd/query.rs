@@ -10,7 +10,7 @@ use relay_protocol::text::{for_terminal, one_line};
 use crate::args::{DlqAction, DlqArgs, HistoryArgs, ReadArgs};
 use crate::cmd::tool_client;
 use crate::exit::not_running;
-use crate::out::{json, line};
+use crate::out::{JsonArray, json, line};
 use crate::time::{format_utc, human_secs};
 
 /// A relay-supplied name, id or short text on one line of output: controls shown, never
@@ -409,7 +409,7 @@ pub(crate) async fn history(paths: &Paths, args: &HistoryArgs) -> anyhow::Result
 
 /// `history --all`: every match, newest first, a page of 1,000 at a time on one connection,
 /// each page written before the next is asked for (memory stays one page, output starts at
-/// once). With `json`, one object per line.
+/// once). With `json`, the one JSON array `history --json` prints, written a page at a time.
 async fn history_all(
     paths: &Paths,
     mut filter: HistoryFilter,
@@ -418,6 +418,7 @@ async fn history_all(
     let client = tool_client(&paths.socket, "cli").await?;
     filter.limit = Some(1000);
     let mut any = false;
+    let mut array = as_json.then(JsonArray::new);
     let result = loop {
         let page = match client.query(QueryRequest::History(filter.clone())).await {
             Ok(QueryResult::History { messages }) => messages,
@@ -429,13 +430,9 @@ async fn history_all(
         };
         filter.before_pos = Some(last.pos);
         any = true;
-        let written = if as_json {
-            page.iter().try_for_each(|m| -> anyhow::Result<()> {
-                line(relay_protocol::text::json_line(m)?)?;
-                Ok(())
-            })
-        } else {
-            print_history(&page)
+        let written = match &mut array {
+            Some(array) => page.iter().try_for_each(|m| array.push(m)),
+            None => print_history(&page),
         };
         if let Err(e) = written {
             break Err(e);
@@ -443,8 +440,10 @@ async fn history_all(
     };
     client.close().await;
     result?;
-    if !any && !as_json {
-        line("no messages match")?;
+    match array {
+        Some(array) => array.finish()?,
+        None if !any => line("no messages match")?,
+        None => {}
     }
     Ok(())
 }

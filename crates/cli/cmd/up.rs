@@ -277,7 +277,7 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
     if !people.is_empty() {
         relay_people::Hub::new(people, paths.socket.clone(), None)?;
     }
-    match start_background(paths, settings)? {
+    let printed = match start_background(paths, settings)? {
         Started::Already(pid) => {
             same_settings(paths, pid, &resolved)?;
             print_running(paths, pid, true, args, settings)
@@ -295,7 +295,48 @@ pub(crate) fn up(paths: &Paths, args: &UpArgs, flags: &Flags) -> anyhow::Result<
             ),
         }
         .into()),
+    };
+    printed?;
+    if !args.json {
+        print_federation(&resolved)?;
     }
+    Ok(())
+}
+
+/// With `--cluster` (from wherever it came: a project's `.agent-relay/config.toml` can set
+/// it), `up` says the relay is in a federation, through what, as which node, and warns loudly
+/// on stderr when that connection is neither authenticated nor local-only.
+fn print_federation(resolved: &Resolved) -> anyhow::Result<()> {
+    let s = &resolved.settings;
+    if s.cluster.trim().is_empty() {
+        return Ok(());
+    }
+    let source = SETTINGS
+        .iter()
+        .zip(&resolved.sources)
+        .find(|(setting, _)| setting.name == "cluster")
+        .map(|(_, source)| source);
+    let from = match source {
+        Some(Source::Default) | None => String::new(),
+        Some(Source::Flag) => " (--cluster)".to_owned(),
+        Some(other) => format!(" (set by {other})"),
+    };
+    let node = if s.node.is_empty() {
+        format!("{} (the host name; --node not given)", host_node_name())
+    } else {
+        s.node.clone()
+    };
+    line(format!(
+        "  federation: node {node} through {}{from}; `agent-relay status` shows the link",
+        relay_protocol::text::one_line(&s.cluster, 200)
+    ))?;
+    if let Some(w) = relay_federation::core::exposure(&s.cluster, !s.cluster_creds.is_empty()) {
+        eprintln!(
+            "agent-relay: WARNING: {}",
+            relay_protocol::text::one_line(&w, 600)
+        );
+    }
+    Ok(())
 }
 
 /// The file in the data directory where the daemon keeps its adapters' state
@@ -631,10 +672,12 @@ fn foreground(
         },
         overrides: args.rate_overrides.iter().cloned().collect(),
     };
-    let federation = federation_options(paths, args)?;
+    let mut federation = federation_options(paths, args)?;
     // The link adds the legs on other nodes to a `trace` (asked over NATS).
     let mut traces = None;
-    if let Some(f) = &federation {
+    if let Some(f) = &mut federation {
+        // No other node speaks as this node's people.
+        f.people = cfg.person_names.clone();
         cfg.federation = Some(relay_daemon::FederationCell::default());
         cfg.node = Some(f.node.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -648,6 +691,11 @@ fn foreground(
         .enable_all()
         .build()?;
     let kind = args.storage.as_str();
+    // The node name is this relay's alone: another live relay holding it refuses the start
+    // here, before anything listens (NATS unreachable is no refusal: the link checks again).
+    if let Some(f) = &federation {
+        rt.block_on(relay_federation::claim_node_at_start(f))?;
+    }
     let result = rt.block_on(async {
         let shutdown = shutdown_signal();
         let listener = relay_daemon::bind(&paths.socket)?;
@@ -705,7 +753,8 @@ fn federation_options(
     if args.cluster.trim().is_empty() {
         return Ok(None);
     }
-    let node = if args.node.is_empty() {
+    let node_from_host = args.node.is_empty();
+    let node = if node_from_host {
         host_node_name()
     } else {
         args.node.clone()
@@ -721,7 +770,35 @@ fn federation_options(
         retention: Duration::from_secs(args.cluster_retention.max(1)),
         replicas: usize::try_from(args.cluster_replicas).unwrap_or(0),
         inbox_ttl: Duration::from_secs(args.inbox_ttl),
+        people: Vec::new(),
+        instance: federation_instance(paths)?,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".into()),
+        data_dir: paths.data_dir.display().to_string(),
+        node_from_host,
     }))
+}
+
+/// This relay's identity in the federation: a random id kept in its data directory, made
+/// once. The same relay restarted (a crash, an upgrade) takes its node name back at once;
+/// another relay under the same name is refused while this one lives.
+fn federation_instance(paths: &Paths) -> anyhow::Result<String> {
+    let file = paths.data_dir.join("federation.id");
+    match std::fs::read_to_string(&file) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", file.display())),
+    }
+    let id = ulid::Ulid::new().to_string();
+    relay_protocol::file::write_atomic(
+        &file,
+        format!("{id}\n").as_bytes(),
+        relay_protocol::file::Durability::PowerLoss,
+    )
+    .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(id)
 }
 
 /// The host name as a node name: characters a NATS subject token cannot hold become `-`.

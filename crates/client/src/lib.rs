@@ -259,6 +259,27 @@ pub struct Delivered {
     pub payload: Send,
 }
 
+impl Delivered {
+    /// The message as the relay's query records show it (`read`, `history`): what a door that
+    /// hands it to a model shows (no store position or deliveries: it came on a connection).
+    pub fn record(&self) -> relay_protocol::query::MessageRecord {
+        relay_protocol::query::MessageRecord {
+            pos: 0,
+            id: self.id.clone(),
+            ts: self.ts,
+            from: self.from.clone(),
+            to: self.to.clone(),
+            topic: self.topic.clone(),
+            kind: self.payload.kind,
+            body: self.payload.body.clone(),
+            data: self.payload.data.clone(),
+            thread: self.payload.thread.clone(),
+            in_reply_to: self.payload.in_reply_to.clone(),
+            deliveries: Vec::new(),
+        }
+    }
+}
+
 /// Something that happened on the connection.
 #[derive(Debug, Clone, PartialEq)]
 #[expect(

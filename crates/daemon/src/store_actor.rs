@@ -332,7 +332,19 @@ fn trace(
     if let Some(f) = from {
         keys.retain(|(_, s)| s == f);
     }
-    let exact: Vec<&(String, String)> = keys.iter().filter(|(i, _)| i == id).collect();
+    let mut exact: Vec<&(String, String)> = keys.iter().filter(|(i, _)| i == id).collect();
+    // A stored message owns its id (issue 24.7): a refused SEND that chose the same id does
+    // not make the whole id ambiguous; `--from` names the refused one.
+    if exact.len() > 1 && from.is_none() {
+        let owned: Vec<&(String, String)> = exact
+            .iter()
+            .copied()
+            .filter(|(i, f)| stored.iter().any(|m| m.id == *i && m.from == *f))
+            .collect();
+        if owned.len() == 1 {
+            exact = owned;
+        }
+    }
     let chosen = match (exact.as_slice(), keys.as_slice()) {
         ([one], _) => (*one).clone(),
         ([], [one]) if id.len() >= 8 => one.clone(),

@@ -55,6 +55,42 @@ pub fn servers(cluster: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why a federation connection is exposed: `None` when it is authenticated (a credentials
+/// file, or a user in a server URL) or local-only (every server on loopback); else what
+/// anyone who can reach those servers can do, and what to do about it.
+pub fn exposure(cluster: &str, creds: bool) -> Option<String> {
+    let urls = servers(cluster);
+    let rest = |u: &str| u.split_once("://").map_or(u, |(_, r)| r).to_owned();
+    let user = urls.iter().any(|u| {
+        let r = rest(u);
+        r.split('/').next().is_some_and(|auth| auth.contains('@'))
+    });
+    let local = !urls.is_empty()
+        && urls.iter().all(|u| {
+            let r = rest(u);
+            let hostport = r.split('/').next().unwrap_or_default();
+            let host = if let Some(v6) = hostport.strip_prefix('[') {
+                v6.split(']').next().unwrap_or_default()
+            } else {
+                hostport.split(':').next().unwrap_or_default()
+            };
+            host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        });
+    if creds || user || local {
+        return None;
+    }
+    Some(format!(
+        "the federation connection ({cluster}) is neither authenticated (no --cluster-creds, no \
+         user in the URL) nor local-only: anyone who can reach that NATS server can send to this \
+         relay's agents as any agent of another node, broadcast to `*`, and rewrite the \
+         directory. Give each relay a credentials file (--cluster-creds) and TLS \
+         (--cluster-ca): docs/FEDERATION.md, Running on real hosts"
+    ))
+}
+
 /// The subject a node consumes.
 pub fn subject(node: &str) -> String {
     format!("{SUBJECT_PREFIX}.{node}")
@@ -80,6 +116,75 @@ pub fn msg_id(from: &str, id: &str, node: &str) -> String {
         .take(16)
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The KV bucket of node names: key = node name, value = [`NodeLease`]: the one relay that
+/// runs under that name now.
+pub const NODES_BUCKET: &str = "agent_relay_nodes";
+/// How often the owner of a node name renews its lease.
+pub const LEASE_RENEW_MS: u64 = 1_000;
+/// A lease not renewed for this long belongs to a relay that is gone: another may take it.
+pub const LEASE_LAPSE_MS: u64 = 5_000;
+
+/// Who runs under a node name: written by its relay when it takes the name, renewed every
+/// [`LEASE_RENEW_MS`] (each renewal a KV update that expects the revision it last wrote, so
+/// two relays can never both believe they hold it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLease {
+    /// The relay's identity: a random id kept in its data directory, so the same relay
+    /// restarted (after a crash, say) takes its name back at once.
+    pub owner: String,
+    /// The host it runs on (for the error another relay gets).
+    pub host: String,
+    /// Its process id there.
+    pub pid: u32,
+    /// Its data directory there.
+    #[serde(default)]
+    pub data_dir: String,
+    /// Renewals so far (each changes the value, so a watcher sees it alive).
+    #[serde(default)]
+    pub renewals: u64,
+}
+
+/// Whether a relay of identity `me` may take a node name whose lease is `current`: absent, its
+/// own (a restart of the same relay), or `lapsed` (not renewed for [`LEASE_LAPSE_MS`]).
+pub fn may_take_node(me: &str, current: Option<&NodeLease>, lapsed: bool) -> bool {
+    match current {
+        None => true,
+        Some(l) => l.owner == me || lapsed,
+    }
+}
+
+/// The refusal a relay gets when another holds its node name: what is going on and what to
+/// do. `from_host`: the name was not given (`--node` unset) and is the host name.
+pub fn node_taken_message(node: &str, holder: &NodeLease, from_host: bool) -> String {
+    let lapse = LEASE_LAPSE_MS / 1000;
+    let who = format!(
+        "a relay on host {} (pid {}, data directory {})",
+        holder.host,
+        holder.pid,
+        if holder.data_dir.is_empty() {
+            "unknown"
+        } else {
+            &holder.data_dir
+        }
+    );
+    if from_host {
+        format!(
+            "node name {node} is already held in the federation by {who}. --node was not given, \
+             so this relay's node name is its host name, and another host with the same host \
+             name (a cloned machine?) already runs under it: two relays under one node name \
+             would split that node's messages between them. Give each relay its own name: \
+             agent-relay up --node NAME (or `node = \"NAME\"` in .agent-relay/config.toml)"
+        )
+    } else {
+        format!(
+            "node name {node} is already held in the federation by {who}: two relays under one \
+             node name would split that node's messages between them. Choose another name \
+             (--node NAME), or stop that relay first (if it is gone, its claim lapses {lapse} s \
+             after its last renewal and this relay can start)"
+        )
+    }
 }
 
 /// A message between nodes: what the far node's SEND needs, and where it came from.
@@ -469,6 +574,35 @@ pub fn forward(
             expires_at: d.expires_at,
         }),
     }
+}
+
+/// Why a message from `name`, an agent of `me` whose name `owner` holds in the directory, does
+/// not go to other nodes: the reason its dead letter gives (and its sender is told).
+pub fn conflict_reason(name: &str, me: &str, owner: &str) -> String {
+    format!(
+        "name conflict: {name} is held by node {owner} in the federation, so {name} of node {me} \
+         reaches no other node (both took the name while they could not see each other); \
+         reconnect this agent under another name"
+    )
+}
+
+/// Why a message from `from` of node `origin` cannot be handed over on node `me`: an agent
+/// of `me` has that name (a name conflict, or an impostor). Its sender's node is told.
+pub fn held_here_reason(from: &str, origin: &str, me: &str) -> String {
+    format!(
+        "name conflict: node {me} has its own agent named {from}, so a message from {from} of \
+         node {origin} cannot be delivered there under that name; the agent of one of the \
+         two nodes must reconnect under another name"
+    )
+}
+
+/// Why a message from `from` of node `origin` cannot be handed over on node `me`: `person` is
+/// one of `me`'s people, and only a person's own doors speak as them.
+pub fn person_here_reason(from: &str, origin: &str, me: &str, person: &str) -> String {
+    format!(
+        "{from:?} is a person of node {me} ({person:?}); node {origin} cannot send as them \
+         there (a person of another node sends under a name of its own: agent-relay send --from NAME)"
+    )
 }
 
 /// The `cli` a stand-in reports, and back: the node of a stand-in's `cli`.
@@ -866,5 +1000,43 @@ mod tests {
             servers(" nats://a:1, ,nats://b:2"),
             vec!["nats://a:1", "nats://b:2"]
         );
+    }
+
+    #[test]
+    fn a_node_name_is_taken_only_when_free_own_or_lapsed() {
+        let held = NodeLease {
+            owner: "x".into(),
+            host: "h1".into(),
+            pid: 7,
+            data_dir: "/d".into(),
+            renewals: 3,
+        };
+        assert!(may_take_node("me", None, false));
+        assert!(!may_take_node("me", Some(&held), false));
+        assert!(may_take_node("me", Some(&held), true));
+        assert!(may_take_node("x", Some(&held), false));
+        let m = node_taken_message("b", &held, false);
+        assert!(
+            m.contains("node name b is already held")
+                && m.contains("host h1")
+                && m.contains("--node NAME"),
+            "{m}"
+        );
+        let m = node_taken_message("b", &held, true);
+        assert!(m.contains("--node was not given"), "{m}");
+    }
+
+    #[test]
+    fn a_connection_is_exposed_unless_authenticated_or_loopback() {
+        assert_eq!(exposure("nats://127.0.0.1:4222", false), None);
+        assert_eq!(
+            exposure("nats://localhost:4222,nats://[::1]:4223", false),
+            None
+        );
+        assert_eq!(exposure("nats://relay:pw@nats.example:4222", false), None);
+        assert_eq!(exposure("tls://nats.example:4222", true), None);
+        let w = exposure("nats://127.0.0.1:4222,nats://10.0.0.2:4222", false);
+        assert!(w.is_some_and(|w| w.contains("neither authenticated")));
+        assert!(exposure("nats.example:4222", false).is_some());
     }
 }

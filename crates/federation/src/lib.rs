@@ -34,10 +34,10 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use relay_client::{Client, ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_protocol::DeliveryState;
 use relay_protocol::query::{
     FederationStatus, QueryRequest, QueryResult, RemoteAgent, TraceRecord,
 };
-use relay_protocol::{DeliveryState, ErrorCode};
 use tokio::sync::mpsc;
 
 use crate::core::{Claim, Entry, Forward, Local, Wire};
@@ -70,6 +70,18 @@ pub struct Options {
     /// This relay's inbox TTL: a message published to another node expires there when it
     /// would have here (its acceptance here plus this), not a TTL after it arrives.
     pub inbox_ttl: Duration,
+    /// The names of this node's people (`human` and the configured ones): no other node
+    /// speaks as them here.
+    pub people: Vec<String>,
+    /// This relay's identity (a random id kept in its data directory): the same relay
+    /// restarted takes its node name back at once; another relay never does while it lives.
+    pub instance: String,
+    /// The host name (shown to a relay refused this node name).
+    pub host: String,
+    /// The data directory (shown likewise).
+    pub data_dir: String,
+    /// The node name was not given and is the host name: a refusal says so.
+    pub node_from_host: bool,
 }
 
 /// Why the link cannot start.
@@ -94,6 +106,17 @@ pub enum FederationError {
     /// The NATS client refused the options (a bad URL, say).
     #[error("cannot connect to NATS: {0}")]
     Connect(String),
+    /// Another live relay holds this node name (or took it over from this one).
+    #[error("{0}")]
+    NodeTaken(String),
+}
+
+/// Why setting up the link did not succeed.
+enum SetupError {
+    /// NATS is not ready (unreachable, no leader yet...): tried again.
+    Retry(String),
+    /// Another live relay holds the node name: the link does not start.
+    Taken(String),
 }
 
 /// What every task of the link shares.
@@ -105,8 +128,8 @@ struct Shared {
     /// Names with a stand-in here: agents of other nodes. A delivery from one of them is
     /// never published again (its own node published it to every node).
     remote: RwLock<HashSet<String>>,
-    /// Local agents whose name another node holds.
-    conflicts: RwLock<HashSet<String>>,
+    /// Local agents whose name another node holds, and that node.
+    conflicts: RwLock<HashMap<String, String>>,
     /// Every agent this relay knows that is its own (online or not): a sender not among them
     /// (and no stand-in) is a tool.
     agents: RwLock<HashSet<String>>,
@@ -153,7 +176,12 @@ impl Shared {
     }
 
     fn is_conflict(&self, name: &str) -> bool {
-        self.conflicts.read().is_ok_and(|r| r.contains(name))
+        self.conflicts.read().is_ok_and(|r| r.contains_key(name))
+    }
+
+    /// The node that holds `name` when a local agent has it too (a name conflict).
+    fn conflict_owner(&self, name: &str) -> Option<String> {
+        self.conflicts.read().ok()?.get(name).cloned()
     }
 
     fn is_local_agent(&self, name: &str) -> bool {
@@ -195,14 +223,9 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         s.cluster = opts.cluster.clone();
         s.link = "connecting".into();
     });
-    let mut co = async_nats::ConnectOptions::new()
-        .name(format!("agent-relay {}", opts.node))
+    let co = connect_options(&opts)
+        .await?
         .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connection_timeout(Duration::from_secs(2))
-        // Back within a quarter second of a server's return, and never more than 2 s later:
-        // the backlog waits for this.
-        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)))
         // The link's state follows the client's own events, the moment they happen: a
         // directory pass can be slow while a server is gone, and must not be what says so.
         .event_callback({
@@ -212,18 +235,6 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
                 async move { on_event(&cell, &event) }
             }
         });
-    if let Some(path) = &opts.creds {
-        co = co
-            .credentials_file(path)
-            .await
-            .map_err(|source| FederationError::Creds {
-                path: path.clone(),
-                source,
-            })?;
-    }
-    if let Some(ca) = &opts.ca {
-        co = co.add_root_certificates(ca.clone()).require_tls(true);
-    }
     let client = co
         .connect(servers)
         .await
@@ -235,7 +246,7 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         client,
         js,
         remote: RwLock::new(HashSet::new()),
-        conflicts: RwLock::new(HashSet::new()),
+        conflicts: RwLock::new(HashMap::new()),
         agents: RwLock::new(HashSet::new()),
         tools: RwLock::new(HashSet::new()),
         published: AtomicU64::new(0),
@@ -247,10 +258,18 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
     });
     tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
-    let (kv, consumer) = loop {
+    let (kv, consumer, nodes, lease) = loop {
         match setup(&shared, &opts, &mut resume_from).await {
             Ok(x) => break x,
-            Err(e) => {
+            Err(SetupError::Taken(why)) => {
+                tracing::error!("federation: not joined: {why}");
+                set_cell(&shared.cell, |s| {
+                    s.link = "refused".into();
+                    s.error = Some(why.clone());
+                });
+                return Err(FederationError::NodeTaken(why));
+            }
+            Err(SetupError::Retry(e)) => {
                 tracing::warn!(error = %e, "federation: NATS not ready; retrying");
                 set_cell(&shared.cell, |s| s.error = Some(e.clone()));
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -270,11 +289,450 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         }
     };
     let (inbound_tx, inbound_rx) = mpsc::channel(1024);
-    tokio::spawn(consume(shared.clone(), consumer, inbound_tx));
+    // Everything that acts for this node runs in one set, stopped at once if another relay
+    // takes the node name over (dropping the set aborts its tasks; the stand-ins go with the
+    // directory loop that holds them).
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(consume(shared.clone(), consumer, inbound_tx));
     let tool = Arc::new(tool);
-    tokio::spawn(serve_traces(shared.clone(), tool.clone()));
-    manage(shared, opts, kv, tool, inbound_rx).await;
-    Ok(())
+    tasks.spawn(serve_traces(shared.clone(), tool.clone()));
+    tasks.spawn(manage(shared.clone(), opts.clone(), kv, tool, inbound_rx));
+    let why = keep_node(nodes, opts, lease).await;
+    tracing::error!("federation: the link stops: {why}");
+    tasks.abort_all();
+    set_cell(&shared.cell, |s| {
+        s.link = "stopped".into();
+        s.error = Some(why.clone());
+    });
+    Err(FederationError::NodeTaken(why))
+}
+
+/// The NATS client's options every connection of the link shares: name, reconnection,
+/// credentials, TLS.
+async fn connect_options(opts: &Options) -> Result<async_nats::ConnectOptions, FederationError> {
+    let mut co = async_nats::ConnectOptions::new()
+        .name(format!("agent-relay {}", opts.node))
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        // Back within a quarter second of a server's return, and never more than 2 s later:
+        // the backlog waits for this.
+        .reconnect_delay_callback(|n| Duration::from_millis((50u64 << n.min(6)).min(2000)));
+    if let Some(path) = &opts.creds {
+        co = co
+            .credentials_file(path)
+            .await
+            .map_err(|source| FederationError::Creds {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &opts.ca {
+        co = co.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    Ok(co)
+}
+
+/// Takes this relay's node name before the relay starts serving, when NATS answers within a
+/// few seconds: another live relay holding it is refused here, so `up` fails with what to
+/// do. NATS unreachable is no refusal: the link takes the name when it joins (and stops
+/// then if the name is held).
+///
+/// # Errors
+/// [`FederationError::NodeTaken`], and the option errors of [`run`].
+pub async fn claim_node_at_start(opts: &Options) -> Result<(), FederationError> {
+    core::validate_node(&opts.node)?;
+    let servers = core::servers(&opts.cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let co = connect_options(opts).await?.max_reconnects(Some(1));
+    let client = match tokio::time::timeout(Duration::from_secs(3), co.connect(servers)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "federation: NATS not reachable at start; the link takes node name {} when it joins", opts.node);
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::warn!(
+                "federation: NATS did not answer within 3 s at start; the link takes node name {} when it joins",
+                opts.node
+            );
+            return Ok(());
+        }
+    };
+    let js = jetstream::new(client.clone());
+    let result = async {
+        let kv = nodes_bucket(&js, replicas_for(&client, opts)).await?;
+        claim_node(&kv, opts).await.map(|_| ())
+    }
+    .await;
+    match result {
+        Ok(()) => Ok(()),
+        Err(SetupError::Taken(why)) => Err(FederationError::NodeTaken(why)),
+        Err(SetupError::Retry(why)) => {
+            tracing::warn!(%why, "federation: cannot take the node name at start; the link takes it when it joins");
+            Ok(())
+        }
+    }
+}
+
+/// Removes `nodes` from the federation at `cluster` for good: their agents' directory entries
+/// (other relays stop their stand-ins), their node-name leases and their durable consumers.
+/// For relays that are stopped and will not come back (`bench --cluster`'s private pair):
+/// left behind, their agents are shown online for ever. Returns the directory entries removed.
+///
+/// # Errors
+/// [`FederationError::Connect`] when NATS cannot be reached or refuses a step.
+pub async fn forget_nodes(cluster: &str, nodes: &[String]) -> Result<usize, FederationError> {
+    let servers = core::servers(cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let err =
+        |what: &str, e: &dyn std::fmt::Display| FederationError::Connect(format!("{what}: {e}"));
+    let client = tokio::time::timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::new()
+            .name("agent-relay forget")
+            .connect(servers),
+    )
+    .await
+    .map_err(|_| FederationError::Connect("no answer within 5 s".into()))?
+    .map_err(|e| err("connect", &e))?;
+    let js = jetstream::new(client);
+    let mut removed = 0;
+    if let Ok(dir) = js.get_key_value(core::BUCKET).await {
+        let mut keys = dir.keys().await.map_err(|e| err("directory", &e))?;
+        let mut names = Vec::new();
+        while let Some(k) = keys.next().await {
+            names.push(k.map_err(|e| err("directory", &e))?);
+        }
+        for name in names {
+            let Some(value) = dir.get(&name).await.map_err(|e| err("directory", &e))? else {
+                continue;
+            };
+            let owned =
+                serde_json::from_slice::<Entry>(&value).is_ok_and(|e| nodes.contains(&e.node));
+            if owned {
+                dir.purge(&name).await.map_err(|e| err("directory", &e))?;
+                removed += 1;
+            }
+        }
+    }
+    if let Ok(leases) = js.get_key_value(core::NODES_BUCKET).await {
+        for node in nodes {
+            leases
+                .purge(node)
+                .await
+                .map_err(|e| err("node names", &e))?;
+        }
+    }
+    if let Ok(stream) = js.get_stream(core::STREAM).await {
+        for node in nodes {
+            // Absent already (never made, or removed) is as good.
+            if let Err(e) = stream.delete_consumer(&core::consumer(node)).await {
+                tracing::debug!(error = %e, %node, "federation: consumer not removed");
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// What JetStream alone sustains ([`jetstream_floor`]), in messages a second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floor {
+    /// Publishes with `Nats-Msg-Id` and a PubAck each, pipelined.
+    pub publish_per_s: f64,
+    /// A durable pull consumer taking them, a confirmed ack each, pipelined.
+    pub consume_per_s: f64,
+}
+
+/// Measures what JetStream alone does at `cluster` with the federation's durability: `n`
+/// messages of `bytes` to a file stream of its own (deleted afterwards), published with
+/// `Nats-Msg-Id` and a PubAck each (`window` in flight), then consumed by a durable pull
+/// consumer with a confirmed ack each (as the link does). The ceiling under `bench --cluster`.
+///
+/// # Errors
+/// [`FederationError::Connect`] with the step that failed.
+pub async fn jetstream_floor(
+    cluster: &str,
+    n: usize,
+    bytes: usize,
+    window: usize,
+) -> Result<Floor, FederationError> {
+    let e =
+        |what: &str, e: &dyn std::fmt::Display| FederationError::Connect(format!("{what}: {e}"));
+    let servers = core::servers(cluster);
+    if servers.is_empty() {
+        return Err(FederationError::NoServers);
+    }
+    let client = async_nats::ConnectOptions::new()
+        .name("agent-relay floor")
+        .connect(servers)
+        .await
+        .map_err(|x| e("connect", &x))?;
+    let js = jetstream::new(client);
+    let name = format!("FLOOR_{}", std::process::id());
+    let subject = format!("agent-relay-floor.{}", std::process::id());
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: jetstream::stream::StorageType::File,
+            duplicate_window: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .map_err(|x| e("stream", &x))?;
+    let result = async {
+        let body = bytes::Bytes::from(vec![b'x'; bytes]);
+        let window = window.max(1);
+        let start = std::time::Instant::now();
+        let mut inflight: FuturesOrdered<
+            futures_util::future::BoxFuture<
+                'static,
+                Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+            >,
+        > = FuturesOrdered::new();
+        for i in 0..n {
+            if inflight.len() >= window
+                && let Some(r) = inflight.next().await
+            {
+                let _: jetstream::publish::PublishAck = r.map_err(|x| e("publish", &x))?;
+            }
+            let m = jetstream::message::PublishMessage::build()
+                .payload(body.clone())
+                .message_id(format!("m{i}"));
+            let ack = js
+                .send_publish(subject.clone(), m)
+                .await
+                .map_err(|x| e("publish", &x))?;
+            inflight.push_back(Box::pin(std::future::IntoFuture::into_future(ack)));
+        }
+        while let Some(r) = inflight.next().await {
+            r.map_err(|x| e("publish", &x))?;
+        }
+        let publish = start.elapsed();
+        let consumer: PullConsumer = stream
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some("floor".into()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                max_ack_pending: CONSUMER_IN_FLIGHT,
+                ..Default::default()
+            })
+            .await
+            .map_err(|x| e("consumer", &x))?;
+        let start = std::time::Instant::now();
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(512)
+            .messages()
+            .await
+            .map_err(|x| e("consume", &x))?;
+        let mut acks = FuturesOrdered::new();
+        let mut got = 0usize;
+        while got < n {
+            let Some(m) = messages.next().await else {
+                break;
+            };
+            let m = m.map_err(|x| e("consume", &x))?;
+            got += 1;
+            acks.push_back(async move { m.double_ack().await });
+            if acks.len() >= window
+                && let Some(r) = acks.next().await
+            {
+                r.map_err(|x| e("ack", &x))?;
+            }
+        }
+        while let Some(r) = acks.next().await {
+            r.map_err(|x| e("ack", &x))?;
+        }
+        let consume = start.elapsed();
+        Ok(Floor {
+            publish_per_s: n as f64 / publish.as_secs_f64().max(1e-9),
+            consume_per_s: got as f64 / consume.as_secs_f64().max(1e-9),
+        })
+    }
+    .await;
+    if let Err(x) = js.delete_stream(&name).await {
+        tracing::warn!(error = %x, stream = %name, "federation: the floor's stream is left on the servers");
+    }
+    result
+}
+
+fn replicas_for(client: &async_nats::Client, opts: &Options) -> usize {
+    if opts.replicas > 0 {
+        opts.replicas
+    } else {
+        client.server_info().connect_urls.len().clamp(1, 3)
+    }
+}
+
+/// The bucket of node names (made if absent), like the directory's.
+async fn nodes_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, SetupError> {
+    js.create_or_update_stream(jetstream::stream::Config {
+        name: format!("KV_{}", core::NODES_BUCKET),
+        subjects: vec![format!("$KV.{}.>", core::NODES_BUCKET)],
+        max_messages_per_subject: 1,
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))?;
+    js.get_key_value(core::NODES_BUCKET)
+        .await
+        .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))
+}
+
+/// This relay's lease, as it writes it.
+fn my_lease(opts: &Options, renewals: u64) -> core::NodeLease {
+    core::NodeLease {
+        owner: opts.instance.clone(),
+        host: opts.host.clone(),
+        pid: std::process::id(),
+        data_dir: opts.data_dir.clone(),
+        renewals,
+    }
+}
+
+/// The lease under `node` now, with its revision (`None`: nobody holds the name).
+async fn read_lease(
+    kv: &kv::Store,
+    node: &str,
+) -> Result<Option<(u64, Option<core::NodeLease>)>, SetupError> {
+    let entry = kv
+        .entry(node)
+        .await
+        .map_err(|e| SetupError::Retry(format!("node names: {e}")))?;
+    Ok(entry
+        .filter(|e| e.operation == kv::Operation::Put)
+        .map(|e| (e.revision, serde_json::from_slice(&e.value).ok())))
+}
+
+/// Takes the node name: free, this relay's own (restarted), or held by a relay that has not
+/// renewed it for [`core::LEASE_LAPSE_MS`] (watched that long). Returns the revision written.
+async fn claim_node(kv: &kv::Store, opts: &Options) -> Result<u64, SetupError> {
+    for _ in 0..5 {
+        let current = read_lease(kv, &opts.node).await?;
+        let lapsed = match &current {
+            Some((rev, Some(held))) if held.owner != opts.instance => {
+                tracing::info!(node = %opts.node, host = %held.host, pid = held.pid,
+                    "federation: another relay held this node name; waiting to see whether it is alive");
+                lapsed(kv, &opts.node, *rev).await?
+            }
+            _ => false,
+        };
+        let held = current.as_ref().and_then(|(_, l)| l.as_ref());
+        if let Some(h) = held
+            && !core::may_take_node(&opts.instance, Some(h), lapsed)
+        {
+            return Err(SetupError::Taken(core::node_taken_message(
+                &opts.node,
+                h,
+                opts.node_from_host,
+            )));
+        }
+        let value = serde_json::to_vec(&my_lease(opts, 0))
+            .map_err(|e| SetupError::Retry(format!("node lease: {e}")))?;
+        let written = match current {
+            None => kv
+                .create(&opts.node, value.into())
+                .await
+                .map_err(|e| e.to_string()),
+            Some((rev, _)) => kv
+                .update(&opts.node, value.into(), rev)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match written {
+            Ok(rev) => return Ok(rev),
+            // Another relay wrote meanwhile: read again and decide again.
+            Err(e) => tracing::debug!(error = %e, "federation: node name changed while taking it"),
+        }
+    }
+    Err(SetupError::Retry(
+        "node name: the lease keeps changing under this relay".into(),
+    ))
+}
+
+/// Watches a lease for [`core::LEASE_LAPSE_MS`]: true when it was not renewed (its relay is
+/// gone), false as soon as it is.
+async fn lapsed(kv: &kv::Store, node: &str, rev: u64) -> Result<bool, SetupError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(core::LEASE_LAPSE_MS);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match read_lease(kv, node).await? {
+            Some((now, _)) if now != rev => return Ok(false),
+            Some(_) => {}
+            None => return Ok(true),
+        }
+    }
+    Ok(true)
+}
+
+/// Renews the lease every [`core::LEASE_RENEW_MS`] for as long as this relay holds its node
+/// name; returns why it no longer does (another relay took it over: this one stood still
+/// longer than the lapse, or is a copy of it under the same identity). While NATS is away
+/// it keeps trying: nobody else can take the name then either.
+async fn keep_node(kv: kv::Store, opts: Options, mut rev: u64) -> String {
+    let mut tick = tokio::time::interval(Duration::from_millis(core::LEASE_RENEW_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewals = 0u64;
+    loop {
+        tick.tick().await;
+        renewals += 1;
+        let value = match serde_json::to_vec(&my_lease(&opts, renewals)) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "federation: cannot encode the node lease");
+                continue;
+            }
+        };
+        match kv.update(&opts.node, value.into(), rev).await {
+            Ok(r) => rev = r,
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                match read_lease(&kv, &opts.node).await {
+                    // Its own renewal whose answer was lost (a server failing over).
+                    Ok(Some((r, Some(l))))
+                        if l.owner == opts.instance
+                            && l.pid == std::process::id()
+                            && l.host == opts.host =>
+                    {
+                        rev = r;
+                    }
+                    Ok(Some((_, Some(l)))) => {
+                        return format!(
+                            "this relay no longer holds node name {}: {}",
+                            opts.node,
+                            core::node_taken_message(&opts.node, &l, opts.node_from_host)
+                        );
+                    }
+                    Ok(_) => {
+                        // Removed (by `bench`'s clean-up, say): taken again.
+                        match claim_node(&kv, &opts).await {
+                            Ok(r) => rev = r,
+                            Err(SetupError::Taken(why)) => return why,
+                            Err(SetupError::Retry(why)) => {
+                                tracing::debug!(%why, "federation: node lease not renewed; retrying")
+                            }
+                        }
+                    }
+                    Err(SetupError::Taken(why) | SetupError::Retry(why)) => {
+                        tracing::debug!(%why, "federation: node lease unreadable; retrying")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "federation: node lease not renewed (NATS away?); retrying")
+            }
+        }
+    }
 }
 
 /// The NATS client's events: the link's state (this is its one writer) and what went wrong.
@@ -309,12 +767,25 @@ async fn setup(
     sh: &Shared,
     opts: &Options,
     resume_from: &mut Option<u64>,
+) -> Result<(kv::Store, PullConsumer, kv::Store, u64), SetupError> {
+    let replicas = replicas_for(&sh.client, opts);
+    // The node name first: a relay that does not hold it must not touch its consumer (a
+    // second relay under one name used to recreate it and take half its messages).
+    let nodes = nodes_bucket(&sh.js, replicas).await?;
+    let lease = claim_node(&nodes, opts).await?;
+    let (kv, consumer) = setup_streams(sh, opts, replicas, resume_from)
+        .await
+        .map_err(SetupError::Retry)?;
+    Ok((kv, consumer, nodes, lease))
+}
+
+/// The stream, this node's durable consumer and the directory bucket ([`setup`]).
+async fn setup_streams(
+    sh: &Shared,
+    opts: &Options,
+    replicas: usize,
+    resume_from: &mut Option<u64>,
 ) -> Result<(kv::Store, PullConsumer), String> {
-    let replicas = if opts.replicas > 0 {
-        opts.replicas
-    } else {
-        sh.client.server_info().connect_urls.len().clamp(1, 3)
-    };
     sh.js
         .create_or_update_stream(jetstream::stream::Config {
             name: core::STREAM.into(),
@@ -401,6 +872,10 @@ async fn setup(
 
 /// Messages this node's consumer has delivered and not yet seen acknowledged.
 const CONSUMER_IN_FLIGHT: i64 = 4096;
+/// Deliveries of one message by JetStream after which it is dead-lettered (told to its
+/// sender's node) instead of put back once more: a message that cannot be handed over must
+/// not hold one of the consumer's slots for ever.
+const MAX_DELIVERIES: i64 = 50;
 /// Messages a stand-in publishes before the first of them has its PubAck.
 const PUBLISH_WINDOW: usize = 256;
 /// Released messages the receiving side remembers (older ones are asked of the store).
@@ -482,12 +957,18 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Arriv
     }
 }
 
-/// A running stand-in: its inbound queue and what it was started with.
+/// A running stand-in: its inbound queue and what it was started with. Dropped, it stops.
 struct Standin {
     tx: mpsc::Sender<ToStandin>,
     node: String,
     topics: Vec<String>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// The directory loop: claims local names, keeps one stand-in per remote agent, routes
@@ -504,12 +985,14 @@ async fn manage(
     // Client connections for tools of other nodes (never recipients, never holding a name).
     let mut tools: HashMap<String, Standin> = HashMap::new();
     // The directory pass (KV reads, a query of the local relay) runs on its own task: inbound
-    // messages never wait for it.
+    // messages never wait for it. Both tasks end with this one (the set aborts them when
+    // dropped).
+    let mut tasks = tokio::task::JoinSet::new();
     {
         let (sh, opts, standins, tool) = (sh.clone(), opts.clone(), standins.clone(), tool.clone());
         let watched: Arc<RwLock<Watched>> = Arc::default();
-        tokio::spawn(watch_directory(kv.clone(), watched.clone()));
-        tokio::spawn(async move {
+        tasks.spawn(watch_directory(kv.clone(), watched.clone()));
+        tasks.spawn(async move {
             let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -606,6 +1089,25 @@ async fn route(
 ) {
     let from = m.wire.from.clone();
     let node = m.wire.origin.clone();
+    // Only this node's own agents and people speak as their names here: a message from
+    // another node under one of them can never be handed over (its stand-in cannot take the
+    // name), so it ends now, told to its sender's node, instead of coming back forever.
+    if let Some((code, why)) = held_here(sh, opts, &m.wire) {
+        dead_letter_inbound(sh, m, code, &why).await;
+        return;
+    }
+    // A message JetStream gave this link many times without it being handed over ends too
+    // (whatever the cause), said, instead of taking a slot of the consumer for good.
+    if let Ok(info) = m.msg.info()
+        && info.delivered > MAX_DELIVERIES
+    {
+        let why = format!(
+            "node {} could not hand it to its relay in {MAX_DELIVERIES} tries (see that relay's log)",
+            sh.me
+        );
+        dead_letter_inbound(sh, m, "failed", &why).await;
+        return;
+    }
     let tx = if m.wire.tool {
         if tools.get(&from).is_none_or(|s| s.task.is_finished()) {
             tools.insert(
@@ -662,6 +1164,62 @@ async fn route_failure(
     }
 }
 
+/// Why a message from another node cannot be handed over here whoever sent it: its sender's
+/// name is one of this node's people (any message), or one of this node's agents (an agent's
+/// message; a tool's goes through a client connection, refused at its SEND when an agent has
+/// the name). `None`: it may go.
+fn held_here(sh: &Shared, opts: &Options, w: &Wire) -> Option<(&'static str, String)> {
+    if w.from.eq_ignore_ascii_case("relay") {
+        return Some((
+            "forbidden",
+            format!(
+                "node {} takes no message under the name \"relay\" (its relay's own notices) from another node",
+                sh.me
+            ),
+        ));
+    }
+    if let Some(person) = opts.people.iter().find(|p| p.eq_ignore_ascii_case(&w.from)) {
+        return Some((
+            "forbidden",
+            core::person_here_reason(&w.from, &w.origin, &sh.me, person),
+        ));
+    }
+    (!w.tool && sh.is_local_agent(&w.from)).then(|| {
+        (
+            "name_in_use",
+            core::held_here_reason(&w.from, &w.origin, &sh.me),
+        )
+    })
+}
+
+/// Ends a message from another node that will never be handed over here: its sender's node is
+/// told (a failure record, for a message to one agent: its copy there becomes a dead letter
+/// with `why`), then JetStream is told never to give it again. Logged here in any case (a
+/// broadcast's or topic message's refusal, as locally, is not sent back).
+async fn dead_letter_inbound(sh: &Arc<Shared>, m: Inbound, code: &str, why: &str) {
+    tracing::warn!(from = %m.wire.from, origin = %m.wire.origin, id = %m.wire.id, code, reason = %why,
+        "federation: a message from another node cannot be delivered here; dead-lettered on its sender's node");
+    if let Some(to) = m
+        .wire
+        .to
+        .as_deref()
+        .filter(|t| *t != "*" && m.wire.topic.is_none())
+    {
+        let f = core::Failure {
+            node: sh.me.clone(),
+            from: m.wire.from.clone(),
+            id: m.wire.id.clone(),
+            recipient: to.to_owned(),
+            code: code.to_owned(),
+            reason: why.to_owned(),
+        };
+        publish_failure(sh, &m.wire.origin, f).await;
+    }
+    if let Err(e) = m.msg.ack_with(AckKind::Term).await {
+        tracing::warn!(error = %e, "federation: cannot end a message in JetStream (it comes again, and is refused again)");
+    }
+}
+
 async fn nak(msg: &jetstream::Message, why: &str) {
     tracing::debug!(why, "federation: message put back for later");
     if let Err(e) = msg
@@ -715,7 +1273,7 @@ async fn sync(
         Err(_) => Some("directory: the watch's copy is unreadable (a thread panicked)".into()),
     };
     let mut conflicts = Vec::new();
-    let mut conflict_names = HashSet::new();
+    let mut conflict_names = HashMap::new();
     for l in &locals {
         match core::claim(&sh.me, l, directory.get(&l.name)) {
             Claim::Keep => {}
@@ -752,7 +1310,7 @@ async fn sync(
                     tracing::warn!(name = %l.name, owner = %owner,
                         "federation: this name belongs to another node; the agent here is refused in the federation (its messages to other nodes fail, no other node reaches it): reconnect it under another name");
                 }
-                conflict_names.insert(l.name.clone());
+                conflict_names.insert(l.name.clone(), owner.clone());
                 conflicts.push(RemoteAgent {
                     name: l.name.clone(),
                     node: owner,
@@ -882,6 +1440,24 @@ fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
     }
 }
 
+/// What becomes of a delivery to a stand-in: acknowledged (with a state, if any), or reported
+/// failed with the reason its sender is told.
+enum Outcome {
+    Done(Option<DeliveryState>),
+    Failed(String),
+}
+
+/// A delivery whose publish is written, waiting for its PubAck (or ready at once).
+type Pending = futures_util::future::BoxFuture<'static, (Delivered, Outcome)>;
+/// A delivery whose publish is not written yet: resolves to its [`Pending`] once written.
+type Starting = futures_util::future::BoxFuture<'static, Pending>;
+
+/// A delivery with nothing to write: its outcome is queued behind the writes before it, so
+/// the DELIVERs are still acknowledged in their order.
+fn ready_start(p: Pending) -> Starting {
+    Box::pin(std::future::ready(p))
+}
+
 fn spawn_standin(
     sh: &Arc<Shared>,
     opts: &Options,
@@ -934,11 +1510,32 @@ async fn standin(
     cfg.dedupe = false;
     let mut client = match Client::connect(cfg).await {
         Ok(c) => c,
-        Err(ClientError::Refused {
-            code: ErrorCode::NameInUse,
-            ..
-        }) => {
-            tracing::debug!(%name, %node, "federation: a local agent holds this name; no stand-in");
+        Err(ClientError::Refused { code, message }) => {
+            // The relay will not let anyone of another node speak as this name (an agent of
+            // this node holds it, or it is reserved here): every message sent through this
+            // stand-in ends, told to its sender's node, until it is stopped.
+            tracing::warn!(%name, %node, ?code, %message, "federation: no stand-in can take this name here; its messages are dead-lettered");
+            let why = format!(
+                "node {} refuses the name {name} to other nodes: {message}",
+                sh.me
+            );
+            let code = serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| "refused".into());
+            while let Some(m) = inbound.recv().await {
+                match m {
+                    ToStandin::Send(m) => dead_letter_inbound(&sh, m, &code, &why).await,
+                    ToStandin::Fail(f, msg) => {
+                        // A failure of a message sent from here to `name` of `node`: the name
+                        // is local here now, so no stand-in's delivery is left to fail.
+                        tracing::warn!(id = %f.id, reason = %f.reason, "federation: a failure on another node for a message whose stand-in cannot run here; acknowledged");
+                        if let Err(e) = msg.double_ack().await {
+                            tracing::debug!(error = %e, "federation: ack to JetStream lost");
+                        }
+                    }
+                }
+            }
             return;
         }
         Err(e) => {
@@ -956,25 +1553,43 @@ async fn standin(
     }
     tracing::debug!(%name, %node, "federation: stand-in connected");
     let ttl_ms = u64::try_from(sh.inbox_ttl.as_millis()).unwrap_or(u64::MAX);
-    // Publishes in flight, in delivery order: each resolves once JetStream has the message
-    // (or it is refused), and the DELIVERs are acknowledged in that order.
-    let mut inflight: FuturesOrdered<
-        futures_util::future::BoxFuture<'static, (Delivered, Option<DeliveryState>)>,
-    > = FuturesOrdered::new();
+    // Each delivery's outcome, in delivery order: a publish resolves once JetStream has the
+    // message (or it is refused), and the DELIVERs are acknowledged in that order.
+    //
+    // A publish is two steps: writing it (which waits for one of the JetStream context's
+    // in-flight slots, shared by every stand-in of this link) and waiting for its PubAck
+    // (which frees the slot, but only once its future is polled). The writes go one at a
+    // time in delivery order (`starting`), and the PubAck futures already written
+    // (`inflight`) are polled in the same select, never held while a write waits: a write
+    // waiting for a slot held by this stand-in's own unpolled PubAcks, across every stand-in
+    // at once, was the link's deadlock after an outage (issue 28.1).
+    let mut inflight: FuturesOrdered<Pending> = FuturesOrdered::new();
+    let mut starting: std::collections::VecDeque<Starting> = std::collections::VecDeque::new();
     // The last message each sender sent this agent that went out from this session: the next
     // one names it (`Wire::prev`), so the far node keeps their order.
     let mut last: HashMap<String, String> = HashMap::new();
     loop {
         tokio::select! {
-            Some((d, state)) = inflight.next(), if !inflight.is_empty() => {
-                if let Err(e) = client.ack(&d, state).await {
+            Some((d, outcome)) = inflight.next(), if !inflight.is_empty() => {
+                let acked = match &outcome {
+                    Outcome::Done(state) => client.ack(&d, *state).await,
+                    Outcome::Failed(reason) => client.ack_failed(&d, reason).await,
+                };
+                if let Err(e) = acked {
                     // Unacknowledged, it is delivered again on the next connection and
                     // re-published under the same Nats-Msg-Id.
                     tracing::debug!(error = %e, "federation: stand-in closed before its ack");
                     return;
                 }
             }
-            ev = client.next_event(), if inflight.len() < PUBLISH_WINDOW => {
+            written = futures_util::future::poll_fn(|cx| match starting.front_mut() {
+                Some(f) => f.as_mut().poll(cx),
+                None => std::task::Poll::Pending,
+            }), if !starting.is_empty() => {
+                starting.pop_front();
+                inflight.push_back(written);
+            }
+            ev = client.next_event(), if inflight.len() + starting.len() < PUBLISH_WINDOW => {
                 let Some(ev) = ev else { return };
                 if let Event::Message(d) = ev {
                     // A dead letter here of a message this stand-in's agent sent from its
@@ -989,10 +1604,10 @@ async fn standin(
                     };
                     if !tool && let Some(f) = core::failure_of_notice(&sh.me, &name, notice) {
                         let done = publish_failure(&sh, &node, f);
-                        inflight.push_back(Box::pin(async move {
+                        starting.push_back(ready_start(Box::pin(async move {
                             done.await;
-                            (d, None)
-                        }));
+                            (d, Outcome::Done(None))
+                        })));
                         continue;
                     }
                     let remote = sh.is_remote(&d.from);
@@ -1015,6 +1630,7 @@ async fn standin(
                             }
                         }
                     }
+                    let conflict = sh.conflict_owner(&d.from);
                     let decision = core::forward(
                         &sh.me,
                         &node,
@@ -1027,12 +1643,15 @@ async fn standin(
                             expires_at: Some(d.ts.saturating_add(ttl_ms)),
                         },
                         remote,
-                        sh.is_conflict(&d.from),
+                        conflict.is_some(),
                         is_tool,
                     );
                     match decision {
-                        Forward::Skip => inflight.push_back(Box::pin(std::future::ready((d, None)))),
-                        Forward::Refuse => inflight.push_back(Box::pin(std::future::ready((d, Some(DeliveryState::Failed))))),
+                        Forward::Skip => starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Done(None)))))),
+                        Forward::Refuse => {
+                            let why = core::conflict_reason(&d.from, &sh.me, conflict.as_deref().unwrap_or("another node"));
+                            starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Failed(why))))));
+                        }
                         Forward::Publish { subject, msg_id, mut wire } => {
                             // Only a message to this agent alone is chained: a broadcast's or a
                             // topic message's one copy per node may be the one another
@@ -1042,17 +1661,24 @@ async fn standin(
                             }
                             match serde_json::to_vec(&*wire) {
                                 Ok(body) => {
-                                    let first = start_publish(&sh, &subject, &msg_id, body.clone().into()).await;
                                     let sh = sh.clone();
-                                    inflight.push_back(Box::pin(async move {
-                                        publish(&sh, &subject, &msg_id, body.into(), first).await;
-                                        (d, None)
+                                    let body = bytes::Bytes::from(body);
+                                    // Yields the PubAck's future: awaited in `inflight`.
+                                    #[allow(clippy::async_yields_async)]
+                                    starting.push_back(Box::pin(async move {
+                                        let first = start_publish(&sh, &subject, &msg_id, body.clone()).await;
+                                        let acked: Pending = Box::pin(async move {
+                                            publish(&sh, &subject, &msg_id, body, first).await;
+                                            (d, Outcome::Done(None))
+                                        });
+                                        acked
                                     }));
                                 }
                                 Err(e) => {
                                     // Reported failed: a dead letter, never a silent drop.
                                     tracing::error!(error = %e, "federation: cannot encode a message");
-                                    inflight.push_back(Box::pin(std::future::ready((d, Some(DeliveryState::Failed)))));
+                                    let why = format!("the federation link cannot encode it: {e}");
+                                    starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Failed(why))))));
                                 }
                             }
                         }

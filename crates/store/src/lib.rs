@@ -126,6 +126,12 @@ pub enum AppendOutcome {
         /// Position of the original.
         pos: i64,
     },
+    /// Another sender's message has this id; nothing was written. An id names one message
+    /// (issue 24.7: a full id always resolves), so the sender must choose another.
+    Taken {
+        /// The sender whose message has the id.
+        owner: String,
+    },
 }
 
 /// A write; a batch of them is one transaction.

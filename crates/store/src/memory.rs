@@ -165,6 +165,17 @@ impl MemoryStore {
         if let Some(&pos) = self.by_id.get(&key) {
             return AppendOutcome::Duplicate { pos };
         }
+        // An id names one message (issue 24.7): another sender's is refused.
+        if let Some(((_, owner), _)) = self
+            .by_id
+            .range((m.id.clone(), String::new())..)
+            .next()
+            .filter(|((id, _), _)| *id == m.id)
+        {
+            return AppendOutcome::Taken {
+                owner: owner.clone(),
+            };
+        }
         let pos = self.max_pos() + 1;
         let topic = m.topic.clone().unwrap_or_default();
         let mut seqs = Vec::with_capacity(m.recipients.len());

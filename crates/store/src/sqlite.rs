@@ -328,8 +328,13 @@ const QUEUED: i64 = 0;
 // The three statements of the hot path, prepared once per batch rather than looked up in the
 // statement cache (which hashes the SQL text) once per message.
 
-/// The unique (id, sender) index is the dedupe check: no separate lookup on the common path,
-/// and it also sees rows inserted earlier in the same transaction.
+/// The messages already stored under an id, with their senders: an id is one message's
+/// (issue 24.7), so a second sender's message with the same id is refused, and the same
+/// sender's is a duplicate. A probe of the (id, sender) index, whose pages the insert that
+/// follows touches anyway; it also sees rows inserted earlier in the same transaction.
+const FIND_ID: &str = "SELECT m.pos, n.name FROM messages m JOIN names n ON n.id = m.sender
+    WHERE m.id = ?1 LIMIT 8";
+/// The unique (id, sender) index keeps the dedupe whole even without the probe.
 const INSERT_MESSAGE: &str = "INSERT INTO messages (id, ts, sender, recipient, topic, kind, body,
     data, thread, in_reply_to, budget, session_id, fanout, urgent)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
@@ -866,6 +871,7 @@ impl RawMessage {
 /// reach the store's map only after the commit.
 struct Batch<'a> {
     tx: &'a Transaction<'a>,
+    find_id: CachedStatement<'a>,
     insert_message: CachedStatement<'a>,
     insert_delivery: CachedStatement<'a>,
     ack_one: CachedStatement<'a>,
@@ -1199,6 +1205,16 @@ impl Batch<'_> {
                 Some(serde_json::to_string(&names).map_err(encode_err("recipients"))?)
             }
         };
+        let owners: Vec<(i64, String)> = self
+            .find_id
+            .query_map([&m.id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        if let Some((pos, _)) = owners.iter().find(|(_, s)| *s == m.from) {
+            return Ok(AppendOutcome::Duplicate { pos: *pos });
+        }
+        if let Some((_, owner)) = owners.into_iter().next() {
+            return Ok(AppendOutcome::Taken { owner });
+        }
         let sender = self.intern(&m.from)?;
         let inserted = self.insert_message.execute(params![
             m.id,
@@ -1576,6 +1592,7 @@ impl SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut batch = Batch {
             tx: &tx,
+            find_id: tx.prepare_cached(FIND_ID)?,
             insert_message: tx.prepare_cached(INSERT_MESSAGE)?,
             insert_delivery: tx.prepare_cached(INSERT_DELIVERY)?,
             ack_one: tx.prepare_cached(ACK_ONE)?,

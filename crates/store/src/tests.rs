@@ -130,8 +130,9 @@ fn dedupe<B: Backend>(mut b: B) {
             &[
                 WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
                 WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
-                // Same id, other sender: a different message.
+                // Same id, other sender: refused, an id names one message (issue 24.7).
                 WriteOp::Append(msg("m1", "carol", "bob", &["bob"])),
+                WriteOp::Append(msg("c1", "carol", "bob", &["bob"])),
             ],
             10,
         )
@@ -143,7 +144,13 @@ fn dedupe<B: Backend>(mut b: B) {
         res[1],
         WriteResult::Appended(AppendOutcome::Duplicate { pos: first.pos })
     );
-    let (third, seqs) = stored(&res[2]);
+    assert_eq!(
+        res[2],
+        WriteResult::Appended(AppendOutcome::Taken {
+            owner: "alice".into()
+        })
+    );
+    let (third, seqs) = stored(&res[3]);
     assert_eq!(seqs, vec![1], "carol's stream to bob is separate");
     assert!(third.pos > first.pos);
 
@@ -157,11 +164,23 @@ fn dedupe<B: Backend>(mut b: B) {
 
     let mut s = b.reopen(s);
     let again = s
-        .write_batch(&[WriteOp::Append(msg("m1", "alice", "bob", &["bob"]))], 12)
+        .write_batch(
+            &[
+                WriteOp::Append(msg("m1", "alice", "bob", &["bob"])),
+                WriteOp::Append(msg("m1", "dave", "bob", &["bob"])),
+            ],
+            12,
+        )
         .unwrap();
     assert_eq!(
         again[0],
         WriteResult::Appended(AppendOutcome::Duplicate { pos: first.pos })
+    );
+    assert_eq!(
+        again[1],
+        WriteResult::Appended(AppendOutcome::Taken {
+            owner: "alice".into()
+        })
     );
     // The duplicate consumed no seq.
     let (_, seqs) = put(&mut s, msg("m2", "alice", "bob", &["bob"]), 13);
@@ -544,7 +563,17 @@ fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
     put(&mut s, msg("01ABCDEF", "alice", "bob", &["bob"]), 1);
     put(&mut s, msg("01ABCXYZ", "alice", "bob", &["bob"]), 2);
     put(&mut s, msg("01ABC", "alice", "bob", &["bob"]), 3);
-    put(&mut s, msg("01ABC", "carol", "bob", &["bob"]), 4);
+    // An id names one message: carol's with alice's id is refused (issue 24.7).
+    assert_eq!(
+        s.write_batch(
+            &[WriteOp::Append(msg("01ABC", "carol", "bob", &["bob"]))],
+            4
+        )
+        .unwrap(),
+        vec![WriteResult::Appended(AppendOutcome::Taken {
+            owner: "alice".into()
+        })]
+    );
     put(&mut s, msg("02%_", "alice", "bob", &["bob"]), 5);
     put(&mut s, msg("01abcdef", "alice", "bob", &["bob"]), 6);
 
@@ -553,15 +582,9 @@ fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
     };
     let exact = ids(s.find("01ABCDEF", 10).unwrap());
     assert_eq!(exact, vec![("01ABCDEF".into(), "alice".into())]);
-    // Exact matches only, even though longer ids share the prefix; two senders → both.
+    // Exact matches only, even though longer ids share the prefix.
     let exact = ids(s.find("01ABC", 10).unwrap());
-    assert_eq!(
-        exact,
-        vec![
-            ("01ABC".into(), "alice".into()),
-            ("01ABC".into(), "carol".into())
-        ]
-    );
+    assert_eq!(exact, vec![("01ABC".into(), "alice".into())]);
     let exact = ids(s.find("01ABC", 1).unwrap());
     assert_eq!(exact.len(), 1);
     // Prefix, case-sensitive, in id order.
@@ -570,7 +593,7 @@ fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
     let pre = ids(s.find("01AB", 10).unwrap());
     assert_eq!(
         pre.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
-        vec!["01ABC", "01ABC", "01ABCDEF", "01ABCXYZ"]
+        vec!["01ABC", "01ABCDEF", "01ABCXYZ"]
     );
     assert_eq!(s.find("01AB", 2).unwrap().len(), 2);
     // LIKE wildcards are plain characters.
@@ -578,7 +601,7 @@ fn find_exact_prefix_ambiguous_none<B: Backend>(mut b: B) {
     assert_eq!(ids(s.find("02%", 10).unwrap()).len(), 1);
     assert!(s.find("03", 10).unwrap().is_empty());
     assert!(s.find("01ABCDEFG", 10).unwrap().is_empty());
-    assert_eq!(s.find("", 100).unwrap().len(), 6);
+    assert_eq!(s.find("", 100).unwrap().len(), 5);
     let rec = &s.find("01ABCXYZ", 1).unwrap()[0];
     assert_eq!(
         (rec.ts, rec.body.as_str(), rec.deliveries[0].seq),
@@ -1527,6 +1550,16 @@ mod prop {
                     let key = (m.id.clone(), from.to_string());
                     if let Some(&pos) = model.ids.get(&key) {
                         expected.push(WriteResult::Appended(AppendOutcome::Duplicate { pos }));
+                    } else if let Some(((_, owner), _)) = model
+                        .ids
+                        .range((m.id.clone(), String::new())..)
+                        .next()
+                        .filter(|((i, _), _)| *i == m.id)
+                    {
+                        // An id names one message: another sender's is refused.
+                        expected.push(WriteResult::Appended(AppendOutcome::Taken {
+                            owner: owner.clone(),
+                        }));
                     } else {
                         let pos = next_pos;
                         next_pos += 1;

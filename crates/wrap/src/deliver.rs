@@ -243,6 +243,60 @@ impl Core {
         n
     }
 
+    /// `relay_inbox` in the agent's own session asks for what waits for it (issue 23, one
+    /// record whatever the door): at most `limit` of the messages this wrapper holds and has
+    /// not typed, oldest first (those whose notice was typed, then those waiting to be typed).
+    /// Each is handed over here: recorded in `injected.log` as done (never typed after) and
+    /// acknowledged verified by the tool's door, before the tool shows it. What is being typed
+    /// now is the typing door's. Returns them and how many more wait here.
+    pub(crate) fn take_for_tool(&mut self, limit: usize) -> (Vec<Delivered>, usize) {
+        let mut noticed: Vec<Delivered> = self.noticed.drain_noticed();
+        noticed.sort_by(|a, b| (a.ts, &a.id).cmp(&(b.ts, &b.id)));
+        let mut taken: Vec<Delivered> = Vec::new();
+        let mut more = 0;
+        for m in noticed {
+            if taken.len() < limit {
+                taken.push(m);
+            } else {
+                more += 1;
+                self.noticed.noticed(m);
+            }
+        }
+        let room = limit - taken.len();
+        let mut n = 0;
+        let queued = self.injector.take_queued(|_, item| match item {
+            // A queued entry holds one message (digests are joined when typed).
+            Item::Messages(_) if n < room => {
+                n += 1;
+                true
+            }
+            Item::Messages(_) => {
+                more += 1;
+                false
+            }
+            Item::Notice => false,
+        });
+        let noticed = taken.len();
+        for (_, item) in queued {
+            if let Item::Messages(ms) = item {
+                taken.extend(ms);
+            }
+        }
+        for (i, m) in taken.iter().enumerate() {
+            // Recorded before it is handed over, as a message shown before its notice: never
+            // typed after. (A noticed one's outcome is in the log already.)
+            if i >= noticed
+                && let Err(e) = self.log.finished(&m.id, true)
+            {
+                tracing::warn!(id = %m.id, error = %e, "cannot record a message handed to the agent's tool in injected.log");
+            }
+            self.queued.remove(&m.id);
+            tracing::debug!(id = %m.id, "handed to the agent's tool (relay_inbox) instead of typing");
+            self.ack_door(m, crate::TOOL_DOOR);
+        }
+        (taken, more)
+    }
+
     /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
     /// is recorded and acknowledged verified, with no notice typed.
     pub(crate) fn shown_already(&mut self, m: &Delivered) -> bool {

@@ -88,6 +88,13 @@ pub(crate) enum Request {
     /// Claude Code's UserPromptSubmit hook: a prompt was submitted; the texts that go in with
     /// it as the turn's context.
     Prompt { reply: oneshot::Sender<Vec<String>> },
+    /// The agent's tool (`relay_inbox`) asks for the messages waiting for it, at most `limit`,
+    /// oldest first: the wrapper hands them over (never typed after) and answers with them and
+    /// how many more wait.
+    Inbox {
+        limit: usize,
+        reply: oneshot::Sender<(Vec<relay_client::Delivered>, usize)>,
+    },
 }
 
 /// The door's requests, for the wrapper's loop.
@@ -218,6 +225,14 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                 hook(|reply| Request::Stop { active, reply }, &tx).await
             }
             Ok(v) if v["hook"] == "prompt" => hook(|reply| Request::Prompt { reply }, &tx).await,
+            Ok(v) if v.get("inbox").is_some() => {
+                let limit = v["inbox"]
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .unwrap_or(20)
+                    .clamp(1, 1000);
+                inbox(limit, &tx).await
+            }
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -248,6 +263,24 @@ async fn shown(ids: Vec<String>, tx: &mpsc::Sender<Request>) -> serde_json::Valu
     }
     match rx.await {
         Ok(n) => serde_json::json!({ "verified": n }),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
+    }
+}
+
+/// `relay_inbox` under the wrapper: a page of the messages it holds, handed over by it.
+async fn inbox(limit: usize, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Inbox { limit, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok((messages, more)) => {
+            let records: Vec<_> = messages
+                .iter()
+                .map(relay_client::Delivered::record)
+                .collect();
+            serde_json::json!({ "messages": records, "more": more })
+        }
         Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }

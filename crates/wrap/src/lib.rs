@@ -23,6 +23,7 @@ mod link;
 pub mod profile;
 mod pty;
 mod shell;
+mod shell_line;
 pub mod state;
 mod terminal;
 pub mod tmux;
@@ -31,6 +32,7 @@ pub use door::SOCKET as DOOR_SOCKET;
 /// The door key's variable in the agent's environment, and how a wrapper makes one (see
 /// `door.rs`).
 pub use door::{KEY_ENV as DOOR_KEY_ENV, new_key as new_door_key};
+pub use transcript::descends_from;
 
 /// The door a message handed to a Claude Code hook is verified by, in its trace.
 const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";

@@ -71,6 +71,7 @@ pub struct Overrides {
     multiline: Option<bool>,
     transcript: Option<String>,
     transcript_dir: Option<String>,
+    shell_line: Option<bool>,
 }
 
 /// The profile files' own name for their fields, kept for the code that reads them.
@@ -101,7 +102,8 @@ impl Overrides {
             args,
             multiline,
             transcript,
-            transcript_dir
+            transcript_dir,
+            shell_line
         );
     }
 }
@@ -202,6 +204,9 @@ pub struct Profile {
     /// The CLI's record of its replies, read for a directive's exact text; `None`: the
     /// screen alone (`transcript = "none"`, or a profile without one).
     pub transcript: Option<TranscriptSource>,
+    /// The input line is a shell's: whatever prompt, the row under the cursor after it holds
+    /// a person's text or not (`shell_line.rs`; issue 23.16).
+    shell_line: bool,
 }
 
 fn ms(v: Option<u64>, default: u64) -> Duration {
@@ -377,6 +382,7 @@ impl Profile {
             args: f.args.unwrap_or_default(),
             multiline: f.multiline.unwrap_or(false),
             transcript,
+            shell_line: f.shell_line.unwrap_or(false),
         })
     }
 
@@ -458,6 +464,13 @@ impl Profile {
             }
             if self.busy_patterns.iter().any(|p| p.is_match(row.trim())) {
                 return Err(NotReady::Busy(row.trim().to_owned()));
+            }
+        }
+        if self.shell_line {
+            // Judged from the screen, not from the bytes a person typed (issue 23.16).
+            let text = crate::shell_line::person_text(screen);
+            if !text.is_empty() {
+                return Err(NotReady::InputNotEmpty(text));
             }
         }
         match self.input(screen) {

@@ -372,6 +372,16 @@ impl<R: Relay> Shell<R> {
                     }
                 }
             }
+            door::Request::Inbox { limit, reply } => {
+                let page = core.take_for_tool(limit);
+                self.apply(core, term).await?;
+                if let Err((taken, _)) = reply.send(page) {
+                    tracing::warn!(
+                        n = taken.len(),
+                        "relay_inbox left before its answer: the messages it was handed are recorded shown"
+                    );
+                }
+            }
             door::Request::Read { ids, reply } => {
                 let n = core.shown_by_tool(&ids);
                 self.apply(core, term).await?;

@@ -157,8 +157,8 @@ fn parent_of(pid: u32) -> Option<u32> {
 }
 
 /// Whether `pid` is `root` or one of its descendants (a few levels: a launcher script, a
-/// shell, the CLI).
-fn descends_from(pid: u32, root: u32) -> bool {
+/// shell, the CLI). Also what the MCP server's hook door asks of a caller (`agent-relay mcp`).
+pub fn descends_from(pid: u32, root: u32) -> bool {
     let mut p = pid;
     for _ in 0..16 {
         if p == root {

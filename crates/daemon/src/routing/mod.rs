@@ -392,7 +392,8 @@ pub(crate) struct Core {
     /// (`agent-relay chain extend`; stored, loaded at start).
     chains: HashMap<String, u32>,
     /// (sender, recipient) pairs whose sender was told that the recipient has not connected
-    /// yet: told once per pair while the daemon runs.
+    /// yet, while the daemon runs: spares the store a notice it would refuse as a duplicate.
+    /// The store keeps the promise across restarts (the notice's id is the pair's).
     told_not_yet: HashSet<(String, String)>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
@@ -505,21 +506,24 @@ impl Core {
         let mut resumed = false;
         let person_door = hello.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
         self.may_take(&hello.agent, hello.role, conn.in_process, person_door)?;
-        let live = self
-            .agents
-            .get(&hello.agent)
-            .and_then(|a| a.online.as_ref());
+        let holder = self.agents.get(&hello.agent);
+        let live = holder.and_then(|a| a.online.as_ref());
         if hello.role == Role::Agent
             && let Some(old) = live
         {
             if hello.resume_token.as_deref() != Some(old.resume_token.as_str()) {
-                return Err((
-                    ErrorCode::NameInUse,
-                    format!(
+                // A federation stand-in holds it: the name is an agent's of another node.
+                let message = match holder.and_then(|a| remote_node(a.cli.as_deref())) {
+                    Some(node) => format!(
+                        "the name {:?} is held by node {node} in the federation (an agent of that node has it); choose another name",
+                        hello.agent
+                    ),
+                    None => format!(
                         "an agent named {:?} is already connected; choose another name or stop the other one",
                         hello.agent
                     ),
-                ));
+                };
+                return Err((ErrorCode::NameInUse, message));
             }
             old.killer.kill(
                 ErrorCode::NameInUse,
@@ -1483,9 +1487,23 @@ impl Core {
             }
         };
         let (message, seqs) = match outcome {
+            // The relay's own notice stored before (told once): not a sender's repeat.
+            AppendOutcome::Duplicate { .. } if conn_id == NO_CONN => return,
             AppendOutcome::Duplicate { .. } => {
                 self.feed.counters.duplicates.add(1);
                 self.receipt(conn_id, env_id, AckStatus::Duplicate, None);
+                return;
+            }
+            AppendOutcome::Taken { owner } => {
+                // An id names one message, so that a full id always resolves (issue 24.7).
+                // Nothing was stored: the sender chooses another id and sends again.
+                tracing::warn!(id = %env_id, owner = %owner, "SEND refused: id already another sender's");
+                let reason = format!(
+                    "the id {:?} is already another sender's message ({}); nothing was stored; send again with a new id (a ULID)",
+                    relay_protocol::text::one_line(&env_id, 64),
+                    relay_protocol::text::one_line(&owner, 64)
+                );
+                self.nack(conn_id, env_id, NackCode::Invalid, reason);
                 return;
             }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
@@ -1650,9 +1668,11 @@ impl Core {
         let data = serde_json::json!({"relay_notice": {
             "msg_id": message.id, "recipient": name, "code": "not_connected_yet",
         }});
-        // An id of its own (its short id is not the message's): told once per pair, not
-        // repeated after a crash, so it needs no id derived from the message.
-        let id = ulid::Ulid::new().to_string();
+        // Told once per pair, ever: the notice's id is the pair's, so a relay restarted since
+        // the first notice finds it stored and stores no second one (the store's dedupe of
+        // (sender, id) is the record; no memory of this process is). Its short id is not the
+        // message's.
+        let id = names::not_yet_notice_id(&message.from, &name);
         self.relay_notice(message.from.clone(), id, &message.id, body, data);
     }
 

@@ -241,6 +241,22 @@ impl Core {
     }
 }
 
+/// The id of the notice telling `sender` that `recipient` has not connected yet: the same for
+/// the pair whenever it is made, so the store keeps it told once across daemon restarts (a
+/// second notice is a duplicate of `(relay, id)`). Hashed: names may be long, ids are at most
+/// 128 characters of the id alphabet.
+pub(super) fn not_yet_notice_id(sender: &str, recipient: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new()
+        .chain_update(b"not_connected_yet\0")
+        .chain_update(sender.as_bytes())
+        .chain_update([0])
+        .chain_update(recipient.as_bytes())
+        .finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("notyet-{hex}")
+}
+
 /// `1h`, `90s`, `2h30m`: a duration as a person reads it.
 fn duration_words(d: std::time::Duration) -> String {
     let s = d.as_secs();
@@ -264,6 +280,18 @@ fn duration_words(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_not_yet_notice_id_is_the_pairs_and_a_valid_id() {
+        let id = not_yet_notice_id("Alice", "Bob");
+        assert_eq!(id, not_yet_notice_id("Alice", "Bob"));
+        assert_ne!(id, not_yet_notice_id("Bob", "Alice"));
+        assert_ne!(id, not_yet_notice_id("Alic", "eBob"));
+        assert!(
+            relay_protocol::text::validate_message_id(&id).is_ok(),
+            "{id}"
+        );
+    }
 
     #[test]
     fn edits_count_swaps_once_and_ignore_case() {

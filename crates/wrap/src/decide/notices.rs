@@ -29,6 +29,12 @@ impl Notices {
         self.noticed.insert(m.id.clone(), m);
     }
 
+    /// Every message whose notice was typed, in no order (the agent's tool takes them; those
+    /// it does not are given back with [`Notices::noticed`]).
+    pub(crate) fn drain_noticed(&mut self) -> Vec<Delivered> {
+        self.noticed.drain().map(|(_, m)| m).collect()
+    }
+
     /// The agent's tool showed `id`: the message if its notice was typed.
     pub(crate) fn take_noticed(&mut self, id: &str) -> Option<Delivered> {
         self.noticed.remove(id)
