@@ -22,9 +22,6 @@ use crate::inject::{Joiner, Outcome};
 use crate::state::Typed as Remembered;
 use crate::{Core, Item, WrapConfig};
 
-/// How many ids shown by the agent's tool before their delivery came are remembered.
-const SHOWN_UNSEEN: usize = 256;
-
 /// The text typed for `messages` (one, or several typed as one prompt).
 fn text_of(
     delivery: Delivery,
@@ -126,7 +123,7 @@ impl Core {
             tracing::debug!(id = %m.id, "typing a message");
             // The text once (tmux notes its echo after a restart), with the first id.
             let recorded = match (&self.resume, i) {
-                (Some(r), 0) => self.log.started_at(&m.id, r.checkpoint.offset, text),
+                (Some(r), 0) => self.log.started_at(&m.id, r.offset(), text),
                 _ => self.log.started(&m.id),
             };
             if let Err(e) = recorded {
@@ -134,22 +131,8 @@ impl Core {
             }
         }
         // What the agent prints next answers the message typed last (after a digest, the one
-        // from whom it goes to: see `relay_directive`).
-        self.replying_to = messages
-            .last()
-            .map(|m| (m.id.clone(), m.payload.thread.clone()));
-        self.digest_senders = if messages.len() > 1 {
-            let mut senders: Vec<(String, String, Option<String>)> = Vec::new();
-            for m in messages {
-                senders.retain(|(from, _, _)| *from != m.from);
-                senders.push((m.from.clone(), m.id.clone(), m.payload.thread.clone()));
-            }
-            senders
-        } else {
-            Vec::new()
-        };
-        // Measured again once it is entered.
-        self.chain_activity = None;
+        // from whom it goes to: see `decide/chain.rs`).
+        self.chain.typed(messages);
     }
 
     /// The injector is about to press Enter for the text typed.
@@ -173,7 +156,7 @@ impl Core {
     /// Typing `messages` (as one prompt) ended with `outcome`: each is recorded and
     /// acknowledged on its own. A notice submitted leaves its messages injected, waiting for
     /// the agent's tool to show them.
-    pub(crate) async fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
+    pub(crate) fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
         let verified = outcome == Outcome::Verified;
         for m in messages {
             if let Outcome::Failed(why) = &outcome {
@@ -185,25 +168,24 @@ impl Core {
                 tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            let state = if self.read_early.remove(&m.id) {
+            let state = if self.noticed.take_read_early(&m.id) {
                 // The agent's tool showed it while its notice was typed.
                 DeliveryState::Verified
             } else if let Outcome::Failed(why) = &outcome {
                 self.fail(
                     &m,
                     &format!("typed into the agent but not submitted: {why}"),
-                )
-                .await;
+                );
                 continue;
             } else if self.cfg.delivery == Delivery::Notice {
                 tracing::debug!(id = %m.id, "notice submitted: the message waits for the agent's tool");
-                self.ack(&m, DeliveryState::Injected).await;
-                self.noticed.insert(m.id.clone(), m);
+                self.ack(&m, DeliveryState::Injected);
+                self.noticed.noticed(m);
                 continue;
             } else {
                 DeliveryState::Verified
             };
-            self.ack(&m, state).await;
+            self.ack(&m, state);
         }
     }
 
@@ -211,15 +193,15 @@ impl Core {
     /// (`relay_inbox`, `relay_read`): each this wrapper gave a notice for is verified, and one
     /// whose notice is still waiting needs none any more. Returns how many were verified
     /// here. Other deliveries type the whole text, so a tool's read changes nothing.
-    pub(crate) async fn shown_by_tool(&mut self, ids: &[String]) -> usize {
+    pub(crate) fn shown_by_tool(&mut self, ids: &[String]) -> usize {
         if self.cfg.delivery != Delivery::Notice {
             return 0;
         }
         let mut n = 0;
         for id in ids {
-            if let Some(m) = self.noticed.remove(id) {
+            if let Some(m) = self.noticed.take_noticed(id) {
                 tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
-                self.ack_door(&m, crate::TOOL_DOOR).await;
+                self.ack_door(&m, crate::TOOL_DOOR);
                 n += 1;
             }
         }
@@ -238,7 +220,7 @@ impl Core {
                     tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
                 }
                 self.queued.remove(&m.id);
-                self.ack_door(&m, crate::TOOL_DOOR).await;
+                self.ack_door(&m, crate::TOOL_DOOR);
                 n += 1;
             }
         }
@@ -246,24 +228,18 @@ impl Core {
         if let Some(Item::Messages(ms)) = self.injector.current() {
             for m in ms {
                 if wanted.contains(m.id.as_str()) {
-                    self.read_early.insert(m.id.clone());
+                    self.noticed.read_while_typed(&m.id);
                     current.insert(m.id.as_str());
                 }
             }
         }
         // Shown before this wrapper was handed it (the tool reads the store): no notice
         // when it comes. Ids it already dealt with are not kept; nor more than a few.
-        for id in ids {
-            if !current.contains(id.as_str())
-                && self.log.get(id).is_none()
-                && !self.shown_unseen.contains(id)
-            {
-                self.shown_unseen.push_back(id.clone());
-            }
-        }
-        while self.shown_unseen.len() > SHOWN_UNSEEN {
-            self.shown_unseen.pop_front();
-        }
+        let log = &self.log;
+        self.noticed.shown_before_delivery(
+            ids.iter().filter(|id| !current.contains(id.as_str())),
+            |id| log.get(id).is_some(),
+        );
         n
     }
 
@@ -273,8 +249,8 @@ impl Core {
     /// Each is handed over here: recorded in `injected.log` as done (never typed after) and
     /// acknowledged verified by the tool's door, before the tool shows it. What is being typed
     /// now is the typing door's. Returns them and how many more wait here.
-    pub(crate) async fn take_for_tool(&mut self, limit: usize) -> (Vec<Delivered>, usize) {
-        let mut noticed: Vec<Delivered> = self.noticed.drain().map(|(_, m)| m).collect();
+    pub(crate) fn take_for_tool(&mut self, limit: usize) -> (Vec<Delivered>, usize) {
+        let mut noticed: Vec<Delivered> = self.noticed.drain_noticed();
         noticed.sort_by(|a, b| (a.ts, &a.id).cmp(&(b.ts, &b.id)));
         let mut taken: Vec<Delivered> = Vec::new();
         let mut more = 0;
@@ -283,7 +259,7 @@ impl Core {
                 taken.push(m);
             } else {
                 more += 1;
-                self.noticed.insert(m.id.clone(), m);
+                self.noticed.noticed(m);
             }
         }
         let room = limit - taken.len();
@@ -316,23 +292,22 @@ impl Core {
             }
             self.queued.remove(&m.id);
             tracing::debug!(id = %m.id, "handed to the agent's tool (relay_inbox) instead of typing");
-            self.ack_door(m, crate::TOOL_DOOR).await;
+            self.ack_door(m, crate::TOOL_DOOR);
         }
         (taken, more)
     }
 
     /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
     /// is recorded and acknowledged verified, with no notice typed.
-    pub(crate) async fn shown_already(&mut self, m: &Delivered) -> bool {
-        let Some(at) = self.shown_unseen.iter().position(|id| *id == m.id) else {
+    pub(crate) fn shown_already(&mut self, m: &Delivered) -> bool {
+        if !self.noticed.take_shown_unseen(&m.id) {
             return false;
-        };
-        self.shown_unseen.remove(at);
+        }
         tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
         if let Err(e) = self.log.finished(&m.id, true) {
             tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
         }
-        self.ack_door(m, crate::TOOL_DOOR).await;
+        self.ack_door(m, crate::TOOL_DOOR);
         true
     }
 }

@@ -14,6 +14,7 @@
 //! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
+mod decide;
 mod deliver;
 mod door;
 pub mod format;
@@ -21,6 +22,7 @@ pub mod inject;
 mod link;
 pub mod profile;
 mod pty;
+mod shell;
 mod shell_line;
 pub mod state;
 mod terminal;
@@ -48,34 +50,28 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use relay_client::{ClientConfig, ClientError, Delivered, Event, Outgoing};
+use relay_client::{ClientConfig, ClientError, Delivered, Outgoing};
 use relay_parse::{Directive, Parser, ScreenText};
-use relay_protocol::{DeliveryState, Send, TerminalReport, TerminalState, now_ms, text};
+use relay_protocol::{DeliveryState, Send, TerminalState, now_ms, text};
 use tokio::sync::mpsc;
 
+use crate::decide::chain::Chain;
+use crate::decide::effect::Effect;
+use crate::decide::ledger::{self, Admission, Replayed};
+use crate::decide::notices::Notices;
+use crate::decide::outbox::{Gate, Outbox, recipient};
+use crate::decide::quiet::Quiet;
+use crate::decide::resume::Resume;
 use crate::inject::{Action, Injector, Look, Timing};
-use crate::link::Link;
 use crate::profile::{NotReady, Profile};
-use crate::state::{Checkpoint, InboxEntry, InjectedLog, Typed as Remembered};
-use crate::terminal::{TermEvent, Terminal};
+use crate::state::{Checkpoint, InjectedLog};
+use crate::terminal::Terminal;
 
 /// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
 /// no person is at the terminal, and the agent under the relay is in a terminal a person can
 /// attach to: with `CI` set, Gemini CLI exits at start and Claude Code draws without colour
 /// (a code block then looks like prose, and a directive shown in one like a real one).
 pub const NOT_INHERITED: &[&str] = &["CI", "CONTINUOUS_INTEGRATION"];
-
-/// Output running this long (no quiet spell of the profile's settle time) reports the agent
-/// busy to the relay.
-const BUSY_AFTER: Duration = Duration::from_secs(1);
-/// How long after output went quiet Claude Code's transcript is looked at once more (it may
-/// write a reply there after drawing it).
-const TRANSCRIPT_RECHECK: Duration = Duration::from_secs(1);
-/// How often Claude Code's transcript is read while a directive waits for its reply there.
-const HELD_RECHECK: Duration = Duration::from_millis(5);
-/// Longest a directive of Codex's or Gemini's waits for their record of the reply while the
-/// output goes on (they write it when the reply ends; see [`Core::release_held`]).
-const HELD_MAX: Duration = Duration::from_secs(10);
 
 /// A warning for the person when the agent will draw without colour although its parser
 /// relies on colour: Claude Code's code blocks have no fences on screen, only colour tells
@@ -250,23 +246,9 @@ fn cut_at_word(s: &str, max: usize) -> String {
     format!("{whole}…")
 }
 
-/// A receipt came back (or never will) for a relayed directive.
-struct ReceiptDone;
-
 /// Now, on tokio's clock: paused (and advanced by hand) in the loop's unit tests.
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
-}
-
-/// Runs `f`, which blocks (a command down the tmux control client), without holding up the
-/// runtime's other tasks: through `block_in_place` on the multi-threaded runtime the wrapper
-/// runs on, in place on a current-thread runtime (the loop's unit tests: a paused clock needs
-/// one, and `block_in_place` panics there).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 /// The screen seen through a profile, for the injector: the parser's own screen model, fed by
@@ -326,46 +308,35 @@ impl Look for ProfileLook<'_> {
 /// the wrapper remembers on disk.
 struct Core {
     cfg: WrapConfig,
-    client: Link,
     parser: Parser,
     injector: Injector<Item>,
     log: InjectedLog,
-    notices: mpsc::UnboundedSender<String>,
-    receipts: mpsc::UnboundedSender<ReceiptDone>,
+    /// What the shell is to do, in order (see [`Core::take_effects`]).
+    out: Vec<Effect>,
+    /// Directives checked and waiting for a person's activity to be read (see
+    /// [`Effect::ReadActivity`]), in order.
+    parked: std::collections::VecDeque<(Directive, String)>,
+    /// A person's activity was asked for and has not come back.
+    asked_activity: bool,
     /// Directives relayed whose receipt has not come back.
     unacked: usize,
-    /// The message typed last: what the agent prints next answers it.
-    replying_to: Option<(String, Option<String>)>,
-    /// tmux: the pane was looked at for the end of the agent's turn since its last output
-    /// (see `turn.rs`).
-    turn_looked: bool,
-    /// tmux, a profile that does not know the CLI's input line: the session's person activity
-    /// (see [`tmux::Pane::person_activity`]) when the message typed last was entered; a
-    /// person's key after it ends the reply chain (see `turn.rs`).
-    chain_activity: Option<u64>,
+    /// The quiet clock of the agent's output (see `decide/quiet.rs`).
+    quiet: Quiet,
+    /// Which relayed message what the agent prints answers (see `decide/chain.rs`).
+    chain: Chain,
     /// Ids queued in the injector (a replay after a reconnect must not queue them twice).
     queued: HashSet<String>,
-    last_output: Instant,
-    settled: bool,
-    /// The screen was looked at for the end of the agent's turn since the last output (see
-    /// [`Profile::turn_settle`]).
-    turn_checked: bool,
-    /// Bytes of the agent's output read so far by this wrapper. Logged
-    /// with each burst and each settling, so a test can tell which output an event follows.
-    read: u64,
     /// Output read since the log last said everything read was settled and relayed
     /// (see [`Core::tell_if_relayed`]).
     relayed_told: bool,
-    /// tmux: where relaying can resume.
+    /// tmux: where relaying can resume (see `decide/resume.rs`).
     resume: Option<Resume>,
-    /// What the relay was last told of the terminal (see [`Core::report_terminal`]).
+    /// What the relay was last told of the terminal (see [`Core::terminal_report`]).
     reported: Option<(TerminalState, Option<String>)>,
     /// When a message was last typed into the agent, until its output settles after it: the
     /// agent is answering (busy), for `agents`, `wait` and `--notify idle` (see
     /// [`Core::answer_over`]).
     answering: Option<Instant>,
-    /// When the current run of output (no quiet spell of the settle time in it) began.
-    burst_start: Instant,
     /// The agent has been seen past its start-up screen (see [`ProfileLook::started`]).
     started: bool,
     /// The agent printed and then went quiet once: it is past its start (see
@@ -377,58 +348,26 @@ struct Core {
     /// Whether the agent has turned bracketed paste on, as its output says: a multi-line text
     /// typed before that has its line breaks flattened (PTY) or submitted (tmux).
     paste: format::PasteMode,
-    /// Notice delivery: messages whose notice was typed (acknowledged as injected), by id,
-    /// until the agent's tool shows them (then verified; see `deliver.rs`).
-    noticed: std::collections::HashMap<String, Delivered>,
-    /// Notice delivery: ids the agent's tool showed while their notice was being typed.
-    read_early: HashSet<String>,
-    /// Notice delivery: ids the agent's tool showed before their delivery reached this
-    /// wrapper (the latest few): they need no notice.
-    shown_unseen: std::collections::VecDeque<String>,
-    /// The senders of the digest typed last, with the id and thread of each one's latest
-    /// message in it: a directive to one of them answers that message.
-    digest_senders: Vec<(String, String, Option<String>)>,
+    /// Notice delivery's bookkeeping (see `decide/notices.rs` and `deliver.rs`).
+    noticed: Notices,
     /// How text is typed into this agent: as a shell no-op when it is a shell.
     form: format::Form,
-    /// Claude Code's transcript: tells a directive its reply says from one it only quotes in a
-    /// code block drawn like prose (`claude` profile).
-    transcript: Option<transcript::Transcript>,
-    /// When to look at the transcript once more after output went quiet: Claude Code may
-    /// write the reply there after it drew its last screen.
-    transcript_due: Option<Instant>,
-    /// Directives read off the screen (while a transcript is kept): a reply was given.
-    screen_directives: u64,
-    /// The log was told that no transcript is to be found.
-    transcript_missing_told: bool,
-    /// Directives read off the screen before Claude Code's transcript had their reply, in
-    /// order, each with the time it is sent all the same (see [`Core::release_held`]).
-    held: std::collections::VecDeque<(Directive, Instant)>,
-    /// When to look at the transcript again for the held directives.
-    held_due: Option<Instant>,
+    /// Directives on their way out, behind the agent's own record of its replies (Claude
+    /// Code's transcript, Codex's rollout, Gemini's chat; see `decide/outbox.rs`).
+    outbox: Outbox,
     /// Messages Claude Code's Stop hook handed to the model (acknowledged injected), verified
     /// when its next Stop hook runs: the turn they started has ended.
     hooked: Vec<Delivered>,
 }
 
-/// tmux: the checkpoint relaying resumes from, and what was read since.
-struct Resume {
-    checkpoint: Checkpoint,
-    session: String,
-    /// The agent's pane (its control client, shared with the loop).
-    pane: tmux::Pane,
-    /// Directives found since the checkpoint, by (to, body): how many.
-    seen: std::collections::HashMap<(String, String), u32>,
-    /// Output was read since the checkpoint was saved.
-    dirty: bool,
-}
-
 impl Core {
+    /// The core of agent `cfg`, with the agent's record of its replies behind `gate` (see
+    /// [`shell::transcript_gate`]), its terminal `rows` high, at `now`.
     fn new(
         cfg: WrapConfig,
-        client: Link,
-        notices: mpsc::UnboundedSender<String>,
-        receipts: mpsc::UnboundedSender<ReceiptDone>,
+        gate: Option<Box<dyn Gate>>,
         rows: u16,
+        now: Instant,
     ) -> Result<Self, WrapError> {
         let log = InjectedLog::open(&cfg.team_dir).map_err(|e| {
             WrapError::State(format!(
@@ -447,7 +386,6 @@ impl Core {
             enter_retries: cfg.profile.enter_retries,
             recheck: Duration::from_secs(2),
         };
-        let now = now();
         let mut injector = Injector::new(timing, now);
         let form = format::Form::for_agent(cfg.profile.name(), &cfg.command);
         if form == format::Form::ShellNoOp {
@@ -461,59 +399,30 @@ impl Core {
         if let Some(joiner) = deliver::joiner(&cfg, form) {
             injector.set_joiner(joiner);
         }
-        let transcript = match &cfg.profile.transcript {
-            Some(source) => {
-                let t = std::env::current_dir()
-                    .ok()
-                    .and_then(|cwd| transcript::Transcript::new(source, &cwd));
-                if t.is_none() {
-                    tracing::warn!(
-                        dir = %source.dir,
-                        "no working directory, or the profile's transcript_dir names an unset variable: the agent's own record of its replies cannot be read; directives go as the screen shows them"
-                    );
-                }
-                t
-            }
-            None => None,
-        };
         Ok(Self {
             injector,
-            cfg,
-            client,
             parser,
             log,
-            notices,
-            receipts,
+            out: Vec::new(),
+            parked: std::collections::VecDeque::new(),
+            asked_activity: false,
             unacked: 0,
-            replying_to: None,
-            turn_looked: false,
-            chain_activity: None,
+            quiet: Quiet::new(cfg.profile.settle, cfg.profile.turn_settle, now),
+            chain: Chain::default(),
             queued: HashSet::new(),
-            last_output: now,
-            settled: true,
-            turn_checked: false,
-            read: 0,
             relayed_told: false,
             resume: None,
             reported: None,
             answering: None,
-            burst_start: now,
             started: false,
             shown: false,
             exchanged: false,
             paste: format::PasteMode::default(),
-            noticed: std::collections::HashMap::new(),
-            read_early: HashSet::new(),
-            shown_unseen: std::collections::VecDeque::new(),
-            digest_senders: Vec::new(),
+            noticed: Notices::default(),
             form,
-            transcript,
-            transcript_due: None,
-            screen_directives: 0,
-            transcript_missing_told: false,
-            held: std::collections::VecDeque::new(),
-            held_due: None,
+            outbox: Outbox::new(gate, cfg.profile.settle),
             hooked: Vec::new(),
+            cfg,
         })
     }
 
@@ -547,31 +456,28 @@ impl Core {
         }
         // Printing for a while, not a moment: a person's typing echoed back or a one-line
         // answer is not worth telling anyone about.
-        let printing = now < self.last_output + self.cfg.profile.settle
-            && now.duration_since(self.burst_start) >= BUSY_AFTER;
-        if printing {
+        if self.quiet.printing(now) {
             (TerminalState::Busy, Some("printing".into()))
         } else {
             (TerminalState::Idle, None)
         }
     }
 
-    /// Tells the relay how the terminal looks when that changed since it was last told (the
-    /// dashboard's agent state); nothing is sent while it stays the same.
-    async fn report_terminal(&mut self, backend: &str, now: Instant) {
+    /// How the terminal looks at `now`, when that changed since the relay was last told (the
+    /// dashboard's agent state; see [`Core::reported`]); nothing while it stays the same.
+    fn terminal_report(&self, now: Instant) -> Option<(TerminalState, Option<String>)> {
         let view = self.terminal_view(now);
-        if self.reported.as_ref() == Some(&view) {
-            return;
-        }
-        let (state, why) = view.clone();
-        let report = TerminalReport {
-            backend: backend.to_owned(),
-            state,
-            why,
-        };
-        if self.client.report_terminal(report).await.is_ok() {
-            self.reported = Some(view);
-        }
+        (self.reported.as_ref() != Some(&view)).then_some(view)
+    }
+
+    /// The relay was told `view` of the terminal.
+    fn reported(&mut self, view: (TerminalState, Option<String>)) {
+        self.reported = Some(view);
+    }
+
+    /// What the shell is to do, in order; the core forgets them.
+    fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.out)
     }
 
     /// The answer to a typed message is over once the output has settled after it was typed
@@ -579,13 +485,14 @@ impl Core {
     /// caller clears [`Core::answering`].
     fn answer_over(&self, now: Instant) -> bool {
         self.answering.is_some_and(|typed| {
-            self.settled && (self.last_output > typed || now >= typed + self.cfg.profile.settle)
+            self.quiet.settled()
+                && (self.quiet.last_output() > typed || now >= typed + self.cfg.profile.settle)
         })
     }
 
     /// The agent's process: where its CLI's own transcript is found (see `transcript.rs`).
     fn set_agent_pid(&mut self, pid: Option<u32>) {
-        match (&mut self.transcript, pid) {
+        match (self.outbox.gate_mut(), pid) {
             (Some(t), Some(pid)) => t.set_agent_pid(pid),
             // Claude Code's sessions are found from its process; Codex's and Gemini's records
             // from the working directory.
@@ -596,164 +503,86 @@ impl Core {
         }
     }
 
-    /// Sends a directive read off the screen; with Claude Code's transcript, once the
-    /// transcript has its reply (a turn's end is seen on the screen before Claude Code has
-    /// written the reply there, and only the transcript tells a line a ```text block quotes
-    /// from one the reply says), waiting at most the settle time for it.
-    async fn send_directive(&mut self, d: Directive) {
-        if let Some(t) = &mut self.transcript
-            && (!self.held.is_empty() || !t.knows(&d))
-        {
-            let now = Instant::now();
-            self.held.push_back((d, now + self.cfg.profile.settle));
-            self.held_due.get_or_insert(now + HELD_RECHECK);
-            return;
+    /// Sends a directive read off the screen, once the agent's record of its replies has its
+    /// reply if one is kept (see `decide/outbox.rs`).
+    fn send_directive(&mut self, d: Directive, now: Instant) {
+        if let Some(d) = self.outbox.found(d, now) {
+            self.send_checked(d);
         }
-        self.send_checked(d).await;
     }
 
-    /// Sends the held directives whose reply the transcript has now, or whose wait is over,
-    /// in the order the screen showed them.
-    async fn release_held(&mut self, now: Instant) {
-        if self.held_due.is_none_or(|due| now < due) {
+    /// Sends the held directives whose reply the record has now, or whose wait is over, in
+    /// the order the screen showed them.
+    fn release_held(&mut self, now: Instant) {
+        if !self.outbox.release_due(now) {
             return;
         }
-        // Codex and Gemini write a reply to their record when it ends, and Codex draws a long
-        // reply for a while after a directive at its top showed: their directives wait until
-        // the output has been quiet the settle time (at most HELD_MAX).
-        let at_reply_end = self
-            .transcript
-            .as_ref()
-            .is_some_and(transcript::Transcript::writes_at_reply_end);
-        let quiet_at = self.last_output + self.cfg.profile.settle;
-        while let Some((d, until)) = self.held.front() {
-            let known = self.transcript.as_mut().is_some_and(|t| t.knows(d));
-            let until = if at_reply_end {
-                (*until).max(quiet_at.min(*until + HELD_MAX))
-            } else {
-                *until
-            };
-            if !known && now < until {
-                break;
-            }
-            if !known {
-                let cli = self.transcript.as_ref().map_or("", |t| t.cli());
-                tracing::debug!(
-                    cli,
-                    "the agent's transcript does not have a directive's reply yet; it goes by the screen"
-                );
-            }
-            if let Some((d, _)) = self.held.pop_front() {
-                self.send_checked(d).await;
-            }
+        while let Some(d) = self.outbox.next_released(now, self.quiet.last_output()) {
+            self.send_checked(d);
         }
-        self.held_due = (!self.held.is_empty()).then(|| now + HELD_RECHECK);
+        self.outbox.released(now);
     }
 
-    async fn send_checked(&mut self, mut d: Directive) {
+    /// Sends a directive from the screen as the agent's record of its replies has it (if it
+    /// is to be sent at all), in the reply chain a person's key may have ended: while one
+    /// may have (see `decide/chain.rs`), the directive waits for the person's activity to be
+    /// read ([`Effect::ReadActivity`]), as do those after it.
+    fn send_checked(&mut self, d: Directive) {
         self.exchanged = true;
-        self.end_chain_if_person_typed();
-        let to = d.to.as_str().to_owned();
-        if let Some(t) = &mut self.transcript {
-            self.screen_directives += 1;
-            let cli = t.cli();
-            match t.check(&d) {
-                relay_parse::transcript::Origin::Quoted => {
-                    // Not a message: the agent showed the syntax, in a code block or escaped.
-                    tracing::info!(%to, cli, body = %text::one_line(&d.body, 200), "not sent: the reply only quotes this line, in a code block or escaped (the agent's transcript)");
-                    return;
-                }
-                relay_parse::transcript::Origin::Sent => {
-                    // The transcript was read first and it went from there, or (Codex, Gemini)
-                    // it went with the reply's text and the screen shows it again.
-                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "already sent from or with the agent's transcript; the screen shows it now");
-                    return;
-                }
-                relay_parse::transcript::Origin::Said(exact) => {
-                    // The screen shows what the CLI drew of the reply's Markdown (a code block
-                    // without fences, lines re-wrapped or re-indented, marks dropped; Codex:
-                    // only a directive's first line): the reply's own text goes.
-                    tracing::debug!(%to, cli, same = (exact.body == d.body), "sent with the reply's own text from the agent's transcript");
-                    d = exact;
-                }
-                relay_parse::transcript::Origin::Unknown => {
-                    tracing::debug!(%to, cli, body = %text::one_line(&d.body, 200), "directive not in the agent's transcript: sent as the screen shows it")
-                }
-            }
+        let to = recipient(&d);
+        let Some(d) = self.outbox.check(d) else {
+            return;
+        };
+        if self.parked.is_empty() && self.chain.activity_wanted().is_none() {
+            self.relay_directive(d, to);
+            return;
         }
-        self.relay_directive(d, to).await;
+        self.parked.push_back((d, to));
+        if !self.asked_activity {
+            self.asked_activity = true;
+            self.out.push(Effect::ReadActivity);
+        }
+    }
+
+    /// A person's activity in the terminal, read for the directives waiting for it (`None`:
+    /// it could not be read; the chain goes on): they go now.
+    fn person_activity(&mut self, at: Option<u64>) {
+        self.asked_activity = false;
+        if let Some(at) = at {
+            self.chain.person_activity(at);
+        }
+        while let Some((d, to)) = self.parked.pop_front() {
+            self.relay_directive(d, to);
+        }
     }
 
     /// Sends what Claude Code's replies said and its screen did not show: the start of a
     /// reply taller than the screen, which Claude Code never draws when the reply arrives at
     /// once (issue 19.2).
-    async fn send_from_transcript(&mut self) {
-        let Some(t) = &mut self.transcript else {
-            return;
-        };
-        // Codex and Gemini draw every line of a reply: their records only give the screen's
-        // directives their text, so each is sent once, by the screen. Codex whose own rollout
-        // is found is read from it too: on its alternate screen a tall reply is not drawn whole.
-        t.look_for_own();
-        if !t.sends_unseen() {
-            return;
-        }
-        let unseen = t.take_unseen();
-        let cli = t.cli();
-        if t.files() == 0 && self.screen_directives > 0 && !self.transcript_missing_told {
-            // Replies with directives, but no transcript where it should be: a directive above
-            // the last screenful of a tall reply is lost, and nothing can tell.
-            self.transcript_missing_told = true;
-            tracing::warn!(folder = %t.folder().display(), "no Claude Code transcript of this agent's found: a directive in a reply taller than the screen is lost if its start is never drawn, and a @relay: line in a ```text code block is sent");
-            // The agent is the sender of what may be lost: it is told once, and how to avoid it.
-            let notice = "relay: this agent's Claude Code transcript was not found, so a @relay: line at the top of a reply taller than the screen is lost if it scrolls away before it is drawn. Keep @relay: lines short and near the end of a reply";
-            if self.notices.send(notice.to_owned()).is_err() {
-                tracing::warn!(
-                    "the notice about the missing transcript could not be queued (wrapper stopping)"
-                );
-            }
+    fn send_from_transcript(&mut self) {
+        let (unseen, notice) = self.outbox.unseen();
+        // The agent is the sender of what may be lost: it is told once, and how to avoid it.
+        if let Some(notice) = notice {
+            self.push_notice(notice);
         }
         for d in unseen {
-            let to = d.to.as_str().to_owned();
-            let body = text::one_line(&d.body, 200);
-            if cli == "Codex" {
-                tracing::info!(%to, %body, "sent from Codex's rollout: the screen did not show it (a reply taller than the alternate screen)");
-            } else {
-                tracing::info!(%to, %body, "sent from Claude Code's transcript: the screen did not show it (a reply taller than the screen)");
-            }
-            self.relay_directive(d, to).await;
-        }
-    }
-
-    /// A `[[RELAY]]` block `{"subscribe": PATTERN}`: the agent's connection subscribes (kept
-    /// for its reconnections, and in the relay's store), and the agent is told how it went.
-    async fn subscribe_directive(&mut self, pattern: String) {
-        let told = match self.client.subscribe(pattern.clone()).await {
-            Ok(()) => format!("relay: subscribed to {}", text::one_line(&pattern, 200)),
-            Err(e) => format!(
-                "relay: not subscribed to {}: {}",
-                text::one_line(&pattern, 200),
-                text::one_line(&e.to_string(), 300)
-            ),
-        };
-        tracing::info!(%pattern, %told, "a subscribe directive");
-        if self.notices.send(told).is_err() {
-            tracing::warn!(%pattern, "the notice about a subscription could not be queued (wrapper stopping)");
+            let to = recipient(&d);
+            self.relay_directive(d, to);
         }
     }
 
     /// A prompt is submitted: the transcript's re-print guard starts a new turn (a directive
     /// said again from now on is meant again, issue 23.17).
     fn new_turn(&mut self) {
-        if let Some(t) = &mut self.transcript {
-            t.new_turn();
-        }
+        self.outbox.new_turn();
     }
 
     /// Relays a directive found on the screen or in the transcript (already checked).
-    async fn relay_directive(&mut self, d: Directive, to: String) {
+    fn relay_directive(&mut self, mut d: Directive, to: String) {
         if let (Some(pattern), None) = (&d.subscribe, &d.malformed) {
-            self.subscribe_directive(pattern.clone()).await;
+            // A `[[RELAY]]` block `{"subscribe": PATTERN}`: the agent's connection
+            // subscribes, and the agent is told how it went (see [`Effect::Subscribe`]).
+            self.out.push(Effect::Subscribe(pattern.clone()));
             return;
         }
         if let Some(why) = &d.malformed {
@@ -761,9 +590,7 @@ impl Core {
             // the agent meant to send something, and is told what was not sent and why.
             tracing::warn!(%to, %why, "a malformed directive was printed; not sent, the agent is told");
             let why: String = text::typed(why).chars().take(400).collect();
-            if self.notices.send(format!("relay: {why}")).is_err() {
-                tracing::warn!(%to, "the notice about a malformed directive could not be queued (wrapper stopping)");
-            }
+            self.push_notice(&format!("relay: {why}"));
             return;
         }
         if d.truncated {
@@ -781,40 +608,15 @@ impl Core {
                 )
             };
             tracing::warn!(%to, %reason, "a directive longer than the limit was printed; not sent, the agent is told");
-            let notice = refusal_notice(&to, &reason);
-            if self.notices.send(notice).is_err() {
-                tracing::warn!(%to, "the notice about a message too long could not be queued (wrapper stopping)");
-            }
+            self.push_notice(&refusal_notice(&to, &reason));
             return;
         }
-        // Printed after a relayed message arrived: an answer to it, in its thread. After a
-        // digest, the message from the one it goes to (else the digest's last).
-        let from_digest = self
-            .digest_senders
-            .iter()
-            .find(|(from, _, _)| *from == to)
-            .map(|(_, id, thread)| (id.clone(), thread.clone()));
-        let replying_to = match (&self.replying_to, from_digest) {
-            (Some(_), Some(answered)) => Some(answered),
-            (r, _) => r.clone(),
-        };
-        let (in_reply_to, thread) = match &replying_to {
-            Some((id, thread)) => (
-                Some(id.clone()),
-                d.thread
-                    .or_else(|| thread.clone())
-                    .or_else(|| Some(id.clone())),
-            ),
-            None => (None, d.thread),
-        };
+        // Printed after a relayed message arrived: an answer to it, in its thread (see
+        // `decide/chain.rs`).
+        let (in_reply_to, thread) = self.chain.answer(&to, d.thread.take());
         // tmux: ids repeatable from the checkpoint, so a wrapper restarted there re-sends
         // the same ids and the relay drops them as duplicates.
-        let id = self.resume.as_mut().map(|r| {
-            let n = r.seen.entry((to.clone(), d.body.clone())).or_insert(0);
-            let id = r.checkpoint.directive_id(&r.session, &to, &d.body, *n);
-            *n += 1;
-            id
-        });
+        let id = self.resume.as_mut().map(|r| r.directive_id(&to, &d.body));
         // `to` as written (`#build.linux` for a topic's subscribers); the SEND says `*` and
         // the topic.
         let (send_to, topic) = d.to.route();
@@ -832,33 +634,14 @@ impl Core {
                 urgent: false,
             },
         };
-        // The receipt is awaited off the loop; a refusal goes back to the agent as a notice, so
-        // it learns (a misspelt name, a message too large...).
-        match self.client.send_nowait(msg).await {
-            Ok((id, pending)) => {
-                tracing::debug!(%id, %to, "relaying a directive");
-                self.unacked += 1;
-                let notices = self.notices.clone();
-                let receipts = self.receipts.clone();
-                tokio::spawn(async move {
-                    match pending.wait().await {
-                        Ok(r) => tracing::debug!(%id, %to, status = ?r.status, "relayed"),
-                        Err(ClientError::Rejected { reason, .. }) => {
-                            let shown = text::one_line(&reason, 300);
-                            tracing::warn!(%id, %to, reason = %shown, "relay refused a message");
-                            if notices.send(refusal_notice(&to, &reason)).is_err() {
-                                tracing::debug!(%id, "the wrapper has ended; the refusal is only logged");
-                            }
-                        }
-                        Err(e) => tracing::warn!(%id, %to, error = %e, "no receipt for a message"),
-                    }
-                    if receipts.send(ReceiptDone).is_err() {
-                        tracing::debug!(%id, "the wrapper has ended before the receipt came");
-                    }
-                });
-            }
-            Err(e) => tracing::warn!(%to, error = %e, "could not relay a message"),
-        }
+        // The receipt is awaited off the loop (see [`Core::on_receipt`]).
+        self.unacked += 1;
+        self.out.push(Effect::Relay { msg, to });
+    }
+
+    /// A directive's receipt came back (or never will).
+    fn on_receipt(&mut self) {
+        self.unacked = self.unacked.saturating_sub(1);
     }
 
     /// `n` bytes of output were read at `now`, the total now `read` (`None`: `n` more than
@@ -868,38 +651,60 @@ impl Core {
         if n == 0 {
             return;
         }
-        self.read = read.unwrap_or(self.read + n as u64);
-        if self.settled {
-            // Output after a quiet spell: a new burst.
-            self.burst_start = now;
-            tracing::debug!(read = self.read, "output after a quiet spell");
+        if self.quiet.on_read(n, read, now) {
+            tracing::debug!(read = self.quiet.read(), "output after a quiet spell");
         }
         self.relayed_told = false;
-        self.last_output = now;
-        self.settled = false;
+    }
+
+    /// The agent's output: `n` bytes read at `now` (before the person sees them, see
+    /// [`Core::on_read`]).
+    fn output_read(&mut self, n: usize, now: Instant) {
+        self.on_read(n, None, now);
+        if let Some(r) = &mut self.resume {
+            r.output();
+        }
+    }
+
+    /// A person's keys at the wrapper's terminal (PTY), at `now`: a half-written line holds
+    /// messages back, and a new line starts a new conversation (what the agent prints next
+    /// answers them, not the last relayed message).
+    fn on_keys(&mut self, keys: &[u8], now: Instant) {
+        self.injector.on_person_input(keys, now);
+        if keys.contains(&b'\r') {
+            self.chain.person_entered();
+            self.new_turn();
+        }
+    }
+
+    /// The agent's terminal has a new size.
+    fn on_resize(&mut self, rows: u16, cols: u16) {
+        self.parser.set_rows(usize::from(rows));
+        self.parser.set_cols(usize::from(cols));
+    }
+
+    /// A person's activity in the terminal as the message typed last was entered (see
+    /// [`Effect::NoteActivity`]; `None`: unknown).
+    fn chain_entered(&mut self, at: Option<u64>) {
+        self.chain.entered(at);
     }
 
     /// Bytes read (counted by [`Core::on_read`] first): fed to the parser, each directive in
     /// them relayed.
-    async fn on_output(&mut self, bytes: &[u8], now: Instant) {
+    fn on_output(&mut self, bytes: &[u8], now: Instant) {
         self.paste.feed(bytes);
         self.injector.on_output(now);
-        self.last_output = now;
-        self.settled = false;
-        self.turn_checked = false;
-        self.turn_looked = false;
+        self.quiet.on_output(now);
+        self.chain.on_output();
         for d in self.parser.feed(bytes) {
-            self.send_directive(d).await;
+            self.send_directive(d, now);
         }
     }
 
     /// tmux: bytes the pane printed.
-    async fn on_pane_output(&mut self, bytes: &[u8], now: Instant) {
-        self.on_read(bytes.len(), None, now);
-        if let Some(r) = &mut self.resume {
-            r.dirty = true;
-        }
-        self.on_output(bytes, now).await;
+    fn on_pane_output(&mut self, bytes: &[u8], now: Instant) {
+        self.output_read(bytes.len(), now);
+        self.on_output(bytes, now);
     }
 
     /// tmux: reads what a snapshot of the pane holds (see [`tmux::Pane::snapshot`]), with a
@@ -907,7 +712,7 @@ impl Core {
     /// dropped (it was relayed), then the texts typed since the checkpoint noted (their echo
     /// is no directive), then the rows no wrapper read, whose directives are relayed with the
     /// ids they would have had (the relay drops those sent already).
-    async fn resync(&mut self, snap: tmux::Snapshot, now: Instant) {
+    fn resync(&mut self, snap: terminal::Snapshot, now: Instant) {
         let mut parser = Parser::new(self.cfg.profile.parse.clone());
         parser.set_rows(usize::from(snap.rows));
         parser.set_cols(usize::from(snap.cols));
@@ -915,8 +720,8 @@ impl Core {
         let Some(r) = &mut self.resume else {
             return;
         };
-        r.seen.clear();
-        let typed = self.log.typed_since(r.checkpoint.offset);
+        r.reread();
+        let typed = self.log.typed_since(r.offset());
         if !snap.seen.is_empty() {
             self.parser.feed(&snap.seen);
             let dropped = self.parser.finish();
@@ -932,131 +737,94 @@ impl Core {
             bytes = snap.unseen.len(),
             "reading what the pane shows since the checkpoint"
         );
-        self.on_pane_output(&snap.unseen, now).await;
+        self.on_pane_output(&snap.unseen, now);
     }
 
-    /// A message arrived for this agent.
-    async fn on_message(&mut self, m: Delivered, pane: Option<&tmux::Pane>) {
+    /// How message `m` is admitted against what this terminal was given before (see
+    /// `decide/ledger.rs`).
+    fn admission(&self, m: &Delivered) -> Admission {
+        ledger::admit(
+            self.queued.contains(&m.id),
+            relay_protocol::validate_message_id(&m.id).map_err(|e| e.to_string()),
+            self.log.get(&m.id),
+            self.cfg.delivery,
+        )
+    }
+
+    /// Whether the terminal's history must be read before message `m` is admitted: a
+    /// stopped wrapper typed it, and the terminal outlives its wrapper (`kept`).
+    fn needs_history(&self, m: &Delivered, kept: bool) -> bool {
+        kept && matches!(self.admission(m), Admission::Interrupted(_))
+    }
+
+    /// A message arrived for this agent: admitted against what this terminal was given
+    /// before (see `decide/ledger.rs`), then queued to be typed. `kept`: the terminal
+    /// outlives its wrapper; `history`: what it holds, read when [`Core::needs_history`]
+    /// said so (`None`: not read, or it could not be).
+    fn on_message(&mut self, m: Delivered, kept: bool, history: Option<&str>) {
         self.exchanged = true;
-        if self.queued.contains(&m.id) {
-            return;
-        }
-        // The daemon refuses such ids, but the wrapper does not rely on it: an id with a space,
-        // a line break or a control character would corrupt `injected.log` (one id per line)
-        // and could end a typed line early. Such a message is not typed; it is reported failed,
-        // so it becomes a dead letter and its sender is told.
-        if let Err(e) = relay_protocol::validate_message_id(&m.id) {
-            tracing::warn!(
-                id = %text::one_line(&m.id, 160),
-                error = %e,
-                "a message with an id the relay should have refused: not typed, reported failed"
-            );
-            self.fail(
-                &m,
-                &format!("not typed: its id is not one the relay accepts ({e})"),
-            )
-            .await;
-            return;
-        }
+        let admission = self.admission(&m);
         // Lines kept for a CLI that takes a multi-line paste as one prompt; a shell gets one
         // quoted line.
         let text = self.text_for(std::slice::from_ref(&m), m.payload.urgent);
-        // Never typed twice: a message this terminal was given before (a replay after a
-        // reconnect or a wrapper restart) is acknowledged with what is known of it.
-        match self.log.get(&m.id) {
-            Some(Remembered::Verified) if self.cfg.delivery == format::Delivery::Notice => {
-                // Its notice was typed; the agent's tool has not shown it (or the relay would
-                // not deliver it again).
-                self.ack(&m, DeliveryState::Injected).await;
-                self.noticed.insert(m.id.clone(), m);
+        match admission {
+            Admission::Queued => return,
+            Admission::BadId(why) => {
+                // Reported failed, so it becomes a dead letter and its sender is told.
+                tracing::warn!(
+                    id = %text::one_line(&m.id, 160),
+                    error = %why,
+                    "a message with an id the relay should have refused: not typed, reported failed"
+                );
+                self.fail(&m, &why);
                 return;
             }
-            Some(Remembered::Verified) => {
-                self.ack(&m, DeliveryState::Verified).await;
+            Admission::Noticed => {
+                self.ack(&m, DeliveryState::Injected);
+                self.noticed.noticed(m);
                 return;
             }
-            Some(Remembered::Failed) => {
-                self.fail(
-                    &m,
-                    "typed into the agent earlier and not submitted (recorded in injected.log)",
-                )
-                .await;
+            Admission::Known(state) => {
+                self.ack(&m, state);
                 return;
             }
-            Some(state @ (Remembered::Started | Remembered::Entered)) => {
-                // The wrapper stopped between typing and checking. A tmux pane outlives it:
-                // the history says whether the text got there. A PTY agent ended with the
-                // wrapper: before its Enter the text was only in the input line of an agent
-                // now gone, so the new agent is given it (typing it "again" types it once);
-                // after its Enter, what the agent took is unknown, and typing twice is the
-                // worse error.
-                let shown = match pane {
-                    Some(p) => {
-                        let short = relay_protocol::short_id(&m.id);
-                        blocking(|| p.history())
-                            .map(|h| h.contains(&format!("[{short}]")))
-                            .unwrap_or(true)
+            Admission::FailedBefore => {
+                self.fail(&m, ledger::FAILED_BEFORE);
+                return;
+            }
+            Admission::Interrupted(state) => {
+                let short = relay_protocol::short_id(&m.id);
+                let in_history = history.map(|h| h.contains(&format!("[{short}]")));
+                // The parser's screen: read afresh from the pane when this wrapper attached.
+                let (profile, parser) = (&self.cfg.profile, &self.parser);
+                let waiting = || !profile.submitted(&parser.screen(), &text);
+                match ledger::replayed(state, kept, in_history, waiting) {
+                    Replayed::TypeAgain => {
+                        tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
                     }
-                    None => state == Remembered::Entered,
-                };
-                if !shown {
-                    tracing::info!(id = %m.id, ?state, "typing again a message a stopped wrapper did not submit");
-                }
-                if shown {
-                    // Typed; if the wrapper stopped before its Enter, the text still waits
-                    // in the input line: submit it now.
-                    if let Some(p) = pane {
-                        // The parser's screen: read afresh from the pane when this wrapper
-                        // attached.
-                        let waiting = !self.cfg.profile.submitted(&self.parser.screen(), &text);
-                        if waiting {
-                            tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
-                            if let Err(e) = blocking(|| p.enter()) {
-                                // Acknowledged as injected all the same: the text is in the
-                                // agent's input line, where a person can submit it; typing it
-                                // again would double it.
-                                tracing::warn!(id = %m.id, error = %e, "cannot press that Enter; the text waits in the agent's input line");
-                            }
-                        }
+                    Replayed::Given { press_enter: true } => {
+                        tracing::info!(id = %m.id, "pressing the Enter a stopped wrapper did not");
+                        self.out.push(Effect::EnterReplayed(m));
+                        return;
                     }
-                    if let Err(e) = self.log.finished(&m.id, false) {
-                        // The ACK below still goes; a later replay finds the id started and,
-                        // the text being in the pane's history, acknowledges it again untyped.
-                        tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+                    Replayed::Given { press_enter: false } => {
+                        self.replayed_given(m);
+                        return;
                     }
-                    // A PTY agent that ended with the wrapper after the Enter may or may not
-                    // have read the line: say so (a failure report makes it a dead letter and
-                    // tells the sender) rather than call it delivered. A tmux pane's history
-                    // showed the text, so there it was given.
-                    if pane.is_some() {
-                        self.ack(&m, DeliveryState::Injected).await;
-                    } else {
+                    Replayed::Unknown => {
+                        self.record_replayed(&m);
                         tracing::warn!(id = %m.id, "a message was submitted to an agent that ended with its wrapper; whether it read it is unknown, so it is reported as failed");
-                        self.fail(
-                            &m,
-                            "submitted to an agent that ended with its wrapper before the \
-                             wrapper saw it taken; whether the agent read it is unknown",
-                        )
-                        .await;
+                        self.fail(&m, ledger::READ_UNKNOWN);
+                        return;
                     }
-                    return;
                 }
             }
-            None => {}
+            Admission::New => {}
         }
-        if let Some(dir) = &self.cfg.inbox {
-            let entry = InboxEntry {
-                id: &m.id,
-                from: &m.from,
-                ts: m.ts,
-                thread: m.payload.thread.as_deref(),
-                body: &m.payload.body,
-            };
-            if let Err(e) = state::append_inbox(dir, &entry) {
-                tracing::warn!(error = %e, "cannot write the inbox file");
-            }
+        if self.cfg.inbox.is_some() {
+            self.out.push(Effect::AppendInbox(m.clone()));
         }
-        if self.shown_already(&m).await {
+        if self.shown_already(&m) {
             return;
         }
         let urgent = m.payload.urgent;
@@ -1065,74 +833,33 @@ impl Core {
         self.injector.push(text, Item::Messages(vec![m]), urgent);
     }
 
+    /// A message a stopped wrapper typed is in the terminal (its missing Enter pressed if it
+    /// was; see [`Effect::EnterReplayed`]): recorded and acknowledged injected. A failure to
+    /// press the Enter changes nothing: the text is in the agent's input line, where a person
+    /// can submit it; typing it again would double it.
+    fn replayed_given(&mut self, m: Delivered) {
+        self.record_replayed(&m);
+        self.ack(&m, DeliveryState::Injected);
+    }
+
+    /// Records the outcome of a message a stopped wrapper typed, found given.
+    fn record_replayed(&mut self, m: &Delivered) {
+        if let Err(e) = self.log.finished(&m.id, false) {
+            // The acknowledgement still goes; a later replay finds the id started and, the
+            // text being in the pane's history, acknowledges it again untyped.
+            tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
+        }
+    }
+
     /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
     fn push_notice(&mut self, notice: &str) {
         self.injector
             .push(self.form.apply(notice), Item::Notice, false);
     }
 
-    /// Sends what the agent's own tool asked for through the door (`door.rs`), on this
-    /// agent's connection; the receipt goes back to the tool.
-    async fn door_send(&mut self, req: door::Request) {
+    /// The agent's own tool used the door (`door.rs`): it took part.
+    fn door_used(&mut self) {
         self.exchanged = true;
-        let req = match req {
-            door::Request::Send(req) => req,
-            door::Request::Inbox { limit, reply } => {
-                let page = self.take_for_tool(limit).await;
-                if let Err((taken, _)) = reply.send(page) {
-                    tracing::warn!(
-                        n = taken.len(),
-                        "relay_inbox left before its answer: the messages it was handed are recorded shown"
-                    );
-                }
-                return;
-            }
-            door::Request::Read { ids, reply } => {
-                let n = self.shown_by_tool(&ids).await;
-                if reply.send(n).is_err() {
-                    tracing::debug!("the tool left before its answer");
-                }
-                return;
-            }
-            door::Request::Stop { active, reply } => {
-                let texts = self.hook_stop(active).await;
-                let n = texts.len();
-                if reply.send(texts).is_err() {
-                    tracing::warn!(
-                        n,
-                        "the Stop hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
-                    );
-                }
-                return;
-            }
-            door::Request::Prompt { reply } => {
-                let texts = self.hook_prompt().await;
-                let n = texts.len();
-                if reply.send(texts).is_err() {
-                    tracing::warn!(
-                        n,
-                        "the UserPromptSubmit hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
-                    );
-                }
-                return;
-            }
-        };
-        let door::SendRequest { msg, reply } = req;
-        match self.client.send_nowait(msg).await {
-            Ok((id, pending)) => {
-                tracing::debug!(%id, "sending for the agent's own tool");
-                tokio::spawn(async move {
-                    if reply.send(pending.wait().await).is_err() {
-                        tracing::debug!(%id, "the tool left before its receipt");
-                    }
-                });
-            }
-            Err(e) => {
-                if reply.send(Err(e)).is_err() {
-                    tracing::debug!("the tool left before its answer");
-                }
-            }
-        }
     }
 
     /// Claude Code ran its Stop hook (`agent-relay hooks stop`, through the door): the turn
@@ -1142,20 +869,20 @@ impl Core {
     /// handed over instead: recorded in `injected.log` as typed and entered (never typed
     /// after), acknowledged injected, and returned for the hook's block decision. What no hook
     /// takes is typed once the agent is idle, as before.
-    async fn hook_stop(&mut self, active: bool) -> Vec<String> {
+    fn hook_stop(&mut self, active: bool) -> Vec<String> {
         for m in std::mem::take(&mut self.hooked) {
             tracing::debug!(id = %m.id, "the turn the Stop hook started with this message has ended: verified");
             if let Err(e) = self.log.finished(&m.id, true) {
                 tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
             }
             self.queued.remove(&m.id);
-            self.ack_door(&m, HOOK_DOOR).await;
+            self.ack_door(&m, HOOK_DOOR);
         }
         if active {
             tracing::debug!("a Stop hook continued this turn: messages wait to be typed");
             return Vec::new();
         }
-        self.hand_to_hook("Stop").await
+        self.hand_to_hook("Stop")
     }
 
     /// Claude Code ran its UserPromptSubmit hook (`agent-relay hooks prompt`, through the
@@ -1163,20 +890,20 @@ impl Core {
     /// prompt submitted), a person submitted it: the messages waiting to be typed (held while
     /// the person wrote their line) go in with it, as the turn's context, recorded as for the
     /// Stop hook (injected now, verified when the turn's Stop hook runs) and never typed after.
-    async fn hook_prompt(&mut self) -> Vec<String> {
+    fn hook_prompt(&mut self) -> Vec<String> {
         if self.injector.current().is_some() {
             tracing::debug!(
                 "the prompt submitted is the wrapper's own typing: the other messages wait their turn"
             );
             return Vec::new();
         }
-        self.hand_to_hook("UserPromptSubmit").await
+        self.hand_to_hook("UserPromptSubmit")
     }
 
     /// Takes the messages waiting to be typed out of the queue for Claude Code's `hook` (named
     /// in the log): recorded in `injected.log` as typed and entered, acknowledged injected, to
     /// be verified by the next Stop hook; their texts are returned for the hook's answer.
-    async fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
+    fn hand_to_hook(&mut self, hook: &str) -> Vec<String> {
         // At most HOOK_TEXT_MAX bytes of text in one answer (always one message at least):
         // Claude Code puts longer hook output in a file and shows the model a preview, so
         // the rest stays queued, in order, for the next hook or for typing.
@@ -1212,8 +939,8 @@ impl Core {
             }
             for m in messages {
                 tracing::debug!(id = %m.id, hook, "handed to Claude Code's hook instead of typing");
-                self.replying_to = Some((m.id.clone(), m.payload.thread.clone()));
-                self.ack(&m, DeliveryState::Injected).await;
+                self.chain.handed(&m);
+                self.ack(&m, DeliveryState::Injected);
                 self.hooked.push(m);
             }
             texts.push(text);
@@ -1221,129 +948,76 @@ impl Core {
         texts
     }
 
-    /// Acknowledges `m` with its outcome. A failure means the client has stopped for good
-    /// (its driver is gone): the relay will deliver the message again to the next connection
-    /// under this name, and `injected.log` keeps it from being typed twice then.
     /// Reports `m` failed, saying why (the dead letter's reason, told to its sender).
-    async fn fail(&self, m: &Delivered, why: &str) {
-        if let Err(e) = self.client.ack_failed(m, why).await {
-            tracing::warn!(
-                id = %m.id,
-                why,
-                error = %e,
-                "cannot report a message failed (the relay client stopped); it will be delivered \
-                 again after a reconnect and reported from injected.log"
-            );
-        }
+    fn fail(&mut self, m: &Delivered, why: &str) {
+        self.out.push(Effect::Fail(m.clone(), why.to_owned()));
     }
 
     /// Acknowledges `m` verified because `door` showed it to the model whole (a hook's
-    /// answer, the agent's own tool): `trace` names the door.
-    async fn ack_door(&self, m: &Delivered, door: &str) {
-        if let Err(e) = self.client.ack_shown(m, door).await {
-            tracing::warn!(
-                id = %m.id,
-                door,
-                error = %e,
-                "cannot acknowledge a message (the relay client stopped); it will be delivered \
-                 again after a reconnect and acknowledged from injected.log"
-            );
-        }
+    /// answer, the agent's own tool): the trace names the door.
+    fn ack_door(&mut self, m: &Delivered, door: &'static str) {
+        self.out.push(Effect::AckShown(m.clone(), door));
     }
 
-    async fn ack(&self, m: &Delivered, state: DeliveryState) {
-        if let Err(e) = self.client.ack(m, Some(state)).await {
-            tracing::warn!(
-                id = %m.id,
-                ?state,
-                error = %e,
-                "cannot acknowledge a message (the relay client stopped); it will be delivered \
-                 again after a reconnect and acknowledged from injected.log"
-            );
-        }
+    /// Acknowledges `m` with its outcome.
+    fn ack(&mut self, m: &Delivered, state: DeliveryState) {
+        self.out.push(Effect::Ack(m.clone(), state));
     }
 
     /// When the loop must wake up next, if nothing happens before.
     fn next_wake(&self) -> Option<Instant> {
-        let settle = (!self.settled).then(|| self.settle_due());
         let answered = self
             .answering
-            .filter(|_| self.settled)
+            .filter(|_| self.quiet.settled())
             .map(|typed| typed + self.cfg.profile.settle);
         [
-            settle,
+            self.quiet.due(),
             answered,
             self.injector.next_deadline(),
-            self.transcript_due,
-            self.held_due,
+            self.outbox.due(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
-    /// When the output counts as settled if nothing more comes: after the profile's short
-    /// quiet time for a screen showing the turn over, until that screen was looked at; then
-    /// after its settle time.
-    fn settle_due(&self) -> Instant {
-        match self.cfg.profile.turn_settle {
-            Some(t) if !self.turn_checked => self.last_output + t,
-            _ => self.last_output + self.cfg.profile.settle,
-        }
-    }
-
-    /// Whether the output counts as settled at `now`: quiet for the settle time, or for the
-    /// turn's short quiet time with the screen showing the agent back at an empty input line,
-    /// nothing working and no dialog (its reply is whole: a directive in it goes now rather
-    /// than after the settle time).
-    fn settles(&mut self, now: Instant) -> bool {
-        if self.settled {
-            return false;
-        }
-        if now >= self.last_output + self.cfg.profile.settle {
-            return true;
-        }
-        match self.cfg.profile.turn_settle {
-            Some(t) if !self.turn_checked && now >= self.last_output + t => {
-                self.turn_checked = true;
-                let over = self.cfg.profile.waiting_for_input(&self.parser.screen());
-                if over {
-                    tracing::debug!("the screen shows the turn over: settled early");
-                }
-                over
-            }
-            _ => false,
-        }
-    }
-
-    /// Does whatever is due at `now`: settle the parser, type, press Enter, check, report.
-    async fn drive(&mut self, now: Instant, term: &mut impl Terminal) -> Result<(), WrapError> {
-        if self.settles(now) {
-            self.settled = true;
-            if !self.shown && self.read > 0 {
+    /// Does whatever of the output is due at `now`: settle the parser, send its directives,
+    /// look at the transcript. Then the shell takes a checkpoint if one is due
+    /// ([`Core::checkpoint_due`]) and calls [`Core::drive_typing`]. `sees_keys`: the person's
+    /// keys come through the wrapper (PTY), so a reply chain ends at their Enter.
+    fn drive_output(&mut self, now: Instant, sees_keys: bool) {
+        let (profile, parser) = (&self.cfg.profile, &self.parser);
+        if self
+            .quiet
+            .settles(now, || profile.waiting_for_input(&parser.screen()))
+        {
+            if !self.shown && self.quiet.read() > 0 {
                 self.shown = true;
                 tracing::info!("the agent printed and went quiet: it is past its start");
                 self.report_start("started");
             }
             for d in self.parser.settle() {
-                self.send_directive(d).await;
+                self.send_directive(d, now);
             }
-            self.send_from_transcript().await;
-            self.transcript_due = self.transcript.is_some().then(|| now + TRANSCRIPT_RECHECK);
+            self.send_from_transcript();
+            self.outbox.settled(now);
         }
-        self.release_held(now).await;
+        self.release_held(now);
         if self.answer_over(now) {
             self.answering = None;
         }
-        if self.transcript_due.is_some_and(|due| now >= due) {
-            self.transcript_due = None;
-            self.send_from_transcript().await;
+        if self.outbox.recheck(now) {
+            self.send_from_transcript();
             tracing::debug!("the transcript was looked at once more after the output went quiet");
         }
-        if !term.sees_keys() {
+        if !sees_keys {
             self.end_turn_if_idle();
         }
-        self.maybe_checkpoint();
+    }
+
+    /// Types, presses Enter and checks whatever is due at `now` (after
+    /// [`Core::drive_output`]).
+    fn drive_typing(&mut self, now: Instant, sees_keys: bool) {
         self.tell_if_relayed();
         loop {
             let mut look = ProfileLook {
@@ -1361,21 +1035,21 @@ impl Core {
                     self.typing(&text);
                     self.answering = Some(now);
                     self.parser.note_injected(&text);
-                    term.type_text(&text).await?;
+                    self.out.push(Effect::Type(text));
                 }
                 Action::Enter => {
                     self.entering();
                     self.new_turn();
-                    term.enter().await?;
-                    if let Some(pane) = term.pane() {
-                        self.note_chain_start(pane);
+                    self.out.push(Effect::Enter);
+                    if !self.cfg.profile.knows_prompt() {
+                        self.out.push(Effect::NoteActivity);
                     }
                 }
                 Action::Done(Item::Messages(messages), outcome) => {
                     // The relay hears that the agent is answering before it hears the
                     // messages taken: it never sees it idle in between.
-                    self.report_terminal(term.backend(), now).await;
-                    self.finished(messages, outcome).await;
+                    self.out.push(Effect::ReportState);
+                    self.finished(messages, outcome);
                 }
                 Action::Done(Item::Notice, _) => {}
             }
@@ -1388,10 +1062,9 @@ impl Core {
             );
         }
         // A message's outcome known: its turn may be over already.
-        if !term.sees_keys() {
+        if !sees_keys {
             self.end_turn_if_idle();
         }
-        Ok(())
     }
 
     /// Logs, once per burst of output, when everything read has settled and every directive
@@ -1401,54 +1074,40 @@ impl Core {
     /// an `output after a quiet spell` line (logged before the person sees those bytes)
     /// says when more came.
     fn tell_if_relayed(&mut self) {
-        if self.relayed_told
-            || !self.settled
-            || self.transcript_due.is_some()
-            || self.unacked > 0
-            || !self.held.is_empty()
-        {
+        if self.relayed_told || !self.quiet.settled() || !self.outbox.empty() || self.unacked > 0 {
             return;
         }
         self.relayed_told = true;
         tracing::debug!(
-            read = self.read,
+            read = self.quiet.read(),
             "output settled; every directive in it relayed"
         );
     }
 
-    /// tmux: once everything read is settled and every directive in it acknowledged, a
-    /// restarted wrapper can start reading from here.
-    fn maybe_checkpoint(&mut self) {
-        let Some(r) = &mut self.resume else {
-            return;
-        };
-        if !self.settled || self.unacked > 0 || !self.held.is_empty() || !r.dirty {
-            return;
-        }
-        // The cursor's row: everything above it was read and relayed (the output is quiet).
-        let row = match blocking(|| r.pane.row()) {
-            Ok(row) => row,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the pane's row; the checkpoint stays");
-                return;
-            }
-        };
-        r.dirty = false;
-        r.checkpoint = Checkpoint {
-            offset: row,
-            at_ms: now_ms(),
-        };
-        r.seen.clear();
-        if let Err(e) = r.checkpoint.save(&self.cfg.team_dir) {
-            tracing::warn!(error = %e, "cannot save the relaying checkpoint");
+    /// tmux: whether a checkpoint is due (see `decide/resume.rs`): everything read is settled
+    /// and every directive in it acknowledged, so a restarted wrapper can start reading from
+    /// the cursor's row.
+    fn checkpoint_due(&self) -> bool {
+        self.resume.as_ref().is_some_and(|r| {
+            r.due(
+                self.quiet.settled(),
+                self.unacked == 0 && !self.outbox.holding() && self.parked.is_empty(),
+            )
+        })
+    }
+
+    /// tmux: the checkpoint moves to the cursor's `row` (read because it was due) at `at_ms`.
+    fn checkpoint_at(&mut self, row: u64, at_ms: u64) {
+        if let Some(r) = &mut self.resume {
+            self.out.push(Effect::SaveCheckpoint(*r.moved(row, at_ms)));
         }
     }
 
     /// Tells the command that started this wrapper how the start goes (see
     /// [`WrapConfig::report_start`]).
-    fn report_start(&self, word: &str) {
+    fn report_start(&mut self, word: &'static str) {
         if self.cfg.report_start {
-            report_start_line(word);
+            self.out.push(Effect::ReportStart(word));
         }
     }
 
@@ -1460,33 +1119,19 @@ impl Core {
         self.cfg.profile.name() == "generic" && !self.shown && !self.exchanged
     }
 
-    /// Sends what the screen still holds and says goodbye; whether the agent was a command
-    /// that exited at once (see [`Core::fleeting`]), judged after those last directives.
-    async fn finish(mut self) -> bool {
+    /// Sends what the screen still holds: the agent's side ended at `now`.
+    fn finish(&mut self, now: Instant) {
         for d in self.parser.finish() {
-            self.send_directive(d).await;
+            self.send_directive(d, now);
         }
         // Nothing more will come: what waits for the transcript goes by the screen now.
-        while let Some((d, _)) = self.held.pop_front() {
-            self.send_checked(d).await;
+        for d in self.outbox.drain() {
+            self.send_checked(d);
         }
-        let fleeting = self.fleeting();
-        // Let the last receipts arrive before saying goodbye.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.client.close().await;
-        fleeting
     }
 }
 
-/// Sleeps until `at`, or forever.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
+async fn connect(cfg: &WrapConfig) -> Result<relay_client::Client, WrapError> {
     let client = relay_client::Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
         topics: cfg.topics.clone(),
@@ -1496,7 +1141,7 @@ async fn connect(cfg: &WrapConfig) -> Result<Link, WrapError> {
     if cfg.report_start {
         report_start_line("connected");
     }
-    Ok(Link::Client(client))
+    Ok(client)
 }
 
 /// One line on stdout for the command that started this wrapper; it may have gone (it stops
@@ -1567,81 +1212,6 @@ enum Ended {
     Stopped(i32),
 }
 
-/// The wrapper's one loop, over any [`Terminal`]: the agent's output is counted, shown and
-/// parsed (its directives relayed), messages from the relay and notices are queued for the
-/// injector, the door's sends go out, and after each event whatever is due is done (see
-/// [`Core::drive`]) and the terminal's state reported. Returns when the agent's side ends or
-/// a signal stops the wrapper.
-async fn serve(
-    core: &mut Core,
-    term: &mut impl Terminal,
-    door: &mut door::Door,
-    notices: &mut mpsc::UnboundedReceiver<String>,
-    receipts: &mut mpsc::UnboundedReceiver<ReceiptDone>,
-) -> Result<Ended, WrapError> {
-    let mut relay_open = true;
-    loop {
-        let wake = core.next_wake();
-        let checkpoint = core.resume.as_ref().map(|r| r.checkpoint.offset);
-        tokio::select! {
-            ev = term.next_event(checkpoint) => match ev? {
-                TermEvent::Output(bytes) => {
-                    let now = now();
-                    // Counted before the person sees them: a test that sees them knows the
-                    // wrapper has read them (see `Core::tell_if_relayed`).
-                    core.on_read(bytes.len(), None, now);
-                    if let Some(r) = &mut core.resume {
-                        r.dirty = true;
-                    }
-                    term.show(&bytes);
-                    core.on_output(&bytes, now).await;
-                }
-                TermEvent::Keys(k) => {
-                    core.injector.on_person_input(&k, now());
-                    // A person's new line starts a new conversation: what the agent prints
-                    // next answers them, not the last relayed message.
-                    if k.contains(&b'\r') {
-                        core.replying_to = None;
-                        core.new_turn();
-                    }
-                    term.write_keys(k).await?;
-                }
-                TermEvent::Resized { rows, cols } => {
-                    tracing::debug!(rows, cols, "the terminal was resized");
-                    term.resize(rows, cols)?;
-                    core.parser.set_rows(usize::from(rows));
-                    core.parser.set_cols(usize::from(cols));
-                }
-                TermEvent::Reread(snap) => core.resync(snap, now()).await,
-                TermEvent::Ended => return Ok(Ended::Exited),
-                TermEvent::Stopped(signal) => return Ok(Ended::Stopped(signal)),
-            },
-            Some(req) = door.recv() => core.door_send(req).await,
-            ev = core.client.next_event(), if relay_open => match ev {
-                Some(Event::Message(m)) => core.on_message(m, term.pane()).await,
-                Some(other) => tracing::debug!(?other, "relay event"),
-                None => {
-                    // The agent keeps running; it just is not relayed any more.
-                    tracing::warn!("relay client stopped");
-                    relay_open = false;
-                }
-            },
-            Some(notice) = notices.recv() => core.push_notice(&notice),
-            Some(ReceiptDone) = receipts.recv() => core.unacked = core.unacked.saturating_sub(1),
-            // Only when something is due (unread output, a queued message): an idle agent
-            // costs the wrapper no wake-ups.
-            () = sleep_until(wake) => {}
-        }
-        if let Err(e) = core.drive(now(), term).await {
-            if term.typing_errors_end() {
-                return Err(e);
-            }
-            tracing::warn!(error = %e, "typing into the pane failed");
-        }
-        core.report_terminal(term.backend(), now()).await;
-    }
-}
-
 /// Runs the agent in a PTY until it exits; returns its exit code.
 ///
 /// # Errors
@@ -1680,14 +1250,14 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         drop(keys_tx);
     }
     let mut term = pty::PtyTerminal::new(pty, output, keys)?;
-    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, rows)?;
+    let gate = shell::transcript_gate(&cfg);
+    let mut core = Core::new(cfg, gate, rows, now())?;
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(term.pty.pid());
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
-    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    let mut shell = shell::Shell::new(client);
+    let ended = shell.serve(&mut core, &mut term, &mut door).await?;
     // The signal that stopped the wrapper, if one did: its exit status is then 128 + it, as a
     // shell reports a process a signal ended (so `agent-relay ...; next` stops at a Ctrl-C
     // sent to it, like any other command).
@@ -1695,16 +1265,13 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         Ended::Stopped(signal) => Some(signal),
         Ended::Exited => None,
     };
-    let mut pty = term.pty;
     if let Some(signal) = stopped {
         tracing::info!(signal, "stopped by a signal: ending the agent");
-        pty.kill();
+        term.pty.kill();
     }
-    let code = tokio::task::spawn_blocking(move || pty.wait())
-        .await
-        .map_err(|e| WrapError::Pty(e.to_string()))??;
+    let code = term.pty.wait().await?;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish().await && stopped.is_none();
+    let fleeting = shell.end(&mut core, &mut term).await && stopped.is_none();
     if fleeting {
         forget_fleeting(&cfg).await;
     }
@@ -1765,9 +1332,9 @@ async fn serve_tmux_with(
         Err(e) => return Err(e),
     };
     let key = session_door_key(&pane, cfg.door_key.as_deref());
-    let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-    let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-    let mut core = Core::new(cfg, client, notice_tx, receipt_tx, 40)?;
+    let gate = shell::transcript_gate(&cfg);
+    let mut core = Core::new(cfg, gate, 40, now())?;
+    let mut shell = shell::Shell::new(client);
     core.set_agent_pid(match pane.pid() {
         Ok(pid) => Some(pid),
         Err(e) => {
@@ -1776,34 +1343,32 @@ async fn serve_tmux_with(
         }
     });
     let offset = checkpoint.offset;
-    core.resume = Some(Resume {
-        checkpoint,
-        session: session.clone(),
-        pane: pane.clone(),
-        seen: std::collections::HashMap::new(),
-        dirty: false,
-    });
+    core.resume = Some(Resume::new(checkpoint, session.clone()));
     let mut term = tmux::TmuxTerminal::new(pane, output, session.clone(), term);
     // A failure with the session gone is its end, which the loop hears of (`Note::Gone`).
-    match term.snapshot(Some(offset)) {
-        Ok(snap) => core.resync(snap, now()).await,
+    match Terminal::snapshot(&mut term, Some(offset)).await {
+        Ok(Some(snap)) => {
+            core.resync(snap, now());
+            shell.apply(&mut core, &mut term).await?;
+        }
+        Ok(None) => {}
         Err(e) if session_lives(&session) => return Err(e),
         Err(_) => {}
     }
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
-    let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await?;
+    let ended = shell.serve(&mut core, &mut term, &mut door).await?;
     if let Ended::Stopped(_) = ended {
         // Stopped: the agent keeps running in its session; a new wrapper resumes.
         tracing::info!("stopped by a signal; the agent keeps running in tmux");
-        core.client.close().await;
+        shell.close().await;
         return Ok(0);
     }
     let code = read_exit(&core.cfg.team_dir).await;
     tracing::info!(?code, "the agent exited; ending its session");
     log_last_lines(&core.cfg.team_dir, code);
-    core.maybe_checkpoint();
+    shell.checkpoint(&mut core, &mut term).await;
     let cfg = core.cfg.clone();
-    let fleeting = core.finish().await;
+    let fleeting = shell.end(&mut core, &mut term).await;
     tmux::kill(&session);
     if fleeting {
         forget_fleeting(&cfg).await;
@@ -1881,6 +1446,10 @@ async fn read_exit(team_dir: &std::path::Path) -> Option<i32> {
     None
 }
 
+#[cfg(test)]
+mod core_tests;
+#[cfg(test)]
+mod fake_relay;
 #[cfg(test)]
 mod serve_tests;
 

@@ -1,225 +1,74 @@
-//! The wrapper's side of the relay: the real [`Client`], or (in unit tests) a fake that
-//! records what the wrapper sends and acknowledges and lets a test deliver messages. The
-//! methods are the client's, so the core reads the same either way.
+//! The wrapper's side of the relay, as the shell (`shell.rs`) uses it: the real [`Client`]
+//! implements [`Relay`]; the loop's unit tests put a recording stand-in in its place
+//! (`serve_tests.rs`).
 
-use relay_client::{Client, ClientError, Event, Outgoing, PendingReceipt, Receipt};
-use relay_protocol::TerminalReport;
+use std::future::Future;
+use std::pin::Pin;
 
-#[cfg(test)]
-use relay_client::Delivered;
-#[cfg(test)]
-use relay_protocol::DeliveryState;
+use relay_client::{Client, ClientError, Delivered, Event, Outgoing, Receipt};
+use relay_protocol::{DeliveryState, TerminalReport};
 
-/// The relay connection the core talks through.
-pub(crate) enum Link {
-    /// A real connection to the relay.
-    Client(Client),
-    /// A recording stand-in (unit tests of the loop, see `serve_tests.rs`).
-    #[cfg(test)]
-    Fake(fake::Relay),
-}
+/// A receipt to wait for, off the loop (see [`Relay::send_nowait`]).
+pub(crate) type Pending = Pin<Box<dyn Future<Output = Result<Receipt, ClientError>> + Send>>;
 
-/// A receipt to wait for (see [`Link::send_nowait`]).
-pub(crate) enum Pending {
-    Client(PendingReceipt),
-    /// The fake relay's receipt, or none ever (it holds receipts back).
-    #[cfg(test)]
-    Fake(Option<Receipt>),
-}
-
-impl Pending {
-    /// The relay's answer to a send.
-    pub(crate) async fn wait(self) -> Result<Receipt, ClientError> {
-        match self {
-            Self::Client(p) => p.wait().await,
-            #[cfg(test)]
-            Self::Fake(Some(r)) => Ok(r),
-            #[cfg(test)]
-            Self::Fake(None) => std::future::pending().await,
-        }
-    }
-}
-
-impl Link {
+/// The relay connection the shell talks through; the methods are the client's.
+pub(crate) trait Relay {
     /// See [`Client::next_event`].
-    pub(crate) async fn next_event(&mut self) -> Option<Event> {
-        match self {
-            Self::Client(c) => c.next_event().await,
-            #[cfg(test)]
-            Self::Fake(f) => f.events.recv().await,
-        }
-    }
+    async fn next_event(&mut self) -> Option<Event>;
 
-    /// See [`Client::send_nowait`].
-    pub(crate) async fn send_nowait(
-        &self,
-        msg: Outgoing,
-    ) -> Result<(String, Pending), ClientError> {
-        match self {
-            Self::Client(c) => c
-                .send_nowait(msg)
-                .await
-                .map(|(id, p)| (id, Pending::Client(p))),
-            #[cfg(test)]
-            Self::Fake(f) => Ok(f.send(msg)),
-        }
-    }
+    /// See [`Client::send_nowait`]: the id sent, and its receipt to wait for.
+    async fn send_nowait(&self, msg: Outgoing) -> Result<(String, Pending), ClientError>;
 
     /// See [`Client::ack`].
-    pub(crate) async fn ack(
-        &self,
-        msg: &relay_client::Delivered,
-        state: Option<relay_protocol::DeliveryState>,
-    ) -> Result<(), ClientError> {
-        match self {
-            Self::Client(c) => c.ack(msg, state).await,
-            #[cfg(test)]
-            Self::Fake(f) => {
-                f.ack(msg, state);
-                Ok(())
-            }
-        }
-    }
+    async fn ack(&self, msg: &Delivered, state: Option<DeliveryState>) -> Result<(), ClientError>;
 
-    /// See [`Client::ack_shown`] (the fake records it as verified).
-    pub(crate) async fn ack_shown(
-        &self,
-        msg: &relay_client::Delivered,
-        door: &str,
-    ) -> Result<(), ClientError> {
-        match self {
-            Self::Client(c) => c.ack_shown(msg, door).await,
-            #[cfg(test)]
-            Self::Fake(f) => {
-                f.ack(msg, Some(relay_protocol::DeliveryState::Verified));
-                Ok(())
-            }
-        }
-    }
+    /// See [`Client::ack_shown`].
+    async fn ack_shown(&self, msg: &Delivered, door: &str) -> Result<(), ClientError>;
 
     /// See [`Client::ack_failed`].
-    pub(crate) async fn ack_failed(
-        &self,
-        msg: &relay_client::Delivered,
-        reason: &str,
-    ) -> Result<(), ClientError> {
-        match self {
-            Self::Client(c) => c.ack_failed(msg, reason).await,
-            #[cfg(test)]
-            Self::Fake(f) => {
-                f.ack_failed(msg, reason);
-                Ok(())
-            }
-        }
-    }
+    async fn ack_failed(&self, msg: &Delivered, reason: &str) -> Result<(), ClientError>;
 
     /// See [`Client::subscribe`].
-    pub(crate) async fn subscribe(&self, pattern: String) -> Result<(), ClientError> {
-        match self {
-            Self::Client(c) => c.subscribe(pattern).await,
-            #[cfg(test)]
-            Self::Fake(_) => Ok(()),
-        }
-    }
+    async fn subscribe(&self, pattern: String) -> Result<(), ClientError>;
 
     /// See [`Client::report_terminal`].
-    pub(crate) async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
-        match self {
-            Self::Client(c) => c.report_terminal(report).await,
-            #[cfg(test)]
-            Self::Fake(f) => {
-                f.log().reports.push(report);
-                Ok(())
-            }
-        }
-    }
+    async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
 
     /// See [`Client::close`].
-    pub(crate) async fn close(self) {
-        match self {
-            Self::Client(c) => c.close().await,
-            #[cfg(test)]
-            Self::Fake(f) => f.log().closed = true,
-        }
-    }
+    async fn close(self);
 }
 
-#[cfg(test)]
-pub(crate) mod fake {
-    use std::sync::{Arc, Mutex, MutexGuard};
-
-    use super::{Delivered, DeliveryState, Event, Outgoing, Pending, Receipt};
-
-    /// What the wrapper did on its relay connection.
-    #[derive(Debug, Default)]
-    pub(crate) struct Log {
-        /// Acknowledgements: message id and the state reported.
-        pub(crate) acks: Vec<(String, Option<DeliveryState>)>,
-        /// The reasons given with failures: message id and reason.
-        pub(crate) reasons: Vec<(String, String)>,
-        /// Messages the wrapper sent (directives it relayed).
-        pub(crate) sent: Vec<Outgoing>,
-        /// Terminal reports.
-        pub(crate) reports: Vec<relay_protocol::TerminalReport>,
-        /// The connection was closed.
-        pub(crate) closed: bool,
-        /// Sends from now on get no receipt (the relay is slow to answer).
-        pub(crate) hold_receipts: bool,
+impl Relay for Client {
+    async fn next_event(&mut self) -> Option<Event> {
+        Client::next_event(self).await
     }
 
-    /// A relay that accepts every send and records everything.
-    pub(crate) struct Relay {
-        pub(crate) events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-        pub(crate) log: Arc<Mutex<Log>>,
+    async fn send_nowait(&self, msg: Outgoing) -> Result<(String, Pending), ClientError> {
+        let (id, pending) = Client::send_nowait(self, msg).await?;
+        Ok((id, Box::pin(pending.wait())))
     }
 
-    impl Relay {
-        /// A fake relay, the sender a test delivers through, and the shared log.
-        pub(crate) fn new() -> (
-            Self,
-            tokio::sync::mpsc::UnboundedSender<Event>,
-            Arc<Mutex<Log>>,
-        ) {
-            let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-            let log = Arc::new(Mutex::new(Log::default()));
-            (
-                Self {
-                    events,
-                    log: log.clone(),
-                },
-                tx,
-                log,
-            )
-        }
+    async fn ack(&self, msg: &Delivered, state: Option<DeliveryState>) -> Result<(), ClientError> {
+        Client::ack(self, msg, state).await
+    }
 
-        pub(crate) fn log(&self) -> MutexGuard<'_, Log> {
-            self.log.lock().unwrap()
-        }
+    async fn ack_shown(&self, msg: &Delivered, door: &str) -> Result<(), ClientError> {
+        Client::ack_shown(self, msg, door).await
+    }
 
-        pub(crate) fn send(&self, msg: Outgoing) -> (String, Pending) {
-            let id = msg
-                .id
-                .clone()
-                .unwrap_or_else(|| format!("sent-{}", self.log().sent.len()));
-            self.log().sent.push(msg);
-            let receipt = Receipt {
-                id: id.clone(),
-                status: relay_protocol::AckStatus::Accepted,
-                recipients: Some(1),
-                note: None,
-            };
-            let held = self.log().hold_receipts;
-            (id, Pending::Fake((!held).then_some(receipt)))
-        }
+    async fn ack_failed(&self, msg: &Delivered, reason: &str) -> Result<(), ClientError> {
+        Client::ack_failed(self, msg, reason).await
+    }
 
-        pub(crate) fn ack(&self, msg: &Delivered, state: Option<DeliveryState>) {
-            self.log().acks.push((msg.id.clone(), state));
-        }
+    async fn subscribe(&self, pattern: String) -> Result<(), ClientError> {
+        Client::subscribe(self, pattern).await
+    }
 
-        pub(crate) fn ack_failed(&self, msg: &Delivered, reason: &str) {
-            let mut log = self.log();
-            log.acks.push((msg.id.clone(), Some(DeliveryState::Failed)));
-            log.reasons.push((msg.id.clone(), reason.to_owned()));
-        }
+    async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
+        Client::report_terminal(self, report).await
+    }
+
+    async fn close(self) {
+        Client::close(self).await;
     }
 }

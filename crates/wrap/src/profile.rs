@@ -535,11 +535,15 @@ fn tail_of(typed: &str) -> String {
 }
 
 /// Whether input-line text `input` holds `typed`: its first 24 characters or its end (a long
-/// text wraps, so the line holds only part of it), or a big paste collapsed ("[Pasted text
-/// #1 +3 lines]").
+/// text wraps, so the line holds only part of it), or a big paste collapsed (Claude Code:
+/// "[Pasted text #1 +3 lines]"; Gemini CLI 0.61: "[Pasted Text: 43 lines]").
 fn shows_typed(input: &str, typed: &str) -> bool {
     let head: String = typed.chars().take(24).collect();
-    input.contains(&head) || input.contains(&tail_of(typed)) || input.starts_with("[Pasted text")
+    input.contains(&head)
+        || input.contains(&tail_of(typed))
+        || input
+            .get(..12)
+            .is_some_and(|start| start.eq_ignore_ascii_case("[pasted text"))
 }
 
 fn lowercase(v: Vec<String>) -> Vec<String> {

@@ -14,13 +14,14 @@ use crate::WrapError;
 pub(crate) struct Pty {
     master: Box<dyn MasterPty + Send>,
     writer: Arc<Mutex<Box<dyn Write + Send>>>,
-    child: Box<dyn Child + Send + Sync>,
+    /// Taken by [`Pty::wait`].
+    child: Option<Box<dyn Child + Send + Sync>>,
 }
 
 impl Pty {
     /// The agent's process id (its CLI, or what starts it).
     pub(crate) fn pid(&self) -> Option<u32> {
-        self.child.process_id()
+        self.child.as_ref().and_then(|c| c.process_id())
     }
 }
 
@@ -97,7 +98,7 @@ pub(crate) fn spawn(
         Pty {
             master: pair.master,
             writer: Arc::new(Mutex::new(writer)),
-            child,
+            child: Some(child),
         },
         rx,
     ))
@@ -134,14 +135,19 @@ impl Pty {
 
     /// Ends the agent (the wrapper is being stopped).
     pub(crate) fn kill(&mut self) {
-        let _ = self.child.kill();
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+        }
     }
 
-    /// Waits for the agent to exit; its exit code.
-    pub(crate) fn wait(mut self) -> Result<i32, WrapError> {
-        let status = self
-            .child
-            .wait()
+    /// Waits for the agent to exit (on the blocking pool); its exit code.
+    pub(crate) async fn wait(&mut self) -> Result<i32, WrapError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(pty_err("cannot wait for the agent", "waited for already"));
+        };
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .map_err(|e| pty_err("wait task failed", e))?
             .map_err(|e| pty_err("cannot wait for the agent", e))?;
         Ok(i32::try_from(status.exit_code()).unwrap_or(1))
     }

@@ -8,60 +8,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use relay_client::{Delivered, Event};
-use relay_protocol::{DeliveryState, Kind, Send, TerminalState};
+use relay_protocol::{DeliveryState, TerminalState};
 use tokio::sync::mpsc;
 
-use super::{Core, Ended, ReceiptDone, Resume, WrapConfig, WrapError, door, serve};
-use crate::link::{Link, fake};
-use crate::profile::{Overrides, Profile};
+use super::{Core, Ended, WrapError, door};
+use crate::decide::resume::Resume;
+use crate::decide::testing::{BUSY, IDLE, config, screen};
+use crate::fake_relay as fake;
+use crate::shell::Shell;
 use crate::state::Checkpoint;
-use crate::terminal::{Fake, TermEvent, Typed};
-use crate::tmux::{FakePane, Pane, Snapshot};
-
-/// Readiness rules for a made-up CLI: its input line is `> text`, it is busy while it shows
-/// "esc to interrupt", and "Do you want to" is a dialog. Timings as the generic profile's:
-/// quiet 500 ms, Enter 100 ms after the text, checked 300 ms after Enter, one retry.
-fn profile() -> Profile {
-    let o: Overrides = toml::from_str(
-        r#"
-prompt = '^> ?(.*)$'
-busy = ["esc to interrupt"]
-dialogs = ["Do you want to"]
-"#,
-    )
-    .unwrap();
-    Profile::load_with("generic", Some((&o, "<test>")), None).unwrap()
-}
-
-/// A screen drawn afresh: cleared, then `rows`.
-fn screen(rows: &str) -> Vec<u8> {
-    let mut out = b"\x1b[2J\x1b[H".to_vec();
-    out.extend_from_slice(rows.replace('\n', "\r\n").as_bytes());
-    out
-}
-
-const BUSY: &str = "thinking... (esc to interrupt)\n";
-const IDLE: &str = "done.\n> ";
+use crate::terminal::Snapshot;
+use crate::terminal::{Fake, Kept, TermEvent, Typed};
 
 fn message(id: &str, body: &str) -> Delivered {
-    Delivered {
-        id: id.to_owned(),
-        from: "Bob".to_owned(),
-        to: "Alice".to_owned(),
-        topic: None,
-        ts: 0,
-        seq: 1,
-        attempt: 1,
-        payload: Send {
-            kind: Kind::Message,
-            body: body.to_owned(),
-            data: None,
-            thread: None,
-            in_reply_to: None,
-            budget: None,
-            urgent: false,
-        },
-    }
+    let mut m = crate::decide::testing::message(id, "Bob", None);
+    body.clone_into(&mut m.payload.body);
+    m
 }
 
 /// One wrapper: its loop runs on a task, over a fake terminal and a fake relay.
@@ -85,7 +47,7 @@ impl Rig {
     /// above the checkpoint, `unseen` from it on.
     fn start_tmux(
         dir: &std::path::Path,
-        pane: &Arc<Mutex<FakePane>>,
+        pane: &Arc<Mutex<Kept>>,
         seen: &str,
         unseen: &str,
     ) -> Self {
@@ -95,57 +57,36 @@ impl Rig {
     fn start_with(
         dir: &std::path::Path,
         sees_keys: bool,
-        tmux: Option<(Arc<Mutex<FakePane>>, Snapshot)>,
+        tmux: Option<(Arc<Mutex<Kept>>, Snapshot)>,
     ) -> Self {
         let (pane, first) = tmux.unzip();
         let (relay, relay_tx, log) = fake::Relay::new();
         let (term, term_tx, typed) = Fake::new(sees_keys);
-        let pane = pane.map(Pane::fake);
         let term = match &pane {
-            Some(p) => term.with_pane(p.clone()),
+            Some(p) => term.keeping(p.clone()),
             None => term,
         };
-        let resume = pane.map(|pane| {
+        let resume = pane.map(|_| {
             let mut checkpoint = Checkpoint::load(dir);
             if checkpoint.at_ms == 0 {
                 checkpoint.at_ms = 1_700_000_000_000;
                 checkpoint.save(dir).unwrap();
             }
-            Resume {
-                checkpoint,
-                session: "fake".to_owned(),
-                pane,
-                seen: std::collections::HashMap::new(),
-                dirty: false,
-            }
+            Resume::new(checkpoint, "fake".to_owned())
         });
-        let cfg = WrapConfig {
-            name: "Alice".to_owned(),
-            command: vec!["made-up-cli".to_owned()],
-            profile: profile(),
-            socket: dir.join("no.sock"),
-            max_body: 4000,
-            interactive: false,
-            team_dir: dir.to_owned(),
-            inbox: None,
-            intro: false,
-            delivery: crate::format::Delivery::default(),
-            door_key: None,
-            report_start: false,
-            topics: Vec::new(),
-        };
+        let cfg = config(dir, crate::format::Delivery::default());
         let task = tokio::spawn(async move {
-            let (notice_tx, mut notices) = mpsc::unbounded_channel::<String>();
-            let (receipt_tx, mut receipts) = mpsc::unbounded_channel::<ReceiptDone>();
-            let mut core = Core::new(cfg, Link::Fake(relay), notice_tx, receipt_tx, 24)?;
+            let mut core = Core::new(cfg, None, 24, super::now())?;
+            let mut shell = Shell::new(relay);
             core.resume = resume;
+            let mut term = term;
             if let Some(snap) = first {
-                core.resync(snap, super::now()).await;
+                core.resync(snap, super::now());
+                shell.apply(&mut core, &mut term).await?;
             }
             let mut door = door::open(&core.cfg.team_dir, "Alice", "test-key");
-            let mut term = term;
-            let ended = serve(&mut core, &mut term, &mut door, &mut notices, &mut receipts).await;
-            core.finish().await;
+            let ended = shell.serve(&mut core, &mut term, &mut door).await;
+            shell.end(&mut core, &mut term).await;
             ended
         });
         Self {
@@ -546,7 +487,7 @@ impl Rig {
 async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_shown_message_again()
 {
     let dir = tempfile::tempdir().unwrap();
-    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let pane = Arc::new(Mutex::new(Kept::default()));
     let rig = Rig::start_tmux(dir.path(), &pane, "", IDLE);
     rig.deliver(message("m-shown", "one"));
     rig.deliver(message("m-lost", "two"));
@@ -565,16 +506,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
     again.deliver(message("m-shown", "one"));
     settle(1_000).await;
     // Not typed again: its missing Enter is pressed in the pane, and it is acknowledged.
-    assert_eq!(again.typed(), vec![]);
-    let enters = |p: &Arc<Mutex<FakePane>>| {
-        p.lock()
-            .unwrap()
-            .commands
-            .iter()
-            .filter(|c| c.starts_with("send-keys") && c.ends_with("Enter"))
-            .count()
-    };
-    assert_eq!(enters(&pane), 1);
+    assert_eq!(again.typed(), vec![Typed::Enter]);
     assert_eq!(
         again.acks(),
         vec![("m-shown".to_owned(), Some(DeliveryState::Injected))]
@@ -583,7 +515,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
     again.print(screen(BUSY));
     again.deliver(message("m-lost", "two"));
     settle(2_000).await;
-    assert_eq!(again.typed(), vec![]);
+    assert_eq!(again.typed(), vec![Typed::Enter]);
     again.print(screen(IDLE));
     settle(2_000).await;
     let texts = again.texts();
@@ -595,7 +527,7 @@ async fn a_restarted_tmux_wrapper_presses_the_missing_enter_and_never_types_a_sh
 #[tokio::test(start_paused = true)]
 async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_nothing_above_it() {
     let dir = tempfile::tempdir().unwrap();
-    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let pane = Arc::new(Mutex::new(Kept::default()));
     let rig = Rig::start_tmux(dir.path(), &pane, "", "");
     // The agent prints a directive; it is relayed once the output settles, its receipt comes,
     // and the checkpoint moves to the cursor's row.
@@ -632,7 +564,7 @@ async fn a_re_read_pane_sends_what_follows_the_checkpoint_with_the_same_ids_and_
 #[tokio::test(start_paused = true)]
 async fn a_pane_re_read_after_its_control_client_was_replaced_sends_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let pane = Arc::new(Mutex::new(FakePane::default()));
+    let pane = Arc::new(Mutex::new(Kept::default()));
     let rig = Rig::start_tmux(dir.path(), &pane, "", "");
     pane.lock().unwrap().row = 3;
     rig.print(b"@relay:Bob first\r\n\r\n> ".to_vec());

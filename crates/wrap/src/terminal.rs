@@ -1,10 +1,12 @@
-//! The one terminal layer: what the wrapper's loop (`serve` in `lib.rs`) needs of the agent's
-//! terminal, whatever holds it. Implemented by the PTY backend ([`crate::pty::PtyTerminal`]),
-//! the tmux backend ([`crate::tmux::TmuxTerminal`], one control-mode client) and, for unit
-//! tests of the loop under tokio's paused clock, [`Fake`], which records what was typed and
-//! lets a test feed output, resizes and the agent's exit.
+//! The one terminal seam: everything the wrapper asks of the agent's terminal, whatever holds
+//! it: its events, typing, Enter, and what it can tell (the history it shows, the cursor's row,
+//! a person's activity, a fresh snapshot). Implemented by the PTY backend
+//! ([`crate::pty::PtyTerminal`]), the tmux backend ([`crate::tmux::TmuxTerminal`], one
+//! control-mode client; its blocking commands run off the loop's thread) and, for unit tests
+//! of the loop under tokio's paused clock, `Fake`, which records what was typed and lets a
+//! test feed output, resizes and the agent's exit, and set what it tells.
 
-use crate::{WrapError, tmux};
+use crate::WrapError;
 
 /// Something that happened at the terminal.
 #[derive(Debug)]
@@ -23,7 +25,7 @@ pub(crate) enum TermEvent {
     },
     /// The terminal was read afresh (tmux: a control client attached again after the last one
     /// ended while the session lives): the core reads it from its checkpoint.
-    Reread(tmux::Snapshot),
+    Reread(Snapshot),
     /// The agent's side ended: the agent exited (tmux: the session is gone).
     Ended,
     /// A signal stopped the wrapper (its number).
@@ -66,15 +68,62 @@ pub(crate) trait Terminal {
     /// only logged (tmux: the control client is attached again when its end is heard of).
     fn typing_errors_end(&self) -> bool;
 
-    /// tmux: the agent's pane, whose history tells whether a stopped wrapper's message got
-    /// there, and whose session activity tells a person's turn (see `turn.rs`).
-    fn pane(&self) -> Option<&tmux::Pane> {
-        None
+    /// Whether the terminal outlives the wrapper (tmux: the pane lives on in its session), so
+    /// that a restarted wrapper finds in its [`Terminal::history`] what the last one typed.
+    /// A PTY agent ends with its wrapper.
+    fn outlives_wrapper(&self) -> bool {
+        false
+    }
+
+    /// Everything the terminal's history and screen hold, as text (tmux; `None` where the
+    /// terminal keeps none): whether a stopped wrapper's message got there.
+    async fn history(&mut self) -> Result<Option<String>, WrapError> {
+        Ok(None)
+    }
+
+    /// The row the cursor is on, counted from the oldest row the terminal keeps (tmux; `None`
+    /// where it keeps none): where a restarted wrapper starts reading.
+    async fn cursor_row(&mut self) -> Result<Option<u64>, WrapError> {
+        Ok(None)
+    }
+
+    /// When a person last pressed a key in the terminal, in whole seconds (tmux's session
+    /// activity, which the wrapper's own typing does not move; `None` where the person's keys
+    /// come through the wrapper instead, see [`Terminal::sees_keys`]): a person's turn ends a
+    /// reply chain (see `turn.rs`).
+    async fn person_activity(&mut self) -> Result<Option<u64>, WrapError> {
+        Ok(None)
+    }
+
+    /// The terminal read afresh from row `from` of its history (tmux; `None` where there is
+    /// nothing to read back): see [`Snapshot`].
+    async fn snapshot(&mut self, _from: Option<u64>) -> Result<Option<Snapshot>, WrapError> {
+        Ok(None)
     }
 }
 
+/// The screen and history of a terminal read afresh (tmux: a pane, read at once when a
+/// wrapper attaches; see [`crate::tmux::Pane::snapshot`]).
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// Rows a previous wrapper read and relayed (above its checkpoint, on the screen): fed to
+    /// the parser so that its screen is whole, with what they make it find dropped.
+    pub(crate) seen: Vec<u8>,
+    /// Rows no wrapper has read: from the checkpoint (or the session's start) to the end of
+    /// the screen, then the cursor put where tmux has it.
+    pub(crate) unseen: Vec<u8>,
+    /// Screen height.
+    pub(crate) rows: u16,
+    /// Screen width (the parser's continuation rule needs it).
+    pub(crate) cols: u16,
+    /// tmux: how many of the pane's notes were read before the screen's capture answered:
+    /// those show on the captured screen, the later ones came after it (see `tmux.rs`,
+    /// `after_capture`).
+    pub(crate) notes_before: u64,
+}
+
 #[cfg(test)]
-pub(crate) use fake::{Fake, Typed};
+pub(crate) use fake::{Fake, Kept, Typed};
 
 #[cfg(test)]
 mod fake {
@@ -83,7 +132,7 @@ mod fake {
     use tokio::sync::mpsc;
 
     use super::{TermEvent, Terminal};
-    use crate::{WrapError, tmux};
+    use crate::WrapError;
 
     /// What the wrapper did to the fake terminal, in order.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,13 +147,24 @@ mod fake {
         Resize(u16, u16),
     }
 
+    /// What a terminal that outlives its wrapper (as tmux) tells, set by the test.
+    #[derive(Debug, Default)]
+    pub(crate) struct Kept {
+        /// Its history and screen, as text.
+        pub(crate) history: String,
+        /// The cursor's row from the oldest kept.
+        pub(crate) row: u64,
+        /// When a person last pressed a key in it.
+        pub(crate) activity: u64,
+    }
+
     /// A terminal with no process behind it: a test feeds it events and reads what was typed.
     pub(crate) struct Fake {
         events: mpsc::UnboundedReceiver<TermEvent>,
         typed: Arc<Mutex<Vec<Typed>>>,
         sees_keys: bool,
-        /// As tmux: the pane behind it (see [`tmux::FakePane`]).
-        pane: Option<tmux::Pane>,
+        /// As tmux: what it keeps and tells.
+        kept: Option<Arc<Mutex<Kept>>>,
     }
 
     impl Fake {
@@ -124,16 +184,16 @@ mod fake {
                     events,
                     typed: typed.clone(),
                     sees_keys,
-                    pane: None,
+                    kept: None,
                 },
                 tx,
                 typed,
             )
         }
 
-        /// As tmux, with `pane` behind it.
-        pub(crate) fn with_pane(mut self, pane: tmux::Pane) -> Self {
-            self.pane = Some(pane);
+        /// As tmux: it outlives the wrapper and tells what `kept` holds.
+        pub(crate) fn keeping(mut self, kept: Arc<Mutex<Kept>>) -> Self {
+            self.kept = Some(kept);
             self
         }
 
@@ -179,8 +239,23 @@ mod fake {
             true
         }
 
-        fn pane(&self) -> Option<&tmux::Pane> {
-            self.pane.as_ref()
+        fn outlives_wrapper(&self) -> bool {
+            self.kept.is_some()
+        }
+
+        async fn history(&mut self) -> Result<Option<String>, WrapError> {
+            Ok(self
+                .kept
+                .as_ref()
+                .map(|k| k.lock().unwrap().history.clone()))
+        }
+
+        async fn cursor_row(&mut self) -> Result<Option<u64>, WrapError> {
+            Ok(self.kept.as_ref().map(|k| k.lock().unwrap().row))
+        }
+
+        async fn person_activity(&mut self) -> Result<Option<u64>, WrapError> {
+            Ok(self.kept.as_ref().map(|k| k.lock().unwrap().activity))
         }
     }
 }

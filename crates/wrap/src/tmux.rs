@@ -386,9 +386,6 @@ pub(crate) struct Pane {
     target: String,
     buffer: String,
     client: std::sync::Arc<std::sync::Mutex<Client>>,
-    /// Tests: a pane with no tmux behind it answers its commands (see [`FakePane`]).
-    #[cfg(test)]
-    fake: Option<std::sync::Arc<std::sync::Mutex<FakePane>>>,
 }
 
 /// The control client and where its notes go.
@@ -407,24 +404,7 @@ impl std::fmt::Debug for Pane {
     }
 }
 
-/// The screen and history of a pane, read at once when a wrapper attaches (see
-/// [`Pane::snapshot`]).
-#[derive(Debug, Default)]
-pub(crate) struct Snapshot {
-    /// Rows a previous wrapper read and relayed (above its checkpoint, on the screen): fed to
-    /// the parser so that its screen is whole, with what they make it find dropped.
-    pub(crate) seen: Vec<u8>,
-    /// Rows no wrapper has read: from the checkpoint (or the session's start) to the end of
-    /// the screen, then the cursor put where tmux has it.
-    pub(crate) unseen: Vec<u8>,
-    /// Screen height.
-    pub(crate) rows: u16,
-    /// Screen width (the parser's continuation rule needs it).
-    pub(crate) cols: u16,
-    /// How many of the pane's notes were read before the screen's capture answered: those
-    /// show on the captured screen, the later ones came after it (see [`after_capture`]).
-    pub(crate) notes_before: u64,
-}
+pub(crate) use crate::terminal::Snapshot;
 
 impl Pane {
     /// Attaches a control client to session `session`; the pane's output and the client's
@@ -445,8 +425,6 @@ impl Pane {
                 notes,
                 pane_id: None,
             })),
-            #[cfg(test)]
-            fake: None,
         };
         pane.reattach()?;
         Ok((pane, rx))
@@ -492,10 +470,6 @@ impl Pane {
 
     /// [`Pane::run`], with the number of the pane's notes read before its answer.
     fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
-        #[cfg(test)]
-        if let Some(fake) = &self.fake {
-            return Ok((fake.lock().unwrap().answer(line), 0));
-        }
         let mut c = self
             .client
             .lock()
@@ -518,6 +492,56 @@ impl Pane {
     /// output the captures then showed put the parser's cursor on a row above it: the next
     /// text typed overwrote, in the parser's copy only, a directive below it, never relayed.
     pub(crate) fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
+        Commands::new(&|line| self.run_counted(line), &self.target).snapshot(from)
+    }
+
+    /// The row the cursor is on, counted from the oldest row in the pane's history: where a
+    /// restarted wrapper starts reading (see [`Pane::snapshot`]).
+    pub(crate) fn row(&self) -> Result<u64, WrapError> {
+        Commands::new(&|line| self.run_counted(line), &self.target).row()
+    }
+
+    /// Everything in the pane's history and screen, as text (for finding a message typed by
+    /// a wrapper that stopped before recording its outcome).
+    pub(crate) fn history(&self) -> Result<String, WrapError> {
+        self.run(&format!("capture-pane -p -J -S - -t {}", self.target))
+    }
+
+    /// Types `text` (no Enter), leaving copy mode first (a person scrolling back; keys would
+    /// drive the copy mode, not the agent): one buffer set and one paste, bracketed when the
+    /// application asked for bracketed paste.
+    pub(crate) fn type_text(&self, text: &str) -> Result<(), WrapError> {
+        Commands::new(&|line| self.run_counted(line), &self.target).type_text(&self.buffer, text)
+    }
+}
+
+/// Runs a command line down a pane's control client: its output, and how many of the pane's
+/// notes were read before it answered.
+type Runner<'a> = dyn Fn(&str) -> Result<(String, u64), WrapError> + 'a;
+
+/// The command lines that read or type into a pane, over whatever runs them: the pane's
+/// control client, or in unit tests a stand-in that answers as tmux would.
+struct Commands<'a> {
+    run: &'a Runner<'a>,
+    target: &'a str,
+}
+
+impl<'a> Commands<'a> {
+    fn new(run: &'a Runner<'a>, target: &'a str) -> Self {
+        Self { run, target }
+    }
+
+    fn run(&self, line: &str) -> Result<String, WrapError> {
+        (self.run)(line).map(|(out, _)| out)
+    }
+
+    /// [`Commands::run`], with the number of the pane's notes read before its answer.
+    fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
+        (self.run)(line)
+    }
+
+    /// See [`Pane::snapshot`].
+    fn snapshot(&self, from: Option<u64>) -> Result<Snapshot, WrapError> {
         let mut info = self.pane_state()?;
         for _ in 0..SNAPSHOT_TRIES {
             let snap = self.snapshot_at(from, &info)?;
@@ -612,9 +636,8 @@ impl Pane {
         Ok(snap)
     }
 
-    /// The row the cursor is on, counted from the oldest row in the pane's history: where a
-    /// restarted wrapper starts reading (see [`Pane::snapshot`]).
-    pub(crate) fn row(&self) -> Result<u64, WrapError> {
+    /// See [`Pane::row`].
+    fn row(&self) -> Result<u64, WrapError> {
         let out = self.run(&format!(
             "display-message -p -t {} \"#{{history_size}} #{{cursor_y}}\"",
             self.target
@@ -629,16 +652,8 @@ impl Pane {
         }
     }
 
-    /// Everything in the pane's history and screen, as text (for finding a message typed by
-    /// a wrapper that stopped before recording its outcome).
-    pub(crate) fn history(&self) -> Result<String, WrapError> {
-        self.run(&format!("capture-pane -p -J -S - -t {}", self.target))
-    }
-
-    /// Types `text` (no Enter), leaving copy mode first (a person scrolling back; keys would
-    /// drive the copy mode, not the agent): one buffer set and one paste, bracketed when the
-    /// application asked for bracketed paste.
-    pub(crate) fn type_text(&self, text: &str) -> Result<(), WrapError> {
+    /// See [`Pane::type_text`].
+    fn type_text(&self, buffer: &str, text: &str) -> Result<(), WrapError> {
         let mode = self.run(&format!(
             "display-message -p -t {} \"#{{pane_in_mode}}\"",
             self.target
@@ -647,18 +662,16 @@ impl Pane {
             self.run(&format!("send-keys -t {} -X cancel", self.target))?;
         }
         // Two lines: tmux answers each command of a `;` list with its own block.
+        self.run(&format!("set-buffer -b {buffer} {}", control::quote(text)))?;
         self.run(&format!(
-            "set-buffer -b {} {}",
-            self.buffer,
-            control::quote(text)
-        ))?;
-        self.run(&format!(
-            "paste-buffer -p -d -r -b {} -t {}",
-            self.buffer, self.target
+            "paste-buffer -p -d -r -b {buffer} -t {}",
+            self.target
         ))?;
         Ok(())
     }
+}
 
+impl Pane {
     /// When a person last pressed a key in (or attached to) the pane's session, in whole
     /// seconds since the epoch: tmux's `session_activity`, which keys typed through an
     /// attached client move and the wrapper's own `send-keys`, pastes and resizes do not.
@@ -771,11 +784,24 @@ impl TmuxTerminal {
         }
     }
 
+    /// Runs `f`, a command down the pane's control client (which blocks until tmux answers),
+    /// on tokio's blocking pool: the loop's thread stays free for the other tasks (the door,
+    /// the relay's receipts).
+    async fn blocking<T: std::marker::Send + 'static>(
+        &self,
+        f: impl FnOnce(&Pane) -> Result<T, WrapError> + std::marker::Send + 'static,
+    ) -> Result<T, WrapError> {
+        let pane = self.pane.clone();
+        tokio::task::spawn_blocking(move || f(&pane))
+            .await
+            .map_err(|e| tmux_err("control client", e))?
+    }
+
     /// Reads the pane afresh from row `from` (a wrapper attaching, or its control client
     /// attached again): output the old client passed on before the snapshot is in the
     /// snapshot.
-    pub(crate) fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
-        let snap = tokio::task::block_in_place(|| self.pane.snapshot(from))?;
+    pub(crate) async fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
+        let snap = self.blocking(move |pane| pane.snapshot(from)).await?;
         // What came before the capture's answer is on the captured screen already; what came
         // after it is read next (the reader may have passed it on by now: dropping it lost a
         // directive printed across the capture, issue 23.17).
@@ -831,7 +857,7 @@ impl crate::terminal::Terminal for TmuxTerminal {
                 // Failing with the session gone meanwhile, the new client's end (or the
                 // closed channel) comes next and is handled above.
                 let again = match self.pane.reattach() {
-                    Ok(()) => self.snapshot(checkpoint),
+                    Ok(()) => self.snapshot(checkpoint).await,
                     Err(e) => Err(e),
                 };
                 match again {
@@ -846,7 +872,8 @@ impl crate::terminal::Terminal for TmuxTerminal {
     }
 
     async fn type_text(&mut self, text: &str) -> Result<(), WrapError> {
-        tokio::task::block_in_place(|| self.pane.type_text(text))
+        let text = text.to_owned();
+        self.blocking(move |pane| pane.type_text(&text)).await
     }
 
     async fn write_keys(&mut self, _keys: Vec<u8>) -> Result<(), WrapError> {
@@ -855,7 +882,7 @@ impl crate::terminal::Terminal for TmuxTerminal {
     }
 
     async fn enter(&mut self) -> Result<(), WrapError> {
-        tokio::task::block_in_place(|| self.pane.enter())
+        self.blocking(|pane| pane.enter()).await
     }
 
     fn resize(&mut self, _rows: u16, _cols: u16) -> Result<(), WrapError> {
@@ -872,78 +899,74 @@ impl crate::terminal::Terminal for TmuxTerminal {
         false
     }
 
-    fn pane(&self) -> Option<&Pane> {
-        Some(&self.pane)
+    fn outlives_wrapper(&self) -> bool {
+        true
     }
-}
 
-/// Tests: what a pane with no tmux behind it answers (the loop's unit tests drive the core's
-/// tmux paths with it: the checkpoint's row, the history a restarted wrapper looks in, the
-/// Enter it presses).
-#[cfg(test)]
-#[derive(Debug, Default)]
-pub(crate) struct FakePane {
-    /// The pane's history and screen, as `capture-pane -J -S -` gives it.
-    pub(crate) history: String,
-    /// The cursor's row from the oldest in the history (the checkpoint's row).
-    pub(crate) row: u64,
-    /// Command lines run, in order.
-    pub(crate) commands: Vec<String>,
-    /// The pane is in a mode (copy mode: a person scrolling back) until cancelled.
-    pub(crate) in_mode: bool,
-    /// Answers to the snapshot's state query (`history_size cursor_y cursor_x height width`),
-    /// one per query, the last one kept: the pane printing while it is read.
-    pub(crate) states: VecDeque<String>,
-}
-
-#[cfg(test)]
-impl FakePane {
-    fn answer(&mut self, line: &str) -> String {
-        self.commands.push(line.to_owned());
-        if line.contains("#{pane_height}") && !self.states.is_empty() {
-            if self.states.len() > 1 {
-                self.states.pop_front().unwrap_or_default()
-            } else {
-                self.states[0].clone()
-            }
-        } else if line.contains("#{history_size} #{cursor_y}") {
-            format!("0 {}", self.row)
-        } else if line.starts_with("capture-pane") {
-            self.history.clone()
-        } else if line.contains("#{pane_in_mode}") {
-            if self.in_mode { "1" } else { "0" }.to_owned()
-        } else if line.contains("-X cancel") {
-            self.in_mode = false;
-            String::new()
-        } else if line.contains("#{session_activity}") {
-            "0".to_owned()
-        } else {
-            String::new()
-        }
+    async fn history(&mut self) -> Result<Option<String>, WrapError> {
+        self.blocking(|pane| pane.history().map(Some)).await
     }
-}
 
-#[cfg(test)]
-impl Pane {
-    /// A pane that answers from `fake` (see [`FakePane`]).
-    pub(crate) fn fake(fake: std::sync::Arc<std::sync::Mutex<FakePane>>) -> Self {
-        Self {
-            session: "fake".to_owned(),
-            target: "=fake:".to_owned(),
-            buffer: "relay-fake".to_owned(),
-            client: std::sync::Arc::new(std::sync::Mutex::new(Client {
-                control: None,
-                notes: Notes::channel().0,
-                pane_id: None,
-            })),
-            fake: Some(fake),
-        }
+    async fn cursor_row(&mut self) -> Result<Option<u64>, WrapError> {
+        self.blocking(|pane| pane.row().map(Some)).await
+    }
+
+    async fn person_activity(&mut self) -> Result<Option<u64>, WrapError> {
+        self.blocking(|pane| pane.person_activity().map(Some)).await
+    }
+
+    async fn snapshot(&mut self, from: Option<u64>) -> Result<Option<Snapshot>, WrapError> {
+        TmuxTerminal::snapshot(self, from).await.map(Some)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
     use super::*;
+
+    /// What a pane with no tmux behind it answers to the command lines of [`Commands`].
+    #[derive(Debug, Default)]
+    struct FakePane {
+        /// The pane's history and screen, as `capture-pane` gives it.
+        history: String,
+        /// Command lines run, in order.
+        commands: Vec<String>,
+        /// The pane is in a mode (copy mode: a person scrolling back) until cancelled.
+        in_mode: bool,
+        /// Answers to the snapshot's state query (`history_size cursor_y cursor_x height
+        /// width`), one per query, the last one kept: the pane printing while it is read.
+        states: VecDeque<String>,
+    }
+
+    impl FakePane {
+        fn answer(&mut self, line: &str) -> String {
+            self.commands.push(line.to_owned());
+            if line.contains("#{pane_height}") && !self.states.is_empty() {
+                if self.states.len() > 1 {
+                    self.states.pop_front().unwrap_or_default()
+                } else {
+                    self.states[0].clone()
+                }
+            } else if line.starts_with("capture-pane") {
+                self.history.clone()
+            } else if line.contains("#{pane_in_mode}") {
+                if self.in_mode { "1" } else { "0" }.to_owned()
+            } else if line.contains("-X cancel") {
+                self.in_mode = false;
+                String::new()
+            } else {
+                String::new()
+            }
+        }
+    }
+
+    /// Runs `f` with the command lines of a pane that answers from `fake`.
+    fn with_fake<T>(fake: &std::sync::Mutex<FakePane>, f: impl FnOnce(Commands<'_>) -> T) -> T {
+        let run = |line: &str| Ok((fake.lock().unwrap().answer(line), 0));
+        f(Commands::new(&run, "=fake:"))
+    }
 
     #[test]
     fn session_names_keep_only_what_tmux_targets_allow() {
@@ -1017,7 +1040,7 @@ mod tests {
     /// captures showed, and the parser's copy then lost a directive under it).
     #[test]
     fn a_pane_that_prints_while_it_is_read_is_read_again() {
-        let fake = std::sync::Arc::new(std::sync::Mutex::new(FakePane {
+        let fake = std::sync::Mutex::new(FakePane {
             history: "got: one\n@relay:B two\n".into(),
             // Before the captures, then after them (it printed: one more row, cursor lower),
             // then the same again: that reading is used.
@@ -1025,9 +1048,8 @@ mod tests {
                 .map(String::from)
                 .into(),
             ..FakePane::default()
-        }));
-        let pane = Pane::fake(fake.clone());
-        let snap = pane.snapshot(None).unwrap();
+        });
+        let snap = with_fake(&fake, |pane| pane.snapshot(None)).unwrap();
         let states = fake
             .lock()
             .unwrap()
@@ -1046,13 +1068,14 @@ mod tests {
 
     #[test]
     fn a_pane_in_copy_mode_is_taken_out_of_it_before_the_text_is_pasted() {
-        let fake = std::sync::Arc::new(std::sync::Mutex::new(FakePane {
+        let fake = std::sync::Mutex::new(FakePane {
             in_mode: true,
             ..FakePane::default()
-        }));
-        let pane = Pane::fake(fake.clone());
-        pane.type_text("Relay message from Bob [abc]: it's $HOME; ok")
-            .unwrap();
+        });
+        with_fake(&fake, |pane| {
+            pane.type_text("relay-fake", "Relay message from Bob [abc]: it's $HOME; ok")
+        })
+        .unwrap();
         let commands = fake.lock().unwrap().commands.clone();
         let verbs: Vec<&str> = commands
             .iter()
@@ -1065,7 +1088,7 @@ mod tests {
         );
         assert!(commands[1].ends_with("-X cancel"), "{commands:#?}");
         // Out of copy mode, the next text is pasted at once.
-        pane.type_text("again").unwrap();
+        with_fake(&fake, |pane| pane.type_text("relay-fake", "again")).unwrap();
         let commands = fake.lock().unwrap().commands.clone();
         assert!(
             !commands[4..].iter().any(|c| c.contains("-X cancel")),

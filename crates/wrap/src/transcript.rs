@@ -694,6 +694,43 @@ impl Transcript {
     }
 }
 
+/// The outbox's gate (see `decide/outbox.rs`): the record read from the files.
+impl crate::decide::outbox::Gate for Transcript {
+    fn knows(&mut self, d: &Directive) -> bool {
+        Transcript::knows(self, d)
+    }
+    fn check(&mut self, d: &Directive) -> Origin {
+        Transcript::check(self, d)
+    }
+    fn sends_unseen(&self) -> bool {
+        Transcript::sends_unseen(self)
+    }
+    fn writes_at_reply_end(&self) -> bool {
+        Transcript::writes_at_reply_end(self)
+    }
+    fn look_for_own(&mut self) {
+        Transcript::look_for_own(self);
+    }
+    fn take_unseen(&mut self) -> Vec<Directive> {
+        Transcript::take_unseen(self)
+    }
+    fn files(&self) -> usize {
+        Transcript::files(self)
+    }
+    fn cli(&self) -> &'static str {
+        Transcript::cli(self)
+    }
+    fn folder(&self) -> PathBuf {
+        Transcript::folder(self)
+    }
+    fn set_agent_pid(&mut self, pid: u32) {
+        Transcript::set_agent_pid(self, pid);
+    }
+    fn new_turn(&mut self) {
+        Transcript::new_turn(self);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,6 +55,18 @@ fn claude_shows_typed_text_and_the_end_of_its_turn() {
     assert!(!generic.echoed(&s, "ask Bob"));
 }
 
+/// Gemini CLI 0.61 collapses a big paste to `[Pasted Text: N lines]` in its input box: the
+/// text is still there, not submitted (an Enter it missed is pressed again), though none of
+/// the typed characters show.
+#[test]
+fn a_paste_gemini_collapsed_in_its_input_box_is_not_submitted() {
+    let gemini = Profile::builtin("gemini").unwrap();
+    let pasted = ScreenText::from_text(" > [Pasted Text: 43 lines]\n", 0, 30);
+    let typed = "Relay message from human [01ABCDEF]:\nline\n";
+    assert!(!gemini.submitted(&pasted, typed));
+    assert!(gemini.echoed(&pasted, typed));
+}
+
 #[test]
 fn claude_working_is_busy_by_its_status_line_or_its_spinner() {
     let s = screen_at("claude-session", 6342, 30);
