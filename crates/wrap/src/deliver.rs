@@ -159,6 +159,12 @@ impl Core {
     pub(crate) fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
         let verified = outcome == Outcome::Verified;
         for m in messages {
+            if self.noticed.take_taken_early(&m.id) {
+                // The agent's tool took it while its notice was typed: recorded and
+                // acknowledged then.
+                self.queued.remove(&m.id);
+                continue;
+            }
             if let Outcome::Failed(why) = &outcome {
                 tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
             }
@@ -248,7 +254,8 @@ impl Core {
     /// not typed, oldest first (those whose notice was typed, then those waiting to be typed).
     /// Each is handed over here: recorded in `injected.log` as done (never typed after) and
     /// acknowledged verified by the tool's door, before the tool shows it. What is being typed
-    /// now is the typing door's. Returns them and how many more wait here.
+    /// now is the typing door's, except a notice's message (the notice only points at it).
+    /// Returns them and how many more wait here.
     pub(crate) fn take_for_tool(&mut self, limit: usize) -> (Vec<Delivered>, usize) {
         let mut noticed: Vec<Delivered> = self.noticed.drain_noticed();
         noticed.sort_by(|a, b| (a.ts, &a.id).cmp(&(b.ts, &b.id)));
@@ -260,6 +267,24 @@ impl Core {
             } else {
                 more += 1;
                 self.noticed.noticed(m);
+            }
+        }
+        let noticed = taken.len();
+        // Under notice delivery, the message whose notice is being typed now is the tool's
+        // too: the model may call `relay_inbox` as soon as it reads the notice, before the
+        // wrapper's check of the Enter has made the message "noticed". It is handed over here
+        // (and the notice's end then acknowledges nothing more); other deliveries type the
+        // message itself, which stays the typing door's.
+        if self.cfg.delivery == Delivery::Notice
+            && let Some(Item::Messages(ms)) = self.injector.current()
+        {
+            for m in ms {
+                if taken.len() < limit {
+                    self.noticed.taken_while_typed(&m.id);
+                    taken.push(m.clone());
+                } else {
+                    more += 1;
+                }
             }
         }
         let room = limit - taken.len();
@@ -276,15 +301,14 @@ impl Core {
             }
             Item::Notice => false,
         });
-        let noticed = taken.len();
         for (_, item) in queued {
             if let Item::Messages(ms) = item {
                 taken.extend(ms);
             }
         }
         for (i, m) in taken.iter().enumerate() {
-            // Recorded before it is handed over, as a message shown before its notice: never
-            // typed after. (A noticed one's outcome is in the log already.)
+            // Recorded before it is handed over, as a message shown before (or while) its
+            // notice: never typed after. (A noticed one's outcome is in the log already.)
             if i >= noticed
                 && let Err(e) = self.log.finished(&m.id, true)
             {

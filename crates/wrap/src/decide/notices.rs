@@ -18,6 +18,10 @@ pub(crate) struct Notices {
     noticed: HashMap<String, Delivered>,
     /// Ids the agent's tool showed while their notice was being typed.
     read_early: HashSet<String>,
+    /// Ids the agent's tool took (`relay_inbox` under the wrapper: recorded and acknowledged
+    /// by the tool's door) while their notice was being typed: the notice's end acknowledges
+    /// nothing more.
+    taken_early: HashSet<String>,
     /// Ids the agent's tool showed before their delivery reached this wrapper (the latest
     /// [`SHOWN_UNSEEN`]).
     shown_unseen: VecDeque<String>,
@@ -48,6 +52,18 @@ impl Notices {
     /// Whether the agent's tool showed `id` while its notice was typed (forgotten now).
     pub(crate) fn take_read_early(&mut self, id: &str) -> bool {
         self.read_early.remove(id)
+    }
+
+    /// The agent's tool took `id` (handed over and acknowledged by its door) while its notice
+    /// was being typed.
+    pub(crate) fn taken_while_typed(&mut self, id: &str) {
+        self.taken_early.insert(id.to_owned());
+    }
+
+    /// Whether the agent's tool took `id` while its notice was typed (forgotten now): then the
+    /// notice's end records and acknowledges nothing more.
+    pub(crate) fn take_taken_early(&mut self, id: &str) -> bool {
+        self.taken_early.remove(id)
     }
 
     /// The agent's tool showed `ids` before their delivery reached this wrapper, but those
