@@ -188,13 +188,16 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
 
     let id = alice.send("Bob", "hi Bob \x1b[31mred\x1b[0m");
     alice.expect("ACK");
-    // Carol's message has the same id (ids are unique per sender only): a different message,
-    // whose delivery and acknowledgement must not show.
+    // Carol cannot reuse Alice's id (an id names one message, issue 24.7): refused, nothing
+    // stored. Her own message to Bob, whose delivery and acknowledgement must not show.
     carol.send_env(
         "SEND",
         json!({"id": id, "to": "Bob"}),
         json!({"body": "carol speaking"}),
     );
+    let nack = carol.expect("NACK");
+    assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
+    carol.send("Bob", "carol speaking");
     carol.expect("ACK");
     let line = watch.next(skip);
     assert!(line.contains("Alice → Bob"), "{line}");
