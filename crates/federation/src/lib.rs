@@ -568,11 +568,13 @@ fn replicas_for(client: &async_nats::Client, opts: &Options) -> usize {
     }
 }
 
-/// The bucket of node names (made if absent), like the directory's.
-async fn nodes_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, SetupError> {
-    js.create_or_update_stream(jetstream::stream::Config {
-        name: format!("KV_{}", core::NODES_BUCKET),
-        subjects: vec![format!("$KV.{}.>", core::NODES_BUCKET)],
+/// The stream behind a KV bucket as the directory and the node names need it (made here
+/// rather than by `create_key_value`, whose defaults differ between nats-server versions):
+/// one value per key, rollups, direct gets, no deletes.
+fn kv_stream(bucket: &str, replicas: usize) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
         max_messages_per_subject: 1,
         storage: jetstream::stream::StorageType::File,
         num_replicas: replicas,
@@ -582,9 +584,14 @@ async fn nodes_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::St
         discard: jetstream::stream::DiscardPolicy::New,
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
-    })
-    .await
-    .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))?;
+    }
+}
+
+/// The bucket of node names (made if absent), like the directory's.
+async fn nodes_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, SetupError> {
+    js.create_or_update_stream(kv_stream(core::NODES_BUCKET, replicas))
+        .await
+        .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))?;
     js.get_key_value(core::NODES_BUCKET)
         .await
         .map_err(|e| SetupError::Retry(format!("node names bucket: {e}")))
@@ -847,19 +854,7 @@ async fn setup_streams(
     // call first reads the account's info, which async-nats cannot parse from a 2.9 server,
     // Debian's): one value per key, rollups, direct gets.
     sh.js
-        .create_or_update_stream(jetstream::stream::Config {
-            name: format!("KV_{}", core::BUCKET),
-            subjects: vec![format!("$KV.{}.>", core::BUCKET)],
-            max_messages_per_subject: 1,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            discard: jetstream::stream::DiscardPolicy::New,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
+        .create_or_update_stream(kv_stream(core::BUCKET, replicas))
         .await
         .map_err(|e| format!("directory bucket: {e}"))?;
     let kv = sh

@@ -135,8 +135,11 @@ impl Pty {
 
     /// Ends the agent (the wrapper is being stopped).
     pub(crate) fn kill(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
+        if let Some(c) = &mut self.child
+            && let Err(e) = c.kill()
+        {
+            // Already gone, most often; the wait that follows reports how it ended.
+            tracing::debug!(error = %e, "cannot kill the agent");
         }
     }
 
