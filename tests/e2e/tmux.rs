@@ -1348,7 +1348,9 @@ fn a_relaying_process_stopped_while_a_control_client_identifies_leaves_the_tmux_
 /// process reads the pane (its capture ends inside the directive), and the agent prints the
 /// rest, which the new process reads from its control client's `%output`. The directive is
 /// relayed once, whole: the capture and the stream meet at the capture's answer, with
-/// nothing read twice or dropped between.
+/// nothing read twice or dropped between. The rest is printed while the new process is paused
+/// (its test hook) between tmux's answer to the capture and its reading of the notes passed on
+/// meanwhile: the snapshot once dropped those notes, and the directive was never relayed.
 #[test]
 fn a_directive_printed_across_a_restarted_wrappers_capture_is_relayed_once() {
     let relay = Relay::start();
@@ -1390,7 +1392,8 @@ done
         "Bob printed the start of the directive",
         || tmux.pane(&bob).contains("@relay:Carol split across"),
     );
-    // A new relaying process, its log saying when it has read the pane.
+    // A new relaying process, paused by its test hook right after its capture.
+    let gate = relay.dir.path().join("capture-gate");
     let out = wrap_cmd(
         &relay,
         &[
@@ -1406,6 +1409,7 @@ done
         ],
     )
     .env("AGENT_RELAY_LOG", "relay_wrap=debug")
+    .env("AGENT_RELAY_TEST_PAUSE_AFTER_CAPTURE", &gate)
     .output()
     .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -1413,14 +1417,21 @@ done
     wait_or_dump(
         &relay,
         &tmux,
-        "the new relaying process read the pane",
+        "the new relaying process captured the pane",
         || {
             std::fs::read_to_string(&log)
                 .unwrap_or_default()
-                .contains("reading what the pane shows since the checkpoint")
+                .contains("test hook: paused after the capture")
         },
     );
+    // The directive's end printed after tmux answered the capture and before the wrapper reads
+    // what its control client passed on meanwhile: the window in which it was lost.
     std::fs::write(relay.dir.path().join("two"), "").unwrap();
+    wait_or_dump(&relay, &tmux, "Bob printed the directive's end", || {
+        tmux.pane(&bob)
+            .contains("@relay:Carol split across the capture")
+    });
+    std::fs::write(&gate, "").unwrap();
     wait_or_dump(&relay, &tmux, "Bob's directive is relayed", || {
         history(&relay)
             .iter()

@@ -750,6 +750,23 @@ fn after_capture(read: Vec<(u64, Note)>, notes_before: u64) -> (Vec<Note>, bool)
     (later, gone)
 }
 
+/// A test hook (issue 23.17a): with `AGENT_RELAY_TEST_PAUSE_AFTER_CAPTURE=PATH` set, a snapshot
+/// waits after tmux answered its capture, before it reads the notes the control reader passed
+/// on meanwhile, until PATH exists (at most a minute). Output printed in that window is what a
+/// snapshot once dropped; the window is microseconds wide, so only a pause lets a test print
+/// into it. Unset (always, outside tests), this returns at once.
+async fn pause_after_capture() {
+    let Some(gate) = std::env::var_os("AGENT_RELAY_TEST_PAUSE_AFTER_CAPTURE") else {
+        return;
+    };
+    let gate = std::path::PathBuf::from(gate);
+    tracing::info!(gate = %gate.display(), "test hook: paused after the capture");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !gate.exists() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The tmux backend as the wrapper's loop drives it (see [`crate::terminal::Terminal`]): the
 /// agent's pane through its control client, attached again when that client ends while the
 /// session lives, and SIGTERM (which stops the relaying, not the agent).
@@ -802,6 +819,7 @@ impl TmuxTerminal {
     /// snapshot.
     pub(crate) async fn snapshot(&mut self, from: Option<u64>) -> Result<Snapshot, WrapError> {
         let snap = self.blocking(move |pane| pane.snapshot(from)).await?;
+        pause_after_capture().await;
         // What came before the capture's answer is on the captured screen already; what came
         // after it is read next (the reader may have passed it on by now: dropping it lost a
         // directive printed across the capture, issue 23.17).
