@@ -6,52 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::{Raw, Relay, UNLIMITED};
-
-/// Connects as `Bob` with `ack: false` (the daemon may still be closing his previous
-/// connection: the name is tried again until it is free).
-pub(crate) fn connect_bob(relay: &Relay) -> Raw {
-    loop {
-        let mut c = relay.connect();
-        c.send_env(
-            "HELLO",
-            json!({}),
-            json!({"agent": "Bob", "cli": "test", "capabilities": {"ack": false}}),
-        );
-        let f = c.read().expect("an answer to HELLO");
-        if f["type"] == "WELCOME" {
-            return c;
-        }
-        assert_eq!(f["payload"]["code"], "name_in_use", "{f}");
-    }
-}
-
-/// Alice sends `n` messages to Bob (ids `m000000`...) and waits until every one is stored
-/// (ACKed); her ACKs are read on a thread as she sends, so her connection never backs up.
-/// Returns the ids.
-pub(crate) fn alice_sends_bob(relay: &Relay, n: usize) -> HashSet<String> {
-    let (mut alice, _) = relay.agent("Alice");
-    let mut reader = alice.reader();
-    let acks = std::thread::spawn(move || {
-        let mut acked = 0;
-        while acked < n {
-            let f = reader.read().expect("Alice's connection stays open");
-            match f["type"].as_str() {
-                Some("ACK") => acked += 1,
-                Some("PING" | "BUSY") => {}
-                _ => panic!("unexpected frame for Alice: {f}"),
-            }
-        }
-    });
-    let mut sent = HashSet::new();
-    for i in 0..n {
-        let id = format!("m{i:06}");
-        alice.send_env("SEND", json!({"id": id, "to": "Bob"}), json!({"body": "x"}));
-        sent.insert(id);
-    }
-    acks.join().unwrap();
-    sent
-}
+use crate::support::*;
 
 /// Reads frames until Bob holds `until` distinct messages (answering PINGs), counting each
 /// DELIVER by id.

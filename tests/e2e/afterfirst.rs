@@ -5,7 +5,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, wait_for};
+use crate::support::*;
 
 /// The hand-overs `trace` shows for a message to `recipient`.
 fn delivered_events(relay: &Relay, id: &str) -> usize {

@@ -6,488 +6,12 @@
 //! The CLIs come from `scripts/install-agents` (run by `.ci/run`): a missing CLI fails the
 //! test with the command to install it; nothing here skips.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use relay_standin::{Rule, Script, StandIn};
+use relay_standin::{Rule, Script};
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, wait_for};
-use crate::wrap::{PersonTerminal, person_terminal, tmux_in, wait_online};
-
-/// Any key does for the stand-in; Claude Code asks once per key unless it is pre-approved.
-const KEY: &str = "sk-ant-api03-standin-00000000000000000000abcdefghij";
-/// Generous: an agent CLI's start-up and a few turns on a loaded 2-core machine. Only bounds a
-/// hang.
-const LONG: Duration = Duration::from_secs(90);
-
-/// The agent CLIs these tests run, at the versions `scripts/install-agents` pins.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Cli {
-    Claude,
-    Codex,
-    Gemini,
-}
-
-impl Cli {
-    /// (npm package, version, executable, variable naming it, install argument).
-    fn install(
-        self,
-    ) -> (
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-    ) {
-        match self {
-            Self::Claude => (
-                "@anthropic-ai/claude-code",
-                "2.1.328",
-                "claude",
-                "AGENT_RELAY_CLAUDE",
-                "claude",
-            ),
-            Self::Codex => (
-                "@openai/codex",
-                "0.169.0",
-                "codex",
-                "AGENT_RELAY_CODEX",
-                "codex",
-            ),
-            Self::Gemini => (
-                "@google/gemini-cli",
-                "0.61.0",
-                "gemini",
-                "AGENT_RELAY_GEMINI",
-                "gemini",
-            ),
-        }
-    }
-
-    /// The executable: `$AGENT_RELAY_<CLI>`, else where `scripts/install-agents` puts it.
-    /// Missing, the test fails saying how to install it.
-    pub(crate) fn path(self) -> PathBuf {
-        let (package, version, exe, var, arg) = self.install();
-        if let Some(p) = std::env::var_os(var) {
-            let p = PathBuf::from(p);
-            assert!(
-                p.exists(),
-                "{var}={} does not exist; run `eval \"$(scripts/install-agents {arg})\"`",
-                p.display()
-            );
-            return p;
-        }
-        let cache = std::env::var_os("AGENT_RELAY_AGENTS_DIR")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agent-relay/agents"))
-            })
-            .unwrap_or_default();
-        let p = cache.join(format!("{package}@{version}/node_modules/.bin/{exe}"));
-        assert!(
-            p.exists(),
-            "{package} {version} is not installed (looked for ${var} and {}).\n\
-             Install it with `eval \"$(scripts/install-agents {arg})\"` (downloads it from the \
-             npm registry once; .ci/run does this).",
-            p.display()
-        );
-        p
-    }
-
-    /// Writes the CLI's configuration into `home` for a returning user who trusts `work` and
-    /// talks to `url`; returns the environment to start it with.
-    pub(crate) fn setup(self, home: &Path, work: &Path, url: &str) -> String {
-        match self {
-            Self::Claude => {
-                let approved = &KEY[KEY.len() - 20..];
-                let config = serde_json::json!({
-                    "hasCompletedOnboarding": true,
-                    "customApiKeyResponses": {"approved": [approved], "rejected": []},
-                    "projects": {work.to_str().unwrap(): {
-                        "hasTrustDialogAccepted": true,
-                        "hasCompletedProjectOnboarding": true,
-                    }},
-                });
-                std::fs::write(home.join(".claude.json"), config.to_string()).unwrap();
-                format!(
-                    "ANTHROPIC_BASE_URL='{url}' ANTHROPIC_API_KEY='{KEY}' DISABLE_AUTOUPDATER=1 \
-                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"
-                )
-            }
-            Self::Codex => {
-                // A custom provider on the Responses API (Codex 0.169 has no other wire API
-                // for custom providers).
-                let config = format!(
-                    "model = \"gpt-standin\"\nmodel_provider = \"standin\"\n\
-                     check_for_update_on_startup = false\n\n\
-                     [model_providers.standin]\nname = \"standin\"\nbase_url = \"{url}/v1\"\n\
-                     env_key = \"STANDIN_API_KEY\"\nwire_api = \"responses\"\n\n\
-                     [projects.\"{}\"]\ntrust_level = \"trusted\"\n\n\
-                     [tui]\nscreen_reader_detection_done = true\n",
-                    work.display()
-                );
-                std::fs::write(home.join("config.toml"), config).unwrap();
-                format!("CODEX_HOME='{}' STANDIN_API_KEY=standin", home.display())
-            }
-            Self::Gemini => {
-                std::fs::create_dir_all(home.join(".gemini")).unwrap();
-                let settings = serde_json::json!({
-                    "security": {"auth": {"selectedType": "gemini-api-key"},
-                                 "folderTrust": {"enabled": false}},
-                    "ui": {"theme": "Default"},
-                    "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
-                    "privacy": {"usageStatisticsEnabled": false},
-                });
-                std::fs::write(home.join(".gemini/settings.json"), settings.to_string()).unwrap();
-                format!("GEMINI_API_KEY=standin GOOGLE_GEMINI_BASE_URL='{url}'")
-            }
-        }
-    }
-
-    fn profile(self) -> &'static str {
-        match self {
-            Self::Claude => "claude",
-            Self::Codex => "codex",
-            Self::Gemini => "gemini",
-        }
-    }
-}
-
-/// One agent CLI under the relay, in its own tmux terminal, with its own stand-in.
-pub(crate) struct Agent<'r> {
-    relay: &'r Relay,
-    name: String,
-    home: PathBuf,
-    server: String,
-    /// `pty` or `tmux`: the wrapper's backend.
-    backend: String,
-    standin: StandIn,
-    /// Kills the terminal's tmux server last (after `Drop` has shown its screen on failure).
-    _terminal: PersonTerminal,
-}
-
-impl<'r> Agent<'r> {
-    /// Claude Code under the relay.
-    pub(crate) fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
-        Self::start(relay, Cli::Claude, name, script)
-    }
-
-    /// Claude Code under the relay's tmux backend: run from a terminal that is itself a tmux
-    /// pane, the wrapper starts the agent's session on that tmux server and switches the
-    /// person's client to it, as it would for someone working inside tmux.
-    fn claude_in_tmux(relay: &'r Relay, name: &str, script: Script) -> Self {
-        Self::start_on(relay, Cli::Claude, name, script, "tmux")
-    }
-
-    /// Starts `agent-relay wrap -n NAME --profile P -- CLI` in a fresh terminal, with a private
-    /// HOME set up as a returning user (no onboarding, trusted folder, approved key).
-    pub(crate) fn start(relay: &'r Relay, cli: Cli, name: &str, script: Script) -> Self {
-        Self::start_on(relay, cli, name, script, "pty")
-    }
-
-    fn start_on(relay: &'r Relay, cli: Cli, name: &str, script: Script, backend: &str) -> Self {
-        let (home, work) = (format!("home-{name}"), format!("work-{name}"));
-        Self::start_in(relay, cli, name, script, backend, (&home, &work))
-    }
-
-    /// [`Agent::start_on`] with HOME and working directory `(home, work)` (folders under the
-    /// relay's temporary directory), which other agents may share, as one person's agents in
-    /// one repository do.
-    fn start_in(
-        relay: &'r Relay,
-        cli: Cli,
-        name: &str,
-        script: Script,
-        backend: &str,
-        (home, work): (&str, &str),
-    ) -> Self {
-        Self::start_args(relay, cli, name, script, backend, (home, work), ("", ""))
-    }
-
-    /// [`Agent::start`] (PTY backend) with more options for `wrap` and for the CLI, each a
-    /// piece of shell command line.
-    pub(crate) fn start_with(
-        relay: &'r Relay,
-        cli: Cli,
-        name: &str,
-        script: Script,
-        (wrap_args, cli_args): (&str, &str),
-    ) -> Self {
-        let (home, work) = (format!("home-{name}"), format!("work-{name}"));
-        Self::start_args(
-            relay,
-            cli,
-            name,
-            script,
-            "pty",
-            (&home, &work),
-            (wrap_args, cli_args),
-        )
-    }
-
-    fn start_args(
-        relay: &'r Relay,
-        cli: Cli,
-        name: &str,
-        script: Script,
-        backend: &str,
-        (home, work): (&str, &str),
-        (wrap_args, cli_args): (&str, &str),
-    ) -> Self {
-        let exe = cli.path();
-        let standin = StandIn::start(script).unwrap();
-        let dir = relay.dir.path();
-        let home = dir.join(home);
-        let work = dir.join(work);
-        std::fs::create_dir_all(&home).unwrap();
-        std::fs::create_dir_all(&work).unwrap();
-        let env = cli.setup(&home, &work, &standin.base_url());
-        let server = format!("agent-{}", name.to_lowercase());
-        let terminal = person_terminal(
-            relay,
-            &server,
-            &format!(
-                "cd '{work}' && HOME='{home}' {env} AGENT_RELAY_LOG=debug \
-                 {{bin}} wrap --backend {backend} -n {name} --profile {profile} {wrap_args} -- '{exe}' {cli_args}",
-                work = work.display(),
-                home = home.display(),
-                profile = cli.profile(),
-                exe = exe.display(),
-            ),
-        );
-        Self {
-            relay,
-            name: name.to_owned(),
-            home,
-            server,
-            backend: backend.to_owned(),
-            standin,
-            _terminal: terminal,
-        }
-    }
-
-    /// This agent's stand-in model.
-    pub(crate) fn standin(&self) -> &StandIn {
-        &self.standin
-    }
-
-    pub(crate) fn tmux(&self, args: &[&str]) -> std::process::Output {
-        tmux_in(self.relay.dir.path(), &self.server, args)
-    }
-
-    fn pane(&self) -> String {
-        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p"]).stdout).into_owned()
-    }
-
-    /// Until the agent is connected to the relay and Claude Code shows its empty input box.
-    pub(crate) fn wait_ready(&self) {
-        wait_online(self.relay, &self.name);
-        wait_for(
-            LONG,
-            &format!("{}'s Claude Code is ready", self.name),
-            || {
-                // 2.1.197's idle footer; 2.1.328 starts in auto mode and shows that instead.
-                let pane = self.pane();
-                pane.contains("? for shortcuts") || pane.contains("shift+tab to cycle")
-            },
-        );
-    }
-
-    /// The person's terminal is resized to `cols` × `rows`.
-    pub(crate) fn resize(&self, cols: u16, rows: u16) {
-        let (x, y) = (cols.to_string(), rows.to_string());
-        self.tmux(&["resize-window", "-x", &x, "-y", &y]);
-    }
-
-    /// What the person's terminal shows now.
-    pub(crate) fn screen(&self) -> String {
-        self.pane()
-    }
-
-    /// A person types `text` into this terminal and presses Enter (a separate key, once the
-    /// text shows).
-    pub(crate) fn person_types(&self, text: &str) {
-        self.tmux(&["send-keys", "-l", text]);
-        wait_for(LONG, &format!("{text:?} shows in {}", self.name), || {
-            self.pane().contains(text)
-        });
-        self.tmux(&["send-keys", "Enter"]);
-    }
-
-    /// The conversation turns Claude Code sent so far: what this agent was asked, in order.
-    pub(crate) fn prompts(&self) -> Vec<String> {
-        self.standin.prompts()
-    }
-
-    /// Waits until `n` turns were asked; returns them.
-    pub(crate) fn wait_prompts(&self, n: usize) -> Vec<String> {
-        wait_for(LONG, &format!("{} is asked {n} prompts", self.name), || {
-            self.prompts().len() >= n
-        });
-        self.prompts()
-    }
-
-    /// Waits until every reply this agent was given has been streamed out in full.
-    pub(crate) fn wait_replies_done(&self) {
-        wait_for(LONG, &format!("{}'s replies are out", self.name), || {
-            self.standin.requests().iter().all(|r| r.finished.is_some())
-        });
-    }
-
-    /// This agent's wrapper's log (`AGENT_RELAY_LOG=debug`).
-    pub(crate) fn wrap_log(&self) -> String {
-        std::fs::read_to_string(
-            self.relay
-                .data_dir()
-                .join(format!("team/{}/wrap.log", self.name)),
-        )
-        .unwrap_or_default()
-    }
-
-    /// Waits until the agent's screen shows `last` (the end of its last reply) and no busy
-    /// marker (its turn is over), then until its wrapper has read all that output, let it
-    /// settle and relayed every directive in it with its receipt back: the wrapper logs
-    /// `output settled; every directive in it relayed read=N` once per burst of output when
-    /// that is so, `N` the bytes read, and `output after a quiet
-    /// spell read=N` when a new burst starts (PTY: before the person's screen shows any of
-    /// it). Whatever the output seen so far could make the wrapper send (a repaint read
-    /// twice, a directive from the transcript) is then stored in the relay's history: this
-    /// event comes after it, so a test can count the history with no observation window.
-    pub(crate) fn wait_all_relayed(&self, last: &str) {
-        self.wait_all_relayed_when(&format!("{last:?}, not busy"), |pane| {
-            pane.contains(last)
-                && !pane.contains("esc to interrupt")
-                && !pane.contains("esc to cancel")
-        });
-    }
-
-    /// [`Agent::wait_all_relayed`] once the screen is as `screen` says (`what`).
-    fn wait_all_relayed_when(&self, what: &str, screen: impl Fn(&str) -> bool) {
-        wait_for(
-            LONG,
-            &format!("{}'s screen shows {what}", self.name),
-            || screen(&self.pane()),
-        );
-        const SETTLED: &str = "output settled; every directive in it relayed";
-        if self.backend == "tmux" {
-            // The wrapper reads the pane's output from its control-mode client as tmux draws
-            // it; a settled line after the last burst's start, with the wrapper's checkpoint
-            // (saved once all it read is relayed) at the pane's cursor row, comes after it
-            // read what the screen showed.
-            let team = self.relay.data_dir().join(format!("team/{}", self.name));
-            wait_for(
-                LONG,
-                &format!("{}'s wrapper has relayed all it read", self.name),
-                || {
-                    // The pane the person's client shows (as `pane` reads it): the agent's.
-                    let out = self.tmux(&["display-message", "-p", "#{history_size} #{cursor_y}"]);
-                    let row: u64 = String::from_utf8_lossy(&out.stdout)
-                        .split_whitespace()
-                        .map(|n| n.parse::<u64>().unwrap_or(0))
-                        .sum();
-                    let checkpoint =
-                        std::fs::read_to_string(team.join("checkpoint")).unwrap_or_default();
-                    checkpoint.split_whitespace().next() == Some(row.to_string().as_str())
-                        && self
-                            .wrap_log()
-                            .lines()
-                            .rev()
-                            .find(|l| {
-                                l.contains(SETTLED) || l.contains("output after a quiet spell")
-                            })
-                            .is_some_and(|l| l.contains(SETTLED))
-                },
-            );
-        } else {
-            // PTY: every burst's start is logged before its first byte reaches the screen,
-            // so a settled line after the last such start was logged after everything the
-            // screen showed was read.
-            wait_for(
-                LONG,
-                &format!("{}'s wrapper has relayed all it read", self.name),
-                || {
-                    self.wrap_log()
-                        .lines()
-                        .rev()
-                        .find(|l| l.contains(SETTLED) || l.contains("output after a quiet spell"))
-                        .is_some_and(|l| l.contains(SETTLED))
-                },
-            );
-        }
-    }
-}
-
-impl Drop for Agent<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(
-                self.relay
-                    .data_dir()
-                    .join(format!("team/{}/wrap.log", self.name)),
-            )
-            .unwrap_or_default();
-            let requests: Vec<String> = self
-                .standin
-                .requests()
-                .iter()
-                .map(|r| format!("{:?} {} {:?}", r.kind, r.path, r.user_text))
-                .collect();
-            eprintln!(
-                "---- {} screen ----\n{}\n---- {} requests ----\n{requests:#?}\n\
-                 ---- wrapper log ----\n{log}",
-                self.name,
-                self.pane(),
-                self.name,
-            );
-        }
-        // The wrapper gets SIGHUP and takes the CLI with it.
-        self.tmux(&["kill-server"]);
-        kill_leftovers(&self.home);
-    }
-}
-
-/// Kills what an agent CLI left running on its own: Codex 0.169 starts a detached
-/// `codex app-server` daemon from `$CODEX_HOME/packages` that outlives its TUI. Anything whose
-/// command line names this agent's private HOME (a fresh temporary directory) is one of those.
-pub(crate) fn kill_leftovers(home: &Path) {
-    let needle = home.to_string_lossy().into_owned();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(&needle) {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::Kill);
-            }
-        }
-    }
-}
-
-/// (from, to, body, id, thread or "") of every stored message, oldest first.
-fn history(relay: &Relay) -> Vec<(String, String, String, String, String)> {
-    let h: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
-    let mut all: Vec<_> = h
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
-            (s("from"), s("to"), s("body"), s("id"), s("thread"))
-        })
-        .collect();
-    // `history` lists newest first.
-    all.reverse();
-    all
-}
+use crate::support::*;
 
 /// The text an agent is given for a relayed message: `Relay message from FROM [SHORT]: BODY`,
 /// with ` (thread T)` before the colon for an answer (its thread is the id of the message it
@@ -500,16 +24,6 @@ fn relayed(from: &str, id: &str, thread: &str, body: &str) -> String {
         let t = relay_protocol::short_id(thread);
         format!("Relay message from {from} [{short}] (thread {t}): {body}")
     }
-}
-
-/// The delivery status of message `id` to its (one) recipient.
-pub(crate) fn delivery_status(relay: &Relay, id: &str) -> String {
-    let v: Value =
-        serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-    v["deliveries"][0]["status"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 const TO_BOB: &str = "Please list what is missing from the 2.0 release notes.";
@@ -554,16 +68,13 @@ fn claude_code_instances_converse_through_the_relay() {
         !history(&relay).is_empty()
     });
     let to_bob = history(&relay)[0].clone();
-    assert_eq!(
-        (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
-        ("Alice", "Bob", TO_BOB)
-    );
+    assert_eq!(to_bob.line(), ("Alice", "Bob", TO_BOB));
     // Bob is still working: he is asked nothing else, and his wrapper types nothing. Its
     // injector looks at the screen when the message is due (output quiet, or a recheck):
     // wait until it has looked, with the message queued, and said "not ready". A wrapper
     // that typed into a busy agent would type at that moment instead.
     alice.wait_replies_done();
-    let typed_for_bob = format!("id={}", to_bob.3);
+    let typed_for_bob = format!("id={}", to_bob.id);
     let mut held = false;
     wait_for(
         LONG,
@@ -605,9 +116,9 @@ fn claude_code_instances_converse_through_the_relay() {
     let to_alice = &h[1];
     assert_eq!(
         (
-            to_alice.0.as_str(),
-            to_alice.1.as_str(),
-            to_alice.2.as_str()
+            to_alice.from.as_str(),
+            to_alice.to.as_str(),
+            to_alice.body.as_str()
         ),
         ("Bob", "Alice", TO_ALICE)
     );
@@ -615,14 +126,14 @@ fn claude_code_instances_converse_through_the_relay() {
         alice_prompts,
         [
             "Plan the release".to_owned(),
-            relayed("Bob", &to_alice.3, &to_alice.4, TO_ALICE)
+            relayed("Bob", &to_alice.id, &to_alice.thread, TO_ALICE)
         ]
     );
     assert_eq!(
         bob.prompts(),
         [
             "Index the repository".to_owned(),
-            relayed("Alice", &to_bob.3, &to_bob.4, TO_BOB)
+            relayed("Alice", &to_bob.id, &to_bob.thread, TO_BOB)
         ]
     );
     // The relayed prompt went to the model only after Bob's own turn was over.
@@ -634,7 +145,7 @@ fn claude_code_instances_converse_through_the_relay() {
         .collect();
     assert!(bob_log[1].received >= bob_log[0].finished.unwrap());
     // And the wrapper typed it only once that turn had ended.
-    let typed = logged_at(&relay, "Bob", "typing a message", &to_bob.3);
+    let typed = logged_at(&relay, "Bob", "typing a message", &to_bob.id);
     let turn_over = wall_ms(bob_log[0].finished_wall().unwrap());
     assert!(
         typed + 1.0 >= turn_over,
@@ -642,8 +153,8 @@ fn claude_code_instances_converse_through_the_relay() {
     );
     // Each wrapper saw its prompt submitted on the screen and said so.
     wait_for(LONG, "both deliveries are reported verified", || {
-        delivery_status(&relay, &to_bob.3) == "verified"
-            && delivery_status(&relay, &to_alice.3) == "verified"
+        delivery_status(&relay, &to_bob.id) == "verified"
+            && delivery_status(&relay, &to_alice.id) == "verified"
     });
     // Nothing more trickles in once the last reply is out (a repaint read twice would): each
     // wrapper has relayed all its agent printed, the last reply included.
@@ -694,24 +205,21 @@ fn claude_code_instances_converse_under_the_tmux_backend() {
     let h = history(&relay);
     assert_eq!(h.len(), 2, "{h:?}");
     let (to_bob, to_alice) = (&h[0], &h[1]);
-    assert_eq!(
-        (to_bob.0.as_str(), to_bob.1.as_str(), to_bob.2.as_str()),
-        ("Alice", "Bob", TO_BOB)
-    );
+    assert_eq!(to_bob.line(), ("Alice", "Bob", TO_BOB));
     assert_eq!(
         alice_prompts,
         [
             "Plan the release".to_owned(),
-            relayed("Bob", &to_alice.3, &to_alice.4, TO_ALICE)
+            relayed("Bob", &to_alice.id, &to_alice.thread, TO_ALICE)
         ]
     );
     assert_eq!(
         bob.prompts(),
-        [relayed("Alice", &to_bob.3, &to_bob.4, TO_BOB)]
+        [relayed("Alice", &to_bob.id, &to_bob.thread, TO_BOB)]
     );
     wait_for(LONG, "both deliveries are reported verified", || {
-        delivery_status(&relay, &to_bob.3) == "verified"
-            && delivery_status(&relay, &to_alice.3) == "verified"
+        delivery_status(&relay, &to_bob.id) == "verified"
+            && delivery_status(&relay, &to_alice.id) == "verified"
     });
     alice.wait_replies_done();
     bob.wait_replies_done();
@@ -766,10 +274,7 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     let alice_prompts = alice.wait_prompts(2);
     let bob_prompts = bob.wait_prompts(2);
     let h = history(&relay);
-    let summary: Vec<(&str, &str, &str)> = h
-        .iter()
-        .map(|(f, t, b, _, _)| (f.as_str(), t.as_str(), b.as_str()))
-        .collect();
+    let summary: Vec<(&str, &str, &str)> = h.iter().map(Stored::line).collect();
     assert_eq!(
         summary,
         [
@@ -781,19 +286,19 @@ fn claude_code_directives_wrap_hide_in_code_and_broadcast() {
     assert_eq!(
         bob_prompts,
         [
-            relayed("Alice", &h[0].3, &h[0].4, LONG_BODY),
-            relayed("Carol", &h[2].3, &h[2].4, ALL)
+            relayed("Alice", &h[0].id, &h[0].thread, LONG_BODY),
+            relayed("Carol", &h[2].id, &h[2].thread, ALL)
         ]
     );
     assert_eq!(
         carol.wait_prompts(1),
-        [relayed("Alice", &h[1].3, &h[1].4, FYI)]
+        [relayed("Alice", &h[1].id, &h[1].thread, FYI)]
     );
     assert_eq!(
         alice_prompts,
         [
             "Start the review".to_owned(),
-            relayed("Carol", &h[2].3, &h[2].4, ALL)
+            relayed("Carol", &h[2].id, &h[2].thread, ALL)
         ]
     );
     for c in [&alice, &bob, &carol] {
@@ -872,10 +377,10 @@ fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
     alice.wait_all_relayed("That is all.");
     let h = history(&relay);
     assert_eq!(h.len(), 1, "sent once despite the resizes: {h:?}");
-    assert_eq!((h[0].1.as_str(), h[0].2.as_str()), ("Bob", SLOW_BODY));
+    assert_eq!((h[0].to.as_str(), h[0].body.as_str()), ("Bob", SLOW_BODY));
     // Bob's wrapper held the message at the moment it came due (output quiet), for the
     // person's half-written line: a wrapper that typed over a person would type then.
-    let queued = format!("a message waits to be typed id={}", h[0].3);
+    let queued = format!("a message waits to be typed id={}", h[0].id);
     wait_for(
         LONG,
         "Bob's wrapper holds the message for the person",
@@ -892,7 +397,7 @@ fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
         pane.contains("half a thought") && !pane.contains("Relay message"),
         "{pane}"
     );
-    let held = delivery_status(&relay, &h[0].3);
+    let held = delivery_status(&relay, &h[0].id);
     assert!(!matches!(held.as_str(), "acked" | "verified"), "{held}");
     // The person submits: their line goes as they wrote it, then the message on its own.
     bob.tmux(&["send-keys", "Enter"]);
@@ -900,7 +405,7 @@ fn claude_code_resize_and_a_person_typing_do_not_disturb_relaying() {
         bob.wait_prompts(2),
         [
             "half a thought".to_owned(),
-            relayed("Alice", &h[0].3, &h[0].4, SLOW_BODY)
+            relayed("Alice", &h[0].id, &h[0].thread, SLOW_BODY)
         ]
     );
     bob.wait_replies_done();
@@ -946,23 +451,17 @@ fn converses_with_claude_code(cli: Cli, name: &str) {
         "{h:?}\nAlice was asked {alice_prompts:?}\n{name} was asked {:?}",
         other.prompts()
     );
-    assert_eq!(
-        (h[0].0.as_str(), h[0].1.as_str(), h[0].2.as_str()),
-        ("Alice", name, to_it.as_str())
-    );
-    assert_eq!(
-        (h[1].0.as_str(), h[1].1.as_str(), h[1].2.as_str()),
-        (name, "Alice", from_it.as_str())
-    );
+    assert_eq!(h[0].line(), ("Alice", name, to_it.as_str()));
+    assert_eq!(h[1].line(), (name, "Alice", from_it.as_str()));
     assert_eq!(
         other.prompts(),
-        [relayed("Alice", &h[0].3, &h[0].4, &to_it)]
+        [relayed("Alice", &h[0].id, &h[0].thread, &to_it)]
     );
     assert_eq!(
         alice_prompts,
         [
             "Ask the other agent".to_owned(),
-            relayed(name, &h[1].3, &h[1].4, &from_it)
+            relayed(name, &h[1].id, &h[1].thread, &from_it)
         ]
     );
     alice.wait_replies_done();
@@ -1242,9 +741,12 @@ fn claude_code_text_code_block_is_not_sent() {
     // read (and the quoted ones logged as not sent).
     let bob_prompts = bob.wait_prompts(1);
     let h = history(&relay);
-    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.1.as_str(), m.2.as_str())).collect();
+    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.to.as_str(), m.body.as_str())).collect();
     assert_eq!(summary, [("Bob", MEANT)], "{}", alice.pane());
-    assert_eq!(bob_prompts, [relayed("Alice", &h[0].3, &h[0].4, MEANT)]);
+    assert_eq!(
+        bob_prompts,
+        [relayed("Alice", &h[0].id, &h[0].thread, MEANT)]
+    );
     let log = std::fs::read_to_string(relay.data_dir().join("team/Alice/wrap.log")).unwrap();
     let dropped = log
         .lines()
@@ -1294,9 +796,12 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     alice.person_types("Write it all");
     let bob_prompts = bob.wait_prompts(1);
     let h = history(&relay);
-    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.1.as_str(), m.2.as_str())).collect();
+    let summary: Vec<(&str, &str)> = h.iter().map(|m| (m.to.as_str(), m.body.as_str())).collect();
     assert_eq!(summary, [("Bob", FIRST)], "{}", alice.pane());
-    assert_eq!(bob_prompts, [relayed("Alice", &h[0].3, &h[0].4, FIRST)]);
+    assert_eq!(
+        bob_prompts,
+        [relayed("Alice", &h[0].id, &h[0].thread, FIRST)]
+    );
     // The premise: the screen never showed it (else this tests nothing new).
     let log = std::fs::read_to_string(relay.data_dir().join("team/Alice/wrap.log")).unwrap();
     assert!(
@@ -1433,7 +938,7 @@ fn claude_agents_sharing_a_folder_send_only_their_own_transcripts_directives() {
     // shared folder when his output goes quiet.
     bob.person_types("Say hello");
     wait_for(LONG, "Bob's directive reaches the relay", || {
-        history(&relay).iter().any(|m| m.0 == "Bob")
+        history(&relay).iter().any(|m| m.from == "Bob")
     });
     bob.wait_replies_done();
     // Bob's wrapper looks at the transcripts when his output goes quiet after his reply, and
@@ -1451,7 +956,7 @@ fn claude_agents_sharing_a_folder_send_only_their_own_transcripts_directives() {
     let h = history(&relay);
     let summary: Vec<(&str, &str, &str)> = h
         .iter()
-        .map(|m| (m.0.as_str(), m.1.as_str(), m.2.as_str()))
+        .map(|m| (m.from.as_str(), m.to.as_str(), m.body.as_str()))
         .collect();
     assert_eq!(
         summary,

@@ -3,164 +3,11 @@
 //! per backend.
 
 use std::path::Path;
-use std::process::Child;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, pid_in, signal_pid, wait_for};
-use crate::tmux::{Tmux, dump, history, session_of, wait_or_dump, wrap_cmd};
-use crate::wrap::{is_online, output_of, wait_online};
-
-/// Which terminal the agents run in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// In a pseudo-terminal inside the wrapper's process (no terminal on stdin: `--no-input`).
-    Pty,
-    /// In a tmux session on the test's private server, relayed by a background process.
-    Tmux,
-}
-
-/// A wrapped agent on either backend.
-pub(crate) struct Agent {
-    name: String,
-    /// The wrapper's process (PTY).
-    child: Option<Child>,
-    /// The agent's session (tmux).
-    session: Option<String>,
-    /// What the command said (tmux: it returns once a process relays for the session).
-    said: String,
-}
-
-impl Backend {
-    /// Starts `sh <name>.sh` (written from `script`) as agent `name`, with `args` before the
-    /// command (`wrap` options) and `env` for the wrapper and the agent. `shorthand`: the
-    /// `agent-relay -n NAME <cli>` form instead of `wrap ... --`.
-    pub(crate) fn start(
-        self,
-        relay: &Relay,
-        name: &str,
-        script: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-        shorthand: bool,
-    ) -> Agent {
-        let file = format!("{name}.sh");
-        std::fs::write(relay.dir.path().join(&file), script).unwrap();
-        let mut all: Vec<&str> = Vec::new();
-        if !shorthand {
-            all.push("wrap");
-        }
-        match self {
-            // The PTY backend is the default without a terminal on stdin.
-            Backend::Pty if shorthand => {}
-            Backend::Pty => all.push("--no-input"),
-            Backend::Tmux => all.extend(["--backend", "tmux", "--detached"]),
-        }
-        all.extend(["-n", name]);
-        all.extend_from_slice(args);
-        if !shorthand {
-            all.push("--");
-        }
-        all.extend(["sh", &file]);
-        let mut cmd = wrap_cmd(relay, &all);
-        cmd.envs(env.iter().copied());
-        match self {
-            Backend::Pty => Agent {
-                name: name.to_owned(),
-                child: Some({
-                    // Its log where the tmux backend's relaying process keeps its own (a PTY
-                    // wrapper with no terminal logs to stderr), for the scenarios to wait on.
-                    let team = relay.data_dir().join(format!("team/{name}"));
-                    std::fs::create_dir_all(&team).unwrap();
-                    let log = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(team.join("wrap.log"))
-                        .unwrap();
-                    cmd.stdout(std::process::Stdio::piped())
-                        .stderr(log)
-                        .spawn()
-                        .unwrap()
-                }),
-                session: None,
-                said: String::new(),
-            },
-            Backend::Tmux => {
-                let out = cmd.output().unwrap();
-                let err = String::from_utf8_lossy(&out.stderr);
-                assert!(out.status.success(), "{err}");
-                assert!(
-                    err.contains(&format!("attach with: agent-relay attach {name}")),
-                    "{err}"
-                );
-                Agent {
-                    name: name.to_owned(),
-                    child: None,
-                    session: Some(session_of(relay, name)),
-                    said: err.into_owned(),
-                }
-            }
-        }
-    }
-}
-
-impl Agent {
-    /// Waits for the agent to exit and its relaying to end; its exit status (the wrapper's
-    /// under the PTY, the one the session's shell kept under tmux) and, for the PTY, what it
-    /// printed.
-    pub(crate) fn exit(&mut self, relay: &Relay, tmux: &Tmux<'_>) -> (i32, String) {
-        if let Some(child) = self.child.take() {
-            return output_of(child);
-        }
-        let session = self.session.clone().unwrap();
-        crate::tmux::wait_or_dump(relay, tmux, &format!("{} exits", self.name), || {
-            !tmux.has(&session)
-        });
-        let exit =
-            std::fs::read_to_string(relay.data_dir().join(format!("team/{}/exit", self.name)))
-                .unwrap();
-        wait_for(
-            Duration::from_secs(20),
-            &format!("{}'s relaying process says goodbye", self.name),
-            || !is_online(relay, &self.name),
-        );
-        (exit.trim().parse().unwrap(), String::new())
-    }
-
-    /// SIGKILL, no cleanup, to the wrapper (PTY: the agent, its child on a terminal it owns,
-    /// ends with it) or to the process relaying for the session (tmux: the agent runs on in
-    /// it); returns once the relay has seen the agent go.
-    fn kill9(&mut self, relay: &Relay) {
-        match self.child.take() {
-            Some(mut child) => {
-                child.kill().unwrap();
-                child.wait().unwrap();
-            }
-            None => {
-                let lock = relay
-                    .data_dir()
-                    .join(format!("team/{}/relay.lock", self.name));
-                signal_pid(pid_in(&lock), rustix::process::Signal::Kill);
-            }
-        }
-        wait_for(
-            Duration::from_secs(20),
-            &format!("{} is seen offline", self.name),
-            || !is_online(relay, &self.name),
-        );
-    }
-}
-
-impl Drop for Agent {
-    /// A wrapper still running when the test ends (or fails) is killed: nothing is left behind.
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use crate::support::*;
 
 /// An agent's own record of what it read (its `got:` lines, and its start line), written by
 /// the scenario scripts beside what they print: a pane's or a PTY's text is gone once the
@@ -243,10 +90,10 @@ fn conversation(backend: Backend) {
     );
     // Each directive was relayed exactly once (the echoes were not relayed again).
     assert_eq!(
-        history(&relay),
+        history(&relay).iter().map(Stored::line).collect::<Vec<_>>(),
         vec![
-            ("Alice".into(), "Bob".into(), "hello from alice".into()),
-            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
+            ("Alice", "Bob", "hello from alice"),
+            ("Bob", "Alice", "thanks for the hello"),
         ]
     );
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
@@ -302,14 +149,14 @@ struct PersonPane<'a> {
     /// (tmux server for `-L`, target): the person's terminal, or the agent's session.
     server: Option<&'static str>,
     target: String,
-    _terminal: Option<crate::wrap::PersonTerminal>,
+    _terminal: Option<crate::support::PersonTerminal>,
 }
 
 impl PersonPane<'_> {
     fn run(&self, args: &[&str]) -> std::process::Output {
         let dir = self.relay.dir.path();
         match self.server {
-            Some(server) => crate::wrap::tmux_in(dir, server, args),
+            Some(server) => crate::support::tmux_in(dir, server, args),
             // The test's server (as `Tmux::run`; a `Tmux` here would kill it when dropped).
             None => std::process::Command::new("tmux")
                 .env("TMUX_TMPDIR", dir)
@@ -356,7 +203,7 @@ fn a_persons_line(backend: Backend) {
             relay: &relay,
             server: Some("relayperson"),
             target: String::new(),
-            _terminal: Some(crate::wrap::person_terminal(
+            _terminal: Some(crate::support::person_terminal(
                 &relay,
                 "relayperson",
                 &format!(
@@ -387,19 +234,19 @@ fn a_persons_line(backend: Backend) {
     };
     let tmux = Tmux { dir };
     wait_online(&relay, "Dana");
-    crate::tmux::wait_or_dump(&relay, &tmux, "Dana's prompt", || {
+    crate::support::wait_or_dump(&relay, &tmux, "Dana's prompt", || {
         pane.text().contains("> ")
     });
 
     // A person starts a line and stops to think.
     pane.keys(&["-l", "half a thought"]);
-    crate::tmux::wait_or_dump(&relay, &tmux, "the person's text shows", || {
+    crate::support::wait_or_dump(&relay, &tmux, "the person's text shows", || {
         pane.text().contains("> half a thought")
     });
     let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
     let first: Value = serde_json::from_str(&first).unwrap();
     let first_id = first["id"].as_str().unwrap().to_owned();
-    crate::tmux::held_for_a_person(&relay, &tmux, "Dana", &first_id);
+    crate::support::held_for_a_person(&relay, &tmux, "Dana", &first_id);
     let shown = pane.text();
     assert!(
         !shown.contains("Relay message"),
@@ -420,7 +267,7 @@ fn a_persons_line(backend: Backend) {
     assert_eq!(status(&first_id), "queued");
     // The dashboard says why (never what the person typed).
     let (port, token) = crate::support::dashboard(&relay);
-    let dana = crate::wrap::wait_shown(port, &token, "Dana", "blocked");
+    let dana = crate::support::wait_shown(port, &token, "Dana", "blocked");
     let (name, why) = match backend {
         Backend::Pty => ("pty", "a person is typing"),
         Backend::Tmux => ("tmux", "text in its input line"),
@@ -434,10 +281,10 @@ fn a_persons_line(backend: Backend) {
     // They finish it: their line goes in whole, then the message as a line of its own.
     pane.keys(&["-l", " and more"]);
     pane.keys(&["Enter"]);
-    crate::tmux::wait_or_dump(&relay, &tmux, "the relayed note arrives", || {
+    crate::support::wait_or_dump(&relay, &tmux, "the relayed note arrives", || {
         pane.text().contains("first relayed note")
     });
-    crate::tmux::wait_or_dump(&relay, &tmux, "the note is reported verified", || {
+    crate::support::wait_or_dump(&relay, &tmux, "the note is reported verified", || {
         status(&first_id) == "verified"
     });
     let short = relay_protocol::short_id(&first_id);
@@ -454,7 +301,7 @@ fn a_persons_line(backend: Backend) {
         ],
         "{shown}"
     );
-    crate::wrap::wait_shown(port, &token, "Dana", "idle");
+    crate::support::wait_shown(port, &token, "Dana", "idle");
     if backend == Backend::Pty {
         return;
     }
@@ -480,7 +327,7 @@ fn a_persons_line(backend: Backend) {
         "got: Relay message from human [{}]: second relayed note",
         relay_protocol::short_id(&second_id)
     );
-    crate::tmux::wait_or_dump(&relay, &tmux, "the second note is submitted", || {
+    crate::support::wait_or_dump(&relay, &tmux, "the second note is submitted", || {
         pane.text().lines().any(|l| l == line)
     });
     assert!(!in_mode(), "copy mode was left");
@@ -533,7 +380,7 @@ while IFS= read -r line; do :; done
                 relay: &relay,
                 server: Some("relayresize"),
                 target: String::new(),
-                _terminal: Some(crate::wrap::person_terminal(
+                _terminal: Some(crate::support::person_terminal(
                     &relay,
                     "relayresize",
                     &format!(
@@ -690,7 +537,7 @@ fn a_restarted_wrapper(backend: Backend) {
     let relayed = |body: &str| {
         history(&relay)
             .iter()
-            .filter(|(from, _, b)| from == "Bob" && b == body)
+            .filter(|m| m.from == "Bob" && m.body == body)
             .count()
     };
     // After a kill: a message waits at the relay; under tmux, after the first, a person makes
@@ -820,12 +667,12 @@ fn a_restarted_wrapper(backend: Backend) {
     }
     let h = history(&relay);
     assert_eq!(
-        h.iter().filter(|(from, _, _)| from == "Bob").count(),
+        h.iter().filter(|m| m.from == "Bob").count(),
         acks.len(),
         "{h:#?}"
     );
     assert_eq!(
-        h.iter().filter(|(from, _, _)| from == "human").count(),
+        h.iter().filter(|m| m.from == "human").count(),
         bodies.len(),
         "{h:#?}"
     );

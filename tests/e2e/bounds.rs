@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Raw, Relay, ok_stdout};
+use crate::support::*;
 
 /// Runs `cmd` to its end, killing it after `limit` (a hang fails the test instead of stopping
 /// the suite). The limit only bounds a hang.
-pub(crate) fn output_within(mut cmd: Command, limit: Duration) -> Output {
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -236,7 +236,7 @@ fn idle_connections_to_the_dashboard_port_do_not_lock_the_owner_out() {
 
 /// A relay whose person `ops` is reached by a signed webhook (the receiver stand-in).
 fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
-    use crate::people::{WEBHOOK_SECRET, configure, secret};
+    use crate::support::{WEBHOOK_SECRET, configure, secret};
     let mut relay = Relay::unstarted();
     secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
     configure(
@@ -247,7 +247,7 @@ fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
         ),
     );
     relay.spawn();
-    crate::wrap::wait_online(&relay, "ops");
+    crate::support::wait_online(&relay, "ops");
     relay
 }
 
@@ -257,7 +257,7 @@ fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
 /// memory and the replay was stored a second time).
 #[test]
 fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_after_a_restart() {
-    use crate::people::{WEBHOOK_SECRET, now_s, post, signed};
+    use crate::support::{WEBHOOK_SECRET, now_s, post, signed};
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
     let mut relay = webhook_relay(&hook);
     let (mut alice, _) = relay.agent("Alice");
@@ -286,13 +286,13 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
     drop(alice);
     relay.stop();
     relay.spawn();
-    crate::wrap::wait_online(&relay, "ops");
+    crate::support::wait_online(&relay, "ops");
     let (port, _) = crate::support::dashboard(&relay);
     let (status, answer) = post(port, "/hooks/webhook", &good, &reply);
     assert_eq!(status, 409, "a replay after a restart is refused: {answer}");
-    let stored = crate::people::history(&relay)
+    let stored = history(&relay)
         .iter()
-        .filter(|m| m["body"] == "yes, go")
+        .filter(|m| m.body == "yes, go")
         .count();
     assert_eq!(stored, 1);
 }
@@ -304,7 +304,7 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
 /// accepted before a restart is still refused after it (the other test shows that too).
 #[test]
 fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
-    use crate::people::{WEBHOOK_SECRET, now_s, post, signed};
+    use crate::support::{WEBHOOK_SECRET, now_s, post, signed};
     use std::os::unix::fs::MetadataExt;
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
     let mut relay = webhook_relay(&hook);
@@ -335,7 +335,7 @@ fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
     drop(alice);
     relay.stop();
     relay.spawn();
-    crate::wrap::wait_online(&relay, "ops");
+    crate::support::wait_online(&relay, "ops");
     let (port, _) = crate::support::dashboard(&relay);
     let (headers, body) = first.unwrap();
     let (status, answer) = post(port, "/hooks/webhook", &headers, &body);
@@ -355,15 +355,15 @@ fn peak_rss(pid: u32) -> u64 {
 /// (before, it read the whole answer: +600 MB).
 #[test]
 fn a_huge_bot_api_answer_is_read_only_up_to_a_cap() {
-    let tg = relay_standin::people::TelegramStandIn::start(crate::people::TOKEN).unwrap();
+    let tg = relay_standin::people::TelegramStandIn::start(crate::support::TOKEN).unwrap();
     tg.huge_answer(256 * 1024 * 1024);
-    let relay = crate::people::telegram_relay(&tg, "");
+    let relay = crate::support::telegram_relay(&tg, "");
     let pid = relay.child.as_ref().unwrap().id();
     crate::support::wait_for(
         Duration::from_secs(60),
         "the adapter reports the answer over its cap",
         || {
-            crate::people::adapter(&relay, "telegram")["last_error"]
+            crate::support::adapter(&relay, "telegram")["last_error"]
                 .as_str()
                 .is_some_and(|e| e.contains("over 8 MiB"))
         },
@@ -385,7 +385,7 @@ fn a_huge_bot_api_answer_is_read_only_up_to_a_cap() {
 /// reaches its agent meanwhile (before, every inbound message waited behind the outbound one).
 #[test]
 fn a_hanging_send_message_never_holds_what_the_person_writes() {
-    use crate::people::{PERSON_TG, TOKEN, telegram_relay};
+    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
     let (mut alice, _) = relay.agent("Alice");
@@ -448,7 +448,7 @@ fn dead_letters(relay: &Relay) -> Vec<Value> {
 /// pieces within the limit (before, it was refused, retried and dead-lettered).
 #[test]
 fn telegram_flood_limits_and_the_text_limit_are_followed() {
-    use crate::people::{TOKEN, telegram_relay};
+    use crate::support::{TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
     let (mut alice, _) = relay.agent("Alice");
@@ -529,7 +529,7 @@ fn a_permanent_refusal_is_dead_lettered_at_once_with_the_peers_reason() {
 /// never in the group they wrote in (a refusal can list agents).
 #[test]
 fn a_flood_from_the_person_makes_no_reply_storm_and_no_refusal_in_a_group() {
-    use crate::people::{PERSON_TG, TOKEN, telegram_relay};
+    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "\n[up]\nrate-limit = 3\n");
     let (_alice, _) = relay.agent("Alice");
@@ -570,7 +570,7 @@ fn a_flood_from_the_person_makes_no_reply_storm_and_no_refusal_in_a_group() {
 /// an expired dead letter gave no notice).
 #[test]
 fn notices_are_summarised_never_dropped_cleaned_and_expiry_is_told() {
-    use crate::people::{TOKEN, telegram_relay};
+    use crate::support::{TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(
         &tg,
@@ -608,7 +608,7 @@ fn notices_are_summarised_never_dropped_cleaned_and_expiry_is_told() {
     let (zed, _) = relay.agent("Zed");
     drop(zed);
     crate::support::wait_for(Duration::from_secs(30), "Zed offline", || {
-        !crate::wrap::is_online(&relay, "Zed")
+        !crate::support::is_online(&relay, "Zed")
     });
     let (mut carol, _) = relay.agent("Carol");
     carol.send("Zed", "this will expire");
@@ -635,7 +635,7 @@ fn exchanges_in(text: &str) -> usize {
 /// before, `mirror` was an unknown key and the relay refused the configuration).
 #[test]
 fn a_person_who_mirrors_sees_every_exchange_between_agents_batched() {
-    use crate::people::{PERSON_TG, TOKEN, telegram_relay};
+    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "mirror = true\n");
     let (mut bob, _) = relay.agent("Bob");

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{Relay, ok_stdout, wait_for};
-use crate::tmux::{Tmux, start_tmux_agent};
+use crate::support::*;
 
 /// Alice (tmux) answers Bob until a reply of hers is over the budget (`--max-hops 2`): the
 /// notice typed to her is whole and names `chain extend THREAD`; a person runs it, the relay
@@ -29,7 +28,7 @@ done
 "#,
         &[],
     );
-    crate::wrap::wait_online(&relay, "Alice");
+    crate::support::wait_online(&relay, "Alice");
     let (mut bob, _) = relay.agent("Bob");
     let first = bob.send("Alice", "shall we talk at length?");
     bob.expect("ACK");

@@ -5,7 +5,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::support::{BIN, Relay, UNLIMITED, ok_stdout, wait_for};
+use crate::support::*;
 
 fn isolated_env(dir: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(BIN);
@@ -680,8 +680,8 @@ fn stop_down_all_and_forget_stop_agents_and_keep_their_messages() {
     let mut relay = Relay::start();
     let (mut alice, alice_script) = idle_agent(&relay, "Alice");
     let (mut bob, bob_script) = idle_agent(&relay, "Bob");
-    crate::wrap::wait_online(&relay, "Alice");
-    crate::wrap::wait_online(&relay, "Bob");
+    crate::support::wait_online(&relay, "Alice");
+    crate::support::wait_online(&relay, "Bob");
 
     let out = ok_stdout(&relay.cli(&["stop", "Alice"]));
     assert!(out.contains("stopped Alice"), "{out}");
@@ -689,7 +689,7 @@ fn stop_down_all_and_forget_stop_agents_and_keep_their_messages() {
     assert_eq!(processes_with(&alice_script), Vec::<String>::new());
     // Only Alice: Bob runs on.
     assert!(bob.0.try_wait().unwrap().is_none());
-    assert!(crate::wrap::is_online(&relay, "Bob"));
+    assert!(crate::support::is_online(&relay, "Bob"));
     // Stopping a stopped agent is no error; an unknown one is "not found".
     assert!(ok_stdout(&relay.cli(&["stop", "Alice"])).contains("not running"));
     assert_eq!(relay.cli(&["stop", "Nobody"]).status.code(), Some(4));
@@ -746,7 +746,7 @@ struct TmuxServer(std::path::PathBuf);
 
 impl Drop for TmuxServer {
     fn drop(&mut self) {
-        let _ = crate::wrap::tmux_in(&self.0, "default", &["kill-server"]);
+        let _ = crate::support::tmux_in(&self.0, "default", &["kill-server"]);
     }
 }
 
@@ -769,7 +769,7 @@ fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
     };
     let sessions = || {
         let out =
-            crate::wrap::tmux_in(&dir, "default", &["list-sessions", "-F", "#{session_name}"]);
+            crate::support::tmux_in(&dir, "default", &["list-sessions", "-F", "#{session_name}"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let mut scripts = Vec::new();
@@ -793,7 +793,7 @@ fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
             &script,
         ]);
         assert!(out.status.success(), "{out:?}");
-        crate::wrap::wait_online(&relay, name);
+        crate::support::wait_online(&relay, name);
         scripts.push(script);
     }
     assert!(
@@ -810,7 +810,7 @@ fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
     assert!(!sessions().contains("-Dana"), "{}", sessions());
     assert_eq!(processes_with(&scripts[0]), Vec::<String>::new());
     assert!(sessions().contains("-Erin"), "{}", sessions());
-    assert!(crate::wrap::is_online(&relay, "Erin"));
+    assert!(crate::support::is_online(&relay, "Erin"));
 
     let out = ok_stdout(&run(&["down", "--all"]));
     assert!(
@@ -1083,9 +1083,9 @@ fn misplaced_wrapper_options_are_refused_with_the_fix() {
 fn send_from_a_terminal_says_how_to_end_the_message() {
     let relay = Relay::start();
     let (_bob, _) = relay.agent("Bob");
-    let _term = crate::wrap::person_terminal(&relay, "sendtty", "{bin} send Bob");
+    let _term = crate::support::person_terminal(&relay, "sendtty", "{bin} send Bob");
     let dir = relay.dir.path();
-    let tmux = |args: &[&str]| crate::wrap::tmux_in(dir, "sendtty", args);
+    let tmux = |args: &[&str]| crate::support::tmux_in(dir, "sendtty", args);
     let pane = || {
         let out = tmux(&["capture-pane", "-p", "-J"]);
         String::from_utf8_lossy(&out.stdout).into_owned()

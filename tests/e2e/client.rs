@@ -5,7 +5,7 @@ use std::time::Duration;
 use relay_client::{Client, ClientConfig, Event, Outgoing};
 use serde_json::json;
 
-use crate::support::{Relay, nothing_before_a_marker};
+use crate::support::*;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

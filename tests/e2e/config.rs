@@ -7,8 +7,7 @@ use std::process::{Output, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::support::{Relay, ok_stdout};
-use crate::wrap::{output_of, spawn_wrapped, wait_online};
+use crate::support::*;
 
 const FILE: &str = ".agent-relay/config.toml";
 
@@ -36,16 +35,6 @@ fn status(relay: &Relay) -> Value {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs `down` when dropped: a daemon a wrapper started in the background is no child of
-/// the test, and a failing test must not leave it running.
-struct Down<'a>(&'a Relay);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.cli(&["down"]);
-    }
 }
 
 /// Each level of the order in turn: a default, the file over it, the environment over the

@@ -6,7 +6,7 @@ use std::time::Duration;
 use relay_client::{Client, ClientConfig, Event, Outgoing};
 use relay_protocol::AckStatus;
 
-use crate::support::{Relay, UNLIMITED, nothing_before_a_marker};
+use crate::support::*;
 
 const N: usize = 2000;
 const KILL_AT: usize = 900;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::support::{Relay, wait_for};
+use crate::support::*;
 
 /// Connecting agents does not rewrite `agents.json` once per connection: each rewrite costs
 /// O(agents), which made connecting 10,000 agents quadratic (~65 connections a second at the

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{Raw, Relay, api, dashboard, http, http_get, ok_stdout, wait_for};
+use crate::support::*;
 
 /// Alice sends `body` to Bob, Bob acknowledges it; returns the message id.
 fn converse(alice: &mut Raw, bob: &mut Raw, body: &str) -> String {

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::support::{Relay, dashboard, http_get, ok_stdout};
+use crate::support::*;
 
 /// A free loopback port, for a dashboard that must keep its port across a restart.
 fn free_port() -> String {

@@ -9,9 +9,7 @@ use std::time::Duration;
 use relay_standin::{Rule, Script};
 use serde_json::Value;
 
-use crate::agents::{Agent, Cli, delivery_status};
-use crate::support::{BIN, Relay, ok_stdout, wait_for};
-use crate::wrap::wait_online;
+use crate::support::*;
 
 /// Bounds a hang only (an agent CLI starting on a loaded 2-core machine).
 const LONG: Duration = Duration::from_secs(90);
@@ -92,22 +90,6 @@ fn send(relay: &Relay, to: &str, body: &str) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
-/// (to, body) of every stored message, oldest first.
-fn history(relay: &Relay) -> Vec<(String, String)> {
-    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    let mut all: Vec<(String, String)> = h
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
-            (s("to"), s("body"))
-        })
-        .collect();
-    all.reverse();
-    all
-}
-
 fn short(id: &str) -> &str {
     relay_protocol::short_id(id)
 }
@@ -177,7 +159,7 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
     assert!(
         h.iter()
             .zip(BODIES)
-            .all(|((to, b), body)| to == "Bob" && b == body),
+            .all(|(m, body)| m.to == "Bob" && m.body == body),
         "{h:?}"
     );
 }
@@ -186,9 +168,9 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
 /// 23.1), under `--delivery DELIVERY`, shows a busy marker; a message comes and waits in the
 /// wrapper; relay_inbox shows it, exactly, and it is verified; then Bob is let go. Returns
 /// Bob, his MCP client and the message's id.
-fn shown_while_busy(relay: &Relay, delivery: &str) -> (Wrapped, crate::doors::Mcp, String) {
+fn shown_while_busy(relay: &Relay, delivery: &str) -> (Wrapped, crate::support::Mcp, String) {
     let go = relay.dir.path().join("go");
-    let pipes = crate::doors::SessionPipes::new(relay, "Bob");
+    let pipes = crate::support::SessionPipes::new(relay, "Bob");
     let script = format!(
         "{}\n\
          printf 'working (esc to interrupt)'\n\
@@ -483,5 +465,11 @@ fn reads_a_noticed_message_with_relay_inbox(cli: Cli, name: &str) {
     assert_eq!(prompts[0], notice);
     let log = bob.wrap_log();
     assert_eq!(logged(&log, "typing a message", &id), 1);
-    assert_eq!(history(&relay), [(name.to_owned(), body.to_owned())]);
+    let h = history(&relay);
+    assert_eq!(
+        h.iter()
+            .map(|m| (m.to.as_str(), m.body.as_str()))
+            .collect::<Vec<_>>(),
+        [(name, body)]
+    );
 }

@@ -2,13 +2,11 @@
 //! automatic teaching.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{BIN, Relay, ok_stdout};
+use crate::support::*;
 
 /// What an agent prints: a directive followed by text at its own indentation, one with a
 /// code block and a list under it, one in a later indented paragraph.
@@ -82,176 +80,8 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
     assert_eq!(got, expected_bodies());
 }
 
-/// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
-pub(crate) struct Mcp {
-    /// The server, when this test started it (else it runs inside a wrapped agent).
-    child: Option<std::process::Child>,
-    stdin: Box<dyn Write + Send>,
-    stdout: std::io::BufReader<Box<dyn std::io::Read + Send>>,
-    next: u64,
-}
-
-impl Mcp {
-    pub(crate) fn start(relay: &Relay, name: &str) -> Self {
-        let mut child = relay
-            .command()
-            .args(["mcp", "--name", name])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        Self::over(Some(child), Box::new(stdin), Box::new(stdout))
-    }
-
-    /// A client of the server whose stdin is `stdin` and stdout `stdout`, initialized.
-    pub(crate) fn over(
-        child: Option<std::process::Child>,
-        stdin: Box<dyn Write + Send>,
-        stdout: Box<dyn std::io::Read + Send>,
-    ) -> Self {
-        let mut mcp = Self {
-            child,
-            stdin,
-            stdout: std::io::BufReader::new(stdout),
-            next: 1,
-        };
-        let init = mcp.call(
-            "initialize",
-            serde_json::json!({
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "e2e", "version": "1"}
-            }),
-        );
-        assert_eq!(init["serverInfo"]["name"], "agent-relay", "{init}");
-        assert!(init["capabilities"]["tools"].is_object(), "{init}");
-        mcp.notify("notifications/initialized");
-        mcp
-    }
-
-    fn notify(&mut self, method: &str) {
-        let msg = serde_json::json!({"jsonrpc": "2.0", "method": method});
-        writeln!(self.stdin, "{msg}").unwrap();
-    }
-
-    /// One request and its result (every line on stdout must be JSON-RPC).
-    pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
-        use std::io::BufRead;
-        let id = self.next;
-        self.next += 1;
-        let msg =
-            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(self.stdin, "{msg}").unwrap();
-        loop {
-            let mut line = String::new();
-            assert!(
-                self.stdout.read_line(&mut line).unwrap() > 0,
-                "the MCP server closed stdout"
-            );
-            let v: Value = serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("not JSON-RPC on stdout ({e}): {line:?}"));
-            if v["id"] == id {
-                assert!(v["error"].is_null(), "{v}");
-                return v["result"].clone();
-            }
-        }
-    }
-
-    /// A tool call: (is_error, text).
-    pub(crate) fn tool(&mut self, name: &str, args: Value) -> (bool, String) {
-        let r = self.call(
-            "tools/call",
-            serde_json::json!({"name": name, "arguments": args}),
-        );
-        let text = r["content"][0]["text"].as_str().unwrap_or("").to_owned();
-        (r["isError"] == true, text)
-    }
-}
-
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Pipes for an MCP server run inside a wrapped agent (so that it has the agent's environment,
-/// as a CLI's MCP server has): the agent's command is `agent-relay mcp` reading `in` and
-/// writing `out`.
-pub(crate) struct SessionPipes {
-    dir: PathBuf,
-}
-
-impl SessionPipes {
-    pub(crate) fn new(relay: &Relay, name: &str) -> Self {
-        let dir = relay.dir.path().join(format!("fifos-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in ["in", "out"] {
-            let ok = Command::new("mkfifo")
-                .arg(dir.join(f))
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "mkfifo");
-        }
-        Self { dir }
-    }
-
-    /// The agent's command: its MCP server on the pipes (the server's log in `err`).
-    pub(crate) fn command(&self) -> Vec<String> {
-        let p = |f: &str| self.dir.join(f).to_string_lossy().into_owned();
-        vec![
-            "sh".into(),
-            "-c".into(),
-            // Not `exec`: the shell keeps the terminal open (a PTY wrapper takes its closing
-            // for the agent's end).
-            r#""$0" mcp <"$1" >"$2" 2>>"$3""#.into(),
-            BIN.into(),
-            p("in"),
-            p("out"),
-            p("err"),
-        ]
-    }
-
-    /// A shell line that starts the server in the background (for an agent script that goes
-    /// on reading its terminal).
-    pub(crate) fn background(&self) -> String {
-        let p = |f: &str| self.dir.join(f).display().to_string();
-        format!(
-            "'{BIN}' mcp <'{}' >'{}' 2>>'{}' &",
-            p("in"),
-            p("out"),
-            p("err")
-        )
-    }
-
-    /// The MCP client on the pipes, once the agent's server opened them.
-    pub(crate) fn connect(&self) -> Mcp {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (inp, out) = (self.dir.join("in"), self.dir.join("out"));
-        std::thread::spawn(move || {
-            // Each open waits for the server's end of its pipe.
-            let w = std::fs::OpenOptions::new().write(true).open(inp).unwrap();
-            let r = std::fs::File::open(out).unwrap();
-            let _ = tx.send((w, r));
-        });
-        let (w, r) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("the agent's MCP server never opened its pipes"));
-        Mcp::over(None, Box::new(w), Box::new(r))
-    }
-
-    pub(crate) fn server_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("err")).unwrap_or_default()
-    }
-}
-
 /// A 40-line indented code block: what a flattening door would mangle.
-pub(crate) fn code_block() -> String {
+fn code_block() -> String {
     let mut s = String::from("Here is the fix:\n\n```rust\nfn main() {\n");
     for i in 0..36 {
         s.push_str(&format!(
@@ -343,43 +173,6 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
     assert_eq!(h.as_array().unwrap().len(), 2, "{h:#}");
 }
 
-/// Claude Code in print mode (`claude -p PROMPT`), in a fresh HOME under `dir`, talking to
-/// `standin`, with `args` before the prompt; waits for it to exit and returns its output.
-pub(crate) fn claude_print(
-    relay: &Relay,
-    standin: &relay_standin::StandIn,
-    args: &[&str],
-    prompt: &str,
-) -> std::process::Output {
-    let dir = relay.dir.path();
-    let (home, work) = (dir.join("home-print"), dir.join("work-print"));
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
-    let mut cmd = Command::new(crate::agents::Cli::Claude.path());
-    for pair in env.split_whitespace() {
-        let (k, v) = pair.split_once('=').unwrap();
-        cmd.env(k, v.trim_matches('\''));
-    }
-    let out = cmd
-        .env("HOME", &home)
-        .env("AGENT_RELAY_SOCKET", &relay.socket)
-        .env("AGENT_RELAY_DATA_DIR", relay.data_dir())
-        .current_dir(&work)
-        .args(args)
-        .args(["-p", prompt])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "claude -p failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// Real Claude Code with the relay's MCP server (`--mcp-config`, as `claude mcp add` would
 /// write it): the model calls relay_send with a 40-line code block; Bob gets it once, byte
 /// for byte, and Claude Code hands the relay's ACK back to the model as the tool result.
@@ -420,7 +213,7 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
     // The tool result Claude Code sent back to the model is the relay's receipt.
-    let results = crate::record::tool_results(&standin, 0);
+    let results = crate::support::tool_results(&standin, 0);
     assert!(
         results
             .iter()
@@ -456,13 +249,13 @@ fn wrapped_claude_print(
     let (home, work) = (dir.join(format!("home-{work}")), dir.join(work));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&work).unwrap();
-    let env = crate::agents::Cli::Claude.setup(&home, &work, &standin.base_url());
+    let env = crate::support::Cli::Claude.setup(&home, &work, &standin.base_url());
     let mut cmd = relay.command();
     for pair in env.split_whitespace() {
         let (k, v) = pair.split_once('=').unwrap();
         cmd.env(k, v.trim_matches('\''));
     }
-    let claude = crate::agents::Cli::Claude.path();
+    let claude = crate::support::Cli::Claude.path();
     let out = cmd
         .env("HOME", &home)
         .env("AGENT_RELAY_BACKEND", "pty")
@@ -532,9 +325,9 @@ fn claude_code_is_taught_its_name_the_syntax_and_the_other_agents_unless_told_no
 /// A 40-line code block with indentation, sent to a wrapped agent CLI, reaches its model's
 /// request byte for byte: typed as one bracketed paste with its lines (the profile's
 /// `multiline`), submitted once. Returns the prompt the model was given.
-fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
+fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     let relay = Relay::start();
-    let agent = crate::agents::Agent::start(&relay, cli, name, relay_standin::Script::default());
+    let agent = crate::support::Agent::start(&relay, cli, name, relay_standin::Script::default());
     agent.wait_ready();
     let body = code_block();
     let out = relay.cli(&["send", name, &body, "--json"]);
@@ -564,17 +357,17 @@ fn code_block_reaches(cli: crate::agents::Cli, name: &str) {
 
 #[test]
 fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::agents::Cli::Claude, "Bob");
+    code_block_reaches(crate::support::Cli::Claude, "Bob");
 }
 
 #[test]
 fn codex_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::agents::Cli::Codex, "Cody");
+    code_block_reaches(crate::support::Cli::Codex, "Cody");
 }
 
 #[test]
 fn gemini_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::agents::Cli::Gemini, "Gemma");
+    code_block_reaches(crate::support::Cli::Gemini, "Gemma");
 }
 
 /// The body of a directive with a 40-line indented code block under it (the continuation
@@ -600,7 +393,7 @@ fn directive_code_block() -> String {
 /// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
 #[test]
 fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::agents::Cli::Claude, "Alice");
+    directive_code_block_arrives(crate::support::Cli::Claude, "Alice");
 }
 
 /// The same from Codex CLI: its screen draws the block's lines at the directive's own
@@ -608,7 +401,7 @@ fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
 /// reply's text from Codex's session rollout (before, Bob got the first line only).
 #[test]
 fn codex_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::agents::Cli::Codex, "Cody");
+    directive_code_block_arrives(crate::support::Cli::Codex, "Cody");
 }
 
 /// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
@@ -616,13 +409,13 @@ fn codex_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
 /// recording (before, Bob got the drawn text).
 #[test]
 fn gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::agents::Cli::Gemini, "Gemma");
+    directive_code_block_arrives(crate::support::Cli::Gemini, "Gemma");
 }
 
 /// `cli`'s agent `name` (wrapped) replies with a directive to Bob (Claude Code, wrapped) whose
 /// body is a 40-line indented code block; Bob's model is asked it byte for byte, once.
-fn directive_code_block_arrives(cli: crate::agents::Cli, name: &str) {
-    use crate::agents::{Agent, Cli};
+fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
+    use crate::support::{Agent, Cli};
     let relay = Relay::start();
     let body = directive_code_block();
     // Lines and all, short of the 2,000 characters typed in full.
@@ -676,39 +469,6 @@ fn directive_code_block_arrives(cli: crate::agents::Cli, name: &str) {
         alice.wrap_log()
     );
     assert_eq!(bob.prompts().len(), 1, "asked once");
-}
-
-fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
-    let out = relay
-        .command()
-        .current_dir(dir)
-        .arg("hooks")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    ok_stdout(&out)
-}
-
-/// Real Claude Code wrapped as Bob with the relay's hooks installed, in a turn a person
-/// started ("write the report") whose answer the stand-in holds until released.
-pub(crate) fn claude_bob_held_in_a_turn(relay: &Relay) -> crate::agents::Agent<'_> {
-    use crate::agents::{Agent, Cli};
-    let work = relay.dir.path().join("work-Bob");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(relay, &work, &["install", "claude"]);
-    let bob = Agent::start(
-        relay,
-        Cli::Claude,
-        "Bob",
-        relay_standin::Script::new(vec![
-            relay_standin::Rule::contains("write the report", "Report written.").held(),
-        ]),
-    );
-    bob.wait_ready();
-    bob.person_types("write the report");
-    bob.wait_prompts(1);
-    bob
 }
 
 /// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
@@ -927,40 +687,6 @@ fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
     assert_eq!(told.matches(&want).count(), 1, "{told}");
 }
 
-/// What each main turn asked the model: the newest user message's texts, reminders and all.
-/// Claude Code 2.1.328 gives a Stop hook's additional context to the model as a reminder,
-/// `Stop hook additional context: TEXT`, in a user message of its own.
-pub(crate) fn turns(standin: &relay_standin::StandIn) -> Vec<String> {
-    standin
-        .requests()
-        .iter()
-        .filter(|r| r.kind == relay_standin::Kind::Main)
-        .map(|r| {
-            let last = r.body["messages"]
-                .as_array()
-                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-                .cloned()
-                .unwrap_or_default();
-            message_texts(&serde_json::json!({ "messages": [last] }))
-        })
-        .collect()
-}
-
-/// Every text of a Messages API request's messages, reminders and all. Claude Code 2.1.328
-/// puts a hook's additional context in a `system` message after the prompt:
-/// `UserPromptSubmit hook additional context: TEXT`.
-fn message_texts(body: &Value) -> String {
-    let mut out = Vec::new();
-    for msg in body["messages"].as_array().into_iter().flatten() {
-        match &msg["content"] {
-            Value::String(s) => out.push(s.as_str()),
-            Value::Array(blocks) => out.extend(blocks.iter().filter_map(|b| b["text"].as_str())),
-            _ => {}
-        }
-    }
-    out.join("\n")
-}
-
 /// The UserPromptSubmit door under a wrapper: a person has a half-written line in wrapped
 /// real Claude Code's input box when a three-line message comes; the wrapper holds it for
 /// them. When they submit, the relay's prompt hook asks the wrapper, which hands the message
@@ -969,7 +695,7 @@ fn message_texts(body: &Value) -> String {
 /// hook runs, verified; it is never typed and never asked again.
 #[test]
 fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() {
-    use crate::agents::{Agent, Cli};
+    use crate::support::{Agent, Cli};
     let relay = Relay::start();
     let work = relay.dir.path().join("work-Bob");
     std::fs::create_dir_all(&work).unwrap();
@@ -1013,7 +739,7 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
         "the delivery is verified",
-        || crate::agents::delivery_status(&relay, &id) == "verified",
+        || crate::support::delivery_status(&relay, &id) == "verified",
     );
     let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
     let states: Vec<&str> = t["events"]
@@ -1055,8 +781,8 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
 /// `"namespace": "mcp__relay", "name": "relay_send"`); `codex exec` never asks, so the
 /// server's tools are approved with `-c mcp_servers.relay.default_tools_approval_mode=approve`
 /// (docs/AGENTS.md), else the call fails "requires approval".
-fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: &str, tool: &str) {
-    use crate::agents::Cli;
+fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name: &str, tool: &str) {
+    use crate::support::Cli;
     let relay = Relay::start();
     let (mut bob, _) = relay.agent("Bob");
     let body = code_block();
@@ -1192,13 +918,13 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::agents::Cli, name: 
             .any(|t| t.contains("ACK [") && t.contains("accepted")),
         "{answered:#?}"
     );
-    crate::agents::kill_leftovers(&home);
+    crate::support::kill_leftovers(&home);
 }
 
 #[test]
 fn gemini_sends_through_the_mcp_server_exactly_once() {
     cli_sends_through_the_mcp_server_exactly_once(
-        crate::agents::Cli::Gemini,
+        crate::support::Cli::Gemini,
         "Gemma",
         "mcp_relay_relay_send",
     );
@@ -1207,7 +933,7 @@ fn gemini_sends_through_the_mcp_server_exactly_once() {
 #[test]
 fn codex_sends_through_the_mcp_server_exactly_once() {
     cli_sends_through_the_mcp_server_exactly_once(
-        crate::agents::Cli::Codex,
+        crate::support::Cli::Codex,
         "Cody",
         "mcp__relay/relay_send",
     );

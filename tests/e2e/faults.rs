@@ -12,8 +12,7 @@ use rand::{Rng, SeedableRng};
 use relay_client::{Client, ClientConfig, Event, Outgoing};
 use relay_protocol::AckStatus;
 
-use crate::safety::assert_nothing_dropped;
-use crate::support::{Relay, UNLIMITED, ok_stdout};
+use crate::support::*;
 
 const AGENTS: usize = 4;
 const PER_AGENT: usize = 200;
@@ -739,7 +738,7 @@ fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
         matched, read_total,
         "seed {seed}: a stand-in read a line that matches no stored message: {read:#?}"
     );
-    crate::safety::assert_nothing_dropped(&relay, &[], &[]);
+    crate::support::assert_nothing_dropped(&relay, &[], &[]);
     drop(wrappers);
     let status = relay.stop();
     assert!(status.success(), "{status}");

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Raw, Relay, UNLIMITED, ok_stdout, wait_for};
+use crate::support::*;
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
-pub fn free_port() -> u16 {
+fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -24,7 +24,7 @@ pub fn free_port() -> u16 {
 
 /// A real `nats-server` with JetStream (file storage in a temporary directory), killed when
 /// dropped. Restarting it keeps its port and its storage: the same server coming back.
-pub struct Nats {
+struct Nats {
     pub dir: tempfile::TempDir,
     pub port: u16,
     pub name: String,
@@ -144,20 +144,20 @@ impl Drop for Nats {
 }
 
 /// A relay (its own directory and socket: its own "host") joined to `cluster` as `node`.
-pub fn node(cluster: &str, node: &str) -> Relay {
+fn node(cluster: &str, node: &str) -> Relay {
     let mut args = UNLIMITED.to_vec();
     args.extend(["--cluster", cluster, "--node", node]);
     Relay::start_with(&args)
 }
 
 /// `status --json`'s federation object.
-pub fn federation(relay: &Relay) -> Value {
+fn federation(relay: &Relay) -> Value {
     let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["status", "--json"]))).unwrap();
     v["federation"].clone()
 }
 
 /// `agents --json` as name -> row.
-pub fn agents(relay: &Relay) -> HashMap<String, Value> {
+fn agents(relay: &Relay) -> HashMap<String, Value> {
     let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
     v.as_array()
         .unwrap()
@@ -167,13 +167,13 @@ pub fn agents(relay: &Relay) -> HashMap<String, Value> {
 }
 
 /// Waits until `relay` lists `name` as an agent of `node`.
-pub fn wait_listed(relay: &Relay, name: &str, on: &str) {
+fn wait_listed(relay: &Relay, name: &str, on: &str) {
     wait_listed_within(relay, name, on, Duration::from_secs(30));
 }
 
 /// [`wait_listed`] with a longer bound: a new JetStream cluster elects a leader for each
 /// stream and consumer, which takes seconds each on a busy machine.
-pub fn wait_listed_within(relay: &Relay, name: &str, on: &str, limit: Duration) {
+fn wait_listed_within(relay: &Relay, name: &str, on: &str, limit: Duration) {
     wait_for(limit, &format!("{name} listed on node {on}"), || {
         agents(relay).get(name).is_some_and(|a| a["node"] == on)
     });
@@ -182,7 +182,7 @@ pub fn wait_listed_within(relay: &Relay, name: &str, on: &str, limit: Duration) 
 /// Reads DELIVERs on `c` (acknowledging each) until one with body `marker` arrives; returns
 /// the ids of those before it, in order. The marker is sent after everything else by the same
 /// sender, and a sender's messages arrive in order: whatever came twice has come by then.
-pub fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
+fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
     let mut ids = Vec::new();
     loop {
         let f = c.expect("DELIVER");
@@ -196,7 +196,7 @@ pub fn read_until_marker(c: &mut Raw, marker: &str) -> Vec<String> {
 
 /// Sends `n` messages from `sender` to `to` (bodies tagged `tag.0`), then a marker `tag.1`, and
 /// asserts that `receiver` got each exactly once before the marker.
-pub fn exchange(
+fn exchange(
     sender: &mut Raw,
     to: &str,
     receiver: &mut Raw,
@@ -210,7 +210,7 @@ pub fn exchange(
 }
 
 /// Asserts that `ids` are exactly `want`, each once.
-pub fn exactly_once(ids: &[String], want: &[String], what: &str) {
+fn exactly_once(ids: &[String], want: &[String], what: &str) {
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for id in ids {
         *counts.entry(id).or_default() += 1;
@@ -235,7 +235,7 @@ pub fn exactly_once(ids: &[String], want: &[String], what: &str) {
 }
 
 /// Sends `n` numbered messages from `c` to `to`, each ACKed; returns their ids.
-pub fn send_many(c: &mut Raw, to: &str, n: usize, tag: &str) -> Vec<String> {
+fn send_many(c: &mut Raw, to: &str, n: usize, tag: &str) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..n {
         let id = c.send_env(
@@ -255,7 +255,7 @@ pub fn send_many(c: &mut Raw, to: &str, n: usize, tag: &str) -> Vec<String> {
 }
 
 /// Sends the marker that ends a run of messages to `to`.
-pub fn send_marker(c: &mut Raw, to: &str, marker: &str) {
+fn send_marker(c: &mut Raw, to: &str, marker: &str) {
     c.send_env(
         "SEND",
         json!({"to": to}),
@@ -802,12 +802,12 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     // Scripted agents under the real wrapper, one per node, each answering the other.
     std::fs::write(
         a.dir.path().join("ann.sh"),
-        crate::safety::answering_agent("Ben"),
+        crate::support::answering_agent("Ben"),
     )
     .unwrap();
     std::fs::write(
         b.dir.path().join("ben.sh"),
-        crate::safety::answering_agent("Ann"),
+        crate::support::answering_agent("Ann"),
     )
     .unwrap();
     let spawn = |relay: &Relay, name: &str, script: &str| {
@@ -826,7 +826,7 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     // A person on hostA starts it. Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben: each crosses the
     // nodes; Ben's answer would be hop 4: refused on hostB and typed into Ben's terminal.
     ok_stdout(&a.cli(&["send", "Ann", "please sync with Ben"]));
-    let (ben_code, ben_out) = crate::wrap::output_of(ben);
+    let (ben_code, ben_out) = crate::support::output_of(ben);
     assert_eq!(ben_code, 5, "{ben_out}");
     assert!(
         ben_out.contains("got: Relay message from Ann")
@@ -1733,15 +1733,6 @@ fn bench_cluster_leaves_no_receivers_in_the_directory() {
 /// local-only is warned about loudly by `up` and flagged by `doctor`; a loopback one is not.
 #[test]
 fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
-    struct Down<'a>(&'a Relay);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let out = self.0.cli(&["down"]);
-            if !out.status.success() {
-                eprintln!("down: {}", String::from_utf8_lossy(&out.stderr));
-            }
-        }
-    }
     let write = |relay: &Relay, text: &str| {
         let path = relay.dir.path().join(".agent-relay/config.toml");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

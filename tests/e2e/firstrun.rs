@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, wait_for};
-use crate::tmux::{Tmux, wrap_cmd};
-use crate::wrap::{is_online, output_of, spawn_wrapped};
+use crate::support::*;
 
 /// Says who it is, then echoes what it reads.
 const GUS: &str = r#"echo "I am $AGENT_RELAY_NAME"
@@ -407,7 +405,7 @@ fn attach_with_the_wrong_case_suggests_the_agent() {
     let _tmux = Tmux {
         dir: relay.dir.path(),
     };
-    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
     let out = wrap_cmd(&relay, &["attach", "alice"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
@@ -458,7 +456,7 @@ fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
     let tmux = Tmux {
         dir: relay.dir.path(),
     };
-    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
     // Inside tmux: TMUX names the server (here the test's, with no client to switch).
     let socket = String::from_utf8_lossy(&tmux.run(&["display", "-p", "#{socket_path}"]).stdout)
         .trim()
@@ -482,9 +480,9 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
     let _tmux = Tmux {
         dir: relay.dir.path(),
     };
-    crate::tmux::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
     // The person's terminal (a tmux pane of its own server) attaches to Alice's session.
-    let _term = crate::wrap::person_terminal(
+    let _term = crate::support::person_terminal(
         &relay,
         "person",
         &format!(
@@ -493,7 +491,8 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
         ),
     );
     let screen = || {
-        let out = crate::wrap::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
+        let out =
+            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -587,7 +586,7 @@ fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines
         dir: relay.dir.path(),
     };
     std::fs::write(relay.dir.path().join("zoe.sh"), BOGUS).unwrap();
-    let _term = crate::wrap::person_terminal(
+    let _term = crate::support::person_terminal(
         &relay,
         "person",
         &format!(
@@ -596,7 +595,8 @@ fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines
         ),
     );
     let screen = || {
-        let out = crate::wrap::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
+        let out =
+            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -643,7 +643,7 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
     let _tmux = Tmux {
         dir: relay.dir.path(),
     };
-    crate::tmux::start_tmux_agent(&relay, "Alice", WALK_ALICE, &["--profile", "generic"]);
+    crate::support::start_tmux_agent(&relay, "Alice", WALK_ALICE, &["--profile", "generic"]);
     // Alice's question waits for Bob, who has not connected yet.
     wait_for(
         Duration::from_secs(30),
@@ -651,14 +651,14 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
         || {
             history(&relay)
                 .iter()
-                .any(|m| m["from"] == "Alice" && m["to"] == "Bob")
+                .any(|m| m.from == "Alice" && m.to == "Bob")
         },
     );
-    crate::tmux::start_tmux_agent(&relay, "Bob", WALK_BOB, &["--profile", "generic"]);
+    crate::support::start_tmux_agent(&relay, "Bob", WALK_BOB, &["--profile", "generic"]);
     wait_for(Duration::from_secs(60), "Bob answers Alice", || {
         history(&relay)
             .iter()
-            .any(|m| m["from"] == "Bob" && m["to"] == "Alice")
+            .any(|m| m.from == "Bob" && m.to == "Alice")
     });
     let out = relay.cli(&["send", "Bob", "status?"]);
     assert!(out.status.success(), "{out:?}");
@@ -673,10 +673,10 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
     // Every message reaches its recipient's door and is verified there.
     // Four messages and the relay's one notice to Alice that Bob had not connected yet (her
     // question waited; nothing was refused), each verified by its recipient's door.
-    let verified = |all: &[Value]| {
+    let verified = |all: &[Stored]| {
         all.len() == 5
             && all.iter().all(|m| {
-                m["deliveries"]
+                m.json["deliveries"]
                     .as_array()
                     .is_some_and(|d| !d.is_empty() && d.iter().all(|d| d["status"] == "verified"))
             })
@@ -685,23 +685,13 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
         verified(&history(&relay))
     });
     let all = history(&relay);
-    let pairs: Vec<(String, String)> = all
-        .iter()
-        .map(|m| {
-            (
-                m["from"].as_str().unwrap_or("").to_owned(),
-                m["to"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect();
-    let notices: Vec<&Value> = all.iter().filter(|m| m["from"] == "relay").collect();
+    let pairs: Vec<(String, String)> = all.iter().map(|m| (m.from.clone(), m.to.clone())).collect();
+    let notices: Vec<&Stored> = all.iter().filter(|m| m.from == "relay").collect();
     assert_eq!(notices.len(), 1, "{all:#?}");
-    assert_eq!(notices[0]["to"], "Alice");
+    assert_eq!(notices[0].to, "Alice");
     assert!(
-        notices[0]["body"]
-            .as_str()
-            .is_some_and(|b| b.contains("Bob has not connected yet")),
-        "{:#}",
+        notices[0].body.contains("Bob has not connected yet"),
+        "{:#?}",
         notices[0]
     );
     for pair in [
@@ -722,15 +712,6 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
         dlq["dead_letters"].as_array().is_some_and(Vec::is_empty),
         "a dead letter on the way: {dlq:#}"
     );
-}
-
-/// Every stored message (`history --json`), as JSON.
-fn history(relay: &Relay) -> Vec<Value> {
-    let out = relay.cli(&["history", "--json"]);
-    serde_json::from_slice::<Value>(&out.stdout)
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
 }
 
 /// Waits until `f` gives a value (bounded by `limit`).

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{BIN, Raw, Relay, ok_stdout};
+use crate::support::*;
 
 /// Runs `up --foreground` with its socket at `socket` and returns its output once it exits;
 /// a daemon that starts instead is killed and the test fails.

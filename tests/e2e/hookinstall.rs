@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, wait_for};
+use crate::support::*;
 
 /// `agent-relay hooks ARGS` in `dir`; its stdout (it must succeed).
 fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
@@ -108,7 +108,12 @@ fn claude_code_does_not_call_a_stop_hook_hand_over_a_problem() {
     let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
     let id = std::thread::scope(|s| {
         let print = s.spawn(|| {
-            crate::doors::claude_print(&relay, &standin, &["--settings", &settings], "hello there")
+            crate::support::claude_print(
+                &relay,
+                &standin,
+                &["--settings", &settings],
+                "hello there",
+            )
         });
         wait_for(Duration::from_secs(60), "Alice's model is asked", || {
             !standin.prompts().is_empty()
@@ -120,7 +125,7 @@ fn claude_code_does_not_call_a_stop_hook_hand_over_a_problem() {
         id
     });
     let short = &id[id.len() - 8..];
-    let turns = crate::doors::turns(&standin);
+    let turns = crate::support::turns(&standin);
     let with_it = turns
         .iter()
         .filter(|t| t.contains(&format!("Relay message from Bob [{short}]:\n{body}")))

@@ -2,7 +2,7 @@
 //! SQLite file, spoken to with raw frames, the client crate, and the CLI.
 #![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
 
-pub(crate) mod ackfalse;
+mod ackfalse;
 mod afterfirst;
 mod agents;
 mod backends;
@@ -29,7 +29,7 @@ mod parse;
 mod people;
 mod protocol;
 mod record;
-pub(crate) mod safety;
+mod safety;
 mod shells;
 mod support;
 mod team;

@@ -7,12 +7,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::people::{WEBHOOK_SECRET, configure, secret};
-use crate::support::{Relay, ok_stdout, wait_for};
-use crate::tmux::{Tmux, start_tmux_agent};
-use crate::wrap::{output_of, spawn_wrapped, wait_online};
+use crate::support::*;
 
 /// A raw HELLO as agent `name`: the daemon's ERROR (code, message), or `None` if welcomed.
 fn hello_refusal(relay: &Relay, name: &str) -> Option<(String, String)> {
@@ -27,19 +24,6 @@ fn hello_refusal(relay: &Relay, name: &str) -> Option<(String, String)> {
         f["payload"]["code"].as_str().unwrap().to_owned(),
         f["payload"]["message"].as_str().unwrap().to_owned(),
     ))
-}
-
-/// The stored messages as (from, to, body).
-fn history(relay: &Relay) -> Vec<(String, String, String)> {
-    let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
-    h.as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
-            (s("from"), s("to"), s("body"))
-        })
-        .collect()
 }
 
 /// `human` and a declared person's name are the person's: a raw agent HELLO, `mcp --name`
@@ -95,12 +79,8 @@ fn a_persons_names_are_not_taken_by_any_agent_connection() {
         "{d}"
     );
     assert_eq!(
-        history(&relay),
-        [(
-            "human".to_owned(),
-            "Bob".to_owned(),
-            "from the real person".to_owned()
-        )]
+        history(&relay).iter().map(Stored::line).collect::<Vec<_>>(),
+        [("human", "Bob", "from the real person")]
     );
 }
 
@@ -160,7 +140,7 @@ done
     wait_for(Duration::from_secs(30), "Alice's two messages", || {
         history(&relay)
             .iter()
-            .filter(|(f, t, _)| f == "Alice" && t == "Bob")
+            .filter(|m| m.from == "Alice" && m.to == "Bob")
             .count()
             == 2
     });
@@ -249,7 +229,7 @@ done
         wait_for(
             Duration::from_secs(20),
             &format!("Alice run {run} is offline"),
-            || !crate::wrap::is_online(&relay, "Alice"),
+            || !crate::support::is_online(&relay, "Alice"),
         );
     }
     let short = |id: &str| relay_protocol::short_id(id).to_owned();
@@ -353,7 +333,9 @@ fn a_sender_told_a_name_has_not_connected_yet_is_not_told_again_after_a_relay_re
     assert_eq!(d["payload"]["body"], "marker", "told again: {d}");
     let told = history(&relay)
         .iter()
-        .filter(|(f, t, b)| f == "relay" && t == "Alice" && b.contains("has not connected yet"))
+        .filter(|m| {
+            m.from == "relay" && m.to == "Alice" && m.body.contains("has not connected yet")
+        })
         .count();
     assert_eq!(told, 1);
 }

@@ -3,7 +3,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 
-use crate::support::BIN;
+use crate::support::*;
 
 /// A word that is neither a subcommand nor a program (`agent-relay completions --help` before
 /// completions existed, `agent-relay statsu`) used to be taken for an agent CLI: it started a

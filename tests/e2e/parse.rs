@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, ok_stdout};
+use crate::support::*;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/parse/tests/fixtures");
 

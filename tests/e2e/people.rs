@@ -2,69 +2,13 @@
 //! through a Telegram bot (the Bot API stand-in) or a signed webhook (a receiver stand-in),
 //! over real HTTP, with the real daemon and wrapped scripted agents.
 
-use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::Duration;
 
 use relay_standin::people::{TelegramStandIn, WebhookStandIn};
 use serde_json::{Value, json};
 
-use crate::support::{Relay, ok_stdout, wait_for};
-use crate::wrap::{output_of, spawn_wrapped, wait_online};
-
-pub(crate) const TOKEN: &str = "4242:SECRET-bot-token-never-logged";
-pub(crate) const PERSON_TG: i64 = 42;
-pub(crate) const WEBHOOK_SECRET: &str = "webhook-shared-secret";
-
-/// A secret file with `mode`.
-pub(crate) fn secret(relay: &Relay, name: &str, text: &str, mode: u32) {
-    let path = relay.dir.path().join(name);
-    std::fs::write(&path, text).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// Writes the project's configuration file.
-pub(crate) fn configure(relay: &Relay, text: &str) {
-    let dir = relay.dir.path().join(".agent-relay");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.toml"), text).unwrap();
-}
-
-/// A relay whose person `human` is Telegram user 42 on the stand-in's bot.
-pub(crate) fn telegram_relay(tg: &TelegramStandIn, extra: &str) -> Relay {
-    let mut relay = Relay::unstarted();
-    secret(&relay, "tg.token", TOKEN, 0o600);
-    configure(
-        &relay,
-        &format!(
-            "[people.human]\ntelegram = {PERSON_TG}\n{extra}\n[adapters.telegram]\ntoken_file = \"tg.token\"\napi = \"{}\"\npoll_timeout_s = 2\nengage = \"mention-sticky\"\n",
-            tg.base_url()
-        ),
-    );
-    relay.spawn();
-    wait_online(&relay, "human");
-    relay
-}
-
-pub(crate) fn history(relay: &Relay) -> Vec<Value> {
-    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
-    match v {
-        Value::Array(a) => a,
-        v => v["messages"].as_array().cloned().unwrap_or_default(),
-    }
-}
-
-pub(crate) fn adapter(relay: &Relay, name: &str) -> Value {
-    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["adapters", "--json"]))).unwrap();
-    v["adapters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == name)
-        .cloned()
-        .unwrap_or_default()
-}
+use crate::support::*;
 
 /// A wrapped agent asks `human` a question; the bot sends it to the person's Telegram chat;
 /// the person answers by replying to it; the agent gets the answer typed in once, as a message
@@ -122,16 +66,15 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     );
     // Stored as from the person, threaded to the question.
     let messages = history(&relay);
-    let asked = messages.iter().find(|m| m["from"] == "Alice").unwrap();
+    let asked = messages.iter().find(|m| m.from == "Alice").unwrap();
     let answer = messages
         .iter()
-        .find(|m| m["body"] == "yes, delete it")
+        .find(|m| m.body == "yes, delete it")
         .unwrap();
-    assert_eq!(answer["from"], "human");
-    assert_eq!(answer["to"], "Alice");
-    assert_eq!(answer["in_reply_to"], asked["id"], "{answer}");
+    assert_eq!(answer.line(), ("human", "Alice", "yes, delete it"));
+    assert_eq!(answer.json["in_reply_to"], asked.id.as_str(), "{answer:?}");
     // In the question's thread (issue 24.1): it started none, so the question is the thread.
-    assert_eq!(answer["thread"], asked["id"], "{answer}");
+    assert_eq!(answer.thread, asked.id, "{answer:?}");
     let state = adapter(&relay, "telegram");
     assert_eq!(state["state"], "connected", "{state}");
     assert_eq!(state["received"], 2, "{state}");
@@ -288,42 +231,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A POST to the dashboard's listener, with a body; (status, JSON answer).
-pub(crate) fn post(port: u16, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
-}
-
-pub(crate) fn signed(secret: &str, ts: u64, body: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("X-Relay-Timestamp", ts.to_string()),
-        (
-            "X-Relay-Signature",
-            relay_people::sign::header_value(secret.as_bytes(), ts, body.as_bytes()),
-        ),
-    ]
-}
-
-pub(crate) fn now_s() -> u64 {
-    relay_protocol::now_ms() / 1000
 }
 
 /// Outbound: a message to the person is POSTed signed over its timestamp and body; a

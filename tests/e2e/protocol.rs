@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::support::{Relay, UNLIMITED, wait_for};
+use crate::support::*;
 
 #[test]
 fn handshake_gives_welcome_with_server_limits() {

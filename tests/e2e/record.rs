@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::doors::Mcp;
-use crate::support::{Relay, ok_stdout, wait_for};
+use crate::support::*;
 
 /// `name` has connected once and is offline now: messages to it wait in the store.
 fn known_offline(relay: &Relay, name: &str) {
@@ -16,7 +15,7 @@ fn known_offline(relay: &Relay, name: &str) {
     wait_for(
         Duration::from_secs(20),
         &format!("{name} is offline"),
-        || !crate::wrap::is_online(relay, name),
+        || !crate::support::is_online(relay, name),
     );
 }
 
@@ -122,7 +121,7 @@ fn an_mcp_server_holding_an_offline_agents_name_leaves_what_it_did_not_show() {
     assert!(one.contains("2 more waiting"), "{one}");
     drop(mcp);
     wait_for(Duration::from_secs(20), "the MCP server is gone", || {
-        !crate::wrap::is_online(&relay, "Alice")
+        !crate::support::is_online(&relay, "Alice")
     });
 
     // Alice's own connection gets the two the model was not shown, in order, and only them.
@@ -201,23 +200,6 @@ fn answers_through_mcp_are_replies_and_count_in_the_hop_budget() {
     }
 }
 
-/// The `tool_result` texts of the stand-in's requests from `from` on.
-pub(crate) fn tool_results(standin: &relay_standin::StandIn, from: usize) -> Vec<String> {
-    standin.requests()[from..]
-        .iter()
-        .flat_map(|r| {
-            r.body["messages"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|m| m["content"].as_array().into_iter().flatten())
-                .filter(|b| b["type"] == "tool_result")
-                .map(|b| b["content"].to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
 /// Issue 23.5 with real Claude Code: two `claude -p` runs in a row, each starting its own MCP
 /// server (and the relay restarted between them), read the inbox; the message waiting is
 /// shown to the first only. Before: the second run's new server showed it again.
@@ -249,14 +231,14 @@ fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
         "--allowedTools",
         "mcp__relay__relay_inbox",
     ];
-    crate::doors::claude_print(&relay, &standin, &args, "check the relay");
+    crate::support::claude_print(&relay, &standin, &args, "check the relay");
     let first = tool_results(&standin, 0);
     assert!(first.iter().any(|r| r.contains(body)), "{first:?}");
 
     relay.stop();
     relay.spawn();
     let seen = standin.requests().len();
-    crate::doors::claude_print(&relay, &standin, &args, "check the relay");
+    crate::support::claude_print(&relay, &standin, &args, "check the relay");
     let second = tool_results(&standin, seen);
     assert!(
         second.iter().any(|r| r.contains("No new relay messages.")),
@@ -343,7 +325,7 @@ fn the_persons_mailbox_keeps_an_answer_and_reply_is_threaded() {
         .spawn()
         .unwrap();
     let mut out = std::io::BufReader::new(follow.stdout.take().unwrap());
-    crate::wrap::wait_online(&relay, "human");
+    crate::support::wait_online(&relay, "human");
     bob.send("human", "one more thing");
     bob.expect("ACK");
     let mut l = String::new();
@@ -399,7 +381,7 @@ fn the_dashboard_shows_the_persons_inbox_and_replies_in_the_thread() {
     );
     let body = json!({"id": asked, "body": "yes, go"}).to_string();
     let (status, answer) =
-        crate::people::post(port, &format!("/api/reply?token={token}"), &[], &body);
+        crate::support::post(port, &format!("/api/reply?token={token}"), &[], &body);
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["to"], "Bob", "{answer}");
     let d = bob.expect("DELIVER");
@@ -506,7 +488,7 @@ fn the_unwrapped_hook_hands_over_everything_once_oldest_first_within_its_bound()
 #[test]
 fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_lost() {
     let relay = Relay::start_with(crate::support::UNLIMITED);
-    let bob = crate::doors::claude_bob_held_in_a_turn(&relay);
+    let bob = crate::support::claude_bob_held_in_a_turn(&relay);
     let bodies: Vec<String> = (0..15)
         .map(|i| format!("note {i:02}: {}", "abcdefghij".repeat(120)))
         .collect();
@@ -529,7 +511,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         // The Stop hook's hand-over reaches the model as a reminder (see `doors::turns`).
-        let prompts = crate::doors::turns(bob.standin()).join("\n");
+        let prompts = crate::support::turns(bob.standin()).join("\n");
         let missing: Vec<usize> = (0..15)
             .filter(|&i| !prompts.contains(bodies[i].as_str()))
             .collect();
@@ -633,7 +615,7 @@ done
             .spawn()
             .unwrap(),
     );
-    crate::wrap::wait_online(&relay, "Alice");
+    crate::support::wait_online(&relay, "Alice");
     let door = relay.data_dir().join("team/Alice/mcp-door.sock");
     wait_for(Duration::from_secs(20), "the hook door opens", || {
         door.exists()
@@ -682,7 +664,7 @@ fn the_hook_and_the_mcp_server_of_one_agent_never_hand_a_message_over_twice() {
     let relay = Relay::start();
     known_offline(&relay, "Alice");
     let mut mcp = Mcp::start(&relay, "Alice");
-    crate::wrap::wait_online(&relay, "Alice");
+    crate::support::wait_online(&relay, "Alice");
     let bodies: Vec<String> = (1..=2).map(|i| format!("msg {i}")).collect();
     bob_sends(&relay, "Alice", &bodies);
     let out = stop_hook(&relay, "Alice");

@@ -7,14 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Raw, Relay, ok_stdout, wait_for};
-
-/// Runs a CLI command with `--json` and parses its output.
-fn cli_json(relay: &Relay, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    serde_json::from_str(&ok_stdout(&relay.cli(&all))).unwrap()
-}
+use crate::support::*;
 
 /// The states in a message's trace, in order, as `state` or `state@recipient`.
 fn stages(relay: &Relay, id: &str) -> Vec<String> {
@@ -45,83 +38,6 @@ fn wait_stages(relay: &Relay, id: &str, want: &[&str]) -> Vec<String> {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The invariant that catches a silent drop anywhere: every (message, recipient) stored ended
-/// acknowledged (acked/verified), or is in the dead-letter queue with a reason, or is still
-/// queued for a recipient in `may_wait`; and every refusal the senders were told about (`nacked`
-/// ids) is in the dead-letter queue too. Returns (acknowledged, dead-lettered) counts.
-pub fn assert_nothing_dropped(relay: &Relay, may_wait: &[&str], nacked: &[String]) -> (u64, u64) {
-    let dlq = cli_json(relay, &["dlq", "list", "--all", "--limit", "1000"]);
-    let dead: Vec<&Value> = dlq["dead_letters"].as_array().unwrap().iter().collect();
-    for d in &dead {
-        assert!(
-            !d["reason"].as_str().unwrap().is_empty() && !d["code"].as_str().unwrap().is_empty(),
-            "a dead letter without a reason: {d}"
-        );
-    }
-    let in_dlq: HashSet<(String, String)> = dead
-        .iter()
-        .map(|d| {
-            (
-                d["msg_id"].as_str().unwrap().to_owned(),
-                d["recipient"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    let refused_ids: HashSet<&str> = dead
-        .iter()
-        .filter(|d| d["pos"].is_null())
-        .map(|d| d["msg_id"].as_str().unwrap())
-        .collect();
-    for id in nacked {
-        assert!(
-            refused_ids.contains(id.as_str()),
-            "{id} was refused but is not in the dead-letter queue"
-        );
-    }
-    let (mut acked, mut dead_count) = (0, 0);
-    // One page per sender (a page holds at most 1,000): every known agent, people and the
-    // relay's own notices.
-    let agents = cli_json(relay, &["agents"]);
-    let mut senders: Vec<String> = agents
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap().to_owned())
-        .collect();
-    senders.extend(["relay".to_owned(), "human".to_owned()]);
-    for sender in &senders {
-        let page = cli_json(relay, &["history", "--from", sender, "--limit", "1000"]);
-        let page = page.as_array().unwrap();
-        assert!(
-            page.len() < 1000,
-            "more messages from {sender} than one page: extend this check"
-        );
-        for m in page {
-            for d in m["deliveries"].as_array().unwrap() {
-                let r = d["recipient"].as_str().unwrap();
-                match d["status"].as_str().unwrap() {
-                    "acked" | "verified" => acked += 1,
-                    "failed" | "expired" => {
-                        let key = (m["id"].as_str().unwrap().to_owned(), r.to_owned());
-                        assert!(
-                            in_dlq.contains(&key),
-                            "{key:?} was not delivered and is not in the dead-letter queue"
-                        );
-                        dead_count += 1;
-                    }
-                    "queued" => assert!(
-                        may_wait.contains(&r),
-                        "message {} to {r} is still queued: {m}",
-                        m["id"]
-                    ),
-                    other => panic!("unknown status {other}"),
-                }
-            }
-        }
-    }
-    (acked, dead_count)
 }
 
 /// Reads until a frame of type `ty`, answering PINGs and collecting notices (DELIVERs from
@@ -736,22 +652,6 @@ fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
     }
 }
 
-/// An agent (a shell script under the real wrapper) that answers every relayed message from
-/// `peer`, as agents left alone do, and stops only when the relay refuses it.
-pub(crate) fn answering_agent(peer: &str) -> String {
-    format!(
-        r#"n=0
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"was not sent"*) exit 5;;
-    *"Relay message from {peer}"*|*"Relay message from human"*) n=$((n+1)); echo "@relay:{peer} acknowledged $n";;
-  esac
-done
-"#
-    )
-}
-
 #[test]
 fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
     use std::process::Stdio;
@@ -769,13 +669,13 @@ fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
     };
     let ann = spawn("Ann", "ann.sh");
     let ben = spawn("Ben", "ben.sh");
-    crate::wrap::wait_online(&relay, "Ann");
-    crate::wrap::wait_online(&relay, "Ben");
+    crate::support::wait_online(&relay, "Ann");
+    crate::support::wait_online(&relay, "Ben");
     // A person starts it; the wrappers mark each answer as a reply to what was typed in.
     ok_stdout(&relay.cli(&["send", "Ann", "please sync with Ben"]));
     // Hop 1 Ann→Ben, 2 Ben→Ann, 3 Ann→Ben; Ben's answer would be hop 4: refused, and the
     // refusal is typed into Ben's terminal, where the script sees it and stops.
-    let (ben_code, ben_out) = crate::wrap::output_of(ben);
+    let (ben_code, ben_out) = crate::support::output_of(ben);
     assert_eq!(ben_code, 5, "{ben_out}");
     assert!(
         ben_out.contains("got: relay: your message to Ann was not sent")

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, signal_pid, wait_for};
-use crate::wrap::wait_online;
+use crate::support::*;
 
 /// The prompt every shell here shows: a command has finished when it is printed again.
 const PROMPT: &str = "ready> ";
@@ -196,15 +195,15 @@ enum RecallPane<'a> {
     // The terminal is held for its drop, which kills its tmux server with the test.
     Pty(
         &'a std::path::Path,
-        #[allow(dead_code)] crate::wrap::PersonTerminal,
+        #[allow(dead_code)] crate::support::PersonTerminal,
     ),
-    Tmux(&'a crate::tmux::Tmux<'a>, String),
+    Tmux(&'a crate::support::Tmux<'a>, String),
 }
 
 impl RecallPane<'_> {
     fn run(&self, args: &[&str]) -> std::process::Output {
         match self {
-            RecallPane::Pty(dir, _) => crate::wrap::tmux_in(dir, "relayrecall", args),
+            RecallPane::Pty(dir, _) => crate::support::tmux_in(dir, "relayrecall", args),
             RecallPane::Tmux(tmux, _) => tmux.run(args),
         }
     }
@@ -241,22 +240,22 @@ impl RecallPane<'_> {
 /// waits, typed neither onto the line nor run with it, until the person clears the line, and
 /// then goes in on its own. Before the fix it was typed onto the half-edited command and its
 /// Enter ran it (`hello-from-his: Relay message ...`).
-fn a_recalled_command(backend: crate::backends::Backend) {
+fn a_recalled_command(backend: crate::support::Backend) {
     let relay = Relay::start();
     let dir = relay.dir.path();
     // The test's tmux server (the agent's session, under tmux), killed with the test.
-    let tmux = crate::tmux::Tmux { dir };
+    let tmux = crate::support::Tmux { dir };
     let pane = match backend {
-        crate::backends::Backend::Pty => RecallPane::Pty(
+        crate::support::Backend::Pty => RecallPane::Pty(
             dir,
-            crate::wrap::person_terminal(
+            crate::support::person_terminal(
                 &relay,
                 "relayrecall",
                 "AGENT_RELAY_LOG=relay_wrap=debug {bin} wrap -n Sam -- bash --norc --noprofile -i",
             ),
         ),
-        crate::backends::Backend::Tmux => {
-            let out = crate::tmux::wrap_cmd(
+        crate::support::Backend::Tmux => {
+            let out = crate::support::wrap_cmd(
                 &relay,
                 &[
                     "wrap",
@@ -275,7 +274,7 @@ fn a_recalled_command(backend: crate::backends::Backend) {
             .output()
             .unwrap();
             assert!(out.status.success(), "{out:?}");
-            RecallPane::Tmux(&tmux, crate::tmux::session_of(&relay, "Sam"))
+            RecallPane::Tmux(&tmux, crate::support::session_of(&relay, "Sam"))
         }
     };
     let log = relay.data_dir().join("team/Sam/wrap.log");
@@ -312,7 +311,7 @@ fn a_recalled_command(backend: crate::backends::Backend) {
     let sent: Value = serde_json::from_str(&sent).unwrap();
     let id = sent["id"].as_str().unwrap().to_owned();
     // The wrapper has the message due and holds it (an event in its log, not a wait).
-    crate::tmux::held_for_a_person(&relay, &tmux, "Sam", &id);
+    crate::support::held_for_a_person(&relay, &tmux, "Sam", &id);
     let status = || {
         let v: Value =
             serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap_or_default();
@@ -342,10 +341,10 @@ fn a_recalled_command(backend: crate::backends::Backend) {
 
 #[test]
 fn a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto() {
-    a_recalled_command(crate::backends::Backend::Pty);
+    a_recalled_command(crate::support::Backend::Pty);
 }
 
 #[test]
 fn a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto() {
-    a_recalled_command(crate::backends::Backend::Tmux);
+    a_recalled_command(crate::support::Backend::Tmux);
 }

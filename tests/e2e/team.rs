@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::doors::Mcp;
-use crate::support::{Relay, ok_stdout, wait_for};
-use crate::tmux::{Tmux, start_tmux_agent};
+use crate::support::*;
 
 /// A worker: a message with "work" in it keeps it printing (busy) until the file `gate`
 /// exists, then it says "done"; the file `quit` makes it exit 3 instead.

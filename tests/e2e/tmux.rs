@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Relay, ok_stdout, pid_in, signal_pid, wait_for};
-use crate::wrap::{is_online, output_of, wait_online};
+use crate::support::*;
 
 /// Replies to every relayed message, and to a person's `person:` lines, on a line of its own.
 const ECHO_AGENT: &str = r#"echo "I am $AGENT_RELAY_NAME"
@@ -20,94 +19,6 @@ while IFS= read -r line; do
   esac
 done
 "#;
-
-/// The test's tmux server, killed (with every session on it) when dropped; the relaying
-/// processes notice and end.
-pub(crate) struct Tmux<'a> {
-    pub(crate) dir: &'a Path,
-}
-
-impl Tmux<'_> {
-    pub(crate) fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new("tmux")
-            .env("TMUX_TMPDIR", self.dir)
-            .env_remove("TMUX")
-            .args(args)
-            .output()
-            .expect("tmux is installed (.ci/run installs it)")
-    }
-
-    pub(crate) fn pane(&self, session: &str) -> String {
-        let out = self.run(&[
-            "capture-pane",
-            "-p",
-            "-J",
-            "-S",
-            "-",
-            "-t",
-            &format!("={session}:"),
-        ]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    pub(crate) fn has(&self, session: &str) -> bool {
-        self.run(&["has-session", "-t", &format!("={session}")])
-            .status
-            .success()
-    }
-}
-
-impl Drop for Tmux<'_> {
-    fn drop(&mut self) {
-        let _ = self.run(&["kill-server"]);
-    }
-}
-
-/// `agent-relay <args>` in the relay's directory, with the test's tmux server.
-pub(crate) fn wrap_cmd(relay: &Relay, args: &[&str]) -> Command {
-    let mut c = relay.command();
-    c.current_dir(relay.dir.path())
-        .env("TMUX_TMPDIR", relay.dir.path())
-        .env("AGENT_RELAY_LOG", "relay_wrap=debug,info")
-        // As on a CI machine: the variable reaches the tmux server's global environment too,
-        // and the agents must not see it (`relay_wrap::NOT_INHERITED`).
-        .env("CI", "true")
-        .env_remove("TMUX")
-        .args(args)
-        .stdin(Stdio::null());
-    c
-}
-
-/// Starts `script` as agent `name` in tmux, detached; returns its session name.
-pub(crate) fn start_tmux_agent(relay: &Relay, name: &str, script: &str, extra: &[&str]) -> String {
-    start_tmux_agent_with(relay, name, script, extra, &[])
-}
-
-/// [`start_tmux_agent`] with more environment for the wrapper (and the agent).
-fn start_tmux_agent_with(
-    relay: &Relay,
-    name: &str,
-    script: &str,
-    extra: &[&str],
-    env: &[(&str, &Path)],
-) -> String {
-    let file = relay.dir.path().join(format!("{name}.sh"));
-    std::fs::write(&file, script).unwrap();
-    let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "sh", file.to_str().unwrap()]);
-    let out = wrap_cmd(relay, &args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains(&format!("attach with: agent-relay attach {name}")),
-        "{err}"
-    );
-    session_of(relay, name)
-}
 
 /// `wrap --backend tmux --detached -n NAME -- sh ARGS...`.
 fn tmux_wrap(relay: &Relay, name: &str, script_args: &[&str]) -> std::process::Output {
@@ -129,117 +40,6 @@ fn rerun(relay: &Relay, name: &str) -> std::process::Output {
     tmux_wrap(relay, name, &["unused.sh"])
 }
 
-pub(crate) fn session_of(relay: &Relay, name: &str) -> String {
-    let base = relay
-        .dir
-        .path()
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .replace(
-            |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_',
-            "_",
-        );
-    format!("{base}-{name}")
-}
-
-/// Every stored message as (from, to, body).
-pub(crate) fn history(relay: &Relay) -> Vec<(String, String, String)> {
-    let h: Value =
-        serde_json::from_slice(&relay.cli(&["history", "--json", "--limit", "1000"]).stdout)
-            .unwrap_or_default();
-    let mut v: Vec<_> = h
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|m| {
-                    (
-                        m["from"].as_str().unwrap_or("").to_owned(),
-                        m["to"].as_str().unwrap_or("").to_owned(),
-                        m["body"].as_str().unwrap_or("").to_owned(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.reverse();
-    v
-}
-
-/// Waits until agent `name`'s wrapper has message `id` due and holds it for a person's
-/// half-written line (their keys under the PTY, the input line under tmux), then checks it
-/// did not type it: a wrapper that typed over a person would type at that moment instead.
-pub(crate) fn held_for_a_person(relay: &Relay, tmux: &Tmux<'_>, name: &str, id: &str) {
-    let log = relay.data_dir().join(format!("team/{name}/wrap.log"));
-    let queued = format!("a message waits to be typed id={id}");
-    wait_or_dump(
-        relay,
-        tmux,
-        &format!("{name}'s wrapper holds {id} for the person"),
-        || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.find(&queued).is_some_and(|at| {
-                text[at..].contains("a message is due; held while a person has a half-written line")
-                    || text[at..].contains("not ready for a message why=InputNotEmpty")
-                    || text[at..].contains("typing a message")
-            })
-        },
-    );
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        !text.contains(&format!("typing a message id={id}")),
-        "typed over a person:\n{text}"
-    );
-}
-
-/// Waits until `cond`; on timeout fails with what every session shows and every wrapper
-/// logged, and the relay's history.
-pub(crate) fn wait_or_dump(
-    relay: &Relay,
-    tmux: &Tmux<'_>,
-    what: &str,
-    mut cond: impl FnMut() -> bool,
-) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting until {what}\nhistory: {:?}\n{}",
-                history(relay),
-                dump(relay, tmux)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// What every session shows and every wrapper logged: for a failure's message.
-pub(crate) fn dump(relay: &Relay, tmux: &Tmux<'_>) -> String {
-    let mut dump = String::new();
-    let sessions = tmux.run(&["list-sessions", "-F", "#{session_name}"]);
-    for s in String::from_utf8_lossy(&sessions.stdout).lines() {
-        let info = tmux.run(&[
-            "display-message",
-            "-p",
-            "-t",
-            &format!("={s}:"),
-            "dead=#{pane_dead} status=#{pane_dead_status} cmd=#{pane_current_command}",
-        ]);
-        dump.push_str(&format!(
-            "--- pane {s} ({}):\n{}\n",
-            String::from_utf8_lossy(&info.stdout).trim(),
-            tmux.pane(s)
-        ));
-    }
-    if let Ok(dirs) = std::fs::read_dir(relay.data_dir().join("team")) {
-        for d in dirs.flatten() {
-            let log = std::fs::read_to_string(d.path().join("wrap.log")).unwrap_or_default();
-            dump.push_str(&format!("--- {}/wrap.log:\n{log}\n", d.path().display()));
-        }
-    }
-    dump
-}
-
 fn count(hay: &str, needle: &str) -> usize {
     hay.matches(needle).count()
 }
@@ -250,9 +50,9 @@ fn agents_on_different_backends_talk_both_ways() {
     let tmux = Tmux {
         dir: relay.dir.path(),
     };
-    start_tmux_agent(&relay, "Bob", crate::wrap::BOB, &[]);
+    start_tmux_agent(&relay, "Bob", crate::support::BOB, &[]);
     wait_online(&relay, "Bob");
-    std::fs::write(relay.dir.path().join("alice.sh"), crate::wrap::ALICE).unwrap();
+    std::fs::write(relay.dir.path().join("alice.sh"), crate::support::ALICE).unwrap();
     let alice = wrap_cmd(
         &relay,
         &[
@@ -282,10 +82,10 @@ fn agents_on_different_backends_talk_both_ways() {
     );
     assert_eq!(count(&out, "got: Relay message from Bob ["), 1, "{out}");
     assert_eq!(
-        history(&relay),
+        history(&relay).iter().map(Stored::line).collect::<Vec<_>>(),
         vec![
-            ("Alice".into(), "Bob".into(), "hello from alice".into()),
-            ("Bob".into(), "Alice".into(), "thanks for the hello".into()),
+            ("Alice", "Bob", "hello from alice"),
+            ("Bob", "Alice", "thanks for the hello"),
         ]
     );
 }
@@ -419,7 +219,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
     // Every chain runs to its end: `cK 5`.
     wait_or_dump(&relay, &tmux, "every chain ends", || {
         let h = history(&relay);
-        (0..chains).all(|k| h.iter().any(|(_, _, b)| b == &format!("c{k} 5")))
+        (0..chains).all(|k| h.iter().any(|m| m.body == format!("c{k} 5")))
     });
     // ... and its last message has been typed in (no delivery still waiting).
     wait_or_dump(&relay, &tmux, "every delivery is settled", || {
@@ -434,10 +234,10 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
             })
         })
     });
-    let (delivered, dead) = crate::safety::assert_nothing_dropped(&relay, &[], &[]);
+    let (delivered, dead) = crate::support::assert_nothing_dropped(&relay, &[], &[]);
     let h = history(&relay);
     // Relayed once: each token hop is one stored message.
-    let mut bodies: Vec<&str> = h.iter().map(|(_, _, b)| b.as_str()).collect();
+    let mut bodies: Vec<&str> = h.iter().map(|m| m.body.as_str()).collect();
     bodies.sort_unstable();
     let before = bodies.len();
     bodies.dedup();
@@ -448,7 +248,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
     );
     assert_eq!(before, chains * 6, "{h:#?}");
     // Typed once: each message shows once as read by its recipient.
-    for (from, to, body) in &h {
+    for Stored { from, to, body, .. } in &h {
         let pane = tmux.pane(&sessions[names.iter().position(|n| n == to).unwrap()]);
         let typed = pane
             .lines()
@@ -498,7 +298,7 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
     });
     let dir = relay.dir.path();
     // Attach, and once detached attach again after the person presses Enter.
-    let _terminal = crate::wrap::person_terminal(
+    let _terminal = crate::support::person_terminal(
         &relay,
         "relayattach",
         &format!(
@@ -507,7 +307,7 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
             dir.display()
         ),
     );
-    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayattach", args);
+    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayattach", args);
     let screen =
         || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
     wait_or_dump(&relay, &tmux, "the person sees Dana's session", || {
@@ -659,7 +459,7 @@ fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
     };
     let dir = relay.dir.path();
     std::fs::write(dir.join("Erin.sh"), ECHO_AGENT).unwrap();
-    let _terminal = crate::wrap::person_terminal(
+    let _terminal = crate::support::person_terminal(
         &relay,
         "relaykilled",
         &format!(
@@ -667,7 +467,7 @@ fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
             dir.display()
         ),
     );
-    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relaykilled", args);
+    let person = |args: &[&str]| crate::support::tmux_in(dir, "relaykilled", args);
     let screen =
         || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
     wait_for(Duration::from_secs(20), "the person sees Erin", || {
@@ -922,7 +722,7 @@ fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
     };
     let alice = start_ping_pong(&relay, &[]);
     let dir = relay.dir.path();
-    let _terminal = crate::wrap::person_terminal(
+    let _terminal = crate::support::person_terminal(
         &relay,
         "relayturns",
         &format!(
@@ -930,7 +730,7 @@ fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
             dir.display()
         ),
     );
-    let person = |args: &[&str]| crate::wrap::tmux_in(dir, "relayturns", args);
+    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayturns", args);
     let rounds = 4;
     for i in 1..=rounds {
         wait_for_alices_prompt(&relay, &tmux, &alice);
@@ -1051,7 +851,7 @@ fn a_killed_control_client_is_replaced_and_nothing_is_lost_or_doubled() {
     };
     ok_stdout(&relay.cli(&["send", "Bob", "before"]));
     wait_or_dump(&relay, &tmux, "Bob answers the first message", || {
-        history(&relay).iter().any(|(_, _, b)| b == "ack before")
+        history(&relay).iter().any(|m| m.body == "ack before")
     });
     let old = control_clients();
     assert_eq!(old.len(), 1, "one control client: {old:?}");
@@ -1072,15 +872,17 @@ fn a_killed_control_client_is_replaced_and_nothing_is_lost_or_doubled() {
     ok_stdout(&relay.cli(&["send", "Bob", "after"]));
     wait_or_dump(&relay, &tmux, "both answers are relayed", || {
         let h = history(&relay);
-        h.iter().any(|(_, _, b)| b == "ack after kill")
-            && h.iter().any(|(_, _, b)| b == "ack after")
+        h.iter().any(|m| m.body == "ack after kill") && h.iter().any(|m| m.body == "ack after")
     });
     wait_or_dump(&relay, &tmux, "everything read is settled", || {
         settled(&relay, "Bob")
     });
     let h = history(&relay);
     for body in ["ack before", "ack after kill", "ack after"] {
-        let n = h.iter().filter(|(f, _, b)| f == "Bob" && b == body).count();
+        let n = h
+            .iter()
+            .filter(|m| m.from == "Bob" && m.body == body)
+            .count();
         assert_eq!(n, 1, "{body:?} relayed {n} times: {h:#?}");
     }
     let pane = tmux.pane(&bob);
@@ -1435,13 +1237,13 @@ done
     wait_or_dump(&relay, &tmux, "Bob's directive is relayed", || {
         history(&relay)
             .iter()
-            .any(|(f, _, b)| f == "Bob" && b == "split across the capture")
+            .any(|m| m.from == "Bob" && m.body == "split across the capture")
     });
     wait_or_dump(&relay, &tmux, "everything read is settled", || {
         settled(&relay, "Bob")
     });
     let h = history(&relay);
-    let from_bob: Vec<_> = h.iter().filter(|(f, _, _)| f == "Bob").collect();
+    let from_bob: Vec<_> = h.iter().filter(|m| m.from == "Bob").collect();
     assert_eq!(from_bob.len(), 1, "{h:#?}");
 }
 
@@ -1499,7 +1301,7 @@ done
     let from_cody = || {
         history(&relay)
             .iter()
-            .filter(|(f, t, b)| f == "Cody" && t == "Bob" && b == "the same line")
+            .filter(|m| m.from == "Cody" && m.to == "Bob" && m.body == "the same line")
             .count()
     };
     for (n, word) in ["one", "two", "three"].iter().enumerate() {

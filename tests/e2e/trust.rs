@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Raw, Relay, UNLIMITED, dashboard, http, http_get, ok_stdout, wait_for};
+use crate::support::*;
 
 /// Frames in `bytes` (complete ones only; a cut last frame is left out).
 fn frames(bytes: &[u8]) -> Vec<Value> {
@@ -91,9 +91,9 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
 fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
     const N: usize = 20_000;
     let relay = Relay::start_with(UNLIMITED);
-    let mut bob = crate::ackfalse::connect_bob(&relay);
+    let mut bob = crate::support::connect_bob(&relay);
     // Bob reads nothing while everything is stored for him.
-    let sent = crate::ackfalse::alice_sends_bob(&relay, N);
+    let sent = crate::support::alice_sends_bob(&relay, N);
     // Bob stops reading for good: from here the daemon's writes to him fail (EPIPE), so what
     // is in his socket buffer now is exactly what was written to him.
     bob.stream.shutdown(Shutdown::Read).unwrap();
@@ -116,7 +116,7 @@ fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
         .collect();
     let before = got.len();
     // Bob comes back (the daemon may still be closing his first connection: retry the name).
-    let mut bob = crate::ackfalse::connect_bob(&relay);
+    let mut bob = crate::support::connect_bob(&relay);
     let end = Instant::now() + Duration::from_secs(120);
     while got.len() < N {
         assert!(

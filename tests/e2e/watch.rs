@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Raw, Relay};
+use crate::support::*;
 
 /// A running `agent-relay watch` whose stdout lines arrive on a channel.
 struct Watcher {

@@ -1,130 +1,11 @@
 //! The wrapper: agents run in real PTYs under `agent-relay`, talking through a real daemon.
 
-use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{BIN, Relay, ok_stdout, wait_for};
-
-pub(crate) const BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; exit 0;;
-  esac
-done
-"#;
-
-pub(crate) const ALICE: &str = r#"echo "@relay:Bob hello from alice"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"Relay message from Bob"*) exit 7;; esac
-done
-"#;
-
-/// Runs a tmux command on a private server (`-L server`, sockets under `dir`).
-pub(crate) fn tmux_in(dir: &std::path::Path, server: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("tmux")
-        .env("TMUX_TMPDIR", dir)
-        .args(["-L", server])
-        .args(args)
-        .output()
-        .expect("tmux is installed (.ci/run installs it)")
-}
-
-/// A person's terminal: a private tmux server, killed with whatever runs in it when this is
-/// dropped, so a failing test leaves nothing running.
-#[must_use = "the terminal's tmux server is killed when this is dropped"]
-pub(crate) struct PersonTerminal {
-    dir: std::path::PathBuf,
-    server: String,
-}
-
-impl Drop for PersonTerminal {
-    fn drop(&mut self) {
-        let _ = tmux_in(&self.dir, &self.server, &["kill-server"]);
-    }
-}
-
-/// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with
-/// this relay's environment: a person's terminal. `{bin}` in `commands` is the binary.
-pub(crate) fn person_terminal(relay: &Relay, server: &str, commands: &str) -> PersonTerminal {
-    let dir = relay.dir.path();
-    let script = dir.join(format!("{server}.sh"));
-    let body = format!(
-        // A person's usual terminal, whatever the machine running the tests sets: colour on.
-        "#!/bin/sh\nunset NO_COLOR\nexport AGENT_RELAY_DATA_DIR='{}' AGENT_RELAY_SOCKET='{}' AGENT_RELAY_BACKEND=pty\n{}\nsleep 60\n",
-        relay.data_dir().display(),
-        relay.socket.display(),
-        commands.replace("{bin}", &format!("'{BIN}'")),
-    );
-    std::fs::write(&script, body).unwrap();
-    let out = tmux_in(
-        dir,
-        server,
-        &[
-            "new-session",
-            "-d",
-            "-x",
-            "120",
-            "-y",
-            "30",
-            "sh",
-            script.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PersonTerminal {
-        dir: dir.to_path_buf(),
-        server: server.to_owned(),
-    }
-}
-
-/// Starts `agent-relay ARGS` in the relay's directory (the agent scripts live there), with no
-/// terminal and its output captured: a wrapped agent for [`output_of`].
-pub(crate) fn spawn_wrapped(relay: &Relay, args: &[&str]) -> Child {
-    relay
-        .command()
-        .current_dir(relay.dir.path())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for a wrapped agent to exit (killing it after 90 s, so a lost message fails the test
-/// instead of hanging it); its exit code and what it printed.
-pub(crate) fn output_of(mut child: Child) -> (i32, String) {
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = stdout.read_to_string(&mut out);
-        out
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the wrapped agent did not exit within 90 s; it printed:\n{}",
-                reader.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code().unwrap_or(-1), reader.join().unwrap())
-}
+use crate::support::*;
 
 /// `NO_COLOR` is the person's to set, and passed on; where it hides what the parser relies
 /// on (Claude Code's code blocks), the wrapper says so at start.
@@ -331,29 +212,6 @@ done
     assert_eq!(h.as_array().unwrap().len(), 0, "{h}");
 }
 
-/// A person's half-written line is never typed over: the relayed message waits until the
-/// line is submitted, then follows it.
-/// Waits until the dashboard shows `agent` as `state`; returns its row then.
-pub(crate) fn wait_shown(port: u16, token: &str, agent: &str, state: &str) -> Value {
-    wait_for(
-        Duration::from_secs(10),
-        &format!("{agent} shows {state}"),
-        || agent_view(port, token, agent)["state"] == state,
-    );
-    agent_view(port, token, agent)
-}
-
-/// `agent`'s row in the dashboard's `/api/agents`.
-fn agent_view(port: u16, token: &str, agent: &str) -> Value {
-    crate::support::api(port, token, "/api/agents")["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == agent)
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// An agent showing a dialog (a marker of its profile's `dialogs`) gets nothing typed in: a
 /// message waits, and the dashboard shows the agent blocked and why, until a person answers
 /// and the dialog is gone; then the message is typed, once.
@@ -463,35 +321,6 @@ fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
             && out.contains(r"]: pasted text\x1b[201~\n'"),
         "{out}"
     );
-}
-
-pub(crate) fn is_online(relay: &Relay, name: &str) -> bool {
-    let v: Value =
-        serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap_or_default();
-    v.as_array()
-        .is_some_and(|a| a.iter().any(|x| x["name"] == name && x["online"] == true))
-}
-
-pub(crate) fn wait_online(relay: &Relay, name: &str) {
-    wait_for(
-        Duration::from_secs(20),
-        &format!("{name} is connected"),
-        || is_online(relay, name),
-    );
-}
-
-/// A wrapped agent that prints what it reads and exits once it has read `until`.
-pub(crate) fn listener(relay: &Relay, name: &str, until: &str) -> Child {
-    relay
-        .command()
-        .args(["wrap", "--no-input", "-n", name, "--", "sh", "-c"])
-        .arg(format!(
-            r#"while IFS= read -r l; do echo "got: $l"; case "$l" in *"{until}"*) exit 0;; esac; done"#
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 #[test]

@@ -204,79 +204,104 @@ async fn a_message_waits_while_the_agent_is_busy_and_is_typed_once_it_is_idle() 
     rig.end().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_persons_half_written_line_is_never_typed_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path(), true);
-    rig.print(screen(IDLE));
-    // The person starts a line at the wrapper's terminal; it goes to the agent.
-    rig.keys(b"fix the");
-    rig.deliver(message("m-person", "hello"));
-    settle(60_000).await;
-    assert_eq!(rig.typed(), vec![Typed::Keys(b"fix the".to_vec())]);
-    assert_eq!(
-        rig.reported(),
-        Some((TerminalState::Blocked, Some("a person is typing".into())))
-    );
-    // They finish it; the agent works on it, then is idle: the message follows.
-    rig.keys(b" tests\r");
-    rig.print(screen(BUSY));
-    settle(5_000).await;
-    assert!(rig.texts().is_empty(), "typed while the agent works");
-    rig.print(screen(IDLE));
-    settle(1_000).await;
-    assert_eq!(rig.texts().len(), 1);
-    assert_eq!(rig.acks().len(), 1);
-    rig.end().await;
+/// A message held back while the terminal is not the agent's to type into: who holds it,
+/// what the wrapper reports, and what lets it go.
+struct Hold {
+    /// What the case is, for a failure's message.
+    case: &'static str,
+    /// The PTY backend (the person's keys come through the wrapper) or tmux (they do not).
+    pty: bool,
+    /// What the terminal shows, and the person's keys, before the message comes.
+    before: fn(&Rig),
+    /// The person's keys `before` passes through to the agent (all it may be given while held).
+    keys: &'static [u8],
+    /// The blocked state's reason, as reported.
+    why: &'static str,
+    /// What ends the hold.
+    release: fn(&Rig),
+    /// Whether the agent then works (on the person's line): nothing is typed meanwhile.
+    works_after: bool,
 }
 
-#[tokio::test(start_paused = true)]
-async fn text_in_the_input_line_holds_a_message_back_under_tmux() {
-    // tmux: the person's keys do not come through the wrapper; their half-written line is
-    // seen on the screen, in the input line.
-    let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path(), false);
-    rig.print(screen("done.\n> fix the"));
-    rig.deliver(message("m-line", "hello"));
-    settle(60_000).await;
-    assert_eq!(rig.typed(), vec![]);
-    assert_eq!(
-        rig.reported(),
-        Some((
-            TerminalState::Blocked,
-            Some("text in its input line".into())
-        ))
-    );
-    // Submitted (or cleared): the input line is empty again.
-    rig.print(screen(IDLE));
-    settle(1_000).await;
-    assert_eq!(rig.texts().len(), 1);
-    rig.end().await;
-}
+/// Every way a message is held back: nothing typed in a minute, the state reported blocked
+/// with its reason, and the message typed once after the hold ends.
+const HOLDS: &[Hold] = &[
+    Hold {
+        case: "a person's half-written line is never typed over",
+        pty: true,
+        before: |rig| {
+            rig.print(screen(IDLE));
+            // The person starts a line at the wrapper's terminal; it goes to the agent.
+            rig.keys(b"fix the");
+        },
+        keys: b"fix the",
+        why: "a person is typing",
+        // They finish it; the agent works on it (below: then is idle).
+        release: |rig| {
+            rig.keys(b" tests\r");
+            rig.print(screen(BUSY));
+        },
+        works_after: true,
+    },
+    Hold {
+        // tmux: the person's keys do not come through the wrapper; their half-written line is
+        // seen on the screen, in the input line.
+        case: "text in the input line holds a message back under tmux",
+        pty: false,
+        before: |rig| rig.print(screen("done.\n> fix the")),
+        keys: b"",
+        why: "text in its input line",
+        // Submitted (or cleared): the input line is empty again.
+        release: |rig| rig.print(screen(IDLE)),
+        works_after: false,
+    },
+    Hold {
+        case: "a dialog blocks typing until it closes (typed into, it would pick an option)",
+        pty: true,
+        before: |rig| rig.print(screen("Do you want to run `rm x`?\n 1. Yes\n 2. No\n> ")),
+        keys: b"",
+        why: "dialog open: do you want to",
+        release: |rig| rig.print(screen(IDLE)),
+        works_after: false,
+    },
+];
 
 #[tokio::test(start_paused = true)]
-async fn a_dialog_blocks_typing_until_it_closes() {
-    let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path(), true);
-    rig.print(screen("Do you want to run `rm x`?\n 1. Yes\n 2. No\n> "));
-    rig.deliver(message("m-dialog", "hello"));
-    settle(60_000).await;
-    assert_eq!(
-        rig.typed(),
-        vec![],
-        "typed into a dialog (it would pick an option)"
-    );
-    assert_eq!(
-        rig.reported(),
-        Some((
-            TerminalState::Blocked,
-            Some("dialog open: do you want to".into())
-        ))
-    );
-    rig.print(screen(IDLE));
-    settle(1_000).await;
-    assert_eq!(rig.texts().len(), 1);
-    rig.end().await;
+async fn a_message_is_held_while_the_terminal_is_not_the_agents_and_typed_once_after() {
+    for hold in HOLDS {
+        let dir = tempfile::tempdir().unwrap();
+        let rig = Rig::start(dir.path(), hold.pty);
+        (hold.before)(&rig);
+        let keys: Vec<Typed> = [hold.keys]
+            .iter()
+            .filter(|k| !k.is_empty())
+            .map(|k| Typed::Keys(k.to_vec()))
+            .collect();
+        rig.deliver(message("m-held", "hello"));
+        settle(60_000).await;
+        assert_eq!(rig.typed(), keys, "{}: typed while held", hold.case);
+        assert_eq!(
+            rig.reported(),
+            Some((TerminalState::Blocked, Some(hold.why.into()))),
+            "{}",
+            hold.case
+        );
+        (hold.release)(&rig);
+        settle(5_000).await;
+        let expected = if hold.works_after { 0 } else { 1 };
+        assert_eq!(
+            rig.texts().len(),
+            expected,
+            "{}: typed while the agent works, or not once it is free",
+            hold.case
+        );
+        // Idle after whatever the release started: typed once, and acknowledged.
+        rig.print(screen(IDLE));
+        settle(1_000).await;
+        assert_eq!(rig.texts().len(), 1, "{}", hold.case);
+        assert_eq!(rig.acks().len(), 1, "{}", hold.case);
+        rig.end().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]

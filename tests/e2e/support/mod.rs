@@ -1,5 +1,7 @@
 //! Test support: a real `agent-relay` daemon process on a private temporary directory, raw
-//! protocol-v1 connections over its real Unix socket, and CLI invocations against it.
+//! protocol-v1 connections over its real Unix socket, and CLI invocations against it. The one
+//! support tree of the e2e tests: test modules import helpers from here only, never from each
+//! other.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -8,6 +10,22 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+mod clis;
+mod history;
+mod mcp;
+mod people;
+mod raw;
+mod terminals;
+mod wrapped;
+
+pub(crate) use clis::*;
+pub(crate) use history::*;
+pub(crate) use mcp::*;
+pub(crate) use people::*;
+pub(crate) use raw::*;
+pub(crate) use terminals::*;
+pub(crate) use wrapped::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agent-relay");
 
@@ -436,4 +454,17 @@ pub async fn nothing_before_a_marker(socket: &Path, client: &mut relay_client::C
         }
     }
     marker.close().await;
+}
+
+/// Runs `down` when dropped: a daemon started in the background (by a wrapper, or by `up`) is
+/// no child of the test, and a failing test must not leave it running.
+pub(crate) struct Down<'a>(pub(crate) &'a Relay);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let out = self.0.cli(&["down"]);
+        if !out.status.success() {
+            eprintln!("down: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
 }

@@ -1,0 +1,53 @@
+//! The relay's stored messages as tests read them: one typed `history`, oldest first.
+
+use serde_json::Value;
+
+use super::{Relay, ok_stdout};
+
+/// One stored message, as `agent-relay history --json` lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    /// Its id.
+    pub(crate) id: String,
+    /// Its sender.
+    pub(crate) from: String,
+    /// Its recipient (`*` for a broadcast).
+    pub(crate) to: String,
+    /// Its text.
+    pub(crate) body: String,
+    /// Its thread, or "" when it starts none.
+    pub(crate) thread: String,
+    /// The whole record, for fields a test reads once.
+    pub(crate) json: Value,
+}
+
+/// Every stored message, oldest first (`history --all --json`, which lists newest first).
+pub(crate) fn history(relay: &Relay) -> Vec<Stored> {
+    let v: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--all", "--json"])))
+        .expect("history --json is one JSON array");
+    let mut all: Vec<Stored> = v
+        .as_array()
+        .expect("history --json is one JSON array")
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
+            Stored {
+                id: s("id"),
+                from: s("from"),
+                to: s("to"),
+                body: s("body"),
+                thread: s("thread"),
+                json: m.clone(),
+            }
+        })
+        .collect();
+    all.reverse();
+    all
+}
+
+impl Stored {
+    /// (from, to, body): what most tests compare.
+    pub(crate) fn line(&self) -> (&str, &str, &str) {
+        (&self.from, &self.to, &self.body)
+    }
+}
