@@ -94,9 +94,12 @@ pub fn colour_warning(
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WrapError {
-    /// The pseudo-terminal, tmux or the agent process failed.
+    /// The pseudo-terminal or the agent process failed.
     #[error("{0}")]
     Pty(String),
+    /// tmux failed (the tmux backend).
+    #[error(transparent)]
+    Tmux(#[from] tmux::TmuxError),
     /// The relay could not be reached or refused us.
     #[error(transparent)]
     Client(#[from] ClientError),

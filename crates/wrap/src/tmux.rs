@@ -33,13 +33,12 @@ use control::Notes;
 use crate::WrapError;
 
 mod control;
+mod error;
 mod guard;
 
-pub(crate) use control::wait_detached;
+pub use error::TmuxError;
 
-fn tmux_err(what: &str, e: impl std::fmt::Display) -> WrapError {
-    WrapError::Pty(format!("tmux {what}: {e}"))
-}
+pub(crate) use control::wait_detached;
 
 /// Runs one tmux command line; its stdout on success.
 fn tmux(args: &[&str], stdin: Option<&[u8]>) -> Result<String, WrapError> {
@@ -52,23 +51,24 @@ fn tmux(args: &[&str], stdin: Option<&[u8]>) -> Result<String, WrapError> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| {
-        tmux_err(
-            args.first().copied().unwrap_or(""),
-            format!("{e} (is tmux installed? Debian/Ubuntu: apt install tmux)"),
-        )
+    let command = args.first().copied().unwrap_or_default();
+    let mut child = cmd.spawn().map_err(|source| TmuxError::Start {
+        command: format!("tmux {command}"),
+        source,
     })?;
     if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(bytes).map_err(|e| tmux_err("stdin", e))?;
+        pipe.write_all(bytes)
+            .map_err(|e| TmuxError::io(format!("{command}: stdin"), e))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| tmux_err(args.first().copied().unwrap_or(""), e))?;
+        .map_err(|e| TmuxError::io(command, e))?;
     if !out.status.success() {
-        return Err(tmux_err(
-            args.first().copied().unwrap_or(""),
-            String::from_utf8_lossy(&out.stderr).trim(),
-        ));
+        return Err(TmuxError::Refused {
+            command: command.to_owned(),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        }
+        .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -178,15 +178,13 @@ pub fn last_lines(team_dir: &Path, n: usize) -> Vec<String> {
 /// # Errors
 /// tmux is missing or refuses (a session of that name exists, say).
 pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
-    std::fs::create_dir_all(s.team_dir).map_err(|e| tmux_err("team directory", e))?;
+    std::fs::create_dir_all(s.team_dir)
+        .map_err(|e| TmuxError::io(format!("team directory {}", s.team_dir.display()), e))?;
     for p in [s.team_dir.to_string_lossy()] {
         // The paths go into commands tmux parses and formats; refuse what would be read
         // as syntax there instead of escaping through two languages.
         if p.contains(['"', '\\', '\'', '#', '$', '`', '\n']) {
-            return Err(WrapError::Pty(format!(
-                "the data directory {p:?} contains a character tmux commands cannot carry \
-                 (\" \\ # $ ` or a newline); set AGENT_RELAY_DATA_DIR to a plainer path"
-            )));
+            return Err(TmuxError::UnsafePath(p.into_owned()).into());
         }
     }
     let exit = s.team_dir.join("exit");
@@ -203,7 +201,9 @@ pub fn create(s: &NewSession<'_>) -> Result<(), WrapError> {
         match std::fs::remove_file(stale) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(tmux_err("stale file", format!("{}: {e}", stale.display()))),
+            Err(e) => {
+                return Err(TmuxError::io(format!("stale file {}", stale.display()), e).into());
+            }
         }
     }
     let (cols, rows) = (s.cols.to_string(), s.rows.to_string());
@@ -333,16 +333,13 @@ fn env_script(
 fn write_env_file(team_dir: &Path, extra: &[(String, String)]) -> Result<PathBuf, WrapError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = std::path::absolute(team_dir.join("session.env"))
-        .map_err(|e| tmux_err("environment file", e))?;
+        .map_err(|e| TmuxError::io("environment file", e))?;
     // One left by a session that never started.
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            return Err(tmux_err(
-                "environment file",
-                format!("{}: {e}", path.display()),
-            ));
+            return Err(TmuxError::io(format!("environment file {}", path.display()), e).into());
         }
     }
     let mut file = std::fs::OpenOptions::new()
@@ -350,9 +347,9 @@ fn write_env_file(team_dir: &Path, extra: &[(String, String)]) -> Result<PathBuf
         .create_new(true)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| tmux_err("environment file", format!("{}: {e}", path.display())))?;
+        .map_err(|e| TmuxError::io(format!("environment file {}", path.display()), e))?;
     file.write_all(&env_script(std::env::vars_os(), extra))
-        .map_err(|e| tmux_err("environment file", format!("{}: {e}", path.display())))?;
+        .map_err(|e| TmuxError::io(format!("environment file {}", path.display()), e))?;
     Ok(path)
 }
 
@@ -435,10 +432,7 @@ impl Pane {
     /// # Errors
     /// tmux cannot be started or the session is gone.
     pub(crate) fn reattach(&self) -> Result<(), WrapError> {
-        let mut c = self
-            .client
-            .lock()
-            .map_err(|_| tmux_err("control client", "poisoned"))?;
+        let mut c = self.client.lock().map_err(|_| TmuxError::Poisoned)?;
         c.control = None;
         if c.pane_id.is_none() {
             // Asked once, before the client exists, so that from its first `%output` on only
@@ -470,13 +464,10 @@ impl Pane {
 
     /// [`Pane::run`], with the number of the pane's notes read before its answer.
     fn run_counted(&self, line: &str) -> Result<(String, u64), WrapError> {
-        let mut c = self
-            .client
-            .lock()
-            .map_err(|_| tmux_err("control client", "poisoned"))?;
+        let mut c = self.client.lock().map_err(|_| TmuxError::Poisoned)?;
         let Some(control) = c.control.as_mut().filter(|c| c.alive()) else {
             // The loop attaches a new one when it hears of the end (`Note::Gone`).
-            return Err(tmux_err("control client", "ended"));
+            return Err(TmuxError::Control("ended").into());
         };
         let (out, at) = control.run_counted(line)?;
         Ok((String::from_utf8_lossy(&out).into_owned(), at))
@@ -576,10 +567,12 @@ impl<'a> Commands<'a> {
             .collect::<Result<_, _>>()
             .unwrap_or_default();
         let [history, cy, cx, height, width] = n[..] else {
-            return Err(tmux_err(
-                "display-message",
-                format!("pane state is {info:?}"),
-            ));
+            return Err(TmuxError::Answer {
+                command: "display-message",
+                what: "pane state",
+                answer: info.to_owned(),
+            }
+            .into());
         };
         // The checkpoint's row on the screen (negative: in the history).
         let at = from.map_or(-history, |f| i64::try_from(f).unwrap_or(i64::MAX) - history);
@@ -645,10 +638,12 @@ impl<'a> Commands<'a> {
         let mut it = out.split_whitespace().map(str::parse::<u64>);
         match (it.next(), it.next()) {
             (Some(Ok(h)), Some(Ok(y))) => Ok(h + y),
-            _ => Err(tmux_err(
-                "display-message",
-                format!("pane rows are {out:?}"),
-            )),
+            _ => Err(TmuxError::Answer {
+                command: "display-message",
+                what: "pane rows",
+                answer: out,
+            }
+            .into()),
         }
     }
 
@@ -680,9 +675,14 @@ impl Pane {
             "display-message -p -t {} \"#{{session_activity}}\"",
             self.target
         ))?;
-        out.trim()
-            .parse()
-            .map_err(|_| tmux_err("display-message", format!("session_activity is {out:?}")))
+        out.trim().parse().map_err(|_| {
+            TmuxError::Answer {
+                command: "display-message",
+                what: "session_activity",
+                answer: out.clone(),
+            }
+            .into()
+        })
     }
 
     /// The process the pane runs (the agent's CLI, or what starts it).
@@ -691,9 +691,14 @@ impl Pane {
             "display-message -p -t {} \"#{{pane_pid}}\"",
             self.target
         ))?;
-        out.trim()
-            .parse()
-            .map_err(|_| tmux_err("display-message", format!("pane_pid is {out:?}")))
+        out.trim().parse().map_err(|_| {
+            TmuxError::Answer {
+                command: "display-message",
+                what: "pane_pid",
+                answer: out.clone(),
+            }
+            .into()
+        })
     }
 
     /// Variable `name` of the session's own environment (`show-environment -t`), through the
@@ -709,7 +714,7 @@ impl Pane {
                 .lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
                 .map(str::to_owned)),
-            Err(WrapError::Pty(e)) if e.contains("unknown variable") => Ok(None),
+            Err(WrapError::Tmux(e)) if e.refused_with("unknown variable") => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -811,7 +816,10 @@ impl TmuxTerminal {
         let pane = self.pane.clone();
         tokio::task::spawn_blocking(move || f(&pane))
             .await
-            .map_err(|e| tmux_err("control client", e))?
+            .map_err(|source| TmuxError::Join {
+                what: "control client",
+                source,
+            })?
     }
 
     /// Reads the pane afresh from row `from` (a wrapper attaching, or its control client

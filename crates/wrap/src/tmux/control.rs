@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use super::TmuxError;
 use crate::WrapError;
 
 /// How long a command may take before the client is taken for stuck (bounds a hang only).
@@ -57,10 +58,6 @@ impl Notes {
     fn sent(&self) -> u64 {
         self.count.load(Ordering::Acquire)
     }
-}
-
-fn err(what: &str, e: impl std::fmt::Display) -> WrapError {
-    WrapError::Pty(format!("tmux control client: {what}: {e}"))
 }
 
 /// Where the client's reader passes what it learns for the wrapper's loop.
@@ -111,15 +108,18 @@ impl Control {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| err("cannot start `tmux -C` (is tmux installed?)", e))?;
+            .map_err(|source| TmuxError::Start {
+                command: "tmux -C attach-session".into(),
+                source,
+            })?;
         let stdin = child
             .stdin
             .take()
-            .ok_or_else(|| err("stdin", "not piped"))?;
+            .ok_or(TmuxError::Control("its stdin is not piped"))?;
         let stdout = child
             .stdout
             .take()
-            .ok_or_else(|| err("stdout", "not piped"))?;
+            .ok_or(TmuxError::Control("its stdout is not piped"))?;
         let waiting: Waiting = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let stderr = child.stderr.take();
@@ -145,7 +145,7 @@ impl Control {
                     tracing::debug!("the tmux control client ended after the wrapper's loop");
                 }
             })
-            .map_err(|e| err("thread", e))?;
+            .map_err(|e| TmuxError::io("control client: reader thread", e))?;
         let mut control = Self {
             child: Some(child),
             stdin: Some(stdin),
@@ -179,11 +179,11 @@ impl Control {
         let (tx, rx) = mpsc::channel();
         {
             // Queued before it is written: the reader may see the answer at once.
-            let mut waiting = self.waiting.lock().map_err(|_| err("state", "poisoned"))?;
+            let mut waiting = self.waiting.lock().map_err(|_| TmuxError::Poisoned)?;
             waiting.push_back(tx);
         }
         let Some(stdin) = self.stdin.as_mut() else {
-            return Err(err("write", "the client is closed"));
+            return Err(TmuxError::Control("closed").into());
         };
         let written = stdin
             .write_all(line.as_bytes())
@@ -191,18 +191,26 @@ impl Control {
             .and_then(|()| stdin.flush());
         if let Err(e) = written {
             self.alive.store(false, Ordering::Release);
-            return Err(err("write", e));
+            return Err(TmuxError::io("control client: write", e).into());
         }
         match rx.recv_timeout(ANSWER_WITHIN) {
             Ok((Ok(out), at)) => Ok((out, at)),
-            Ok((Err(msg), _)) => Err(WrapError::Pty(format!("tmux: {}", msg.trim()))),
+            Ok((Err(msg), _)) => Err(TmuxError::Refused {
+                command: line
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
+                message: msg.trim().to_owned(),
+            }
+            .into()),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Err(err("gone", "the client ended (session or server gone)"))
+                Err(TmuxError::Control("it ended (the session or the tmux server is gone)").into())
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Answers may now be out of step with commands: this client is done.
                 self.alive.store(false, Ordering::Release);
-                Err(err("no answer", format!("within {ANSWER_WITHIN:?}")))
+                Err(TmuxError::NoAnswer(ANSWER_WITHIN).into())
             }
         }
     }
