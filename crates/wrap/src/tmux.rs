@@ -1,7 +1,7 @@
 //! The tmux backend: the agent runs in its own tmux session, which a person can attach to
 //! and leave at will while relaying goes on.
 //!
-//! - The wrapper attaches one long-lived control-mode client (`tmux -C`, see [`control`]) to
+//! - The wrapper attaches one long-lived control-mode client (`tmux -C`, see `tmux/control.rs`) to
 //!   the session: the pane's output arrives on it as `%output` notifications, and every
 //!   command (paste, Enter, leave copy mode, read the screen) goes down the same pipe. No
 //!   process is started per action, and nothing is written to disk while the agent runs.
@@ -9,7 +9,7 @@
 //!   (a few bytes); the session ends with the agent, tmux ends the control client, and the
 //!   relaying process reads the status and says goodbye to the relay.
 //! - What the pane printed while no wrapper ran is read back once, when a wrapper attaches,
-//!   from tmux's own history (`capture-pane`, see [`Pane::snapshot`]).
+//!   from tmux's own history (`capture-pane`, see `Pane::snapshot`).
 //!
 //! `tmux_interface` is not used: its control-mode parser (`ControlModeLine::control_mode_line`)
 //! takes a `&str` line and returns `Response::Output { value: String }` with the octal escapes
@@ -173,7 +173,7 @@ pub fn last_lines(team_dir: &Path, n: usize) -> Vec<String> {
 }
 
 /// Starts the agent in a new detached session, with its exit status kept in `exit`. What it
-/// prints before a wrapper attaches is read from the pane's history (see [`Pane::snapshot`]).
+/// prints before a wrapper attaches is read from the pane's history (see `Pane::snapshot`).
 ///
 /// # Errors
 /// tmux is missing or refuses (a session of that name exists, say).
