@@ -835,6 +835,14 @@ impl Core {
             self.nack(conn_id, echo, NackCode::Invalid, e.to_string());
             return;
         }
+        if id.starts_with(names::RELAY_ID_PREFIX) {
+            let reason = format!(
+                "ids starting with {:?} are the relay's own notices'; nothing was stored; send again with a new id (a ULID)",
+                names::RELAY_ID_PREFIX
+            );
+            self.nack(conn_id, id, NackCode::Invalid, reason);
+            return;
+        }
         // A thread is printed in every header a model reads (`(thread T)`): the id rules, so
         // that it cannot carry a line break, an escape sequence or a header of its own.
         if let Some(thread) = &payload.thread

@@ -241,6 +241,11 @@ impl Core {
     }
 }
 
+/// The start of the ids the relay gives its own notices that are made from names (and so can
+/// be computed by anyone): a client's SEND may not use them, or an agent could take a notice's
+/// id first and the relay's notice would be refused as another sender's (issue 24.7's rule).
+pub(super) const RELAY_ID_PREFIX: &str = "notyet-";
+
 /// The id of the notice telling `sender` that `recipient` has not connected yet: the same for
 /// the pair whenever it is made, so the store keeps it told once across daemon restarts (a
 /// second notice is a duplicate of `(relay, id)`). Hashed: names may be long, ids are at most
@@ -254,7 +259,7 @@ pub(super) fn not_yet_notice_id(sender: &str, recipient: &str) -> String {
         .chain_update(recipient.as_bytes())
         .finalize();
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("notyet-{hex}")
+    format!("{RELAY_ID_PREFIX}{hex}")
 }
 
 /// `1h`, `90s`, `2h30m`: a duration as a person reads it.

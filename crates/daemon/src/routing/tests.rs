@@ -6,6 +6,7 @@ use relay_protocol::{AckStatus, Budget, DeliveryState, ErrorCode, NackCode, Role
 use relay_store::Store;
 
 use super::harness::{World, config, payload};
+use super::names;
 use crate::limits::Limit;
 use crate::rules::Rules;
 
@@ -115,6 +116,29 @@ fn a_tool_cannot_speak_as_a_connected_agent_but_may_as_an_offline_one() {
     let f = w.frames(tool);
     assert!(f.nacks.is_empty(), "{:?}", f.nacks);
     assert_eq!(f.receipts[0].0, "m2");
+}
+
+/// The relay's "has not connected yet" notice has an id made from the two names, which anyone
+/// can compute: an agent that sent a message under it first made the relay's notice a second
+/// sender's id, refused (24.7), and the sender was never told. Such ids are the relay's.
+#[test]
+fn an_agent_cannot_take_the_id_of_a_notice_the_relay_will_send() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let mallory = w.agent("Mallory", 8);
+    w.agent("Carol", 8);
+    let notice = names::not_yet_notice_id("Alice", "Bob");
+    w.send(mallory, &notice, "Carol");
+    let nacks = w.frames(mallory).nacks;
+    assert_eq!(nacks.len(), 1, "{nacks:?}");
+    assert_eq!(
+        (nacks[0].0.as_str(), nacks[0].1),
+        (notice.as_str(), NackCode::Invalid)
+    );
+    assert!(nacks[0].2.contains("relay's own notices"), "{nacks:?}");
+    // Alice writes to Bob, who has never connected: she is told, under that id.
+    w.send(alice, "m1", "Bob");
+    assert_eq!(w.delivered(alice), [notice]);
 }
 
 #[test]
