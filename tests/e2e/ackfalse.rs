@@ -2,7 +2,7 @@
 //! once the recipient has read it off its socket.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -11,10 +11,10 @@ use crate::support::*;
 /// Reads frames until Bob holds `until` distinct messages (answering PINGs), counting each
 /// DELIVER by id.
 fn read_until(bob: &mut Raw, got: &mut HashMap<String, usize>, until: usize, before: usize) {
-    let end = Instant::now() + Duration::from_secs(120);
+    let end = relay_protocol::now_instant() + Duration::from_secs(120);
     while got.len() < until {
         assert!(
-            Instant::now() < end,
+            relay_protocol::now_instant() < end,
             "Bob has {} of {until} messages ({before} read before he dropped); the rest were lost",
             got.len()
         );

@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -33,12 +33,12 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
         stderr.read_to_end(&mut v).unwrap();
         v
     });
-    let end = Instant::now() + limit;
+    let end = relay_protocol::now_instant() + limit;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        if Instant::now() > end {
+        if relay_protocol::now_instant() > end {
             child.kill().unwrap();
             child.wait().unwrap();
             panic!(
@@ -418,10 +418,13 @@ fn a_hanging_send_message_never_holds_what_the_person_writes() {
 /// Reads frames (answering PINGs) until one of type `ty`, failing after `limit`: PINGs keep a
 /// plain read from ever timing out.
 fn expect_within(conn: &mut Raw, ty: &str, limit: Duration) -> Value {
-    let end = Instant::now() + limit;
+    let end = relay_protocol::now_instant() + limit;
     conn.read_timeout(limit);
     loop {
-        assert!(Instant::now() < end, "no {ty} within {limit:?}");
+        assert!(
+            relay_protocol::now_instant() < end,
+            "no {ty} within {limit:?}"
+        );
         let f = conn
             .read()
             .unwrap_or_else(|| panic!("no {ty} within {limit:?}"));

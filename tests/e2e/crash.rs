@@ -48,7 +48,7 @@ async fn stream_through_a_crash(relay: &mut Relay) -> (Vec<String>, Vec<String>)
         tx.send((id, pending)).unwrap();
         if i == KILL_AT {
             // Mid-stream: some SENDs acknowledged, others still in flight.
-            let t0 = std::time::Instant::now();
+            let t0 = relay_protocol::now_instant();
             while acked.lock().unwrap().len() < 100 && t0.elapsed() < Duration::from_secs(20) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

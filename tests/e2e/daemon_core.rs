@@ -3,7 +3,6 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use crate::support::*;
 
@@ -35,7 +34,7 @@ fn agents_json_is_rewritten_at_most_once_a_second_however_many_connect() {
             seen
         })
     };
-    let start = Instant::now();
+    let start = relay_protocol::now_instant();
     let conns: Vec<_> = (0..N).map(|i| relay.agent(&format!("a{i}")).0).collect();
     wait_for(
         std::time::Duration::from_secs(20),

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use relay_client::{Client, ClientConfig, Event, Outgoing};
@@ -224,7 +224,7 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
         "seed {seed}: {notices:?}"
     );
     // And the store agrees: nothing is left undelivered without a dead letter.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     loop {
         let agents: serde_json::Value =
             serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap();
@@ -232,7 +232,7 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
             break;
         }
         assert!(
-            Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "acknowledgements not recorded: {agents}"
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -461,7 +461,7 @@ fn chain_step(line: &str) -> Option<(u64, u32)> {
 /// never seen by any agent). `injected.log` now records the Enter too (`E <id>`).
 #[test]
 fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
-    let started = Instant::now();
+    let started = relay_protocol::now_instant();
     let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -491,10 +491,10 @@ fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
         procs: (0..TORTURE_AGENTS).map(|_| None).collect(),
     };
     let wait = |relay: &Relay, what: &str, cond: &mut dyn FnMut() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = relay_protocol::now_instant() + Duration::from_secs(60);
         while !cond() {
             assert!(
-                Instant::now() < deadline,
+                relay_protocol::now_instant() < deadline,
                 "seed {seed}: timed out waiting until {what}\n{}",
                 relay
                     .log()
@@ -556,7 +556,7 @@ fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
             });
         }
     }
-    let kills_done = Instant::now();
+    let kills_done = relay_protocol::now_instant();
 
     // Settling, event by event: every chain step the last life of each stand-in read has its
     // next step stored (lives killed may have died before printing or relaying it), and no

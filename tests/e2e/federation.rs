@@ -1363,7 +1363,7 @@ fn read_until_marker_by(c: &mut Raw, marker: &str, deadline: std::time::Instant)
     let mut ids = Vec::new();
     loop {
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "{} delivered, then nothing before the deadline",
             ids.len()
         );
@@ -1423,7 +1423,7 @@ fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() 
     nats.spawn();
     eprintln!("NATS back");
     // A stopped link fails the test at this deadline (the relay's PINGs keep a read alive).
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(180);
     let readers: Vec<_> = receivers
         .drain(..)
         .map(|mut r| std::thread::spawn(move || read_until_marker_by(&mut r, "end", deadline)))
@@ -1608,7 +1608,7 @@ fn refused_start(relay: &Relay, args: &[&str]) -> (std::process::ExitStatus, Str
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             let out = child.wait_with_output().unwrap();
@@ -1619,7 +1619,7 @@ fn refused_start(relay: &Relay, args: &[&str]) -> (std::process::ExitStatus, Str
             );
             return (status, text);
         }
-        if std::time::Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             child.kill().unwrap();
             let out = child.wait_with_output().unwrap();
             panic!(

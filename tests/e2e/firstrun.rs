@@ -495,10 +495,10 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
             crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
     while !screen().contains("I am Alice") {
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "the person does not see Alice:\n{}",
             screen()
         );
@@ -599,10 +599,10 @@ fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines
             crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     while !screen().contains("ended:") {
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "the command did not end:\n{}",
             screen()
         );

@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -17,9 +17,9 @@ use crate::support::*;
 /// a daemon that starts instead is killed and the test fails.
 fn up_with_socket(socket: &Path, data: &Path, extra: &[&str]) -> Output {
     let mut child = spawn_up(socket, data, extra);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             let _ = child.kill();
             panic!("the daemon started on {socket:?} instead of refusing it");
         }
@@ -104,7 +104,7 @@ fn a_socket_directory_owned_by_another_user_is_refused() {
 /// stops it (SIGTERM) and returns its output; a daemon that refuses to start fails the test.
 fn up_and_stop(socket: &Path, data: &Path) -> Output {
     let mut child = spawn_up(socket, data, &["--no-dashboard"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
         if let Some(status) = child.try_wait().unwrap() {
             let out = child.wait_with_output().unwrap();
@@ -114,7 +114,7 @@ fn up_and_stop(socket: &Path, data: &Path) -> Output {
             );
         }
         assert!(
-            Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "the daemon on {socket:?} did not start"
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -408,7 +408,7 @@ fn past_the_connection_limit_a_new_connection_is_told_to_try_again_later() {
 /// HELLO as `name`, again while the daemon answers "too many connections" (a place frees once
 /// it has seen a connection close), for up to 20 s; the connection and its WELCOME.
 fn hello_once_a_place_is_free(relay: &Relay, name: &str) -> (Raw, Value) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
     loop {
         let mut c = relay.connect();
         // A refused connection may be closed before HELLO is written: only the answer counts.
@@ -421,7 +421,7 @@ fn hello_once_a_place_is_free(relay: &Relay, name: &str) -> (Raw, Value) {
         match c.read() {
             Some(f) if f["type"] == "WELCOME" => return (c, f),
             other => assert!(
-                Instant::now() < deadline,
+                relay_protocol::now_instant() < deadline,
                 "no place for {name}: {other:?} (HELLO written: {written:?})"
             ),
         }

@@ -1,6 +1,14 @@
 //! Black-box tests of the `agent-relay` binary: a real daemon process, its real Unix socket and
 //! SQLite file, spoken to with raw frames, the client crate, and the CLI.
-#![expect(clippy::unwrap_used, reason = "test helpers fail loudly on purpose")]
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers fail loudly on purpose"
+)]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read the wall clock (file times, log stamps) beside the relay's own"
+)]
 
 mod ackfalse;
 mod afterfirst;

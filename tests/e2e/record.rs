@@ -508,7 +508,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         },
     );
     bob.standin().release();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(120);
     loop {
         // The Stop hook's hand-over reaches the model as a reminder (see `doors::turns`).
         let prompts = crate::support::turns(bob.standin()).join("\n");
@@ -519,7 +519,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "never reached the model whole: {missing:?}\nprompts:\n{}\nwrap log:\n{}",
             prompts.chars().take(6000).collect::<String>(),
             bob.wrap_log()

@@ -26,14 +26,14 @@ fn stages(relay: &Relay, id: &str) -> Vec<String> {
 /// Waits until the trace of `id` holds every one of `want` (the router writes a session's
 /// hand-over range when it is idle, so it can trail the acknowledgement by a moment).
 fn wait_stages(relay: &Relay, id: &str, want: &[&str]) -> Vec<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
     loop {
         let last = stages(relay, id);
         if want.iter().all(|w| last.iter().any(|s| s == w)) {
             return last;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "trace of {id}: want {want:?}, have {last:?}"
         );
         std::thread::sleep(Duration::from_millis(50));

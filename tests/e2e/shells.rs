@@ -177,10 +177,10 @@ fn a_wrapped_zsh_runs_no_message() {
 
 /// Waits until `cond`; on timeout fails with `dump` of what is shown and logged.
 fn wait_or(dump: &dyn Fn(&str) -> String, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     while !cond() {
         assert!(
-            std::time::Instant::now() < deadline,
+            relay_protocol::now_instant() < deadline,
             "{}",
             dump(&format!("timed out waiting until {what}"))
         );

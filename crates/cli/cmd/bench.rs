@@ -21,7 +21,7 @@ pub(crate) mod wrap;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use relay_client::paths::Paths;
@@ -69,9 +69,9 @@ fn start_private(
         .spawn()
         .context("cannot start a private daemon")?;
     let daemon = PrivateDaemon { child, _dir: dir };
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(15);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!("the private daemon did not start within 15 s");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -218,7 +218,7 @@ async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
             expected[(i + j) % r_count] += 1;
         }
     }
-    let base = Instant::now();
+    let base = relay_protocol::now_instant();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
 
     let mut receivers = Vec::with_capacity(r_count);
@@ -238,7 +238,7 @@ async fn bench_run(_paths: &Paths, args: BenchArgs) -> anyhow::Result<()> {
     if far.is_some() {
         wait_for_standins(&socket, &receiver_names, deadline).await?;
     }
-    let start = Instant::now();
+    let start = relay_protocol::now_instant();
     let plan = std::sync::Arc::new(wire::SendPlan {
         socket: socket.clone(),
         receivers: std::sync::Arc::new(receiver_names.clone()),

@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use relay_client::paths::Paths;
 use serde::Serialize;
@@ -106,11 +106,13 @@ fn first_line(program: &Path, args: &[&str]) -> Option<String> {
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(15);
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) if relay_protocol::now_instant() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             _ => {
                 // A CLI that hangs on --version: its version is unknown, not ours to wait for.
                 if let Err(e) = child.kill() {

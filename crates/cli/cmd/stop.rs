@@ -59,7 +59,7 @@ fn term(pid: i32) -> anyhow::Result<()> {
 /// Waits until `done`, or fails at `deadline` naming `what`.
 fn wait_until(deadline: Instant, what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
     while !done() {
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!("{what} did not stop in time");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -147,7 +147,7 @@ pub(crate) fn stop(paths: &Paths, args: &StopArgs) -> anyhow::Result<()> {
     let name = &args.name;
     relay_protocol::validate_agent_name(name)
         .map_err(|e| crate::exit::usage(format!("{name:?}: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(args.timeout);
     let stopped = stop_one(paths, name, deadline, &format!("`agent-relay stop {name}`"))?;
     if !stopped.is_empty() {
         line(format!(
@@ -179,7 +179,7 @@ pub(crate) fn stop(paths: &Paths, args: &StopArgs) -> anyhow::Result<()> {
 /// `agent-relay down --all`, before the daemon is stopped: stops every wrapped agent of the
 /// project, and says which agents stay connected (not run by a wrapper it can find).
 pub(crate) fn stop_all(paths: &Paths, timeout: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(timeout);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(timeout);
     let team = paths.data_dir.join("team");
     let mut names: Vec<String> = match std::fs::read_dir(&team) {
         Ok(dir) => dir

@@ -12,7 +12,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use relay_client::paths::Paths;
@@ -540,7 +540,7 @@ pub(crate) fn start_background(paths: &Paths, settings: &UpSettings) -> anyhow::
         .process_group(0)
         .spawn()
         .context("cannot start the daemon")?;
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(15);
     loop {
         if let Some(status) = child.try_wait()? {
             let tail = log_tail(&paths.log_file, log_start);
@@ -549,7 +549,7 @@ pub(crate) fn start_background(paths: &Paths, settings: &UpSettings) -> anyhow::
         if std::os::unix::net::UnixStream::connect(&paths.socket).is_ok() {
             break;
         }
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!(
                 "the daemon did not accept connections within 15 s; see {}",
                 paths.log_file.display()
@@ -911,9 +911,9 @@ pub(crate) fn down(paths: &Paths, args: &DownArgs) -> anyhow::Result<()> {
     };
     rustix::process::kill_process(raw, rustix::process::Signal::Term)
         .with_context(|| format!("cannot signal the daemon (pid {pid})"))?;
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(args.timeout);
     while running_pid(paths)?.is_some() {
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!(
                 "the daemon (pid {pid}) did not stop within {} s; `kill -9 {pid}` is safe (nothing acknowledged is lost)",
                 args.timeout

@@ -414,10 +414,10 @@ fn wait_started(
             }
         }
     });
-    let deadline = std::time::Instant::now() + START_WAIT;
+    let deadline = relay_protocol::now_instant() + START_WAIT;
     let mut connected = false;
     loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let left = deadline.saturating_duration_since(relay_protocol::now_instant());
         match rx.recv_timeout(left) {
             Ok(l) if l == "connected" => connected = true,
             Ok(l) if l == "started" => {

@@ -3,7 +3,7 @@
 //! as many queued frames as are ready into one write.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use relay_protocol::{
@@ -53,7 +53,7 @@ pub(crate) async fn serve(
                 timeout: cfg.heartbeat_timeout,
                 handshake: cfg.handshake_timeout,
             },
-            Instant::now(),
+            relay_protocol::now_instant(),
         ),
         registered: false,
         in_process,
@@ -220,7 +220,7 @@ impl Reader {
                     }
                 },
                 () = &mut timer => {
-                    let tick = self.session.on_tick(Instant::now());
+                    let tick = self.session.on_tick(relay_protocol::now_instant());
                     armed = due(&self.session);
                     timer.as_mut().reset(armed);
                     match tick {
@@ -314,7 +314,8 @@ impl Reader {
                 // The type is known even if its payload is not: a frame the session refuses
                 // (a server-only type, anything after BYE) is refused as such.
                 if let Some(t) = MessageType::parse(ty)
-                    && let Verdict::Fatal(code, message) = self.session.on_frame(t, Instant::now())
+                    && let Verdict::Fatal(code, message) =
+                        self.session.on_frame(t, relay_protocol::now_instant())
                 {
                     self.fatal(code, message).await;
                     return Flow::Stop;
@@ -347,8 +348,9 @@ impl Reader {
                 return Flow::Stop;
             }
         };
-        if let Verdict::Fatal(code, message) =
-            self.session.on_frame(env.message_type(), Instant::now())
+        if let Verdict::Fatal(code, message) = self
+            .session
+            .on_frame(env.message_type(), relay_protocol::now_instant())
         {
             if env.message_type() == MessageType::Send && !self.registered {
                 // Tell the sender about its message before closing the connection.

@@ -51,7 +51,7 @@ fn admin_op(req: &QueryRequest) -> Option<WriteOp> {
 /// The time now, read once per input.
 fn now() -> Now {
     Now {
-        at: Instant::now(),
+        at: relay_protocol::now_instant(),
         ms: now_ms(),
     }
 }
@@ -102,7 +102,7 @@ impl Router {
             core,
             store,
             feed,
-            started: Instant::now(),
+            started: relay_protocol::now_instant(),
             db_location,
             storage,
             since_flush: 0,

@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn frames_before_hello_are_fatal() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         assert!(matches!(
             s.on_frame(MessageType::Send, t0),
@@ -208,7 +208,7 @@ mod tests {
 
     #[test]
     fn next_due_is_the_handshake_deadline_then_each_ping() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(10)));
         s.on_frame(MessageType::Hello, t0);
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn client_may_not_send_daemon_types() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         s.on_frame(MessageType::Hello, t0);
         s.activate();
@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn heartbeat_pings_then_times_out() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         s.on_frame(MessageType::Hello, t0);
         s.activate();
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn handshake_timeout() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         assert_eq!(s.on_tick(t0 + Duration::from_secs(9)), Tick::Idle);
         assert!(matches!(
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn bye_moves_to_closing() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut s = Session::new(timing(), t0);
         s.on_frame(MessageType::Hello, t0);
         s.activate();
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn bad_names_are_refused() {
-        let s = Session::new(timing(), Instant::now());
+        let s = Session::new(timing(), relay_protocol::now_instant());
         let mut hello = Hello {
             agent: "Al ice\u{1b}".into(),
             cli: None,

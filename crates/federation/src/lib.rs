@@ -487,7 +487,7 @@ pub async fn jetstream_floor(
     let result = async {
         let body = bytes::Bytes::from(vec![b'x'; bytes]);
         let window = window.max(1);
-        let start = std::time::Instant::now();
+        let start = relay_protocol::now_instant();
         let mut inflight: FuturesOrdered<
             futures_util::future::BoxFuture<
                 'static,
@@ -522,7 +522,7 @@ pub async fn jetstream_floor(
             })
             .await
             .map_err(|x| e("consumer", &x))?;
-        let start = std::time::Instant::now();
+        let start = relay_protocol::now_instant();
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(512)

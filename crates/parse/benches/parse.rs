@@ -1,6 +1,10 @@
 //! Parsing throughput on a large realistic capture: the fixture corpus repeated to ~24 MB.
 //!
 //! Run: `CARGO_BUILD_JOBS=1 cargo bench -p relay-parse`.
+#![allow(
+    clippy::expect_used,
+    reason = "tests and benchmarks fail loudly on purpose"
+)]
 
 use divan::counter::BytesCount;
 use relay_parse::{Parser, Profile};

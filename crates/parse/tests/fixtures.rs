@@ -8,6 +8,10 @@
 //! the relay injected, which the harness passes on with `set_rows` and `note_injected` as the
 //! wrapper would. Run with `UPDATE_FIXTURES=1` to
 //! rewrite the expectations, then review the diff.
+#![allow(
+    clippy::expect_used,
+    reason = "tests and benchmarks fail loudly on purpose"
+)]
 
 use std::path::{Path, PathBuf};
 

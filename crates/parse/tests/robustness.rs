@@ -1,4 +1,8 @@
 //! Random and mutated input: the parser never panics and its memory stays bounded.
+#![allow(
+    clippy::expect_used,
+    reason = "tests and benchmarks fail loudly on purpose"
+)]
 
 use proptest::prelude::*;
 use relay_parse::{Parser, Profile};

@@ -1082,6 +1082,10 @@ fn heard(ev: &RelayEvent) -> Option<notify::Heard> {
 
 /// A uniform draw in [0, 1) for the backoff's jitter, from the clock's low bits (no `rand`
 /// needed for a jitter).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a jitter's seed from the clock's nanoseconds, not a time the code acts on"
+)]
 fn rand_draw() -> f64 {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

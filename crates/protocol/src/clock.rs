@@ -4,15 +4,30 @@
 //! session state machine, the store's `write_batch`, rate limits) take the time as an argument
 //! so that tests can drive them without a clock.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch: 0 if the system clock is set before 1970, `u64::MAX`
 /// past the year 584 million.
 #[must_use]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the one wall clock (clippy.toml allows std clocks only here)"
+)]
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The monotonic clock, for deadlines and elapsed times in I/O shells, benchmarks and tests
+/// (async shells that tests drive with a paused clock use `tokio::time::Instant` instead).
+#[must_use]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the one monotonic clock (clippy.toml allows std clocks only here)"
+)]
+pub fn now_instant() -> Instant {
+    Instant::now()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub mod query;
 mod status;
 pub mod text;
 
-pub use clock::now_ms;
+pub use clock::{now_instant, now_ms};
 pub use codec::{FrameError, MAX_FRAME_BYTES, encode_frame, encode_with, frame_len};
 pub use envelope::{
     Ack, AckStatus, Budget, Busy, Bye, Capabilities, DecodeError, Delivery, DeliveryState,

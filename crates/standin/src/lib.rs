@@ -10,6 +10,10 @@
 //! The server runs on its own thread and runtime, so synchronous and asynchronous tests use it
 //! alike; it listens on `127.0.0.1:0`, so tests stay parallel-safe. The pure parts are
 //! [`script`] (rules) and [`messages`] (the API's shapes).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "test support: the stand-in times its own scripted delays with std clocks"
+)]
 
 pub mod gemini;
 pub mod messages;

@@ -1,5 +1,9 @@
 //! The stand-in over real HTTP on a real socket, as an agent CLI would use it.
 #![expect(clippy::unwrap_used, reason = "tests fail loudly on purpose")]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests bound their waits with the std clock"
+)]
 
 use std::io::{Read, Write};
 use std::time::Duration;

@@ -33,7 +33,7 @@ fn main() {
         .chars()
         .take(200)
         .collect();
-    let start = std::time::Instant::now();
+    let start = relay_protocol::now_instant();
     let mut done = 0u64;
     // Positions are dense from 1, so the previous batch ended at `before + done`.
     while done < n {

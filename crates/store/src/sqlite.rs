@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use relay_protocol::query::{
     AgentInfo, AgentState, DeliveryRecord, DeliveryStatus, HistoryFilter, MessageRecord,
@@ -639,9 +639,11 @@ impl Checkpointer {
                 // Until the store closes (the sender is dropped): wait for a commit, let more
                 // pile up for a moment, then copy them all in one checkpoint.
                 while rx.recv().is_ok() {
-                    let until = Instant::now() + CHECKPOINT_EVERY;
+                    let until = relay_protocol::now_instant() + CHECKPOINT_EVERY;
                     loop {
-                        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                        match rx.recv_timeout(
+                            until.saturating_duration_since(relay_protocol::now_instant()),
+                        ) {
                             Ok(()) => {}
                             Err(mpsc::RecvTimeoutError::Timeout) => break,
                             Err(mpsc::RecvTimeoutError::Disconnected) => return,

@@ -43,7 +43,7 @@ impl World {
     }
 
     fn with_gate(dir: &std::path::Path, delivery: Delivery, gate: Option<Box<dyn Gate>>) -> Self {
-        let now = Instant::now();
+        let now = relay_protocol::now_instant();
         let core = Core::new(config(dir, delivery), gate, 24, now).unwrap();
         Self {
             dir: dir.to_owned(),

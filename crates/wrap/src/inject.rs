@@ -555,7 +555,7 @@ mod tests {
 
     #[test]
     fn a_half_written_line_holds_injection_back_until_submitted_or_cleared() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn waits_for_quiet_then_types_enters_verifies_one_at_a_time() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
@@ -643,7 +643,7 @@ mod tests {
 
     #[test]
     fn enter_is_retried_a_bounded_number_of_times_then_the_failure_is_reported() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let look = &mut Fake {
             stuck: true,
@@ -674,7 +674,7 @@ mod tests {
 
     #[test]
     fn a_busy_screen_holds_the_message_and_is_looked_at_again_after_output_or_a_while() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let look = &mut Fake {
             not_ready: Some(NotReady::Busy("esc to interrupt".into())),
@@ -702,7 +702,7 @@ mod tests {
 
     #[test]
     fn enter_follows_as_soon_as_the_text_shows_and_after_the_delay_when_it_never_does() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let on_echo = Timing {
             enter_on_echo: true,
@@ -760,7 +760,7 @@ mod tests {
 
     #[test]
     fn a_screen_ready_after_a_short_quiet_is_typed_into_at_once_else_after_the_quiet_time() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let early = Timing {
             ready_quiet: Some(Duration::from_millis(30)),
@@ -813,7 +813,7 @@ mod tests {
 
     #[test]
     fn queued_messages_taken_by_another_door_are_not_typed() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
         inj.push("a".into(), 1, false);
@@ -830,7 +830,7 @@ mod tests {
 
     #[test]
     fn an_urgent_message_goes_first() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
         inj.push("a".into(), 1, false);
@@ -875,7 +875,7 @@ mod tests {
 
     #[test]
     fn messages_waiting_for_a_busy_agent_go_in_as_one_prompt_urgent_first_and_alone() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let ms = |n| t0 + Duration::from_millis(n);
         let look = &mut Fake {
             not_ready: Some(NotReady::Busy("esc to interrupt".into())),
@@ -919,7 +919,7 @@ mod tests {
 
     #[test]
     fn a_digest_over_the_limit_splits_and_a_notice_goes_alone() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
         inj.set_joiner(joiner(8));
@@ -953,7 +953,7 @@ mod tests {
 
     #[test]
     fn queued_entries_can_be_taken_out() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let mut inj = Injector::new(timing(), t0);
         inj.push("a".into(), 2, false);
         inj.push("b".into(), 4, false);
@@ -964,7 +964,7 @@ mod tests {
 
     #[test]
     fn terminal_replies_to_the_agent_are_not_a_half_written_line() {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let look = &mut Fake::default();
         let mut inj = Injector::new(timing(), t0);
         inj.push("msg".into(), 1, false);

@@ -542,7 +542,7 @@ impl Transcript {
         else {
             return;
         };
-        let now = std::time::Instant::now();
+        let now = relay_protocol::now_instant();
         if !open.is_empty()
             && looked.is_some_and(|at| now.duration_since(at) < std::time::Duration::from_secs(5))
         {

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -211,9 +211,12 @@ pub fn require_root(to: &str) {
 /// Polls `cond` until it holds or `limit` passes (then panics naming `what`). Deadlines here
 /// only bound a hang; no test asserts how fast anything is.
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
+    let end = relay_protocol::now_instant() + limit;
     while !cond() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
+        assert!(
+            relay_protocol::now_instant() < end,
+            "timed out waiting until {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -139,9 +139,9 @@ pub(crate) fn wait_or_dump(
     what: &str,
     mut cond: impl FnMut() -> bool,
 ) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     while !cond() {
-        if std::time::Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             panic!(
                 "timed out waiting until {what}\nhistory: {:?}\n{}",
                 history(relay),

@@ -41,12 +41,12 @@ pub(crate) fn output_of(mut child: Child) -> (i32, String) {
         let _ = stdout.read_to_string(&mut out);
         out
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(90);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if std::time::Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             panic!(

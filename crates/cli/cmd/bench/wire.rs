@@ -319,9 +319,9 @@ pub(super) async fn receiver(
             }
             if let Some((id, seq)) = last {
                 ack(&mut out, &id, seq, true, None);
-                res.last = Some(Instant::now());
+                res.last = Some(relay_protocol::now_instant());
             } else if per_message && !out.is_empty() {
-                res.last = Some(Instant::now());
+                res.last = Some(relay_protocol::now_instant());
             }
             if !out.is_empty() {
                 stream.write_all(&out).await?;

@@ -13,13 +13,19 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 
 use crate::args::{Backend, BenchAgentArgs, BenchArgs};
 use crate::out::{json, line};
 
+/// The wall clock in nanoseconds: a hop's two ends are in different processes, so only the
+/// wall clock compares them, finer than `now_ms`.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a cross-process latency needs the wall clock in nanoseconds"
+)]
 fn unix_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -129,8 +135,8 @@ impl Drop for Cleanup {
             }
             // The relaying processes notice their sessions ended and exit; waited for so that
             // none of them is left asking tmux about a session in a directory removed under it.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while relaying_lives(team) && Instant::now() < deadline {
+            let deadline = relay_protocol::now_instant() + Duration::from_secs(10);
+            while relaying_lives(team) && relay_protocol::now_instant() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -225,9 +231,9 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     cleanup.children.extend(wrap("BenchB", &recv)?);
     // The sender starts once the recipient is connected (a directive to an unknown name is
     // refused).
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(60);
     while !agent_online(&exe, &socket, "BenchB") {
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!(
                 "the recipient (BenchB, {} backend) did not connect within 60 s.\n{}",
                 backend.as_str(),
@@ -246,7 +252,7 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.interval_ms.to_string(),
     ];
     cleanup.children.extend(wrap("BenchA", &send)?);
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let deadline = relay_protocol::now_instant() + Duration::from_secs(args.timeout);
     let mut lat: Vec<u64> = loop {
         let got: Vec<u64> = std::fs::read_to_string(&out)
             .unwrap_or_default()
@@ -256,7 +262,7 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if got.len() >= n {
             break got;
         }
-        if Instant::now() > deadline {
+        if relay_protocol::now_instant() > deadline {
             anyhow::bail!(
                 "only {} of {n} messages arrived within {} s.\n{}",
                 got.len(),

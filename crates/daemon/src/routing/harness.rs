@@ -93,7 +93,7 @@ impl World {
     pub(super) fn with_rules(cfg: Config, rules: Rules) -> Self {
         let cfg = Arc::new(cfg);
         let feed = Feed::new();
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         // The store thread stamps writes with the real clock: start from it.
         let wall0 = crate::clock::now_ms();
         let now = Now { at: t0, ms: wall0 };

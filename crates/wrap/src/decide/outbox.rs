@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn without_a_record_a_directive_goes_as_the_screen_shows_it() {
         let mut o = Outbox::new(None, SETTLE);
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         let d = o.found(directive("hi"), t0).expect("goes now");
         assert_eq!(o.check(d).map(|d| d.body), Some("hi".to_owned()));
         assert!(o.empty());
@@ -381,7 +381,9 @@ mod tests {
             said: vec!["hi".into()],
             ..Record::default()
         });
-        let d = o.found(directive("hi"), Instant::now()).expect("goes now");
+        let d = o
+            .found(directive("hi"), relay_protocol::now_instant())
+            .expect("goes now");
         assert_eq!(o.check(d).map(|d| d.body), Some("hi (exact)".to_owned()));
     }
 
@@ -391,7 +393,9 @@ mod tests {
             quoted: vec!["syntax".into()],
             ..Record::default()
         });
-        let d = o.found(directive("syntax"), Instant::now()).expect("known");
+        let d = o
+            .found(directive("syntax"), relay_protocol::now_instant())
+            .expect("known");
         assert_eq!(o.check(d), None);
     }
 
@@ -401,7 +405,7 @@ mod tests {
             said: vec!["second".into()],
             ..Record::default()
         });
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         assert!(o.found(directive("first"), t0).is_none(), "held");
         // Known, but one waits before it: held too, the order kept.
         assert!(o.found(directive("second"), t0).is_none());
@@ -419,7 +423,7 @@ mod tests {
             at_reply_end: true,
             ..Record::default()
         });
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         assert!(o.found(directive("hi"), t0).is_none());
         // The output goes on: past the settle time, still held until quiet the settle time.
         let last_output = t0 + 2 * SETTLE;
@@ -454,7 +458,7 @@ mod tests {
     fn a_missing_record_is_told_to_the_agent_once_after_a_reply_with_a_directive() {
         let mut o = outbox(Record::default());
         assert_eq!(o.unseen().1, None, "no directive yet");
-        let d = o.found(directive("x"), Instant::now());
+        let d = o.found(directive("x"), relay_protocol::now_instant());
         assert!(d.is_none());
         for d in o.drain() {
             o.check(d);
@@ -466,7 +470,7 @@ mod tests {
     #[test]
     fn the_record_is_looked_at_once_more_a_moment_after_the_output_settled() {
         let mut o = outbox(Record::default());
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         o.settled(t0);
         assert!(!o.empty());
         assert_eq!(o.due(), Some(t0 + RECHECK));

@@ -141,7 +141,7 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn clock() -> (Quiet, Instant) {
-        let t0 = Instant::now();
+        let t0 = relay_protocol::now_instant();
         (Quiet::new(500 * MS, Some(100 * MS), t0), t0)
     }
 

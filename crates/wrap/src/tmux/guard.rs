@@ -23,7 +23,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::fs::{FlockOperation, flock};
 
@@ -84,12 +84,12 @@ pub(crate) fn take(what: &str) -> Guard {
             return Guard { _file: None };
         }
     };
-    let deadline = Instant::now() + WAIT_AT_MOST;
+    let deadline = relay_protocol::now_instant() + WAIT_AT_MOST;
     let mut said = false;
     loop {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Guard { _file: Some(file) },
-            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+            Err(rustix::io::Errno::WOULDBLOCK) if relay_protocol::now_instant() < deadline => {
                 if !said {
                     // Said once: what a relaying process waits for when it seems stuck.
                     tracing::info!(what, "waiting for the tmux lock");
