@@ -95,6 +95,8 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
         // The relay could not use a value the command line gave (an id prefix too short).
         Some(ClientError::Query { code, .. }) if code == "invalid" => 2,
         Some(ClientError::Rejected { .. }) => 5,
+        // Refused by an access rule or a limit (`spawn`, `release`).
+        Some(ClientError::Query { code, .. }) if code == "forbidden" || code == "limit" => 5,
         _ => 1,
     }
 }

@@ -31,6 +31,7 @@ mod protocol;
 mod record;
 pub(crate) mod safety;
 mod shells;
+mod spawn;
 mod support;
 mod team;
 mod tmux;
