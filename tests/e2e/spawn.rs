@@ -15,6 +15,7 @@ const WORKER: &str = r#"echo "I am $AGENT_RELAY_NAME"
 while IFS= read -r line; do
   case "$line" in
     *exit*) echo "giving up on it"; exit 3 ;;
+    *scribble*) echo notes > notes.txt; echo "@relay:Lead scribbled in $(pwd)"; echo ;;
     *"Relay message from"*) echo "@relay:Lead finished: ${line##*: }"; echo ;;
   esac
 done
@@ -241,4 +242,118 @@ fn caps_and_deny_spawn_refuse_naming_the_limit_and_an_exit_is_told_to_the_parent
     assert!(out.status.success(), "{out:?}");
     // Lead is not concerned by it.
     spawned(&relay, &["--from", "Lead", "-n", "Dee"]);
+}
+
+/// `--worktree`: each worker runs in its own git worktree `.agent-relay/worktrees/NAME` on
+/// branch `relay/NAME`; on release a clean one is removed (the branch stays), a dirty one is
+/// kept and named. `--notify idle`: the lead is told each time the worker is idle after a
+/// turn, once per turn. Before: no worktrees, no notice (issue 25.3, 25.5).
+#[test]
+fn worktrees_are_made_and_removed_when_clean_and_notify_idle_tells_once_per_turn() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let _tmux = Tmux { dir: &dir };
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&["init", "-q"]);
+    std::fs::write(
+        dir.join(".gitignore"),
+        "*\n!.gitignore\n!README\n!notes.txt\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("README"), "project\n").unwrap();
+    git(&["add", ".gitignore", "README"]);
+    git(&["commit", "-qm", "start"]);
+    known_offline(&relay, "Lead");
+
+    let clean = spawned(
+        &relay,
+        &[
+            "--from",
+            "Lead",
+            "--worktree",
+            "--notify",
+            "idle",
+            "--task",
+            "look",
+        ],
+    );
+    let dirty = spawned(
+        &relay,
+        &["--from", "Lead", "--worktree", "--task", "scribble"],
+    );
+    let (c, d) = (
+        clean["name"].as_str().unwrap().to_owned(),
+        dirty["name"].as_str().unwrap().to_owned(),
+    );
+    let c_dir = dir.join(".agent-relay/worktrees").join(&c);
+    let d_dir = dir.join(".agent-relay/worktrees").join(&d);
+    assert_eq!(clean["worktree"], c_dir.to_str().unwrap(), "{clean}");
+    assert!(c_dir.join("README").exists());
+    let branches = git(&["branch", "--list", "relay/*"]);
+    assert!(branches.contains(&format!("relay/{c}")), "{branches}");
+    // The worker runs in its worktree.
+    message_with(
+        &relay,
+        &d,
+        "Lead",
+        &format!("scribbled in {}", d_dir.display()),
+    );
+
+    // Idle after its turn: told once; a second turn, told again.
+    message_with(
+        &relay,
+        "relay",
+        "Lead",
+        &format!("{c} is idle after a turn"),
+    );
+    relay.cli(&["send", c.as_str(), "look again"]);
+    message_with(&relay, c.as_str(), "Lead", "finished: look again");
+    let idle_notices = |relay: &Relay| {
+        messages(relay)
+            .iter()
+            .filter(|m| {
+                m["from"] == "relay"
+                    && m["body"]
+                        .as_str()
+                        .is_some_and(|b| b.contains(&format!("{c} is idle after a turn")))
+            })
+            .count()
+    };
+    wait_for(Duration::from_secs(60), "a second idle notice", || {
+        idle_notices(&relay) >= 2
+    });
+    let out = relay.cli(&["wait", c.as_str(), "--until", "idle", "--timeout", "60"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(idle_notices(&relay), 2);
+    // The other was spawned without --notify: nothing about it.
+    assert!(
+        !messages(&relay)
+            .iter()
+            .any(|m| m["from"] == "relay" && m["body"].as_str().is_some_and(|b| b.contains(&d))),
+    );
+
+    let out = release(&relay, &["release", c.as_str(), "--json"]);
+    let doc: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(doc["worktree"]["removed"], true, "{doc}");
+    assert!(!c_dir.exists());
+    assert!(git(&["branch", "--list", "relay/*"]).contains(&format!("relay/{c}")));
+    let out = release(&relay, &["release", d.as_str()]);
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "worktree {} was kept (it has uncommitted changes)",
+            d_dir.display()
+        )),
+        "{text}"
+    );
+    assert!(d_dir.join("notes.txt").exists());
 }

@@ -77,6 +77,7 @@ fn git(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
 /// The worker's own worktree at `dir`, on branch `relay/NAME` (made from the current HEAD, or
 /// taken up again when it exists from an earlier worker of that name).
 fn add_worktree(root: &Path, dir: &Path, name: &str) -> anyhow::Result<()> {
+    exclude_worktrees(root);
     let branch = format!("relay/{name}");
     let dir_s = dir.to_string_lossy();
     let exists = git(root, &["rev-parse", "--verify", "--quiet", &branch]).is_ok();
@@ -86,6 +87,36 @@ fn add_worktree(root: &Path, dir: &Path, name: &str) -> anyhow::Result<()> {
         git(root, &["worktree", "add", "-b", &branch, &dir_s])?;
     }
     Ok(())
+}
+
+/// Keeps the workers' worktrees out of the project's own `git status`: `.agent-relay/worktrees/`
+/// in the repository's `info/exclude` (local, never committed). A failure is only logged.
+fn exclude_worktrees(root: &Path) {
+    let line = format!("/{WORKTREES}/");
+    let result = git(root, &["rev-parse", "--git-common-dir"]).and_then(|common| {
+        let common = PathBuf::from(common.trim());
+        let info = if common.is_absolute() {
+            common
+        } else {
+            root.join(common)
+        }
+        .join("info");
+        std::fs::create_dir_all(&info)?;
+        let exclude = info.join("exclude");
+        let text = std::fs::read_to_string(&exclude).unwrap_or_default();
+        if !text.lines().any(|l| l.trim() == line) {
+            let sep = if text.is_empty() || text.ends_with('\n') {
+                ""
+            } else {
+                "\n"
+            };
+            std::fs::write(&exclude, format!("{text}{sep}{line}\n"))?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "cannot add the workers' worktrees to git's info/exclude");
+    }
 }
 
 /// What became of a released worker's worktree.
@@ -178,7 +209,7 @@ pub(crate) fn spawn(paths: &Paths, args: &SpawnArgs) -> anyhow::Result<()> {
         }
         None => std::env::current_dir().context("no working directory")?,
     };
-    let started = start_wrapper(args, &name, &cwd);
+    let started = start_wrapper(paths, args, &name, &cwd);
     if let Err(e) = started {
         // Not running: its record ends (the cap counts it no more) and a clean worktree goes.
         end_record(paths, &args.from, &name);
@@ -225,7 +256,7 @@ fn end_record(paths: &Paths, from: &str, name: &str) {
 /// Runs `agent-relay wrap --backend tmux --detached -n NAME ... -- CLI ARGS` in `cwd`: it
 /// returns once the worker is connected and past its start, or fails with its exit status
 /// and last lines.
-fn start_wrapper(args: &SpawnArgs, name: &str, cwd: &Path) -> anyhow::Result<()> {
+fn start_wrapper(paths: &Paths, args: &SpawnArgs, name: &str, cwd: &Path) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the agent-relay executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(["wrap", "--backend", "tmux", "--detached", "-n", name])
@@ -236,8 +267,12 @@ fn start_wrapper(args: &SpawnArgs, name: &str, cwd: &Path) -> anyhow::Result<()>
     for t in &args.subscribe {
         cmd.args(["--subscribe", t]);
     }
+    // The lead's relay, whatever the worktree's own project root would say (a worktree
+    // that tracks `.agent-relay/` is a project root of its own).
     cmd.arg("--")
         .args(&args.command)
+        .env("AGENT_RELAY_SOCKET", &paths.socket)
+        .env("AGENT_RELAY_DATA_DIR", &paths.data_dir)
         .current_dir(cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
