@@ -529,9 +529,10 @@ pub(crate) struct SpawnArgs {
     /// Be told (a message from the relay) each time it becomes idle after a turn.
     #[arg(long, value_enum, value_name = "WHEN")]
     pub(crate) notify: Option<NotifyWhen>,
-    /// Who spawns it (its parent): your own name; default the person, "human".
-    #[arg(long, default_value = "human")]
-    pub(crate) from: String,
+    /// Who spawns it (its parent). Default: the agent this runs inside (a wrapped agent's
+    /// shell: asked through its wrapper, as it), else the person, "human".
+    #[arg(long)]
+    pub(crate) from: Option<String>,
     /// How messages are typed in (as `wrap --delivery`).
     #[arg(long, value_enum, default_value = "each", value_name = "HOW")]
     pub(crate) delivery: Delivery,
@@ -564,9 +565,10 @@ pub(crate) struct ReleaseArgs {
     /// Stop it at once, busy or not.
     #[arg(long)]
     pub(crate) now: bool,
-    /// Who releases it: its parent's name; default the person, "human" (who may release any).
-    #[arg(long, default_value = "human")]
-    pub(crate) from: String,
+    /// Who releases it: its parent's name. Default: the agent this runs inside (asked
+    /// through its wrapper), else the person, "human" (who may release any).
+    #[arg(long)]
+    pub(crate) from: Option<String>,
     /// Give up waiting for it to be idle after this long (seconds, or 90s, 10m).
     #[arg(long, value_parser = crate::time::parse_secs, value_name = "DURATION")]
     pub(crate) timeout: Option<u64>,

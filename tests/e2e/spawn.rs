@@ -357,3 +357,74 @@ fn worktrees_are_made_and_removed_when_clean_and_notify_idle_tells_once_per_turn
     );
     assert!(d_dir.join("notes.txt").exists());
 }
+
+/// A worker that, on "delegate", spawns a worker of its own from its shell (`agent-relay
+/// spawn` with no `--from`: asked through its wrapper, as itself) and tells Lead what came of
+/// it.
+const DELEGATE: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  case "$line" in
+    *delegate*)
+      if out=$("$BIN" spawn --task "delegate further" -- sh "$SCRIPT" 2>"err-$AGENT_RELAY_NAME"); then
+        echo "@relay:Lead $AGENT_RELAY_NAME spawned $out"
+      else
+        echo "@relay:Lead $AGENT_RELAY_NAME could not: $(tail -n 1 "err-$AGENT_RELAY_NAME")"
+      fi
+      echo ;;
+  esac
+done
+"#;
+
+/// A worker spawns from its own shell, through its wrapper, as itself: its worker is at depth
+/// 2 with it as the parent (Lead may not release it); that worker's own spawn would be at
+/// depth 3 and is refused naming the limit. Before, a wrapped agent had no way to spawn as
+/// itself (a tool connection may not speak as a connected agent), and no depth limit (issue
+/// 25.2, 25.4).
+#[test]
+fn a_worker_spawns_as_itself_through_its_wrapper_and_depth_three_is_refused() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let _tmux = Tmux { dir: &dir };
+    known_offline(&relay, "Lead");
+    let script = dir.join("delegate.sh");
+    std::fs::write(
+        &script,
+        DELEGATE
+            .replace("$BIN", crate::support::BIN)
+            .replace("$SCRIPT", script.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = wrap_cmd(
+        &relay,
+        &[
+            "spawn",
+            "--from",
+            "Lead",
+            "--task",
+            "delegate",
+            "--json",
+            "--",
+            "sh",
+            script.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let doc: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(doc["name"], "Lead-w1");
+    message_with(&relay, "Lead-w1", "Lead", "Lead-w1 spawned Lead-w1-w1");
+    let refused = message_with(&relay, "Lead-w1-w1", "Lead", "Lead-w1-w1 could not");
+    let body = refused["body"].as_str().unwrap();
+    assert!(
+        body.contains("the spawn depth limit is 2 (max_spawn_depth)"),
+        "{body}"
+    );
+    // Lead-w1-w1's parent is Lead-w1: Lead did not spawn it.
+    let out = release(&relay, &["release", "Lead-w1-w1", "--from", "Lead"]);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        stderr(&out).contains("spawned by Lead-w1"),
+        "{}",
+        stderr(&out)
+    );
+}

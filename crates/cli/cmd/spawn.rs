@@ -20,6 +20,84 @@ use crate::out::{json, line};
 /// Where worktrees of spawned workers are made, under the project's root.
 const WORKTREES: &str = ".agent-relay/worktrees";
 
+/// Who asks the relay to spawn or release.
+#[derive(Debug, Clone)]
+pub(crate) enum Asker {
+    /// The agent this command runs inside (its wrapper's door and key are in its environment):
+    /// asked on the wrapper's connection, as the agent.
+    Door {
+        /// The agent's name.
+        name: String,
+        /// Its wrapper's door.
+        door: PathBuf,
+        /// The door key.
+        key: String,
+    },
+    /// A tool connection under this name (`--from`, or the person).
+    Tool(String),
+}
+
+impl Asker {
+    /// `--from NAME` when given; else the agent whose wrapper's door key is in this process's
+    /// environment (run by a wrapped agent); else the person.
+    pub(crate) fn of(paths: &Paths, from: Option<&str>) -> Self {
+        if let Some(f) = from {
+            return Self::Tool(f.to_owned());
+        }
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let (Some(name), Some(key)) = (var("AGENT_RELAY_NAME"), var(relay_wrap::DOOR_KEY_ENV))
+            && relay_protocol::validate_agent_name(&name).is_ok()
+        {
+            let door = paths
+                .data_dir
+                .join("team")
+                .join(&name)
+                .join(relay_wrap::DOOR_SOCKET);
+            if door.exists() {
+                return Self::Door { name, door, key };
+            }
+        }
+        Self::Tool(relay_protocol::HUMAN.to_owned())
+    }
+
+    /// The asker's name.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Self::Door { name, .. } | Self::Tool(name) => name,
+        }
+    }
+}
+
+/// One QUERY as `asker`.
+fn ask_as(paths: &Paths, asker: &Asker, req: QueryRequest) -> anyhow::Result<QueryResult> {
+    match asker {
+        Asker::Tool(from) => ask(paths, from, req),
+        Asker::Door { name, door, key } => {
+            use std::io::{BufRead, Write};
+            let stream = std::os::unix::net::UnixStream::connect(door)
+                .with_context(|| format!("cannot reach {name}'s wrapper at {}", door.display()))?;
+            let request = serde_json::json!({"query": req, "key": key});
+            (&stream).write_all(format!("{request}\n").as_bytes())?;
+            let mut answer = String::new();
+            std::io::BufReader::new(&stream).read_line(&mut answer)?;
+            let v: serde_json::Value = serde_json::from_str(&answer)
+                .with_context(|| format!("{name}'s wrapper answered {answer:?}"))?;
+            if let Some(result) = v.get("result") {
+                return Ok(serde_json::from_value(result.clone())?);
+            }
+            let message = v["error"].as_str().unwrap_or("no answer").to_owned();
+            match v["code"].as_str() {
+                Some(code) => Err(relay_client::ClientError::Query {
+                    code: code.to_owned(),
+                    message,
+                }
+                .into()),
+                None => anyhow::bail!("{name}'s wrapper: {message}"),
+            }
+        }
+    }
+}
+
 /// One QUERY as `from`, on a runtime of its own.
 fn ask(paths: &Paths, from: &str, req: QueryRequest) -> anyhow::Result<QueryResult> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -193,7 +271,8 @@ pub(crate) fn spawn(paths: &Paths, args: &SpawnArgs) -> anyhow::Result<()> {
         notify_idle: args.notify.is_some(),
         check: false,
     };
-    let (record, task_id) = match ask(paths, &args.from, QueryRequest::Spawn(req))? {
+    let asker = Asker::of(paths, args.from.as_deref());
+    let (record, task_id) = match ask_as(paths, &asker, QueryRequest::Spawn(req))? {
         QueryResult::Spawn { record, task_id } => (record, task_id),
         other => anyhow::bail!("unexpected answer to spawn: {other:?}"),
     };
@@ -202,7 +281,7 @@ pub(crate) fn spawn(paths: &Paths, args: &SpawnArgs) -> anyhow::Result<()> {
         Some(dir) => {
             let dir = PathBuf::from(dir);
             if let Err(e) = add_worktree(&root, &dir, &name) {
-                end_record(paths, &args.from, &name);
+                end_record(paths, &asker, &name);
                 return Err(e.context(format!("cannot make {name}'s worktree")));
             }
             dir
@@ -212,7 +291,7 @@ pub(crate) fn spawn(paths: &Paths, args: &SpawnArgs) -> anyhow::Result<()> {
     let started = start_wrapper(paths, args, &name, &cwd);
     if let Err(e) = started {
         // Not running: its record ends (the cap counts it no more) and a clean worktree goes.
-        end_record(paths, &args.from, &name);
+        end_record(paths, &asker, &name);
         if record.worktree.is_some() {
             let fate = remove_worktree(&root, &cwd);
             if !fate.removed {
@@ -242,11 +321,11 @@ pub(crate) fn spawn(paths: &Paths, args: &SpawnArgs) -> anyhow::Result<()> {
 }
 
 /// Ends the record of a worker that did not start (asked as its parent, who may).
-fn end_record(paths: &Paths, from: &str, name: &str) {
+fn end_record(paths: &Paths, asker: &Asker, name: &str) {
     let req = QueryRequest::Release {
         name: name.to_owned(),
     };
-    if let Err(e) = ask(paths, from, req) {
+    if let Err(e) = ask_as(paths, asker, req) {
         eprintln!(
             "agent-relay: warning: {name} did not start, and its record could not be ended ({e:#}); `agent-relay release {name}` ends it"
         );
@@ -293,7 +372,8 @@ pub(crate) fn release(paths: &Paths, args: &ReleaseArgs) -> anyhow::Result<()> {
     relay_protocol::validate_agent_name(name)
         .map_err(|e| crate::exit::usage(format!("{:?}: {e}", one_line(name, 80))))?;
     let req = QueryRequest::Release { name: name.clone() };
-    let record = match ask(paths, &args.from, req)? {
+    let asker = Asker::of(paths, args.from.as_deref());
+    let record = match ask_as(paths, &asker, req)? {
         QueryResult::Release { record } => record,
         other => anyhow::bail!("unexpected answer to release: {other:?}"),
     };
@@ -303,7 +383,7 @@ pub(crate) fn release(paths: &Paths, args: &ReleaseArgs) -> anyhow::Result<()> {
         Some(wait_idle(paths, name, args.timeout)?)
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let by = format!("`agent-relay release {name}` (for {})", args.from);
+    let by = format!("`agent-relay release {name}` (for {})", asker.name());
     let stopped = crate::cmd::stop::stop_one(paths, name, deadline, &by)?;
     let fate = record
         .worktree

@@ -418,6 +418,13 @@ impl<R: Relay> Shell<R> {
                     );
                 }
             }
+            door::Request::Query { req, reply } => {
+                // Answered in milliseconds (a spawn waits for one store write).
+                let answer = self.link.query(req).await;
+                if reply.send(answer).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
             door::Request::Prompt { reply } => {
                 let texts = core.hook_prompt();
                 self.apply(core, term).await?;
