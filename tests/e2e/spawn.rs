@@ -428,3 +428,64 @@ fn a_worker_spawns_as_itself_through_its_wrapper_and_depth_three_is_refused() {
         stderr(&out)
     );
 }
+
+/// From an agent's MCP server (`relay_spawn`, `relay_release`), under its wrapper: a wrapped
+/// Lead spawns a worker with a task (its answer reaches Lead in reply to it) and releases it;
+/// it may not release a worker the person spawned; an MCP server without a wrapper says what to
+/// do. Before, there were no such tools (issue 25.4).
+#[test]
+fn a_wrapped_lead_spawns_and_releases_through_its_mcp_server() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let tmux = Tmux { dir: &dir };
+    std::fs::write(dir.join("worker.sh"), WORKER).unwrap();
+    let pipes = crate::doors::SessionPipes::new(&relay, "Lead");
+    let mut args = vec![
+        "wrap",
+        "--backend",
+        "tmux",
+        "--detached",
+        "-n",
+        "Lead",
+        "--",
+    ];
+    let command = pipes.command();
+    args.extend(command.iter().map(String::as_str));
+    let out = wrap_cmd(&relay, &args).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut mcp = pipes.connect();
+    crate::wrap::wait_online(&relay, "Lead");
+
+    let worker = dir.join("worker.sh");
+    let (err, said) = mcp.tool(
+        "relay_spawn",
+        serde_json::json!({"command": ["sh", worker.to_str().unwrap()], "task": "part one"}),
+    );
+    assert!(!err, "{said}");
+    assert!(said.starts_with("Spawned Lead-w1"), "{said}");
+    assert!(tmux.has(&session_of(&relay, "Lead-w1")));
+    let task = message_with(&relay, "Lead", "Lead-w1", "part one");
+    let answer = message_with(&relay, "Lead-w1", "Lead", "finished: part one");
+    assert_eq!(answer["in_reply_to"], task["id"], "{answer}");
+
+    // A worker the person spawned is not Lead's to release.
+    spawned(&relay, &["-n", "Solo"]);
+    let (err, said) = mcp.tool("relay_release", serde_json::json!({"name": "Solo"}));
+    assert!(err, "{said}");
+    assert!(said.contains("was spawned by human"), "{said}");
+    let (err, said) = mcp.tool("relay_release", serde_json::json!({"name": "Lead-w1"}));
+    assert!(!err, "{said}");
+    assert!(said.starts_with("released Lead-w1"), "{said}");
+    assert!(!tmux.has(&session_of(&relay, "Lead-w1")));
+
+    // Without a wrapper: said what to do.
+    let mut bare = crate::doors::Mcp::start(&relay, "Bare");
+    let (err, said) = bare.tool(
+        "relay_spawn",
+        serde_json::json!({"command": ["sh", worker.to_str().unwrap()]}),
+    );
+    assert!(
+        err && said.contains("not running under agent-relay's wrapper"),
+        "{said}"
+    );
+}
