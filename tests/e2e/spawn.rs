@@ -489,3 +489,58 @@ fn a_wrapped_lead_spawns_and_releases_through_its_mcp_server() {
         "{said}"
     );
 }
+
+/// A lead that uses the directive form: on "kickoff" it prints a spawn block, on its worker's
+/// answer a release block, on "twin" a spawn block under its own (taken) name.
+const LEAD: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  case "$line" in
+    *kickoff*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "task": "part one"}}[[/RELAY]]' ;;
+    *"finished: part one"*) echo '[[RELAY]]{"release": "Lead-w1"}[[/RELAY]]' ;;
+    *twin*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "name": "Lead"}}[[/RELAY]]' ;;
+  esac
+done
+"#;
+
+/// The directive form (docs/PARSING.md): a wrapped lead prints `[[RELAY]]{"spawn": ...}` and
+/// its worker starts with the task from it (the answer threads back), the lead is told
+/// "relay: spawned Lead-w1"; its `{"release": ...}` block stops the worker; a refused spawn is
+/// told too, naming why. Nothing of it is a message to an agent named "spawn". Before, such a
+/// block was refused as a directive without "to" (issue 25.4).
+#[test]
+fn a_lead_spawns_and_releases_with_relay_blocks_and_is_told_how_it_went() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let tmux = Tmux { dir: &dir };
+    let worker = dir.join("worker.sh");
+    std::fs::write(&worker, WORKER).unwrap();
+    let lead = crate::tmux::start_tmux_agent(
+        &relay,
+        "Lead",
+        &LEAD.replace("WORKER", worker.to_str().unwrap()),
+        &[],
+    );
+    crate::wrap::wait_online(&relay, "Lead");
+    relay.cli(&["send", "Lead", "kickoff"]);
+    let task = message_with(&relay, "Lead", "Lead-w1", "part one");
+    let answer = message_with(&relay, "Lead-w1", "Lead", "finished: part one");
+    assert_eq!(answer["in_reply_to"], task["id"], "{answer}");
+    wait_for(Duration::from_secs(60), "Lead told of its worker", || {
+        tmux.pane(&lead).contains("relay: spawned Lead-w1")
+    });
+    wait_for(Duration::from_secs(60), "Lead-w1 released", || {
+        tmux.pane(&lead).contains("relay: released Lead-w1")
+    });
+    assert!(!tmux.has(&session_of(&relay, "Lead-w1")));
+    relay.cli(&["send", "Lead", "twin"]);
+    wait_for(Duration::from_secs(60), "Lead told of the refusal", || {
+        tmux.pane(&lead)
+            .contains("relay: not spawned: Lead is a connected agent")
+    });
+    assert!(
+        !messages(&relay)
+            .iter()
+            .any(|m| m["to"] == "spawn" || m["to"] == "release"),
+        "a verb sent as a message"
+    );
+}
