@@ -34,7 +34,7 @@ Deadlines: a command waits at most 30 s for the relay's answer, then says so and
 
 Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
 running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
-relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
+relay (or a spawn or release refused by a rule or limit). A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
 for SIGINT).";
 
 const CONFIG_ABOUT: &str = "\
