@@ -34,7 +34,7 @@ Deadlines: a command waits at most 30 s for the relay's answer, then says so and
 
 Exit codes: 0 ok, 1 failure, 2 bad usage (or an invalid .agent-relay/config.toml), 3 relay not
 running, 4 not found (no such message, dead letter, agent or rule), 5 message refused by the
-relay. A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
+relay (or a spawn or release refused by a rule or limit). A wrapped agent: its own exit code, or 128 + the signal that stopped the wrapper (130
 for SIGINT).";
 
 const CONFIG_ABOUT: &str = "\
@@ -159,6 +159,15 @@ pub(crate) enum Cmd {
     /// 3 the relay is not running; 4 an agent named is not known.
     #[command(after_help = WAIT_HELP)]
     Wait(WaitArgs),
+    /// Start a worker agent detached in tmux with a task: the relay records you as its parent
+    /// (a restart keeps it), hands it the task as its first message from you (its answer
+    /// threads back), and prints its name. Refused past the caps (`up --max-spawned`,
+    /// `--max-spawn-depth`) or by a `deny-spawn` rule, naming the limit (exit 5).
+    Spawn(SpawnArgs),
+    /// Stop a spawned worker once it is idle (or at once with --now); its stored messages stay.
+    /// Only its parent may, or a person, or whom an `allow-release` rule names. A clean
+    /// worktree of its is removed; a dirty one is kept and named.
+    Release(ReleaseArgs),
     /// Measure throughput and latency: S senders, R receivers, N messages of B bytes.
     Bench(BenchArgs),
     /// Find relay directives in raw terminal output, each once, exactly as the wrapper would.
@@ -380,11 +389,13 @@ pub(crate) enum RulesAction {
         /// Sender name or pattern.
         #[arg(long)]
         from: String,
-        /// Recipient name or pattern.
+        /// Recipient name or pattern (for deny-spawn and allow-release: the worker's; default
+        /// '*').
         #[arg(long)]
-        to: String,
-        /// allow or deny.
-        #[arg(long, value_parser = ["allow", "deny"])]
+        to: Option<String>,
+        /// allow or deny (messages); deny-spawn (FROM may not spawn workers); allow-release
+        /// (FROM may release the workers TO though it did not spawn them).
+        #[arg(long, value_parser = ["allow", "deny", "deny-spawn", "allow-release"])]
         action: String,
         /// The matching rule with the highest priority decides.
         #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
@@ -495,6 +506,73 @@ pub(crate) struct WaitArgs {
     #[arg(long, value_parser = crate::time::parse_secs, value_name = "DURATION")]
     pub(crate) timeout: Option<u64>,
     /// Print JSON for scripts: each agent's final state.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay spawn`.
+#[derive(Debug, Args)]
+pub(crate) struct SpawnArgs {
+    /// The worker's name (default: `<parent>-w1`, `-w2`...).
+    #[arg(short = 'n', long)]
+    pub(crate) name: Option<String>,
+    /// Its task: the first message it gets, from you (stored; never in any command line).
+    #[arg(long, conflicts_with = "task_file")]
+    pub(crate) task: Option<String>,
+    /// Its task, read from FILE ('-': stdin).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) task_file: Option<PathBuf>,
+    /// Give it its own git worktree and branch `relay/NAME` under .agent-relay/worktrees/NAME
+    /// (it starts there); `release` removes it when clean and keeps it when not.
+    #[arg(long)]
+    pub(crate) worktree: bool,
+    /// Be told (a message from the relay) each time it becomes idle after a turn.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub(crate) notify: Option<NotifyWhen>,
+    /// Who spawns it (its parent). Default: the agent this runs inside (a wrapped agent's
+    /// shell: asked through its wrapper, as it), else the person, "human".
+    #[arg(long)]
+    pub(crate) from: Option<String>,
+    /// How messages are typed in (as `wrap --delivery`).
+    #[arg(long, value_enum, default_value = "each", value_name = "HOW")]
+    pub(crate) delivery: Delivery,
+    /// How to read its screen (as `wrap --profile`).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) profile: Option<String>,
+    /// Subscribe it to topics matching PATTERN (as `wrap --subscribe`).
+    #[arg(long, value_name = "PATTERN", value_parser = topic_pattern)]
+    pub(crate) subscribe: Vec<String>,
+    /// Print JSON for scripts (one document: name, parent, depth, task_id, worktree, session).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The agent command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub(crate) command: Vec<String>,
+}
+
+/// When `spawn --notify` tells the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum NotifyWhen {
+    /// Each time the worker becomes idle after a turn.
+    Idle,
+}
+
+/// `agent-relay release`.
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    /// The worker's name.
+    pub(crate) name: String,
+    /// Stop it at once, busy or not.
+    #[arg(long)]
+    pub(crate) now: bool,
+    /// Who releases it: its parent's name. Default: the agent this runs inside (asked
+    /// through its wrapper), else the person, "human" (who may release any).
+    #[arg(long)]
+    pub(crate) from: Option<String>,
+    /// Give up waiting for it to be idle after this long (seconds, or 90s, 10m).
+    #[arg(long, value_parser = crate::time::parse_secs, value_name = "DURATION")]
+    pub(crate) timeout: Option<u64>,
+    /// Print JSON for scripts.
     #[arg(long)]
     pub(crate) json: bool,
 }

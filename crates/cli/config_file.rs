@@ -293,7 +293,7 @@ mod tests {
         let e = err("[up]\nmax-hops = 3\ninbox-tll = 10\n");
         assert!(
             e.starts_with("/p/config.toml:3:1: unknown setting \"inbox-tll\" in [up];")
-                && e.contains("max-hops, rate-limit"),
+                && e.contains("max-hops, max-spawned, max-spawn-depth, rate-limit"),
             "{e}"
         );
         let e = err("[up]\n\n  max-hops = \"ten\"\n");

@@ -7,7 +7,7 @@
 //! | 2 | bad usage: a bad command line (clap) or a value on it that cannot be used (a name, an id prefix too short, a time), or an invalid configuration file or `AGENT_RELAY_*` setting value |
 //! | 3 | the relay is not running |
 //! | 4 | not found: no such message, dead letter, agent or rule (or an id prefix that matches several messages) |
-//! | 5 | the relay refused the message (NACK) |
+//! | 5 | the relay refused the message (NACK), or a spawn or release (a rule or limit) |
 //!
 //! The same table is in README and `--help`; `tests/e2e/cli.rs`
 //! `the_exit_code_table_in_the_docs_is_what_commands_return` checks all three against runs.
@@ -95,6 +95,8 @@ pub(crate) fn code_of(err: &anyhow::Error) -> i32 {
         // The relay could not use a value the command line gave (an id prefix too short).
         Some(ClientError::Query { code, .. }) if code == "invalid" => 2,
         Some(ClientError::Rejected { .. }) => 5,
+        // Refused by an access rule or a limit (`spawn`, `release`).
+        Some(ClientError::Query { code, .. }) if code == "forbidden" || code == "limit" => 5,
         _ => 1,
     }
 }

@@ -93,7 +93,7 @@ impl std::fmt::Debug for Setting {
 }
 
 /// Every setting of `up`, in `--help` order.
-pub(crate) static SETTINGS: [Setting; 21] = [
+pub(crate) static SETTINGS: [Setting; 23] = [
     Setting {
         name: "storage",
         env: Some("AGENT_RELAY_STORAGE_TYPE"),
@@ -166,6 +166,26 @@ pub(crate) static SETTINGS: [Setting; 21] = [
         kind: Kind::Count(u32::MAX as u64),
         get: |s| Value::Num(u64::from(s.max_hops)),
         set: |s, v| s.max_hops = u32_of(&v),
+    },
+    Setting {
+        name: "max-spawned",
+        env: None,
+        value_name: "N",
+        help: "Most spawned workers live at once (agent-relay spawn, relay_spawn); one more is \
+               refused with a notice that names this limit.",
+        kind: Kind::Count(u32::MAX as u64),
+        get: |s| Value::Num(u64::from(s.max_spawned)),
+        set: |s, v| s.max_spawned = u32_of(&v),
+    },
+    Setting {
+        name: "max-spawn-depth",
+        env: None,
+        value_name: "N",
+        help: "Deepest spawn: 1 lets only agents that were not spawned spawn workers, 2 lets a \
+               worker spawn its own; deeper is refused naming this limit.",
+        kind: Kind::Count(u32::MAX as u64),
+        get: |s| Value::Num(u64::from(s.max_spawn_depth)),
+        set: |s, v| s.max_spawn_depth = u32_of(&v),
     },
     Setting {
         name: "rate-limit",
@@ -448,6 +468,8 @@ pub(crate) struct UpSettings {
     pub(crate) busy_high_water: u64,
     pub(crate) max_connections: usize,
     pub(crate) max_hops: u32,
+    pub(crate) max_spawned: u32,
+    pub(crate) max_spawn_depth: u32,
     pub(crate) rate_limit: u32,
     pub(crate) pair_rate_limit: u32,
     /// Seconds.
@@ -482,6 +504,8 @@ impl Default for UpSettings {
             busy_high_water: d::BUSY_HIGH_WATER,
             max_connections: d::MAX_CONNECTIONS,
             max_hops: d::MAX_HOPS,
+            max_spawned: d::MAX_SPAWNED,
+            max_spawn_depth: d::MAX_SPAWN_DEPTH,
             rate_limit: d::RATE_LIMIT,
             pair_rate_limit: d::PAIR_RATE_LIMIT,
             rate_window: d::RATE_WINDOW.as_secs(),

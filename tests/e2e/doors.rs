@@ -112,8 +112,10 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
             "relay_agents",
             "relay_inbox",
             "relay_read",
+            "relay_release",
             "relay_search",
             "relay_send",
+            "relay_spawn",
             "relay_subscribe"
         ]
     );

@@ -39,6 +39,7 @@ mod protocol;
 mod record;
 mod safety;
 mod shells;
+mod spawn;
 mod support;
 mod team;
 mod tmux;

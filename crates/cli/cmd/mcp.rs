@@ -95,7 +95,8 @@ const INSTRUCTIONS: &str = "Tools of agent-relay, which connects you with other 
 working in other terminals. relay_send sends a message (the result is the relay's receipt or \
 its refusal; an answer to a message relay_inbox showed you is sent as a reply to it); \
 relay_inbox shows the messages sent to you that you have not seen, oldest first, a page at a \
-time (call it again while it says more are waiting); relay_read shows one message in full; relay_agents lists the agents; relay_search searches the history.";
+time (call it again while it says more are waiting); relay_read shows one message in full; relay_agents lists the agents; relay_search searches the history; relay_spawn starts a worker \
+agent with a task (its answers come back to you) and relay_release stops it.";
 
 /// Runs the MCP server on stdin/stdout until the client closes it.
 pub(crate) fn run(paths: &Paths, args: &McpArgs) -> anyhow::Result<()> {
@@ -367,6 +368,37 @@ struct SubscribeParams {
     pattern: String,
 }
 
+/// Arguments of `relay_spawn`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct SpawnParams {
+    /// The worker's command and its arguments, e.g. ["claude"] or ["codex", "--model", "o4"].
+    command: Vec<String>,
+    /// Its task: its first message, from you (its answer comes back to you as a reply).
+    #[serde(default)]
+    task: Option<String>,
+    /// Its name (default: yours with -w1, -w2...).
+    #[serde(default)]
+    name: Option<String>,
+    /// Give it its own git worktree and branch relay/NAME.
+    #[serde(default)]
+    worktree: bool,
+    /// Be told each time it becomes idle after a turn.
+    #[serde(default)]
+    notify_idle: bool,
+}
+
+/// Arguments of `relay_release`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ReleaseParams {
+    /// The worker's name (one you spawned).
+    name: String,
+    /// Stop it at once, busy or not (default: once it is idle).
+    #[serde(default)]
+    now: bool,
+}
+
 /// Arguments of `relay_read`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
@@ -597,6 +629,63 @@ impl RelayMcp {
         Ok(messages)
     }
 
+    /// Runs `agent-relay ARGS` as this agent (through its wrapper's door: the relay takes
+    /// this agent as the asker), `stdin` on its standard input: its stdout, or its error.
+    /// Only under a wrapper: the command starts the worker's own wrapper, and asks as this
+    /// agent through this agent's.
+    async fn team_command(&self, args: &[String], stdin: Option<&str>) -> Result<String, String> {
+        let Some(key) = &self.key else {
+            return Err(format!(
+                "{} is not running under agent-relay's wrapper, and only a wrapped agent spawns                  and releases through this tool (start it with `agent-relay -n {} <cli>`), or                  run `agent-relay spawn` in a terminal",
+                for_terminal(&self.name),
+                for_terminal(&self.name)
+            ));
+        };
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find agent-relay: {e}"))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(args)
+            .env("AGENT_RELAY_NAME", &self.name)
+            .env(relay_wrap::DOOR_KEY_ENV, key)
+            .env("AGENT_RELAY_SOCKET", &self.socket)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        // The data directory is the door's: `<data>/team/<name>/door.sock`.
+        if let Some(data) = self
+            .door
+            .parent()
+            .and_then(std::path::Path::parent)
+            .and_then(std::path::Path::parent)
+        {
+            cmd.env("AGENT_RELAY_DATA_DIR", data);
+        }
+        let input = stdin.map(str::to_owned);
+        // It waits for the worker to start (seconds): off the server's threads.
+        let out = tokio::task::spawn_blocking(move || {
+            let mut child = cmd.spawn()?;
+            if let Some(mut pipe) = child.stdin.take() {
+                use std::io::Write;
+                if let Some(t) = input {
+                    pipe.write_all(t.as_bytes())?;
+                }
+            }
+            child.wait_with_output()
+        })
+        .await
+        .map_err(|e| format!("agent-relay did not finish: {e}"))?
+        .map_err(|e| format!("cannot run agent-relay: {e}"))?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        let why = err
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("agent-relay: "))
+            .unwrap_or(err.trim());
+        Err(for_terminal(why))
+    }
+
     /// Under a wrapper (which holds the deliveries): the oldest `limit` messages it holds for
     /// the agent and has not typed, handed over by the wrapper itself through its door (it
     /// records each as shown by this tool, verified, and never types it after), with how many
@@ -697,6 +786,61 @@ impl RelayMcp {
                 for_terminal(&reason)
             )),
             Err(e) => failed(format!("not sent: {e}")),
+        }
+    }
+
+    /// Spawns a worker agent with a task (`agent-relay spawn`, asked as this agent).
+    #[tool(
+        name = "relay_spawn",
+        description = "Start a worker agent (e.g. command [\"claude\"]) detached in its own terminal, with `task` as its first message from you: its answers reach you as replies. Returns its name. You are recorded as its parent; the relay refuses past its limits (live workers, depth) or an access rule, and says which. Release it with relay_release when done."
+    )]
+    async fn relay_spawn(&self, Parameters(p): Parameters<SpawnParams>) -> CallToolResult {
+        if p.command.is_empty() {
+            return failed("not spawned: `command` is empty (e.g. [\"claude\"])");
+        }
+        let mut args: Vec<String> = vec!["spawn".into(), "--json".into()];
+        if let Some(n) = &p.name {
+            args.extend(["-n".into(), n.clone()]);
+        }
+        if p.worktree {
+            args.push("--worktree".into());
+        }
+        if p.notify_idle {
+            args.extend(["--notify".into(), "idle".into()]);
+        }
+        if p.task.is_some() {
+            // On stdin: a task is never in any argv.
+            args.extend(["--task-file".into(), "-".into()]);
+        }
+        args.push("--".into());
+        args.extend(p.command.iter().cloned());
+        match self.team_command(&args, p.task.as_deref()).await {
+            Ok(out) => {
+                let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+                text(format!(
+                    "Spawned {} (your worker; its answers reach you as replies). Release it with relay_release when done.",
+                    for_terminal(v["name"].as_str().unwrap_or("?"))
+                ))
+            }
+            Err(e) => failed(format!("not spawned: {e}")),
+        }
+    }
+
+    /// Releases a worker this agent spawned (`agent-relay release`, asked as this agent).
+    #[tool(
+        name = "relay_release",
+        description = "Stop a worker you spawned, once it is idle (now=true: at once). Its messages stay stored. You may release only your own workers."
+    )]
+    async fn relay_release(&self, Parameters(p): Parameters<ReleaseParams>) -> CallToolResult {
+        let mut args: Vec<String> = vec!["release".into(), p.name.clone()];
+        if p.now {
+            args.push("--now".into());
+        } else {
+            args.extend(["--timeout".into(), "600".into()]);
+        }
+        match self.team_command(&args, None).await {
+            Ok(out) => text(for_terminal(out.trim())),
+            Err(e) => failed(format!("not released: {e}")),
         }
     }
 

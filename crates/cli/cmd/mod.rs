@@ -12,6 +12,7 @@ pub(crate) mod parse;
 pub(crate) mod query;
 pub(crate) mod rules;
 pub(crate) mod send;
+pub(crate) mod spawn;
 pub(crate) mod stop;
 pub(crate) mod teach;
 pub(crate) mod team;
@@ -62,6 +63,9 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             up::down(&paths, &args)
         }
         Cmd::Stop(args) => stop::stop(&paths, &args),
+        // Starts processes (the relay, the worker's wrapper) and waits for them.
+        Cmd::Spawn(args) => spawn::spawn(&paths, &args),
+        Cmd::Release(args) => spawn::release(&paths, &args),
         // Pure: no daemon, no runtime (reads the profile files).
         Cmd::Parse(args) => parse::run(&paths, &args),
         // Edits a file, or answers Claude Code's hook (its own small runtime).
@@ -153,6 +157,8 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Up(_)
                     | Cmd::Down(_)
                     | Cmd::Stop(_)
+                    | Cmd::Spawn(_)
+                    | Cmd::Release(_)
                     | Cmd::Parse(_)
                     | Cmd::Mcp(_)
                     | Cmd::Hooks(_)

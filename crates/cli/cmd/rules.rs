@@ -52,16 +52,13 @@ pub(crate) fn run(paths: &Paths, args: RulesArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             line(format!(
-                "{:>3}  {:>8}  {:<6} {:<24} TO",
+                "{:>3}  {:>8}  {:<13} {:<24} TO",
                 "#", "PRIORITY", "ACTION", "FROM"
             ))?;
             for (i, r) in rules.rules.iter().enumerate() {
-                let action = match r.action {
-                    Action::Allow => "allow",
-                    Action::Deny => "deny",
-                };
+                let action = r.action.as_str();
                 line(format!(
-                    "{:>3}  {:>8}  {:<6} {:<24} {}",
+                    "{:>3}  {:>8}  {:<13} {:<24} {}",
                     i + 1,
                     r.priority,
                     action,
@@ -78,14 +75,24 @@ pub(crate) fn run(paths: &Paths, args: RulesArgs) -> anyhow::Result<()> {
             action,
             priority,
         } => {
+            let to = match to {
+                Some(t) => t,
+                None if action == "deny-spawn" || action == "allow-release" => "*".to_owned(),
+                None => {
+                    return Err(crate::exit::usage(format!(
+                        "--action {action} needs --to (a recipient name or pattern; '*' for any)"
+                    )));
+                }
+            };
             let mut rules = load(&path)?;
             let rule = Rule {
                 from: Pattern::new(&from).map_err(crate::exit::usage)?,
                 to: Pattern::new(&to).map_err(crate::exit::usage)?,
-                action: if action == "deny" {
-                    Action::Deny
-                } else {
-                    Action::Allow
+                action: match action.as_str() {
+                    "deny" => Action::Deny,
+                    "deny-spawn" => Action::DenySpawn,
+                    "allow-release" => Action::AllowRelease,
+                    _ => Action::Allow,
                 },
                 priority,
             };

@@ -74,7 +74,12 @@ fn team_dir(paths: &Paths, name: &str) -> PathBuf {
 /// Stops agent `name`'s wrapper, agent and tmux session, whichever run; what was stopped
 /// (empty when nothing ran).
 /// `by` is the command that stops it, which a person attached to the agent's session is told.
-fn stop_one(paths: &Paths, name: &str, deadline: Instant, by: &str) -> anyhow::Result<Vec<String>> {
+pub(crate) fn stop_one(
+    paths: &Paths,
+    name: &str,
+    deadline: Instant,
+    by: &str,
+) -> anyhow::Result<Vec<String>> {
     let dir = team_dir(paths, name);
     let mut stopped = Vec::new();
     let pty_lock = dir.join(PTY_LOCK);

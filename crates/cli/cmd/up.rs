@@ -652,6 +652,8 @@ fn foreground(
         cfg.max_connections = share;
     }
     cfg.max_hops = args.max_hops;
+    cfg.max_spawned = args.max_spawned;
+    cfg.max_spawn_depth = args.max_spawn_depth;
     cfg.breaker_failures = args.breaker_failures;
     cfg.breaker_cooldown = Duration::from_millis(args.breaker_cooldown_ms.max(1));
     cfg.rules_file = Some(paths.data_dir.join(crate::cmd::rules::FILE));

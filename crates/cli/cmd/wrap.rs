@@ -244,9 +244,11 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         (Backend::Tmux, Some(session)) => {
             init_wrap_logging(&cfg, true);
             let _lock = relay_lock(&cfg)?;
-            runtime()?
-                .block_on(relay_wrap::serve_tmux(cfg, session.clone()))
-                .map_err(Into::into)
+            let (name, team_dir) = (cfg.name.clone(), cfg.team_dir.clone());
+            let served = runtime()?.block_on(relay_wrap::serve_tmux(cfg, session.clone()));
+            // An agent that exited on its own: a spawned worker's parent is told.
+            crate::cmd::spawn::report_exit(paths, &name, &team_dir);
+            served.map_err(Into::into)
         }
         (Backend::Tmux, None) => tmux_front(paths, &args, &cfg, &profile_name),
     }

@@ -64,6 +64,10 @@ pub mod defaults {
     pub const BREAKER_FAILURES: u32 = 3;
     /// How long a paused agent waits before one message is tried again.
     pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+    /// Most spawned workers live at once per relay (issue 25).
+    pub const MAX_SPAWNED: u32 = 8;
+    /// Deepest spawn: 1 is a worker, 2 a worker's worker; one deeper is refused.
+    pub const MAX_SPAWN_DEPTH: u32 = 2;
 }
 
 /// Daemon settings. [`Config::new`] gives the documented defaults ([`defaults`]).
@@ -120,6 +124,10 @@ pub struct Config {
     /// connection from another process takes them, they are known names for "did you mean",
     /// and a message to one is never "not connected yet".
     pub person_names: Vec<String>,
+    /// Most spawned workers live at once; one more `spawn` is refused naming the limit.
+    pub max_spawned: u32,
+    /// Deepest spawn (a worker is 1, its worker 2); deeper is refused naming the limit.
+    pub max_spawn_depth: u32,
 }
 
 /// The person's name when no other is declared (what `agent-relay send` signs with).
@@ -161,6 +169,8 @@ impl Config {
             node: None,
             federation_trace: None,
             person_names: vec![HUMAN.to_owned()],
+            max_spawned: defaults::MAX_SPAWNED,
+            max_spawn_depth: defaults::MAX_SPAWN_DEPTH,
         };
         cfg.set_inbox_ttl(defaults::INBOX_TTL);
         cfg
@@ -339,6 +349,7 @@ pub async fn run_with(
     let hops = store.recent_hops(router::HOPS_REMEMBERED)?;
     let untold = store.unnotified(100_000)?;
     let chains = store.chain_extensions()?;
+    let spawned = store.spawned()?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -357,6 +368,7 @@ pub async fn run_with(
         feed.clone(),
     );
     router.set_chains(chains);
+    router.set_spawned(spawned);
     let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     started(Handle {
         feed,

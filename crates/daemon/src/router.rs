@@ -110,6 +110,11 @@ impl Router {
         }
     }
 
+    /// The spawned workers' records (loaded at start).
+    pub(crate) fn set_spawned(&mut self, records: Vec<relay_protocol::query::SpawnRecord>) {
+        self.core.load_spawned(records);
+    }
+
     /// The hop-budget extensions stored per thread (loaded at start).
     pub(crate) fn set_chains(&mut self, chains: Vec<(String, u32)>) {
         for (thread, extra) in chains {
@@ -329,6 +334,61 @@ impl Router {
             self.answer_with(conn_id, env_id, reply, result);
             return;
         }
+        match &req {
+            QueryRequest::Spawn(spawn) => {
+                let result = match self.core.spawn(conn_id, spawn, now_ms()) {
+                    Ok(record) if spawn.check => QueryResult::Spawn {
+                        record,
+                        task_id: None,
+                    },
+                    Ok(record) => {
+                        let task_id = spawn.task.as_ref().map(|_| ulid::Ulid::new().to_string());
+                        let op = WriteOp::Spawned {
+                            record: record.clone(),
+                            task_id: task_id.clone(),
+                        };
+                        let ctx = WriteCtx::Admin {
+                            conn_id,
+                            env_id,
+                            reply,
+                        };
+                        // Answered once the store has written the record (`on_admin`).
+                        self.core.push_command(StoreCmd::Write(op, ctx));
+                        if let (Some(task), Some(id)) = (spawn.task.clone(), task_id) {
+                            self.core.spawn_task(&record, task, id);
+                        }
+                        return;
+                    }
+                    Err((code, message)) => QueryResult::Error {
+                        code: code.into(),
+                        message,
+                    },
+                };
+                self.answer_with(conn_id, env_id, reply, result);
+                return;
+            }
+            QueryRequest::Release { name } => {
+                let result = match self.core.release(conn_id, name, now_ms()) {
+                    Ok(record) => QueryResult::Release { record },
+                    Err((code, message)) => QueryResult::Error {
+                        code: code.into(),
+                        message,
+                    },
+                };
+                self.answer_with(conn_id, env_id, reply, result);
+                return;
+            }
+            QueryRequest::SpawnExited {
+                name,
+                status,
+                lines,
+            } => {
+                let told = self.core.spawn_exited(name, *status, lines, now_ms());
+                self.answer_with(conn_id, env_id, reply, QueryResult::SpawnExited { told });
+                return;
+            }
+            _ => {}
+        }
         if let QueryRequest::ForgetAgent { name } = &req
             && let Err((code, message)) = self.core.forget(name)
         {
@@ -415,6 +475,10 @@ impl Router {
                 QueryResult::ForgetAgent { name }
             }
             Ok(WriteResult::Retried(o)) => self.core.retried(*o, now()),
+            Ok(WriteResult::Spawned(record, task_id)) => {
+                tracing::info!(worker = %record.name, parent = %record.parent, depth = record.depth, "spawned a worker");
+                QueryResult::Spawn { record, task_id }
+            }
             Ok(WriteResult::ChainExtended(thread, extra)) => {
                 let max_hops = self.core.chain_extended(thread.clone(), extra);
                 tracing::info!(%thread, extra, max_hops, "a person extended a reply chain's hop budget");

@@ -19,14 +19,38 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Allow or deny.
+/// Allow or deny a message; or, for the team verbs (issue 25), refuse a spawn or allow a
+/// release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Action {
     /// Let it through.
     Allow,
     /// Refuse it (`forbidden`) and dead-letter it.
     Deny,
+    /// `from` may not spawn workers (`to`: the new worker's name; `*` for any). Messages are
+    /// not concerned.
+    DenySpawn,
+    /// `from` may release the workers `to` even though it did not spawn them. Messages are
+    /// not concerned.
+    AllowRelease,
+}
+
+impl Action {
+    /// Whether the action decides messages (`allow`, `deny`) rather than a team verb.
+    pub fn is_message_rule(self) -> bool {
+        matches!(self, Self::Allow | Self::Deny)
+    }
+
+    /// As written in the file and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::DenySpawn => "deny-spawn",
+            Self::AllowRelease => "allow-release",
+        }
+    }
 }
 
 /// A name pattern: letters, digits, `.`, `_`, `-`, and `*` for any run of them; optionally
@@ -165,7 +189,7 @@ impl Rules {
     /// [`Pattern::matches_at`]), if any matches.
     pub fn decide_at(&self, from: (&str, Option<&str>), to: (&str, Option<&str>)) -> Option<&Rule> {
         let mut best: Option<&Rule> = None;
-        for r in &self.rules {
+        for r in self.rules.iter().filter(|r| r.action.is_message_rule()) {
             if r.from.matches_at(from.0, from.1)
                 && r.to.matches_at(to.0, to.1)
                 && best.is_none_or(|b| r.priority > b.priority)
@@ -179,6 +203,20 @@ impl Rules {
     /// Whether a message from `from` to `to` may pass (no matching rule: yes).
     pub fn allows(&self, from: &str, to: &str) -> bool {
         self.allows_at((from, None), (to, None))
+    }
+
+    /// The `deny-spawn` rule that forbids `from` to spawn a worker named `worker`, if any.
+    pub fn denies_spawn(&self, from: &str, worker: &str) -> Option<&Rule> {
+        self.rules
+            .iter()
+            .find(|r| r.action == Action::DenySpawn && r.from.matches(from) && r.to.matches(worker))
+    }
+
+    /// Whether an `allow-release` rule lets `from` release `worker`, which it did not spawn.
+    pub fn allows_release(&self, from: &str, worker: &str) -> bool {
+        self.rules.iter().any(|r| {
+            r.action == Action::AllowRelease && r.from.matches(from) && r.to.matches(worker)
+        })
     }
 
     /// [`Rules::allows`] with each name's node.
@@ -269,6 +307,26 @@ mod tests {
         for bad in ["@x", "a@", "a@b@c"] {
             assert!(Pattern::new(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn spawn_and_release_rules_leave_messages_alone() {
+        let r = Rules::parse(
+            r#"{"rules": [
+                {"from": "worker-*", "to": "*", "action": "deny-spawn"},
+                {"from": "Ops", "to": "Lead-*", "action": "allow-release", "priority": 5}
+            ]}"#,
+        )
+        .unwrap();
+        assert!(r.denies_spawn("worker-1", "x").is_some());
+        assert!(r.denies_spawn("Lead", "x").is_none());
+        assert!(r.allows_release("Ops", "Lead-w1"));
+        assert!(!r.allows_release("Ops", "Other"));
+        assert!(!r.allows_release("Lead", "Lead-w1"));
+        // Not message rules: everything is still allowed.
+        assert!(r.allows("worker-1", "anyone"));
+        assert!(r.allows("Ops", "Lead-w1"));
+        assert_eq!(Rules::parse(&r.to_text()).unwrap(), r);
     }
 
     #[test]

@@ -259,7 +259,10 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
         QueryRequest::DlqRetry { .. }
         | QueryRequest::DlqPurge
         | QueryRequest::ForgetAgent { .. }
-        | QueryRequest::ChainExtend { .. } => QueryResult::Error {
+        | QueryRequest::ChainExtend { .. }
+        | QueryRequest::Spawn(_)
+        | QueryRequest::Release { .. }
+        | QueryRequest::SpawnExited { .. } => QueryResult::Error {
             code: "internal".into(),
             message: "not a read".into(),
         },

@@ -122,6 +122,41 @@ pub struct Directive {
     /// `body` empty). Never send such a directive as a message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscribe: Option<String>,
+    /// A team verb, not a message: a `[[RELAY]]` block `{"spawn": {...}}` or `{"release":
+    /// ...}` (issue 25.4; `to` is then `*` and `body` empty). Never send such a directive as a
+    /// message: the agent could not mean an agent named "spawn".
+    /// Boxed: rare, and it would make every directive bigger.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team: Option<Box<TeamVerb>>,
+}
+
+/// A lead's team verb written as a `[[RELAY]]` block (see `docs/PARSING.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TeamVerb {
+    /// `{"spawn": {"command": ["claude"], "task"?: TEXT, "name"?: NAME, "worktree"?: bool,
+    /// "notify"?: "idle"}}`: start a worker with a task.
+    Spawn {
+        /// The worker's command and its arguments.
+        command: Vec<String>,
+        /// Its task (its first message, from the agent).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        task: Option<String>,
+        /// Its name, when chosen.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// Its own git worktree.
+        worktree: bool,
+        /// Tell the agent each time the worker is idle after a turn.
+        notify_idle: bool,
+    },
+    /// `{"release": NAME}` or `{"release": {"name": NAME, "now"?: bool}}`: stop a worker.
+    Release {
+        /// The worker.
+        name: String,
+        /// At once rather than once idle.
+        now: bool,
+    },
 }
 
 impl Directive {
@@ -136,6 +171,7 @@ impl Directive {
             truncated: false,
             malformed: None,
             subscribe: None,
+            team: None,
         }
     }
 

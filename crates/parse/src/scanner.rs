@@ -43,6 +43,8 @@ pub(crate) struct Found {
     pub(crate) seq: u64,
 }
 
+// One per scanner (the directive being read), so its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Pending {
     None,
@@ -293,6 +295,14 @@ fn parse_block(json: &str) -> Result<Directive, String> {
             ..Directive::message(Target::Broadcast, "")
         });
     }
+    if !obj.contains_key("to")
+        && let Some(verb) = team_verb(obj)?
+    {
+        return Ok(Directive {
+            team: Some(Box::new(verb)),
+            ..Directive::message(Target::Broadcast, "")
+        });
+    }
     let to = obj
         .get("to")
         .ok_or("it has no \"to\"")?
@@ -332,7 +342,73 @@ fn parse_block(json: &str) -> Result<Directive, String> {
         truncated: false,
         malformed: None,
         subscribe: None,
+        team: None,
     })
+}
+
+/// A `{"spawn": ...}` or `{"release": ...}` block (issue 25.4), or why it is not one (a
+/// sentence for the agent); `None` for a block that is neither.
+fn team_verb(
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<crate::TeamVerb>, String> {
+    if let Some(spawn) = obj.get("spawn") {
+        let spawn = spawn.as_object().ok_or(
+            "its \"spawn\" is not an object ({\"command\": [\"claude\"], \"task\": TEXT})",
+        )?;
+        let command: Vec<String> = match spawn.get("command") {
+            Some(serde_json::Value::String(s)) => s.split_whitespace().map(str::to_owned).collect(),
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .map(|w| w.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or("its \"command\" has a word that is not a string")?,
+            _ => Vec::new(),
+        };
+        if command.is_empty() {
+            return Err(
+                "its \"spawn\" has no \"command\" (the worker's CLI, e.g. [\"claude\"])".into(),
+            );
+        }
+        let text = |k: &str| -> Result<Option<String>, String> {
+            match spawn.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_str()
+                    .map(|s| Some(s.to_owned()))
+                    .ok_or_else(|| format!("its \"{k}\" is not a string")),
+            }
+        };
+        let name = text("name")?;
+        if let Some(n) = &name {
+            relay_protocol::validate_agent_name(n).map_err(|e| format!("its \"name\": {e}"))?;
+        }
+        return Ok(Some(crate::TeamVerb::Spawn {
+            command,
+            task: text("task")?.filter(|t| !t.trim().is_empty()),
+            name,
+            worktree: spawn.get("worktree").and_then(serde_json::Value::as_bool) == Some(true),
+            notify_idle: spawn.get("notify").and_then(serde_json::Value::as_str) == Some("idle"),
+        }));
+    }
+    if let Some(release) = obj.get("release") {
+        let (name, now) = match release {
+            serde_json::Value::String(n) => (n.as_str(), false),
+            serde_json::Value::Object(o) => (
+                o.get("name")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or(""),
+                o.get("now").and_then(serde_json::Value::as_bool) == Some(true),
+            ),
+            _ => ("", false),
+        };
+        relay_protocol::validate_agent_name(name)
+            .map_err(|e| format!("its \"release\" names no worker ({e})"))?;
+        return Ok(Some(crate::TeamVerb::Release {
+            name: name.to_owned(),
+            now,
+        }));
+    }
+    Ok(None)
 }
 
 /// Why `written` is no recipient, for the agent.
@@ -596,6 +672,7 @@ impl Scanner {
                 truncated,
                 malformed: None,
                 subscribe: None,
+                team: None,
             };
             let found = Found {
                 directive,
@@ -1197,6 +1274,58 @@ mod tests {
         assert_eq!(d[0].body, "run tests");
         assert_eq!(d[0].thread.as_deref(), Some("t1"));
         assert_eq!(d[0].data, Some(serde_json::json!({"n": 1})));
+    }
+
+    #[test]
+    fn spawn_and_release_blocks_are_verbs_never_messages() {
+        let d = scan(&[
+            r#"[[RELAY]]{"spawn": {"command": ["claude", "--model", "x"], "task": "fix it", "notify": "idle"}}[[/RELAY]]"#,
+            r#"[[RELAY]]{"spawn": {"command": "codex", "name": "W2", "worktree": true}}[[/RELAY]]"#,
+            r#"[[RELAY]]{"release": "W2"}[[/RELAY]]"#,
+            r#"[[RELAY]]{"release": {"name": "W3", "now": true}}[[/RELAY]]"#,
+            r#"[[RELAY]]{"spawn": {"task": "no command"}}[[/RELAY]]"#,
+            r#"[[RELAY]]{"to": "spawn", "body": "a message to an agent named spawn"}[[/RELAY]]"#,
+        ]);
+        assert_eq!(d.len(), 6, "{d:?}");
+        assert_eq!(
+            d[0].team.as_deref(),
+            Some(&crate::TeamVerb::Spawn {
+                command: vec!["claude".into(), "--model".into(), "x".into()],
+                task: Some("fix it".into()),
+                name: None,
+                worktree: false,
+                notify_idle: true,
+            })
+        );
+        assert!(d[0].malformed.is_none() && d[0].body.is_empty(), "{d:?}");
+        assert!(
+            matches!(d[1].team.as_deref(), Some(crate::TeamVerb::Spawn { command, name: Some(n), worktree: true, .. }) if command == &["codex"] && n == "W2"),
+            "{d:?}"
+        );
+        assert_eq!(
+            d[2].team.as_deref(),
+            Some(&crate::TeamVerb::Release {
+                name: "W2".into(),
+                now: false
+            })
+        );
+        assert_eq!(
+            d[3].team.as_deref(),
+            Some(&crate::TeamVerb::Release {
+                name: "W3".into(),
+                now: true
+            })
+        );
+        assert!(d[4].team.is_none());
+        assert!(
+            d[4].malformed
+                .as_deref()
+                .unwrap_or_default()
+                .contains("no \"command\""),
+            "{d:?}"
+        );
+        assert!(d[5].team.is_none() && d[5].malformed.is_none());
+        assert_eq!(d[5].to, Target::Agent("spawn".into()));
     }
 
     #[test]

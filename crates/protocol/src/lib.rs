@@ -32,7 +32,8 @@ pub use envelope::{
     TerminalReport, TerminalState, Welcome,
 };
 pub use names::{
-    NameError, topic_matches, validate_agent_name, validate_topic, validate_topic_pattern,
+    MAX_NAME_LEN, NameError, topic_matches, validate_agent_name, validate_topic,
+    validate_topic_pattern,
 };
 pub use status::DeliveryStatus;
 pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};

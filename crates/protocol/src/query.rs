@@ -78,6 +78,74 @@ pub enum QueryRequest {
     /// The live event feed: answered by one [`QueryResult::Event`] per event, until the
     /// connection closes (see [`crate::events`]).
     Watch(crate::events::WatchFilter),
+    /// The asker (the connection's name) spawns a worker: the relay decides (access rule
+    /// `deny-spawn`, the caps on live spawned agents and on depth), reserves the name, records
+    /// the asker as its parent (kept across restarts) and stores `task` as a message from the
+    /// asker to it. The asker then starts the worker's wrapper. Answered by
+    /// [`QueryResult::Spawn`]. (A write, not a read.)
+    Spawn(SpawnRequest),
+    /// The asker releases a worker it spawned (a person, or a rule `allow-release`, may
+    /// release any): its record ends, so its exit is not reported as on its own. Answered by
+    /// [`QueryResult::Release`]; the asker then stops it.
+    Release {
+        /// The worker's name.
+        name: String,
+    },
+    /// A wrapper says its agent exited on its own (it was not stopped): when the agent is a
+    /// spawned worker not released, its record ends and its parent is told, with `status` and
+    /// `lines`. Answered by [`QueryResult::SpawnExited`].
+    SpawnExited {
+        /// The agent's name (it must not be connected).
+        name: String,
+        /// Its exit status, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<i32>,
+        /// The last lines its terminal showed.
+        #[serde(default)]
+        lines: Vec<String>,
+    },
+}
+
+/// What [`QueryRequest::Spawn`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// The worker's name; `None`: the relay makes one (`<parent>-w1`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its first message, stored as from the asker (never in any argv).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The directory under which its git worktree is made (`<dir>/<name>`), when it gets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree_in: Option<String>,
+    /// Tell the parent each time the worker becomes idle after a turn.
+    #[serde(default)]
+    pub notify_idle: bool,
+    /// Only decide and answer; reserve and record nothing (a dry run).
+    #[serde(default)]
+    pub check: bool,
+}
+
+/// A spawned worker as the relay records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRecord {
+    /// The worker's name.
+    pub name: String,
+    /// Who spawned it.
+    pub parent: String,
+    /// 1 for a worker of an agent that was not spawned, 2 for a worker's worker...
+    pub depth: u32,
+    /// When (Unix ms).
+    pub at: u64,
+    /// Its git worktree, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<String>,
+    /// Its parent is told when it becomes idle after a turn.
+    #[serde(default)]
+    pub notify_idle: bool,
+    /// When it was released or exited (Unix ms); `None` while it is live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<u64>,
 }
 
 /// Filter for [`QueryRequest::History`]. Every field narrows the result.
@@ -364,6 +432,25 @@ pub enum QueryResult {
         extra: u32,
         /// Its limit now.
         max_hops: u32,
+    },
+    /// Answer to `spawn`: the worker's record, and the id of its task message.
+    Spawn {
+        /// The record.
+        record: SpawnRecord,
+        /// The id of the task message, when there was a task.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        task_id: Option<String>,
+    },
+    /// Answer to `release`: the worker's record, now ended.
+    Release {
+        /// The record.
+        record: SpawnRecord,
+    },
+    /// Answer to `spawn_exited`: whether its parent was told (false: not a live spawned
+    /// worker).
+    SpawnExited {
+        /// Its parent was told.
+        told: bool,
     },
     /// One event of a `watch` (many answers share the query's id).
     Event {

@@ -269,6 +269,21 @@ pub enum WriteOp {
         /// Replies more.
         hops: u32,
     },
+    /// A spawned worker's record (a name spawned again replaces its old one). `task_id` is
+    /// not stored: it is handed back in [`WriteResult::Spawned`] for the answer.
+    Spawned {
+        /// The record.
+        record: relay_protocol::query::SpawnRecord,
+        /// The id of its task message.
+        task_id: Option<String>,
+    },
+    /// A spawned worker was released or exited: its record ends (once).
+    SpawnEnded {
+        /// Its name.
+        name: String,
+        /// When (Unix ms).
+        at: u64,
+    },
     /// The sender of this dead letter has been told (its notice is stored).
     Notified {
         /// Its number.
@@ -337,6 +352,8 @@ pub enum WriteResult {
     Forgot(String),
     /// For [`WriteOp::ExtendChain`]: the thread and its extension in all.
     ChainExtended(String, u32),
+    /// For [`WriteOp::Spawned`]: the record and its task's id.
+    Spawned(relay_protocol::query::SpawnRecord, Option<String>),
     /// For every other op.
     Done,
 }
@@ -490,6 +507,12 @@ pub trait Store: std::marker::Send {
     /// # Errors
     /// [`StoreError`] when the database cannot be read.
     fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError>;
+
+    /// Every spawned worker's record ([`WriteOp::Spawned`]), oldest first, loaded at start.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read.
+    fn spawned(&mut self) -> Result<Vec<relay_protocol::query::SpawnRecord>, StoreError>;
 }
 
 /// The whole story of a stored message: accepted, queued per recipient, the recorded events,

@@ -73,6 +73,8 @@ pub struct MemoryStore {
     journal: dlq::Journal,
     /// Hop-budget extensions per thread.
     chains: BTreeMap<String, u32>,
+    /// Spawned workers by name ([`WriteOp::Spawned`]).
+    spawned: BTreeMap<String, relay_protocol::query::SpawnRecord>,
 }
 
 impl MemoryStore {
@@ -400,6 +402,18 @@ impl MemoryStore {
                 *extra = extra.saturating_add(*hops);
                 WriteResult::ChainExtended(thread.clone(), *extra)
             }
+            WriteOp::Spawned { record, task_id } => {
+                self.spawned.insert(record.name.clone(), record.clone());
+                WriteResult::Spawned(record.clone(), task_id.clone())
+            }
+            WriteOp::SpawnEnded { name, at } => {
+                if let Some(r) = self.spawned.get_mut(name)
+                    && r.ended_at.is_none()
+                {
+                    r.ended_at = Some(*at);
+                }
+                WriteResult::Done
+            }
         }
     }
 }
@@ -614,6 +628,12 @@ impl Store for MemoryStore {
 
     fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
         Ok(self.chains.iter().map(|(t, n)| (t.clone(), *n)).collect())
+    }
+
+    fn spawned(&mut self) -> Result<Vec<relay_protocol::query::SpawnRecord>, StoreError> {
+        let mut v: Vec<_> = self.spawned.values().cloned().collect();
+        v.sort_by_key(|r| r.at);
+        Ok(v)
     }
 }
 

@@ -278,6 +278,19 @@ UPDATE counters SET value = g.n
     WHERE counters.key = 'deliveries.' || CASE g.status WHEN 0 THEN 'queued' WHEN 1 THEN 'acked'
         WHEN 2 THEN 'verified' WHEN 3 THEN 'failed' WHEN 4 THEN 'expired' END;
 ",
+    // v6: spawned workers and their parents (issue 25): the caps on live spawned agents and on
+    // depth, and who may release a worker, hold across a restart of the daemon.
+    r"
+CREATE TABLE spawned (
+    name TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    depth INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    worktree TEXT,
+    notify_idle INTEGER NOT NULL DEFAULT 0,
+    ended_at INTEGER
+) WITHOUT ROWID;
+",
 ];
 
 /// The delivery states counted in `counters` (`deliveries.<name>`), indexed by their code.
@@ -1123,6 +1136,33 @@ impl Batch<'_> {
                     u32::try_from(extra).unwrap_or(u32::MAX),
                 ))
             }
+            WriteOp::Spawned { record, task_id } => {
+                // A name spawned again (after its release) replaces its old record.
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO spawned
+                     (name, parent, depth, at, worktree, notify_idle, ended_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(params![
+                    record.name,
+                    record.parent,
+                    record.depth,
+                    i64::try_from(record.at).unwrap_or(i64::MAX),
+                    record.worktree,
+                    record.notify_idle,
+                    record
+                        .ended_at
+                        .map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
+                ])?;
+                Ok(WriteResult::Spawned(record.clone(), task_id.clone()))
+            }
+            WriteOp::SpawnEnded { name, at } => {
+                tx.prepare_cached(
+                    "UPDATE spawned SET ended_at = ?2 WHERE name = ?1 AND ended_at IS NULL",
+                )?
+                .execute(params![name, i64::try_from(*at).unwrap_or(i64::MAX)])?;
+                Ok(WriteResult::Done)
+            }
         }
     }
 
@@ -1563,6 +1603,10 @@ impl Store for SqliteStore {
         dlq::unnotified(&self.conn, limit)
     }
 
+    fn spawned(&mut self) -> Result<Vec<relay_protocol::query::SpawnRecord>, StoreError> {
+        self.spawned_rows()
+    }
+
     fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
         let mut stmt = self
             .conn
@@ -1576,6 +1620,34 @@ impl Store for SqliteStore {
             if let Some(thread) = key.strip_prefix(CHAIN_KEY) {
                 out.push((thread.to_owned(), u32::try_from(extra).unwrap_or(u32::MAX)));
             }
+        }
+        Ok(out)
+    }
+}
+
+impl SqliteStore {
+    /// [`Store::spawned`].
+    fn spawned_rows(&mut self) -> Result<Vec<relay_protocol::query::SpawnRecord>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT name, parent, depth, at, worktree, notify_idle, ended_at FROM spawned
+             ORDER BY at",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(relay_protocol::query::SpawnRecord {
+                name: r.get(0)?,
+                parent: r.get(1)?,
+                depth: r.get(2)?,
+                at: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                worktree: r.get(4)?,
+                notify_idle: r.get(5)?,
+                ended_at: r
+                    .get::<_, Option<i64>>(6)?
+                    .map(|t| u64::try_from(t).unwrap_or(0)),
+            })
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row?);
         }
         Ok(out)
     }

@@ -1272,7 +1272,54 @@ fn recent_hops<B: Backend>(mut b: B) {
     assert_eq!(s.recent_hops(1).unwrap(), vec![("r2".to_owned(), 2)]);
 }
 
+/// A spawned worker's record outlives a reopen; it ends once (issue 25).
+fn spawned_records_survive_reopen<B: Backend>(mut b: B) {
+    use relay_protocol::query::SpawnRecord;
+    let mut s = b.open();
+    let rec = |name: &str, at: u64| SpawnRecord {
+        name: name.into(),
+        parent: "Lead".into(),
+        depth: 1,
+        at,
+        worktree: (name == "w2").then(|| "/p/.agent-relay/worktrees/w2".to_owned()),
+        notify_idle: name == "w1",
+        ended_at: None,
+    };
+    let out = s
+        .write_batch(
+            &[
+                WriteOp::Spawned {
+                    record: rec("w1", 1),
+                    task_id: Some("t1".into()),
+                },
+                WriteOp::Spawned {
+                    record: rec("w2", 2),
+                    task_id: None,
+                },
+                WriteOp::SpawnEnded {
+                    name: "w1".into(),
+                    at: 5,
+                },
+                WriteOp::SpawnEnded {
+                    name: "w1".into(),
+                    at: 9,
+                },
+            ],
+            3,
+        )
+        .unwrap();
+    assert_eq!(
+        out[0],
+        WriteResult::Spawned(rec("w1", 1), Some("t1".into()))
+    );
+    let mut s = b.reopen(s);
+    let mut ended = rec("w1", 1);
+    ended.ended_at = Some(5);
+    assert_eq!(s.spawned().unwrap(), vec![ended, rec("w2", 2)]);
+}
+
 for_both!(
+    spawned_records_survive_reopen,
     trace_and_dead_letters,
     recent_hops,
     dedupe,
@@ -1400,7 +1447,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 5,
+            supported: 6,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1419,7 +1466,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 5);
+    assert_eq!(v, 6);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 

@@ -18,7 +18,9 @@
 //! when a prompt is submitted) sends `{"hook": "prompt"}`, answered the same way: the messages
 //! go in with the person's prompt, as that turn's context (see `Core::hook_prompt`).
 //! `{"hello": true}` is answered `{"agent": NAME}`: how the MCP server checks, at its start,
-//! that it belongs to this agent.
+//! that it belongs to this agent. `{"query": QUERY}` (only `spawn` and `release`, issue 25)
+//! asks the relay on the wrapper's connection, as the agent: answered `{"result": RESULT}` or
+//! `{"error": TEXT, "code"?: CODE}`.
 //!
 //! Every request carries `"key"`, the door key the wrapper put in its agent's environment
 //! (`AGENT_RELAY_SESSION`, see [`new_key`]): only a process of the agent's own session (its
@@ -94,6 +96,13 @@ pub(crate) enum Request {
     Inbox {
         limit: usize,
         reply: oneshot::Sender<(Vec<relay_client::Delivered>, usize)>,
+    },
+    /// A team verb asked as the agent (`agent-relay spawn` or `release` run by the agent, its
+    /// MCP server's `relay_spawn` or `relay_release`): the QUERY goes on the wrapper's own
+    /// connection, so the relay takes the agent as the asker (issue 25).
+    Query {
+        req: relay_protocol::query::QueryRequest,
+        reply: oneshot::Sender<Result<relay_protocol::query::QueryResult, ClientError>>,
     },
 }
 
@@ -225,6 +234,18 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                 hook(|reply| Request::Stop { active, reply }, &tx).await
             }
             Ok(v) if v["hook"] == "prompt" => hook(|reply| Request::Prompt { reply }, &tx).await,
+            Ok(v) if v.get("query").is_some() => {
+                match serde_json::from_value::<relay_protocol::query::QueryRequest>(
+                    v["query"].clone(),
+                ) {
+                    Ok(
+                        req @ (relay_protocol::query::QueryRequest::Spawn(_)
+                        | relay_protocol::query::QueryRequest::Release { .. }),
+                    ) => query(req, &tx).await,
+                    Ok(_) => serde_json::json!({"error": "the door asks only spawn and release"}),
+                    Err(e) => serde_json::json!({"error": format!("not a query: {e}")}),
+                }
+            }
             Ok(v) if v.get("inbox").is_some() => {
                 let limit = v["inbox"]
                     .as_u64()
@@ -263,6 +284,25 @@ async fn shown(ids: Vec<String>, tx: &mpsc::Sender<Request>) -> serde_json::Valu
     }
     match rx.await {
         Ok(n) => serde_json::json!({ "verified": n }),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
+    }
+}
+
+/// A team verb as the agent: `{"result": RESULT}` or `{"error", "code"?}`.
+async fn query(
+    req: relay_protocol::query::QueryRequest,
+    tx: &mpsc::Sender<Request>,
+) -> serde_json::Value {
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Query { req, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(result)) => serde_json::json!({ "result": result }),
+        Ok(Err(ClientError::Query { code, message })) => {
+            serde_json::json!({"error": message, "code": code})
+        }
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }

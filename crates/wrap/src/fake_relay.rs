@@ -120,6 +120,14 @@ impl Link for Relay {
         Ok(())
     }
 
+    /// No relay behind it: refused.
+    async fn query(
+        &self,
+        _req: relay_protocol::query::QueryRequest,
+    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
+        Err(ClientError::Closed)
+    }
+
     async fn close(self) {
         self.log().closed = true;
     }

@@ -588,6 +588,11 @@ impl Core {
             self.out.push(Effect::Subscribe(pattern.clone()));
             return;
         }
+        if let (Some(verb), None) = (&d.team, &d.malformed) {
+            // A `[[RELAY]]` block `{"spawn": ...}` or `{"release": ...}` (see [`Effect::Team`]).
+            self.out.push(Effect::Team(verb.clone()));
+            return;
+        }
         if let Some(why) = &d.malformed {
             // Not a directive the relay can send (a bad name, a block that does not parse):
             // the agent meant to send something, and is told what was not sent and why.
@@ -1258,6 +1263,8 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(term.pty.pid());
+    // The agent's own `agent-relay spawn` (a team directive) asks through this door with it.
+    core.cfg.door_key = Some(key.clone());
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
     let mut shell = shell::Shell::new(client);
     let ended = shell.serve(&mut core, &mut term, &mut door).await?;
@@ -1358,6 +1365,7 @@ async fn serve_tmux_with(
         Err(e) if session_lives(&session) => return Err(e),
         Err(_) => {}
     }
+    core.cfg.door_key = Some(key.clone());
     let mut door = door::open(&core.cfg.team_dir, &core.cfg.name, &key);
     let ended = shell.serve(&mut core, &mut term, &mut door).await?;
     if let Ended::Stopped(_) = ended {

@@ -34,6 +34,12 @@ pub(crate) trait Relay {
     /// See [`Client::report_terminal`].
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
 
+    /// See [`Client::query`].
+    async fn query(
+        &self,
+        req: relay_protocol::query::QueryRequest,
+    ) -> Result<relay_protocol::query::QueryResult, ClientError>;
+
     /// See [`Client::close`].
     async fn close(self);
 }
@@ -66,6 +72,13 @@ impl Relay for Client {
 
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
         Client::report_terminal(self, report).await
+    }
+
+    async fn query(
+        &self,
+        req: relay_protocol::query::QueryRequest,
+    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
+        Client::query(self, req).await
     }
 
     async fn close(self) {

@@ -311,6 +311,7 @@ impl<R: Relay> Shell<R> {
                 tracing::info!(%pattern, %told, "a subscribe directive");
                 core.push_notice(&told);
             }
+            Effect::Team(verb) => team_verb(&core.cfg, *verb, self.notices_tx.clone()),
             Effect::ReportStart(word) => crate::report_start_line(word),
         }
         Ok(())
@@ -418,6 +419,13 @@ impl<R: Relay> Shell<R> {
                     );
                 }
             }
+            door::Request::Query { req, reply } => {
+                // Answered in milliseconds (a spawn waits for one store write).
+                let answer = self.link.query(req).await;
+                if reply.send(answer).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
             door::Request::Prompt { reply } => {
                 let texts = core.hook_prompt();
                 self.apply(core, term).await?;
@@ -457,4 +465,117 @@ async fn sleep_until(at: Option<Instant>) {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// Runs `agent-relay spawn` or `release` for a team directive, as the agent (its name and door
+/// key in the command's environment: it asks through this wrapper's door, whose requests the
+/// loop answers meanwhile), on a thread of its own (a spawn waits for the worker to start);
+/// the agent is told how it went, as a notice. The task goes on the command's stdin, never in
+/// its argv.
+fn team_verb(
+    cfg: &crate::WrapConfig,
+    verb: relay_parse::TeamVerb,
+    notices: mpsc::UnboundedSender<String>,
+) {
+    use relay_parse::TeamVerb;
+    let (args, task, what): (Vec<String>, Option<String>, String) = match verb {
+        TeamVerb::Spawn {
+            command,
+            task,
+            name,
+            worktree,
+            notify_idle,
+        } => {
+            let mut a: Vec<String> = vec!["spawn".into()];
+            if let Some(n) = name {
+                a.extend(["-n".into(), n]);
+            }
+            if worktree {
+                a.push("--worktree".into());
+            }
+            if notify_idle {
+                a.extend(["--notify".into(), "idle".into()]);
+            }
+            if task.is_some() {
+                a.extend(["--task-file".into(), "-".into()]);
+            }
+            a.push("--".into());
+            a.extend(command);
+            (a, task, "spawned".into())
+        }
+        TeamVerb::Release { name, now } => {
+            let mut a: Vec<String> = vec!["release".into(), name];
+            if now {
+                a.push("--now".into());
+            }
+            (a, None, "released".into())
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            let told = format!("relay: not {what}: cannot find agent-relay ({e})");
+            if notices.send(told).is_err() {
+                tracing::debug!("the wrapper is ending");
+            }
+            return;
+        }
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .env("AGENT_RELAY_NAME", &cfg.name)
+        .env("AGENT_RELAY_SOCKET", &cfg.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(key) = &cfg.door_key {
+        cmd.env(crate::DOOR_KEY_ENV, key);
+    }
+    // The data directory is the team directory's grandparent (`<data>/team/<name>`).
+    if let Some(data) = cfg.team_dir.parent().and_then(std::path::Path::parent) {
+        cmd.env("AGENT_RELAY_DATA_DIR", data);
+    }
+    tracing::info!(?args, "a team directive");
+    std::thread::spawn(move || {
+        let told = match run_team_command(cmd, task.as_deref()) {
+            // `spawn` prints the worker's name; `release` says what it did.
+            Ok(out) if what == "spawned" => {
+                format!("relay: spawned {}", text::one_line(out.trim(), 300))
+            }
+            Ok(out) => format!("relay: {}", text::one_line(out.trim(), 300)),
+            Err(why) => format!("relay: not {what}: {}", text::one_line(&why, 400)),
+        };
+        tracing::info!(%told, "a team directive done");
+        if notices.send(told).is_err() {
+            tracing::debug!("the wrapper ended before the team directive did");
+        }
+    });
+}
+
+/// Runs `cmd` with `stdin` on its standard input: its stdout, or the last thing it said on
+/// stderr.
+fn run_team_command(mut cmd: std::process::Command, stdin: Option<&str>) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run agent-relay: {e}"))?;
+    if let Some(mut pipe) = child.stdin.take()
+        && let Some(t) = stdin
+    {
+        pipe.write_all(t.as_bytes())
+            .map_err(|e| format!("cannot hand over the task: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("agent-relay did not finish: {e}"))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(err
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("agent-relay: "))
+        .unwrap_or(err.trim())
+        .to_owned())
 }

@@ -49,6 +49,7 @@ use crate::msg::{
 use crate::rules::Rules;
 
 mod names;
+mod spawn;
 
 #[cfg(test)]
 mod harness;
@@ -444,6 +445,8 @@ pub(crate) struct Core {
     /// Replies more than `max_hops` that a person allowed a thread's chain
     /// (`agent-relay chain extend`; stored, loaded at start).
     chains: HashMap<String, u32>,
+    /// Spawned workers by name, ended ones too (`spawn.rs`; the store's `spawned`).
+    spawned: HashMap<String, relay_protocol::query::SpawnRecord>,
     /// (sender, recipient) pairs whose sender was told that the recipient has not connected
     /// yet, while the daemon runs: spares the store a notice it would refuse as a duplicate.
     /// The store keeps the promise across restarts (the notice's id is the pair's).
@@ -515,6 +518,7 @@ impl Core {
             agents,
             folded,
             chains: HashMap::new(),
+            spawned: HashMap::new(),
             told_not_yet: HashSet::new(),
             dirty: HashSet::new(),
             agents_changed: false,
@@ -1181,13 +1185,30 @@ impl Core {
         body: String,
         data: serde_json::Value,
     ) {
-        let hops = self.hops.reply_hops(about);
+        self.relay_notice_of(to, id, Some(about), body, data);
+    }
+
+    /// Stores a message from [`RELAY`] to `to` that answers none of its messages (a notice
+    /// about a worker it spawned).
+    fn relay_notice_new(&mut self, to: String, id: String, body: String, data: serde_json::Value) {
+        self.relay_notice_of(to, id, None, body, data);
+    }
+
+    fn relay_notice_of(
+        &mut self,
+        to: String,
+        id: String,
+        about: Option<&str>,
+        body: String,
+        data: serde_json::Value,
+    ) {
+        let hops = about.map_or(0, |a| self.hops.reply_hops(a));
         let payload = Send {
             kind: relay_protocol::Kind::Message,
             body,
             data: Some(data),
             thread: None,
-            in_reply_to: Some(about.to_owned()),
+            in_reply_to: about.map(str::to_owned),
             budget: Some(Budget {
                 hops,
                 max_hops: self.cfg.max_hops,
@@ -2206,12 +2227,18 @@ impl Core {
         if on.terminal.as_ref() == Some(&report) {
             return;
         }
-        if on.terminal.as_ref().map(|t| t.state) != Some(report.state) {
+        let before = on.terminal.as_ref().map(|t| t.state);
+        let after = report.state;
+        if before != Some(after) {
             on.state_since = self.now.ms;
         }
         on.terminal = Some(report);
         on.terminal_pending = true;
-        if let Some(report) = on.terminal_due(self.now.at) {
+        let due = on.terminal_due(self.now.at);
+        if before != Some(after) {
+            self.spawn_state_changed(&name, before, after);
+        }
+        if let Some(report) = due {
             self.emit_terminal(name, report);
         }
     }

@@ -48,6 +48,10 @@ pub(crate) enum Effect {
     /// Subscribe the agent's connection to a topic pattern (a `[[RELAY]]` block
     /// `{"subscribe": PATTERN}`), and tell the agent how it went (a notice).
     Subscribe(String),
+    /// A team verb (a `[[RELAY]]` block `{"spawn": ...}` or `{"release": ...}`): run
+    /// `agent-relay spawn`/`release` as the agent (through its door) off the loop, and tell
+    /// the agent how it went (a notice).
+    Team(Box<relay_parse::TeamVerb>),
     /// Tell the command that started this wrapper how the start goes (a word on stdout).
     ReportStart(&'static str),
 }
