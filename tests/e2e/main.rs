@@ -8,6 +8,7 @@ mod agents;
 mod backends;
 mod bounds;
 mod chains;
+mod claims;
 mod cli;
 mod client;
 mod config;

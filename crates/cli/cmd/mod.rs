@@ -2,6 +2,7 @@
 
 mod adapters;
 mod bench;
+pub(crate) mod claim;
 mod config;
 pub(crate) mod doctor;
 pub(crate) mod hooks;
@@ -143,6 +144,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Trace(a) => query::trace(&paths, &a).await,
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Chain(a) => query::chain(&paths, a).await,
+                    Cmd::Claim(a) => claim::claim(&paths, &a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Inbox(a) => inbox::inbox(&paths, &a).await,
                     Cmd::Reply(a) => inbox::reply(&paths, a).await,

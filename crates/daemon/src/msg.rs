@@ -104,8 +104,8 @@ pub(crate) enum RouterMsg {
         hello: Hello,
         reply: oneshot::Sender<Result<(), (ErrorCode, String)>>,
     },
-    /// The connection is gone.
-    Unregister { conn_id: u64 },
+    /// The connection is gone; `bye`: its peer said BYE first (left on purpose).
+    Unregister { conn_id: u64, bye: bool },
     /// A wrapper reported how its agent's terminal looks (in a PONG).
     Terminal {
         conn_id: u64,

@@ -117,6 +117,11 @@ impl Router {
         }
     }
 
+    /// The claims stored (loaded at start; expired ones dropped).
+    pub(crate) fn set_claims(&mut self, claims: Vec<relay_protocol::claims::ClaimInfo>) {
+        self.core.set_claims(claims);
+    }
+
     /// Runs until `rx` closes or `shutdown` fires; then says BYE to every connection.
     pub(crate) async fn run(
         mut self,
@@ -238,7 +243,12 @@ impl Router {
                     tracing::debug!("connection gone before its HELLO was answered");
                 }
             }
-            RouterMsg::Unregister { conn_id } => self.core.unregister(conn_id, now()),
+            RouterMsg::Unregister { conn_id, bye } => {
+                if bye {
+                    self.core.left(conn_id, now());
+                }
+                self.core.unregister(conn_id, now());
+            }
             RouterMsg::Terminal { conn_id, report } => {
                 self.core.on_terminal(conn_id, report, now());
             }
@@ -326,6 +336,10 @@ impl Router {
                 code: "invalid".into(),
                 message,
             };
+            self.answer_with(conn_id, env_id, reply, result);
+            return;
+        }
+        if let Some(result) = self.core.on_claim_query(conn_id, &req, now()) {
             self.answer_with(conn_id, env_id, reply, result);
             return;
         }

@@ -12,6 +12,7 @@
 //! exceptions are the small helpers every crate shares so that each exists once: the wall
 //! [`clock`] and [`file::write_atomic`].
 
+pub mod claims;
 pub mod clock;
 pub mod codec;
 mod envelope;

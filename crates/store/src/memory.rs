@@ -73,6 +73,8 @@ pub struct MemoryStore {
     journal: dlq::Journal,
     /// Hop-budget extensions per thread.
     chains: BTreeMap<String, u32>,
+    /// (agent, path) → (since, until).
+    claims: BTreeMap<(String, String), (u64, u64)>,
 }
 
 impl MemoryStore {
@@ -391,6 +393,7 @@ impl MemoryStore {
             }
             WriteOp::Purge => self.purge(),
             WriteOp::ForgetAgent { name } => {
+                self.claims.retain(|(agent, _), _| agent != name);
                 self.subscriptions.remove(name);
                 self.agents.remove(name);
                 WriteResult::Forgot(name.clone())
@@ -399,6 +402,21 @@ impl MemoryStore {
                 let extra = self.chains.entry(thread.clone()).or_insert(0);
                 *extra = extra.saturating_add(*hops);
                 WriteResult::ChainExtended(thread.clone(), *extra)
+            }
+            WriteOp::Claim {
+                agent,
+                path,
+                since,
+                until,
+            } => {
+                self.claims
+                    .insert((agent.clone(), path.clone()), (*since, *until));
+                WriteResult::Done
+            }
+            WriteOp::Unclaim { agent, paths } => {
+                self.claims
+                    .retain(|(a, p), _| a != agent || !(paths.is_empty() || paths.contains(p)));
+                WriteResult::Done
             }
         }
     }
@@ -614,6 +632,21 @@ impl Store for MemoryStore {
 
     fn chain_extensions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
         Ok(self.chains.iter().map(|(t, n)| (t.clone(), *n)).collect())
+    }
+
+    fn claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        Ok(self
+            .claims
+            .iter()
+            .map(
+                |((agent, path), (since, until))| relay_protocol::claims::ClaimInfo {
+                    agent: agent.clone(),
+                    path: path.clone(),
+                    since: *since,
+                    until: *until,
+                },
+            )
+            .collect())
     }
 }
 

@@ -278,6 +278,17 @@ UPDATE counters SET value = g.n
     WHERE counters.key = 'deliveries.' || CASE g.status WHEN 0 THEN 'queued' WHEN 1 THEN 'acked'
         WHEN 2 THEN 'verified' WHEN 3 THEN 'failed' WHEN 4 THEN 'expired' END;
 ",
+    // v6: claims (issue 25.7): an agent's paths, until they expire or it releases them; kept
+    // across restarts, so that a claim the others were told about holds after one.
+    r"
+CREATE TABLE claims (
+    agent TEXT NOT NULL,
+    path TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    PRIMARY KEY (agent, path)
+) WITHOUT ROWID;
+",
 ];
 
 /// The delivery states counted in `counters` (`deliveries.<name>`), indexed by their code.
@@ -1102,6 +1113,8 @@ impl Batch<'_> {
                     .execute([name])?;
                 tx.prepare_cached("DELETE FROM subscriptions WHERE agent = ?1")?
                     .execute([name])?;
+                tx.prepare_cached("DELETE FROM claims WHERE agent = ?1")?
+                    .execute([name])?;
                 Ok(WriteResult::Forgot(name.clone()))
             }
             WriteOp::ExtendChain { thread, hops } => {
@@ -1120,6 +1133,30 @@ impl Batch<'_> {
                     thread.clone(),
                     u32::try_from(extra).unwrap_or(u32::MAX),
                 ))
+            }
+            WriteOp::Claim {
+                agent,
+                path,
+                since,
+                until,
+            } => {
+                tx.prepare_cached(
+                    "INSERT INTO claims (agent, path, since, until) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (agent, path) DO UPDATE SET since = ?3, until = ?4",
+                )?
+                .execute(params![agent, path, since, until])?;
+                Ok(WriteResult::Done)
+            }
+            WriteOp::Unclaim { agent, paths } => {
+                if paths.is_empty() {
+                    tx.prepare_cached("DELETE FROM claims WHERE agent = ?1")?
+                        .execute([agent])?;
+                }
+                for path in paths {
+                    tx.prepare_cached("DELETE FROM claims WHERE agent = ?1 AND path = ?2")?
+                        .execute([agent, path])?;
+                }
+                Ok(WriteResult::Done)
             }
         }
     }
@@ -1576,6 +1613,28 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+
+    fn claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        self.stored_claims()
+    }
+}
+
+impl SqliteStore {
+    /// [`Store::claims`].
+    fn stored_claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT agent, path, since, until FROM claims ORDER BY path, agent")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(relay_protocol::claims::ClaimInfo {
+                agent: r.get(0)?,
+                path: r.get(1)?,
+                since: r.get(2)?,
+                until: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 }
 

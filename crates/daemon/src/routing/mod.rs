@@ -48,6 +48,7 @@ use crate::msg::{
 };
 use crate::rules::Rules;
 
+mod claims;
 mod names;
 
 #[cfg(test)]
@@ -448,6 +449,8 @@ pub(crate) struct Core {
     /// yet, while the daemon runs: spares the store a notice it would refuse as a duplicate.
     /// The store keeps the promise across restarts (the notice's id is the pair's).
     told_not_yet: HashSet<(String, String)>,
+    /// Claims held (a mirror of the store's, loaded at start) and recent edits (issue 25.7).
+    claims: claims::ClaimBook,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
@@ -516,6 +519,7 @@ impl Core {
             folded,
             chains: HashMap::new(),
             told_not_yet: HashSet::new(),
+            claims: claims::ClaimBook::default(),
             dirty: HashSet::new(),
             agents_changed: false,
             limiter,
@@ -1155,7 +1159,7 @@ impl Core {
                 "reason": n.reason, "dlq_id": n.dlq_id,
             }});
             let id = format!("dead-letter-{}", n.dlq_id);
-            self.relay_notice(n.from, id, &n.msg_id, body, data);
+            self.relay_notice(n.from, id, Some(&n.msg_id), body, data);
             // After the notice in command order, so at worst a crash repeats the notice
             // (stored once), never loses it.
             self.store(StoreCmd::Write(told, WriteCtx::None));
@@ -1169,17 +1173,18 @@ impl Core {
         &mut self,
         to: String,
         id: String,
-        about: &str,
+        about: Option<&str>,
         body: String,
         data: serde_json::Value,
     ) {
-        let hops = self.hops.reply_hops(about);
+        // A notice about no message (a claim) starts no chain.
+        let hops = about.map_or(0, |a| self.hops.reply_hops(a));
         let payload = Send {
             kind: relay_protocol::Kind::Message,
             body,
             data: Some(data),
             thread: None,
-            in_reply_to: Some(about.to_owned()),
+            in_reply_to: about.map(str::to_owned),
             budget: Some(Budget {
                 hops,
                 max_hops: self.cfg.max_hops,
@@ -1373,6 +1378,7 @@ impl Core {
         self.now = now;
         self.probe_circuits();
         self.flush_terminal_states();
+        self.expire_claims();
     }
 
     /// Whether acknowledgement watermarks moved since the last [`Core::flush_watermarks`].
@@ -1440,6 +1446,7 @@ impl Core {
             Some(_) => {
                 self.agents.remove(name);
                 self.fold_out(name);
+                self.forget_claims(name);
                 Ok(())
             }
             None => Err((
@@ -1745,7 +1752,7 @@ impl Core {
         // (sender, id) is the record; no memory of this process is). Its short id is not the
         // message's.
         let id = names::not_yet_notice_id(&message.from, &name);
-        self.relay_notice(message.from.clone(), id, &message.id, body, data);
+        self.relay_notice(message.from.clone(), id, Some(&message.id), body, data);
     }
 
     fn drop_slow(&mut self, name: &str) {
