@@ -219,3 +219,104 @@ fn hostile_paths_are_refused_with_a_clear_error() {
     }
     assert!(claims_listed(&relay).is_empty());
 }
+
+/// On "claim", claims src/auth.rs with a `[[RELAY]]` block; echoes every line it reads.
+const CLAIMER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *please-claim*) echo '[[RELAY]]{"claim": ["src/auth.rs"], "for": "1h"}[[/RELAY]]' ;;
+  esac
+done
+"#;
+
+/// A wrapped agent claims from its screen with a `[[RELAY]]` block: it is told, the claim is
+/// the agent's (not a message to anyone), another agent's claim of the path is typed into it
+/// as the relay's notice, and `agent-relay stop` releases its claims.
+#[test]
+fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
+    let relay = Relay::start();
+    let tmux = crate::tmux::Tmux {
+        dir: relay.dir.path(),
+    };
+    let kim = crate::tmux::start_tmux_agent(&relay, "Kim", CLAIMER, &[]);
+    ok_stdout(&relay.cli(&["send", "Kim", "please-claim"]));
+    wait_for(Duration::from_secs(30), "Kim told she claimed", || {
+        tmux.pane(&kim)
+            .contains("relay: claimed src/auth.rs for 60 min")
+    });
+    assert_eq!(
+        claims_listed(&relay),
+        [("Kim".into(), "src/auth.rs".into())]
+    );
+    // Nothing was sent for the block.
+    let h: Value =
+        serde_json::from_slice(&relay.cli(&["history", "--from", "Kim", "--json"]).stdout).unwrap();
+    assert_eq!(h.as_array().map(Vec::len), Some(0), "{h}");
+
+    let (mut bob, _) = relay.agent("Bob");
+    query(&mut bob, json!({"what": "claim", "paths": ["src/"]}));
+    let (r, told) = result_and_notices(&mut bob, 1);
+    assert_eq!(r["payload"]["collisions"][0]["agent"], "Kim", "{r}");
+    assert!(
+        told[0]["payload"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("src/ is claimed by Kim"),
+        "{told:?}"
+    );
+    wait_for(Duration::from_secs(30), "Kim told of Bob's claim", || {
+        tmux.pane(&kim).contains("Bob claimed src/")
+    });
+
+    ok_stdout(&relay.cli(&["stop", "Kim"]));
+    wait_for(Duration::from_secs(30), "Kim's claim released", || {
+        !claims_listed(&relay).iter().any(|(a, _)| a == "Kim")
+    });
+    assert_eq!(claims_listed(&relay), [("Bob".into(), "src/".into())]);
+}
+
+/// The MCP tool `relay_claim`: an unwrapped agent's server claims on its own connection; a
+/// wrapped agent's server claims through its wrapper's door (the wrapper's connection holds the
+/// name), lists and releases.
+#[test]
+fn relay_claim_claims_lists_and_releases_with_and_without_a_wrapper() {
+    let relay = Relay::start();
+    let mut sam = crate::doors::Mcp::start(&relay, "Sam");
+    let (err, said) = sam.tool("relay_claim", json!({"paths": ["docs/a.md"], "for": "10m"}));
+    assert!(
+        !err && said.starts_with("claimed docs/a.md until"),
+        "{said}"
+    );
+    let (err, said) = sam.tool("relay_claim", json!({"paths": ["../../etc/passwd"]}));
+    assert!(err && said.contains("outside the project"), "{said}");
+
+    let fifos = crate::doors::SessionPipes::new(&relay, "Ada");
+    let mut ada_wrapper = relay
+        .command()
+        .args(["wrap", "--no-input", "--backend", "pty", "-n", "Ada", "--"])
+        .args(fifos.command())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ada = fifos.connect();
+    crate::wrap::wait_online(&relay, "Ada");
+    let (err, said) = ada.tool("relay_claim", json!({"paths": ["docs/"]}));
+    assert!(!err, "{said}\n{}", fifos.server_log());
+    assert!(said.contains("claimed docs/ until"), "{said}");
+    assert!(
+        said.contains("docs/ is also claimed by Sam (docs/a.md"),
+        "{said}"
+    );
+    let (err, said) = ada.tool("relay_claim", json!({"list": true}));
+    assert!(!err, "{said}");
+    assert!(said.contains("docs/ claimed by Ada"), "{said}");
+    assert!(said.contains("docs/a.md claimed by Sam"), "{said}");
+    let (err, said) = ada.tool("relay_claim", json!({"release": true}));
+    assert!(!err && said.contains("released docs/"), "{said}");
+    assert_eq!(claims_listed(&relay), [("Sam".into(), "docs/a.md".into())]);
+    drop(ada);
+    ada_wrapper.kill().unwrap();
+    ada_wrapper.wait().unwrap();
+}

@@ -367,6 +367,25 @@ struct SubscribeParams {
     pattern: String,
 }
 
+/// Arguments of `relay_claim`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ClaimParams {
+    /// Files or directories (a directory covers what it holds), relative to your directory or
+    /// absolute, inside the project. With release and none: all of your claims.
+    #[serde(default)]
+    paths: Vec<String>,
+    /// How long: "90s", "30m", "2h" (default 30m, at most 24h). Claiming again renews.
+    #[serde(default, rename = "for")]
+    for_: Option<String>,
+    /// Release the paths instead of claiming them.
+    #[serde(default)]
+    release: bool,
+    /// List every claim (paths are then ignored).
+    #[serde(default)]
+    list: bool,
+}
+
 /// Arguments of `relay_read`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
@@ -860,6 +879,93 @@ impl RelayMcp {
             Ok(other) => failed(format!("unexpected answer: {other:?}")),
             Err(e) => failed(e.to_string()),
         }
+    }
+
+    /// Claims paths for this agent, releases them, or lists every claim (issue 25.7).
+    #[tool(
+        name = "relay_claim",
+        description = "Claim files or directories you are about to change, for a while (for: \"30m\" by default): another agent that claims or edits them is told, and so are you, once. release=true gives them back (none: all yours); list=true shows every claim. Claims end when they expire or you stop."
+    )]
+    async fn relay_claim(&self, Parameters(p): Parameters<ClaimParams>) -> CallToolResult {
+        let req = if p.list {
+            QueryRequest::Claims
+        } else {
+            let cwd = match std::env::current_dir() {
+                Ok(c) => c,
+                Err(e) => return failed(format!("not claimed: no working directory ({e})")),
+            };
+            let root = relay_client::paths::project_root(&cwd);
+            let paths = match crate::cmd::claim::normalize(&root, &cwd, &p.paths) {
+                Ok(ps) => ps,
+                Err(e) => return failed(e),
+            };
+            if p.release {
+                QueryRequest::Unclaim { paths }
+            } else {
+                if paths.is_empty() {
+                    return failed("no path given: name the files or directories to claim");
+                }
+                let for_ms = match p.for_.as_deref().map(crate::time::parse_duration_ms) {
+                    None => None,
+                    Some(Some(ms)) => Some(ms),
+                    Some(None) => return failed("\"for\" is not a duration: give 90s, 30m or 2h"),
+                };
+                QueryRequest::Claim { paths, for_ms }
+            }
+        };
+        // Under a wrapper the claim goes on its connection (the agent's one identity).
+        let answer = match &self.key {
+            Some(key) => {
+                let request = serde_json::json!({"query": req, "key": key});
+                match door_exchange(&self.door, &request).await {
+                    Ok(v) if v.get("result").is_some() => {
+                        serde_json::from_value::<QueryResult>(v["result"].clone())
+                            .map_err(|e| format!("the wrapper's answer is not a result: {e}"))
+                    }
+                    Ok(v) => Err(v["error"]
+                        .as_str()
+                        .unwrap_or("no answer from the wrapper")
+                        .to_owned()),
+                    Err(e) => Err(format!("cannot reach the wrapper's door: {e}")),
+                }
+            }
+            None => self.query(req).await.map_err(|e| e.to_string()),
+        };
+        let lines: Vec<String> = match answer {
+            Err(e) => return failed(format!("not done: {}", for_terminal(&e))),
+            Ok(QueryResult::Claim { claims, collisions }) => claims
+                .iter()
+                .map(|c| {
+                    format!(
+                        "claimed {} until {}",
+                        for_terminal(&c.path),
+                        crate::time::format_utc(c.until)
+                    )
+                })
+                .chain(collisions.iter().map(crate::cmd::claim::collision_line))
+                .collect(),
+            Ok(QueryResult::Unclaim { released }) if released.is_empty() => {
+                vec!["Nothing to release: no such claim.".into()]
+            }
+            Ok(QueryResult::Unclaim { released }) => released
+                .iter()
+                .map(|p| format!("released {}", for_terminal(p)))
+                .collect(),
+            Ok(QueryResult::Claims { claims }) if claims.is_empty() => vec!["No claims.".into()],
+            Ok(QueryResult::Claims { claims }) => claims
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} claimed by {} until {}",
+                        for_terminal(&c.path),
+                        for_terminal(&c.agent),
+                        crate::time::format_utc(c.until)
+                    )
+                })
+                .collect(),
+            Ok(other) => return failed(format!("unexpected answer: {other:?}")),
+        };
+        text(lines.join("\n"))
     }
 
     /// Searches the history.

@@ -18,7 +18,10 @@
 //! when a prompt is submitted) sends `{"hook": "prompt"}`, answered the same way: the messages
 //! go in with the person's prompt, as that turn's context (see `Core::hook_prompt`).
 //! `{"hello": true}` is answered `{"agent": NAME}`: how the MCP server checks, at its start,
-//! that it belongs to this agent.
+//! that it belongs to this agent. `{"query": QUERY}` asks the relay a question on the agent's
+//! own connection, for the questions that speak for the agent (`claim`, `unclaim`, `claims`,
+//! `edited`: the MCP server's `relay_claim`, the PostToolUse hook), answered `{"result":
+//! RESULT}` or `{"error"}`.
 //!
 //! Every request carries `"key"`, the door key the wrapper put in its agent's environment
 //! (`AGENT_RELAY_SESSION`, see [`new_key`]): only a process of the agent's own session (its
@@ -94,6 +97,11 @@ pub(crate) enum Request {
     Inbox {
         limit: usize,
         reply: oneshot::Sender<(Vec<relay_client::Delivered>, usize)>,
+    },
+    /// A question for the relay asked on the agent's connection (claims speak for it).
+    Query {
+        req: relay_protocol::query::QueryRequest,
+        reply: oneshot::Sender<Result<relay_protocol::query::QueryResult, ClientError>>,
     },
 }
 
@@ -233,6 +241,7 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                     .clamp(1, 1000);
                 inbox(limit, &tx).await
             }
+            Ok(v) if v.get("query").is_some() => query(v["query"].clone(), &tx).await,
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -317,6 +326,33 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         }
         Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}
+
+/// A question asked on the agent's connection: only those that speak for the agent's own
+/// claims and edits (anything else a tool asks on its own connection).
+async fn query(v: serde_json::Value, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    use relay_protocol::query::QueryRequest;
+    let req = match serde_json::from_value::<QueryRequest>(v) {
+        Ok(
+            r @ (QueryRequest::Claim { .. }
+            | QueryRequest::Unclaim { .. }
+            | QueryRequest::Claims
+            | QueryRequest::Edited { .. }),
+        ) => r,
+        Ok(_) => {
+            return serde_json::json!({"error": "the door asks only claim, unclaim, claims and edited"});
+        }
+        Err(e) => return serde_json::json!({"error": format!("not a query: {e}")}),
+    };
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Query { req, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(result)) => serde_json::json!({ "result": result }),
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }
 

@@ -120,6 +120,15 @@ impl Link for Relay {
         Ok(())
     }
 
+    async fn query(
+        &self,
+        _req: relay_protocol::query::QueryRequest,
+    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
+        Err(ClientError::Protocol(
+            "the fake relay answers no queries".into(),
+        ))
+    }
+
     async fn close(self) {
         self.log().closed = true;
     }

@@ -14,6 +14,7 @@
 //! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
+mod claim;
 mod decide;
 mod deliver;
 mod door;
@@ -583,6 +584,11 @@ impl Core {
             // A `[[RELAY]]` block `{"subscribe": PATTERN}`: the agent's connection
             // subscribes, and the agent is told how it went (see [`Effect::Subscribe`]).
             self.out.push(Effect::Subscribe(pattern.clone()));
+            return;
+        }
+        if let (Some(verb), None) = (&d.claim, &d.malformed) {
+            // A `[[RELAY]]` block `{"claim": ...}`/`{"unclaim": ...}` (see [`Effect::Claim`]).
+            self.out.push(Effect::Claim(verb.clone()));
             return;
         }
         if let Some(why) = &d.malformed {

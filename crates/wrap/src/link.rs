@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use relay_client::{Client, ClientError, Delivered, Event, Outgoing, Receipt};
+use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{DeliveryState, TerminalReport};
 
 /// A receipt to wait for, off the loop (see [`Relay::send_nowait`]).
@@ -33,6 +34,10 @@ pub(crate) trait Relay {
 
     /// See [`Client::report_terminal`].
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
+
+    /// See [`Client::query`]: a question asked on the agent's own connection (claims speak
+    /// for the connection's name).
+    async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError>;
 
     /// See [`Client::close`].
     async fn close(self);
@@ -66,6 +71,10 @@ impl Relay for Client {
 
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError> {
         Client::report_terminal(self, report).await
+    }
+
+    async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
+        Client::query(self, req).await
     }
 
     async fn close(self) {

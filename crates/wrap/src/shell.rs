@@ -311,6 +311,26 @@ impl<R: Relay> Shell<R> {
                 tracing::info!(%pattern, %told, "a subscribe directive");
                 core.push_notice(&told);
             }
+            Effect::Claim(verb) => {
+                let told = match std::env::current_dir() {
+                    Err(e) => format!("relay: not claimed: no working directory ({e})"),
+                    Ok(cwd) => {
+                        let root = relay_client::paths::project_root(&cwd);
+                        match crate::claim::request(&verb, &root, &cwd) {
+                            Err(why) => format!("relay: {why}"),
+                            Ok(req) => match self.link.query(req).await {
+                                Ok(result) => crate::claim::told(&result, relay_protocol::now_ms()),
+                                Err(e) => format!(
+                                    "relay: not claimed: {}",
+                                    text::one_line(&e.to_string(), 300)
+                                ),
+                            },
+                        }
+                    }
+                };
+                tracing::info!(%told, "a claim directive");
+                core.push_notice(&told);
+            }
             Effect::ReportStart(word) => crate::report_start_line(word),
         }
         Ok(())
@@ -416,6 +436,12 @@ impl<R: Relay> Shell<R> {
                         n,
                         "the Stop hook left before its answer: the messages it was handed are reported injected but may not have reached the model"
                     );
+                }
+            }
+            door::Request::Query { req, reply } => {
+                let result = self.link.query(req).await;
+                if reply.send(result).is_err() {
+                    tracing::debug!("the tool left before its answer");
                 }
             }
             door::Request::Prompt { reply } => {

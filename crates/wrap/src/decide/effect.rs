@@ -48,6 +48,9 @@ pub(crate) enum Effect {
     /// Subscribe the agent's connection to a topic pattern (a `[[RELAY]]` block
     /// `{"subscribe": PATTERN}`), and tell the agent how it went (a notice).
     Subscribe(String),
+    /// Claim or release paths for the agent (a `[[RELAY]]` block `{"claim": ...}` or
+    /// `{"unclaim": ...}`), and tell the agent how it went (a notice).
+    Claim(Box<relay_parse::ClaimVerb>),
     /// Tell the command that started this wrapper how the start goes (a word on stdout).
     ReportStart(&'static str),
 }
