@@ -320,3 +320,191 @@ fn relay_claim_claims_lists_and_releases_with_and_without_a_wrapper() {
     ada_wrapper.kill().unwrap();
     ada_wrapper.wait().unwrap();
 }
+
+/// What Claude Code writes on a PostToolUse hook's stdin after an edit (its hooks reference:
+/// `session_id`, `transcript_path`, `cwd`, `permission_mode`, `hook_event_name`, `tool_name`,
+/// `tool_input`, `tool_response`), for `tool` editing `file` from `cwd`.
+fn post_tool_use(cwd: &std::path::Path, tool: &str, file: &str) -> String {
+    let file_path = cwd.join(file).display().to_string();
+    let tool_input = match tool {
+        "Write" => json!({"file_path": file_path, "content": "fn main() {}\n"}),
+        "MultiEdit" => json!({"file_path": file_path, "edits": [
+            {"old_string": "a", "new_string": "b"}
+        ]}),
+        _ => json!({"file_path": file_path, "old_string": "a", "new_string": "b",
+            "replace_all": false}),
+    };
+    json!({
+        "session_id": "00893aaf-19fa-41d2-8238-13269b9b3ca0",
+        "transcript_path": "/tmp/transcript.jsonl",
+        "cwd": cwd.display().to_string(),
+        "permission_mode": "default",
+        "hook_event_name": "PostToolUse",
+        "tool_name": tool,
+        "tool_input": tool_input,
+        "tool_response": {"filePath": file_path, "success": true}
+    })
+    .to_string()
+}
+
+/// Runs `agent-relay hooks edited` as Claude Code runs it for agent `name` (unwrapped).
+fn hook_edited(relay: &Relay, name: &str, input: &str) {
+    use std::io::Write;
+    let mut child = relay
+        .command()
+        .args(["hooks", "edited"])
+        .env("AGENT_RELAY_NAME", name)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // The hook hands nothing to the model: the relay's notices do the telling.
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("not reported"), "{err}");
+}
+
+/// The relay's notices to `name` whose body contains `text`.
+fn notices_to(relay: &Relay, name: &str, text: &str) -> Vec<String> {
+    let out = ok_stdout(&relay.cli(&["history", "--to", name, "--from", "relay", "--json"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["body"].as_str())
+        .filter(|b| b.contains(text))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Claude Code's PostToolUse hook (fed the JSON Claude Code sends) for two unwrapped agents
+/// editing one file within a minute, twice each: each is told once (not once per edit); an edit
+/// of a file another agent claimed tells both, once.
+#[test]
+fn two_agents_editing_one_file_are_told_once_each_through_the_post_tool_use_hook() {
+    let relay = Relay::start();
+    let cwd = relay.dir.path().to_path_buf();
+    for (who, tool) in [
+        ("Alice", "Edit"),
+        ("Bob", "MultiEdit"),
+        ("Alice", "Write"),
+        ("Bob", "Edit"),
+    ] {
+        hook_edited(&relay, who, &post_tool_use(&cwd, tool, "src/lib.rs"));
+    }
+    let to_alice = notices_to(&relay, "Alice", "both edited src/lib.rs");
+    let to_bob = notices_to(&relay, "Bob", "both edited src/lib.rs");
+    assert_eq!(to_alice.len(), 1, "{to_alice:?}");
+    assert_eq!(to_bob.len(), 1, "{to_bob:?}");
+    assert!(to_alice[0].starts_with("Bob and you"), "{to_alice:?}");
+    assert!(to_bob[0].starts_with("Alice and you"), "{to_bob:?}");
+
+    // Claimed by Carol: Bob's edits of it tell both, once.
+    ok_stdout(&relay.cli(&["claim", "--as", "Carol", "src/auth/"]));
+    for _ in 0..2 {
+        hook_edited(
+            &relay,
+            "Bob",
+            &post_tool_use(&cwd, "Edit", "src/auth/jwt.rs"),
+        );
+    }
+    let to_bob = notices_to(&relay, "Bob", "you edited src/auth/jwt.rs");
+    let to_carol = notices_to(&relay, "Carol", "Bob edited src/auth/jwt.rs");
+    assert_eq!(to_bob.len(), 1, "{to_bob:?}");
+    assert_eq!(to_carol.len(), 1, "{to_carol:?}");
+    // A file outside the project is nobody's claim: nothing is reported.
+    hook_edited(
+        &relay,
+        "Bob",
+        &post_tool_use(&cwd, "Edit", "../elsewhere.rs"),
+    );
+}
+
+/// Wrapped agents' PostToolUse hooks report through their wrappers' doors (with the session's
+/// door key): two wrapped agents editing one file are each told once, typed into each.
+#[test]
+fn wrapped_agents_hooks_report_edits_through_their_doors_and_each_is_told_once() {
+    let relay = Relay::start();
+    let tmux = crate::tmux::Tmux {
+        dir: relay.dir.path(),
+    };
+    let input = post_tool_use(relay.dir.path(), "Edit", "src/main.rs");
+    std::fs::write(relay.dir.path().join("edit.json"), &input).unwrap();
+    // On "edit", runs the hook as Claude Code would, in the agent's own session.
+    let editor = format!(
+        r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  echo "got: $line"
+  case "$line" in
+    *please-edit*) '{BIN}' hooks edited < edit.json && echo "hook ran" ;;
+  esac
+done
+"#
+    );
+    let kim = crate::tmux::start_tmux_agent(&relay, "Kim", &editor, &[]);
+    let lee = crate::tmux::start_tmux_agent(&relay, "Lee", &editor, &[]);
+    for (name, session) in [("Kim", &kim), ("Lee", &lee), ("Kim", &kim), ("Lee", &lee)] {
+        let before = tmux.pane(session).matches("hook ran").count();
+        ok_stdout(&relay.cli(&["send", name, "please-edit"]));
+        wait_for(Duration::from_secs(30), "the hook ran", || {
+            tmux.pane(session).matches("hook ran").count() > before
+        });
+    }
+    wait_for(Duration::from_secs(30), "both told", || {
+        tmux.pane(&kim)
+            .contains("Lee and you both edited src/main.rs")
+            && tmux
+                .pane(&lee)
+                .contains("Kim and you both edited src/main.rs")
+    });
+    assert_eq!(notices_to(&relay, "Kim", "both edited").len(), 1);
+    assert_eq!(notices_to(&relay, "Lee", "both edited").len(), 1);
+}
+
+/// `hooks install claude` adds the PostToolUse hook for Claude Code's edits (matcher
+/// `Edit|MultiEdit|Write`); uninstall takes it out with the others (no file before, none after).
+#[test]
+fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
+    let relay = Relay::start();
+    let dir = relay.dir.path().join("proj");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hooks = |args: &[&str]| {
+        ok_stdout(
+            &relay
+                .command()
+                .current_dir(&dir)
+                .arg("hooks")
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap(),
+        )
+    };
+    let out = hooks(&["install", "claude"]);
+    assert!(out.contains("PostToolUse"), "{out}");
+    let file = dir.join(".claude/settings.local.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let groups = v["hooks"]["PostToolUse"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{v:#}");
+    assert_eq!(groups[0]["matcher"], "Edit|MultiEdit|Write", "{v:#}");
+    let command = groups[0]["hooks"][0]["command"].as_str().unwrap();
+    assert!(command.ends_with("agent-relay' hooks edited"), "{command}");
+    hooks(&["install", "claude"]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        v["hooks"]["PostToolUse"].as_array().unwrap().len(),
+        1,
+        "twice is once"
+    );
+    hooks(&["uninstall", "claude"]);
+    assert!(!file.exists());
+}

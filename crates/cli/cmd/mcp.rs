@@ -299,6 +299,10 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
                         serde_json::json!({"error": format!("refused: {why}")})
                     }
                     (Ok(_), None) => match serde_json::from_str::<serde_json::Value>(&line) {
+                        // The PostToolUse hook's edit, on the connection that holds the name.
+                        Ok(v) if v.get("query").is_some() => {
+                            edited_by_hook(&mailbox, v["query"].clone()).await
+                        }
                         Ok(v) => {
                             let hook = v["hook"].as_str().unwrap_or("");
                             crate::cmd::hooks::answer_from(&mailbox, hook).await
@@ -316,6 +320,19 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
         }
     });
     Some(HookDoor(path))
+}
+
+/// The hooks' door asked the relay a question on the agent's connection: only `edited` (the
+/// PostToolUse hook's report), answered `{"result": RESULT}` or `{"error"}`.
+async fn edited_by_hook(mailbox: &Mailbox, query: serde_json::Value) -> serde_json::Value {
+    match serde_json::from_value::<QueryRequest>(query) {
+        Ok(req @ QueryRequest::Edited { .. }) => match mailbox.client().query(req).await {
+            Ok(result) => serde_json::json!({ "result": result }),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        },
+        Ok(_) => serde_json::json!({"error": "the hooks' door asks only edited"}),
+        Err(e) => serde_json::json!({"error": format!("not a query: {e}")}),
+    }
 }
 
 /// The door's name in a delivery's trace.

@@ -479,12 +479,16 @@ impl Core {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
+        // A door that holds the name for a moment (a hook, a person's `inbox`) leaves; its
+        // agent does not.
         let holds = conn.role == Role::Agent
-            && self
-                .agents
-                .get(&conn.name)
-                .and_then(|a| a.online.as_ref())
-                .is_some_and(|o| o.conn_id == conn_id);
+            && self.agents.get(&conn.name).is_some_and(|a| {
+                a.online.as_ref().is_some_and(|o| o.conn_id == conn_id)
+                    && !matches!(
+                        a.cli.as_deref(),
+                        Some(relay_protocol::HOOK_CLI | PERSON_CLI)
+                    )
+            });
         if !holds {
             return;
         }
