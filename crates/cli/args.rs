@@ -92,6 +92,10 @@ pub(crate) struct Cli {
     /// --help`).
     #[arg(long, value_enum, value_name = "HOW")]
     pub(crate) delivery: Option<Delivery>,
+    /// With an agent command: subscribe it to topics matching PATTERN (repeatable; see `wrap
+    /// --help`).
+    #[arg(long, value_name = "PATTERN", value_parser = topic_pattern)]
+    pub(crate) subscribe: Vec<String>,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,

@@ -276,6 +276,30 @@ fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     assert_eq!(claims_listed(&relay), [("Bob".into(), "src/".into())]);
 }
 
+/// Agent `name` under a PTY wrapper whose agent command is its MCP server (in its session, with
+/// its door key): the wrapper, the MCP client on the server, and the server's pipes.
+pub(crate) fn pty_wrapped_mcp(
+    relay: &Relay,
+    name: &str,
+) -> (
+    std::process::Child,
+    crate::doors::Mcp,
+    crate::doors::SessionPipes,
+) {
+    let fifos = crate::doors::SessionPipes::new(relay, name);
+    let wrapper = relay
+        .command()
+        .args(["wrap", "--no-input", "--backend", "pty", "-n", name, "--"])
+        .args(fifos.command())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mcp = fifos.connect();
+    crate::wrap::wait_online(relay, name);
+    (wrapper, mcp, fifos)
+}
+
 /// The MCP tool `relay_claim`: an unwrapped agent's server claims on its own connection; a
 /// wrapped agent's server claims through its wrapper's door (the wrapper's connection holds the
 /// name), lists and releases.
@@ -291,17 +315,7 @@ fn relay_claim_claims_lists_and_releases_with_and_without_a_wrapper() {
     let (err, said) = sam.tool("relay_claim", json!({"paths": ["../../etc/passwd"]}));
     assert!(err && said.contains("outside the project"), "{said}");
 
-    let fifos = crate::doors::SessionPipes::new(&relay, "Ada");
-    let mut ada_wrapper = relay
-        .command()
-        .args(["wrap", "--no-input", "--backend", "pty", "-n", "Ada", "--"])
-        .args(fifos.command())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ada = fifos.connect();
-    crate::wrap::wait_online(&relay, "Ada");
+    let (mut ada_wrapper, mut ada, fifos) = pty_wrapped_mcp(&relay, "Ada");
     let (err, said) = ada.tool("relay_claim", json!({"paths": ["docs/"]}));
     assert!(!err, "{said}\n{}", fifos.server_log());
     assert!(said.contains("claimed docs/ until"), "{said}");

@@ -35,6 +35,7 @@ mod shells;
 mod support;
 mod team;
 mod tmux;
+mod topics;
 mod trust;
 mod watch;
 mod wrap;

@@ -749,11 +749,24 @@ impl RelayMcp {
             ));
         }
         let Some(mailbox) = &self.agent else {
-            // A wrapped agent's connection is its wrapper's; its door takes sends only.
-            return failed(
-                "this agent is wrapped: its subscriptions are its wrapper's; start it with \
-                 `agent-relay wrap --subscribe PATTERN ...`",
-            );
+            // A wrapped agent's connection is its wrapper's: it subscribes through its door.
+            let Some(key) = &self.key else {
+                return failed("not subscribed: this server holds no agent's connection");
+            };
+            let request = serde_json::json!({"subscribe": p.pattern, "key": key});
+            return match door_exchange(&self.door, &request).await {
+                Ok(v) if v.get("subscribed").is_some() => text(format!(
+                    "Subscribed to {}: messages to a matching topic reach you once.",
+                    for_terminal(&p.pattern)
+                )),
+                Ok(v) => failed(format!(
+                    "not subscribed: {}",
+                    for_terminal(v["error"].as_str().unwrap_or("no answer from the wrapper"))
+                )),
+                Err(e) => failed(format!(
+                    "not subscribed: cannot reach the wrapper's door: {e}"
+                )),
+            };
         };
         match mailbox.client().subscribe(p.pattern.clone()).await {
             Ok(()) => text(format!(

@@ -97,6 +97,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.no_teach |= cli.no_teach;
             args.intro |= cli.intro;
             args.delivery = cli.delivery.unwrap_or(args.delivery);
+            args.subscribe.extend(cli.subscribe);
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
@@ -115,7 +116,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 no_teach: cli.no_teach,
                 delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,
-                subscribe: Vec::new(),
+                subscribe: cli.subscribe,
                 command,
             };
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)

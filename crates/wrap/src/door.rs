@@ -21,7 +21,9 @@
 //! that it belongs to this agent. `{"query": QUERY}` asks the relay a question on the agent's
 //! own connection, for the questions that speak for the agent (`claim`, `unclaim`, `claims`,
 //! `edited`: the MCP server's `relay_claim`, the PostToolUse hook), answered `{"result":
-//! RESULT}` or `{"error"}`.
+//! RESULT}` or `{"error"}`. `{"subscribe": PATTERN}` subscribes the agent's connection to a
+//! topic pattern (the MCP server's `relay_subscribe`; kept for its reconnections and in the
+//! relay's store), answered `{"subscribed": PATTERN}` or `{"error"}`.
 //!
 //! Every request carries `"key"`, the door key the wrapper put in its agent's environment
 //! (`AGENT_RELAY_SESSION`, see [`new_key`]): only a process of the agent's own session (its
@@ -97,6 +99,11 @@ pub(crate) enum Request {
     Inbox {
         limit: usize,
         reply: oneshot::Sender<(Vec<relay_client::Delivered>, usize)>,
+    },
+    /// Subscribe the agent's connection to a topic pattern.
+    Subscribe {
+        pattern: String,
+        reply: oneshot::Sender<Result<(), ClientError>>,
     },
     /// A question for the relay asked on the agent's connection (claims speak for it).
     Query {
@@ -242,6 +249,7 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                 inbox(limit, &tx).await
             }
             Ok(v) if v.get("query").is_some() => query(v["query"].clone(), &tx).await,
+            Ok(v) if v.get("subscribe").is_some() => subscribe(&v["subscribe"], &tx).await,
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -326,6 +334,30 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         }
         Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}
+
+/// `relay_subscribe` under the wrapper: the agent's connection subscribes.
+async fn subscribe(pattern: &serde_json::Value, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let Some(pattern) = pattern
+        .as_str()
+        .filter(|p| relay_protocol::validate_topic_pattern(p).is_ok())
+    else {
+        return serde_json::json!({"error": "not a topic pattern (build.linux, build.*, build.>)"});
+    };
+    let (reply, rx) = oneshot::channel();
+    let pattern = pattern.to_owned();
+    let req = Request::Subscribe {
+        pattern: pattern.clone(),
+        reply,
+    };
+    if tx.send(req).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(())) => serde_json::json!({ "subscribed": pattern }),
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }
 

@@ -438,6 +438,13 @@ impl<R: Relay> Shell<R> {
                     );
                 }
             }
+            door::Request::Subscribe { pattern, reply } => {
+                let result = self.link.subscribe(pattern.clone()).await;
+                tracing::info!(%pattern, ok = result.is_ok(), "a subscription through the door");
+                if reply.send(result).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
             door::Request::Query { req, reply } => {
                 let result = self.link.query(req).await;
                 if reply.send(result).is_err() {
