@@ -522,3 +522,48 @@ fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
     hooks(&["uninstall", "claude"]);
     assert!(!file.exists());
 }
+
+/// Real Claude Code (print mode, offline against the stand-in) with the relay's hooks
+/// installed: Alice's and Bob's sessions each write the same file, twice each, one after the
+/// other; Claude Code runs the PostToolUse hook after each Write, and each of them is told once
+/// that the other edited it too (the relay's notice). (The file is removed between sessions:
+/// Claude Code's Write of an existing file wants a Read first, and the stand-in cannot tell a
+/// Read's result from a Write's.)
+#[test]
+fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
+    let relay = Relay::start();
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(work.join("src")).unwrap();
+    let file = work.join("src/shared.rs");
+    let file_path = file.display().to_string();
+    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
+        relay_standin::Rule::contains("edit the shared file", "Writing it.").calling(
+            "Write",
+            &json!({ "file_path": file_path, "content": "// shared, edited\n" }),
+        ),
+    ]))
+    .unwrap();
+    let out = relay
+        .command()
+        .current_dir(&work)
+        .args(["hooks", "install", "claude"])
+        .output()
+        .unwrap();
+    ok_stdout(&out);
+    for name in ["Alice", "Bob", "Alice", "Bob"] {
+        let settings = json!({"env": {"AGENT_RELAY_NAME": name}}).to_string();
+        crate::doors::claude_print(
+            &relay,
+            &standin,
+            &["--settings", &settings, "--allowedTools", "Write"],
+            "edit the shared file",
+        );
+        assert!(file.exists(), "Claude Code wrote no file");
+        std::fs::remove_file(&file).unwrap();
+    }
+    let to_alice = notices_to(&relay, "Alice", "both edited src/shared.rs");
+    let to_bob = notices_to(&relay, "Bob", "both edited src/shared.rs");
+    assert_eq!(to_alice.len(), 1, "{to_alice:?}\n{}", relay.log());
+    assert_eq!(to_bob.len(), 1, "{to_bob:?}");
+    assert!(to_alice[0].starts_with("Bob and you"), "{to_alice:?}");
+}
