@@ -74,3 +74,62 @@ pub(crate) fn told(result: &QueryResult, now_ms: u64) -> String {
         other => format!("relay: unexpected answer to a claim: {other:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verb(paths: &[&str], release: bool) -> relay_parse::ClaimVerb {
+        relay_parse::ClaimVerb {
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+            for_ms: None,
+            release,
+        }
+    }
+
+    #[test]
+    fn a_block_is_claimed_from_the_agents_directory_and_a_hostile_path_is_told() {
+        let (root, cwd) = (Path::new("/p/proj"), Path::new("/p/proj/src"));
+        assert_eq!(
+            request(&verb(&["auth.rs", "../docs/a.md"], false), root, cwd).unwrap(),
+            QueryRequest::Claim {
+                paths: vec!["src/auth.rs".into(), "docs/a.md".into()],
+                for_ms: None,
+            }
+        );
+        assert_eq!(
+            request(&verb(&[], true), root, cwd).unwrap(),
+            QueryRequest::Unclaim { paths: vec![] }
+        );
+        let why = request(&verb(&["../../../etc/passwd"], false), root, cwd).unwrap_err();
+        assert!(why.contains("outside the project"), "{why}");
+        let why = request(&verb(&["a\u{1b}[2Jb"], false), root, cwd).unwrap_err();
+        assert!(
+            why.contains("control character") && !why.contains('\u{1b}'),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_agent_is_told_what_it_holds_and_who_else() {
+        use relay_protocol::claims::{ClaimCollision, ClaimInfo};
+        let result = QueryResult::Claim {
+            claims: vec![ClaimInfo {
+                agent: "Kim".into(),
+                path: "src/auth.rs".into(),
+                since: 0,
+                until: 3_600_000,
+            }],
+            collisions: vec![ClaimCollision {
+                path: "src/auth.rs".into(),
+                agent: "Bob".into(),
+                claimed: Some("src/".into()),
+                until: Some(1),
+            }],
+        };
+        assert_eq!(
+            told(&result, 0),
+            "relay: claimed src/auth.rs for 60 min; also claimed by Bob (the relay tells you both)"
+        );
+    }
+}
