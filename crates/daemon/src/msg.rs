@@ -161,6 +161,14 @@ pub(crate) enum WriteCtx {
         env_id: String,
         reply: Option<oneshot::Sender<Answer>>,
     },
+    /// A claim or release (issue 25.7): `result` is answered once the write is committed (so a
+    /// claim the asker was told of outlives a crash), an error instead if it failed.
+    Answer {
+        conn_id: u64,
+        env_id: String,
+        reply: Option<oneshot::Sender<Answer>>,
+        result: Box<QueryResult>,
+    },
     /// A SEND: acknowledge to the sender and deliver to the recipients.
     Send {
         conn_id: u64,

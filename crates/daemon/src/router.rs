@@ -339,10 +339,29 @@ impl Router {
             self.answer_with(conn_id, env_id, reply, result);
             return;
         }
-        if let Some(result) = self.core.on_claim_query(conn_id, &req, now()) {
-            self.answer_with(conn_id, env_id, reply, result);
-            return;
+        let mut asker = Some((env_id, reply));
+        let answer = self.core.on_claim_query(conn_id, &req, now(), |result| {
+            let (env_id, reply) = asker.take().unwrap_or_default();
+            WriteCtx::Answer {
+                conn_id,
+                env_id,
+                reply,
+                result: Box::new(result),
+            }
+        });
+        match answer {
+            Some(crate::routing::ClaimAnswer::Now(result)) => {
+                if let Some((env_id, reply)) = asker.take() {
+                    self.answer_with(conn_id, env_id, reply, *result);
+                }
+                return;
+            }
+            Some(crate::routing::ClaimAnswer::Stored) => return,
+            None => {}
         }
+        let Some((env_id, reply)) = asker else {
+            return;
+        };
         if let QueryRequest::ForgetAgent { name } = &req
             && let Err((code, message)) = self.core.forget(name)
         {
@@ -406,6 +425,24 @@ impl Router {
                 },
                 res,
             )) => self.on_admin(conn_id, env_id, reply, res),
+            Some(StoreEvent::Written(
+                WriteCtx::Answer {
+                    conn_id,
+                    env_id,
+                    reply,
+                    result,
+                },
+                res,
+            )) => {
+                let result = match res {
+                    Ok(_) => *result,
+                    Err(e) => QueryResult::Error {
+                        code: "internal".into(),
+                        message: format!("not stored: {e}"),
+                    },
+                };
+                self.answer_with(conn_id, env_id, reply, result);
+            }
             Some(StoreEvent::Query(ctx, result, stats, figures)) => {
                 self.on_query_result(*ctx, result.map(|r| *r), stats, figures);
             }

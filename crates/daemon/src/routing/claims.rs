@@ -26,6 +26,15 @@ use crate::msg::{StoreCmd, WriteCtx};
 /// two hands on one file.
 pub(crate) const EDIT_WINDOW_MS: u64 = 60_000;
 
+/// How a claim query is answered.
+#[derive(Debug)]
+pub(crate) enum ClaimAnswer {
+    /// Now, with this.
+    Now(Box<QueryResult>),
+    /// When the store has committed the write that carries the answer.
+    Stored,
+}
+
 /// A notice for one agent, to be stored by the relay.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ClaimNotice {
@@ -350,15 +359,33 @@ impl Core {
         self.claims = ClaimBook::load(claims, self.now.ms);
     }
 
-    /// Answers `claim`, `unclaim`, `claims` and `edited` (None for any other query). Claims and
-    /// edits speak for the connection's name; a tool connection may not speak for a connected
-    /// agent (only that agent's own connection does, as for a SEND).
+    /// Answers `claim`, `unclaim`, `claims` and `edited` (None for any other query): at once
+    /// ([`ClaimAnswer::Now`]), or for a claim or release once its write is committed
+    /// ([`ClaimAnswer::Stored`], `ctx` made from the result). Claims and edits speak for the
+    /// connection's name; a tool connection may not speak for a connected agent (only that
+    /// agent's own connection does, as for a SEND).
     pub(crate) fn on_claim_query(
         &mut self,
         conn_id: u64,
         req: &QueryRequest,
         now: Now,
-    ) -> Option<QueryResult> {
+        ctx: impl FnOnce(QueryResult) -> WriteCtx,
+    ) -> Option<ClaimAnswer> {
+        let result = self.claim_query(conn_id, req, now)?;
+        let writes = std::mem::take(&mut self.claim_writes);
+        if writes.is_empty() {
+            return Some(ClaimAnswer::Now(Box::new(result)));
+        }
+        let last = writes.len() - 1;
+        let mut answer = Some(ctx(result));
+        for (i, op) in writes.into_iter().enumerate() {
+            let c = if i == last { answer.take() } else { None };
+            self.store(StoreCmd::Write(op, c.unwrap_or(WriteCtx::None)));
+        }
+        Some(ClaimAnswer::Stored)
+    }
+
+    fn claim_query(&mut self, conn_id: u64, req: &QueryRequest, now: Now) -> Option<QueryResult> {
         self.now = now;
         let now_ms = now.ms;
         if matches!(req, QueryRequest::Claims) {
@@ -396,7 +423,8 @@ impl Core {
                 let (claims, collisions, notices, writes) =
                     self.claims.claim(&agent, paths, for_ms, now_ms);
                 tracing::info!(%agent, paths = paths.len(), collisions = collisions.len(), "claimed");
-                self.write_claims(writes);
+                // Written (with the answer) by `on_claim_query`, before the notices.
+                self.claim_writes = writes;
                 self.claim_notices(notices);
                 QueryResult::Claim { claims, collisions }
             }
@@ -405,7 +433,7 @@ impl Core {
                     return Some(invalid(e));
                 }
                 let (released, op) = self.claims.unclaim(&agent, paths);
-                self.write_claims(vec![op]);
+                self.claim_writes = vec![op];
                 QueryResult::Unclaim { released }
             }
             QueryRequest::Edited { paths } => {

@@ -49,6 +49,7 @@ use crate::msg::{
 use crate::rules::Rules;
 
 mod claims;
+pub(crate) use claims::ClaimAnswer;
 mod names;
 
 #[cfg(test)]
@@ -451,6 +452,8 @@ pub(crate) struct Core {
     told_not_yet: HashSet<(String, String)>,
     /// Claims held (a mirror of the store's, loaded at start) and recent edits (issue 25.7).
     claims: claims::ClaimBook,
+    /// The store writes of the claim query being answered (see [`Core::on_claim_query`]).
+    claim_writes: Vec<WriteOp>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
@@ -520,6 +523,7 @@ impl Core {
             chains: HashMap::new(),
             told_not_yet: HashSet::new(),
             claims: claims::ClaimBook::default(),
+            claim_writes: Vec::new(),
             dirty: HashSet::new(),
             agents_changed: false,
             limiter,
@@ -1365,7 +1369,8 @@ impl Core {
             } => {
                 self.on_pending(recipient, conn_id, deliveries, limit);
             }
-            ev @ (StoreEvent::Written(WriteCtx::Admin { .. }, _) | StoreEvent::Query(..)) => {
+            ev @ (StoreEvent::Written(WriteCtx::Admin { .. } | WriteCtx::Answer { .. }, _)
+            | StoreEvent::Query(..)) => {
                 return Some(ev);
             }
         }
