@@ -92,6 +92,10 @@ pub(crate) struct Cli {
     /// --help`).
     #[arg(long, value_enum, value_name = "HOW")]
     pub(crate) delivery: Option<Delivery>,
+    /// With an agent command: subscribe it to topics matching PATTERN (repeatable; see `wrap
+    /// --help`).
+    #[arg(long, value_name = "PATTERN", value_parser = topic_pattern)]
+    pub(crate) subscribe: Vec<String>,
     /// The relay's socket (default: derived from the project; see below).
     #[arg(long, global = true, env = "AGENT_RELAY_SOCKET", value_name = "PATH")]
     pub(crate) socket: Option<PathBuf>,
@@ -147,6 +151,11 @@ pub(crate) enum Cmd {
     /// (`budget_exceeded`) run N more replies, without restarting the relay (kept across
     /// restarts).
     Chain(ChainArgs),
+    /// Claim paths for a while, so that other agents who claim or edit them are told (and you
+    /// are told who): `claim src/auth.rs src/db/ --for 1h`; `--release` gives them back,
+    /// `--list` shows every claim. Paths are relative to the project's root; a directory
+    /// covers what it holds.
+    Claim(ClaimArgs),
     /// List the people adapters (webhook, Telegram) of the running relay with their state:
     /// connected, failing and the last error, and what each sent, received and refused.
     Adapters(JsonArg),
@@ -340,6 +349,37 @@ pub(crate) struct DlqArgs {
     pub(crate) action: Option<DlqAction>,
     /// Print JSON for scripts.
     #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// `agent-relay claim`.
+#[derive(Debug, Args)]
+pub(crate) struct ClaimArgs {
+    /// Files or directories (a directory covers every path under it); relative to this
+    /// directory, or absolute, inside the project. With --release and none: every claim of
+    /// the name.
+    pub(crate) paths: Vec<String>,
+    /// How long the claim lasts (`90s`, `30m`, `2h`; at most 24h). Claiming a path again
+    /// renews it.
+    #[arg(long = "for", value_name = "DURATION", default_value = "30m")]
+    pub(crate) for_: String,
+    /// Release the paths (all of the name's claims when none is given).
+    #[arg(long, conflicts_with = "list")]
+    pub(crate) release: bool,
+    /// List every claim the relay holds.
+    #[arg(long)]
+    pub(crate) list: bool,
+    /// Claim as this name (not a connected agent's: an agent claims with its directive or its
+    /// relay_claim tool).
+    #[arg(
+        long = "as",
+        value_name = "NAME",
+        env = "AGENT_RELAY_NAME",
+        default_value = "human"
+    )]
+    pub(crate) as_: String,
+    /// Print JSON for scripts.
+    #[arg(long)]
     pub(crate) json: bool,
 }
 

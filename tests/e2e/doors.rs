@@ -110,6 +110,7 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
         names,
         [
             "relay_agents",
+            "relay_claim",
             "relay_inbox",
             "relay_read",
             "relay_release",

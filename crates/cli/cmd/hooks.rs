@@ -22,6 +22,13 @@
 //! prompt while messages wait (a wrapper holds them back while a person writes a line), they go
 //! in with that prompt as the turn's `additionalContext` (recorded the same way: injected, then
 //! verified when the turn's Stop hook runs; never typed after).
+//!
+//! And a `PostToolUse` hook for Claude Code's file edits (matcher `Edit|MultiEdit|Write`),
+//! `agent-relay hooks edited` (issue 25.7): it reports the file an edit touched to the relay
+//! (`QUERY edited`), as the agent and only as it: through its wrapper's door (with the door
+//! key), its MCP server's door, or else holding its name for a moment. The relay tells the
+//! editor and whoever claimed the file, or edited it within a minute, once; the hook prints
+//! nothing (the relay's notices reach the model as messages do).
 
 use std::path::{Path, PathBuf};
 
@@ -74,6 +81,10 @@ pub(crate) enum HooksAction {
     /// $AGENT_RELAY_NAME as the turn's additional context, or nothing.
     #[command(hide = true)]
     Prompt,
+    /// Run by Claude Code's PostToolUse hook after an Edit, MultiEdit or Write: reports the
+    /// file to the relay as $AGENT_RELAY_NAME's edit (others who claimed or edited it are told).
+    #[command(hide = true)]
+    Edited,
 }
 
 /// A Claude Code hook the relay answers.
@@ -83,17 +94,20 @@ enum Event {
     Stop,
     /// `UserPromptSubmit`: a prompt was submitted; waiting messages go in with it.
     Prompt,
+    /// `PostToolUse` of a file edit: the file is reported to the relay (nothing handed over).
+    Edited,
 }
 
 impl Event {
     /// Every hook `install` adds.
-    const ALL: [Event; 2] = [Event::Stop, Event::Prompt];
+    const ALL: [Event; 3] = [Event::Stop, Event::Prompt, Event::Edited];
 
     /// Claude Code's name of the hook event (the key under `hooks` in its settings).
     fn name(self) -> &'static str {
         match self {
             Event::Stop => "Stop",
             Event::Prompt => "UserPromptSubmit",
+            Event::Edited => "PostToolUse",
         }
     }
 
@@ -102,9 +116,21 @@ impl Event {
         match self {
             Event::Stop => "stop",
             Event::Prompt => "prompt",
+            Event::Edited => "edited",
+        }
+    }
+
+    /// Claude Code's matcher for the hook: the tools it runs after (none: every time).
+    fn matcher(self) -> Option<&'static str> {
+        match self {
+            Event::Edited => Some(EDIT_TOOLS),
+            Event::Stop | Event::Prompt => None,
         }
     }
 }
+
+/// The Claude Code tools whose edits the PostToolUse hook reports.
+const EDIT_TOOLS: &str = "Edit|MultiEdit|Write";
 
 /// What marks the relay's own hook commands (so that uninstall takes out only those): the
 /// command ends with ` hooks <subcommand>`.
@@ -124,6 +150,7 @@ pub(crate) fn run(paths: &Paths, args: &HooksArgs) -> anyhow::Result<()> {
         HooksAction::Uninstall { shared, .. } => uninstall(paths, &dir, *shared),
         HooksAction::Stop => answer(paths, Event::Stop),
         HooksAction::Prompt => answer(paths, Event::Prompt),
+        HooksAction::Edited => edited(paths),
     }
 }
 
@@ -215,9 +242,12 @@ fn install(paths: &Paths, dir: &Path, shared: bool) -> anyhow::Result<()> {
                 .is_some_and(|hs| hs.iter().any(|h| is_ours_for(h, event)))
         });
         if !present {
-            groups.push(
-                json!({"hooks": [{"type": "command", "command": our_command(event, shared)?}]}),
-            );
+            let mut group =
+                json!({"hooks": [{"type": "command", "command": our_command(event, shared)?}]});
+            if let Some(m) = event.matcher() {
+                group["matcher"] = json!(m);
+            }
+            groups.push(group);
             added.push(event.name());
         }
     }
@@ -367,6 +397,8 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
         let ask = match event {
             Event::Stop => json!({"hook": "stop", "active": active, "key": key}),
             Event::Prompt => json!({"hook": "prompt", "key": key}),
+            // Answered by `edited`, which hands nothing over.
+            Event::Edited => return Ok(()),
         };
         match rt.block_on(from_door(&door, &ask)) {
             Ok((texts, _)) if texts.is_empty() => {}
@@ -428,12 +460,13 @@ fn door_name(event: Event) -> &'static str {
     match event {
         Event::Stop => "handed to the model by Claude Code's Stop hook",
         Event::Prompt => "handed to the model by Claude Code's UserPromptSubmit hook",
+        Event::Edited => "handed to the model by Claude Code's PostToolUse hook",
     }
 }
 
 /// The hook named `subcommand` (`stop`, `prompt`), if it is one.
 fn event_of(subcommand: &str) -> Option<Event> {
-    Event::ALL
+    [Event::Stop, Event::Prompt]
         .into_iter()
         .find(|e| e.subcommand() == subcommand)
 }
@@ -479,7 +512,8 @@ async fn from_mailbox(
     name: &str,
     event: Event,
 ) -> anyhow::Result<Option<(Vec<String>, usize)>> {
-    let Some(mailbox) = Mailbox::open(&paths.socket, name, "claude-hook", false, false).await?
+    let Some(mailbox) =
+        Mailbox::open(&paths.socket, name, relay_protocol::HOOK_CLI, false, false).await?
     else {
         return Ok(None);
     };
@@ -512,7 +546,7 @@ fn text_of(m: &relay_client::Delivered) -> String {
 fn hand_over(event: Event, name: &str, n: usize, texts: &[String]) -> anyhow::Result<()> {
     let plural = if n == 1 { "" } else { "s" };
     let when = match event {
-        Event::Stop => "while you worked",
+        Event::Stop | Event::Edited => "while you worked",
         Event::Prompt => "before this prompt",
     };
     let mut text = format!(
@@ -562,4 +596,98 @@ async fn from_door(door: &Path, ask: &Value) -> anyhow::Result<(Vec<String>, usi
         .and_then(|n| usize::try_from(n).ok())
         .unwrap_or(0);
     Ok((texts, more))
+}
+
+/// The project paths Claude Code's PostToolUse `input` says an edit touched, in the relay's
+/// normal form (`cwd`: Claude Code's, where a relative path is from; `root`: the project's).
+/// A path outside the project is no one's claim: left out.
+fn edited_paths(input: &Value, root: &Path, cwd: &Path) -> Vec<String> {
+    let tool_input = &input["tool_input"];
+    let files = [&tool_input["file_path"], &tool_input["notebook_path"]];
+    files
+        .into_iter()
+        .filter_map(Value::as_str)
+        .filter_map(|f| {
+            relay_protocol::claims::normalize_claim_path(root, cwd, f, false)
+                .map_err(|e| tracing::debug!(error = %e, "an edit outside the claims' reach"))
+                .ok()
+        })
+        .collect()
+}
+
+/// Claude Code's PostToolUse hook: reports the edited file as `$AGENT_RELAY_NAME`'s edit,
+/// through the agent's own door. Never fails the hook, and prints nothing: whoever must be told
+/// is told by the relay's notices (a relay that is not running, or any error, is logged on
+/// stderr, which Claude Code shows only in its debug output).
+fn edited(paths: &Paths) -> anyhow::Result<()> {
+    let mut input = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
+        tracing::debug!(error = %e, "cannot read the hook's input");
+    }
+    let Ok(input) = serde_json::from_str::<Value>(&input) else {
+        return Ok(());
+    };
+    let Ok(name) = std::env::var("AGENT_RELAY_NAME") else {
+        return Ok(());
+    };
+    if relay_protocol::validate_agent_name(&name).is_err() {
+        return Ok(());
+    }
+    let cwd = match input["cwd"].as_str() {
+        Some(c) => PathBuf::from(c),
+        None => std::env::current_dir().context("no working directory")?,
+    };
+    let files = edited_paths(&input, &paths.project_root, &cwd);
+    if files.is_empty() {
+        return Ok(());
+    }
+    let query = json!({"what": "edited", "paths": files});
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let team = paths.data_dir.join("team").join(&name);
+    let door = team.join(relay_wrap::DOOR_SOCKET);
+    let mcp_door = team.join(MCP_DOOR);
+    let told = if door.exists() {
+        // Under a wrapper: on its connection, with the door key of this session.
+        let key = std::env::var(relay_wrap::DOOR_KEY_ENV).unwrap_or_default();
+        rt.block_on(ask_door(&door, &json!({"query": query, "key": key})))
+    } else if mcp_door.exists()
+        && let Ok(done) = rt.block_on(ask_door(&mcp_door, &json!({ "query": query })))
+    {
+        Ok(done)
+    } else {
+        rt.block_on(async {
+            let req: relay_protocol::query::QueryRequest = serde_json::from_value(query)?;
+            let Some(mailbox) =
+                Mailbox::open(&paths.socket, &name, relay_protocol::HOOK_CLI, false, false).await?
+            else {
+                anyhow::bail!("another door holds {name} and did not answer");
+            };
+            let res = mailbox.client().query(req).await;
+            mailbox.close().await;
+            Ok(serde_json::to_value(res?)?)
+        })
+    };
+    if let Err(e) = told {
+        eprintln!("agent-relay hooks edited: the edit was not reported: {e:#}");
+    }
+    Ok(())
+}
+
+/// One JSON request to a door of this agent, and its `result` (an `error` fails).
+async fn ask_door(door: &Path, ask: &Value) -> anyhow::Result<Value> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(door)
+        .await
+        .with_context(|| format!("cannot reach the door {}", door.display()))?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(format!("{ask}\n").as_bytes()).await?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(read).read_line(&mut line).await?;
+    let mut answer: Value = serde_json::from_str(&line).context("the door's answer")?;
+    if let Some(e) = answer["error"].as_str() {
+        anyhow::bail!("the door: {e}");
+    }
+    Ok(answer["result"].take())
 }

@@ -300,6 +300,10 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
                         serde_json::json!({"error": format!("refused: {why}")})
                     }
                     (Ok(_), None) => match serde_json::from_str::<serde_json::Value>(&line) {
+                        // The PostToolUse hook's edit, on the connection that holds the name.
+                        Ok(v) if v.get("query").is_some() => {
+                            edited_by_hook(&mailbox, v["query"].clone()).await
+                        }
                         Ok(v) => {
                             let hook = v["hook"].as_str().unwrap_or("");
                             crate::cmd::hooks::answer_from(&mailbox, hook).await
@@ -317,6 +321,19 @@ fn hook_door(wrapper_door: &std::path::Path, mailbox: Arc<Mailbox>) -> Option<Ho
         }
     });
     Some(HookDoor(path))
+}
+
+/// The hooks' door asked the relay a question on the agent's connection: only `edited` (the
+/// PostToolUse hook's report), answered `{"result": RESULT}` or `{"error"}`.
+async fn edited_by_hook(mailbox: &Mailbox, query: serde_json::Value) -> serde_json::Value {
+    match serde_json::from_value::<QueryRequest>(query) {
+        Ok(req @ QueryRequest::Edited { .. }) => match mailbox.client().query(req).await {
+            Ok(result) => serde_json::json!({ "result": result }),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        },
+        Ok(_) => serde_json::json!({"error": "the hooks' door asks only edited"}),
+        Err(e) => serde_json::json!({"error": format!("not a query: {e}")}),
+    }
 }
 
 /// The door's name in a delivery's trace.
@@ -397,6 +414,25 @@ struct ReleaseParams {
     /// Stop it at once, busy or not (default: once it is idle).
     #[serde(default)]
     now: bool,
+}
+
+/// Arguments of `relay_claim`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ClaimParams {
+    /// Files or directories (a directory covers what it holds), relative to your directory or
+    /// absolute, inside the project. With release and none: all of your claims.
+    #[serde(default)]
+    paths: Vec<String>,
+    /// How long: "90s", "30m", "2h" (default 30m, at most 24h). Claiming again renews.
+    #[serde(default, rename = "for")]
+    for_: Option<String>,
+    /// Release the paths instead of claiming them.
+    #[serde(default)]
+    release: bool,
+    /// List every claim (paths are then ignored).
+    #[serde(default)]
+    list: bool,
 }
 
 /// Arguments of `relay_read`.
@@ -857,11 +893,24 @@ impl RelayMcp {
             ));
         }
         let Some(mailbox) = &self.agent else {
-            // A wrapped agent's connection is its wrapper's; its door takes sends only.
-            return failed(
-                "this agent is wrapped: its subscriptions are its wrapper's; start it with \
-                 `agent-relay wrap --subscribe PATTERN ...`",
-            );
+            // A wrapped agent's connection is its wrapper's: it subscribes through its door.
+            let Some(key) = &self.key else {
+                return failed("not subscribed: this server holds no agent's connection");
+            };
+            let request = serde_json::json!({"subscribe": p.pattern, "key": key});
+            return match door_exchange(&self.door, &request).await {
+                Ok(v) if v.get("subscribed").is_some() => text(format!(
+                    "Subscribed to {}: messages to a matching topic reach you once.",
+                    for_terminal(&p.pattern)
+                )),
+                Ok(v) => failed(format!(
+                    "not subscribed: {}",
+                    for_terminal(v["error"].as_str().unwrap_or("no answer from the wrapper"))
+                )),
+                Err(e) => failed(format!(
+                    "not subscribed: cannot reach the wrapper's door: {e}"
+                )),
+            };
         };
         match mailbox.client().subscribe(p.pattern.clone()).await {
             Ok(()) => text(format!(
@@ -1004,6 +1053,93 @@ impl RelayMcp {
             Ok(other) => failed(format!("unexpected answer: {other:?}")),
             Err(e) => failed(e.to_string()),
         }
+    }
+
+    /// Claims paths for this agent, releases them, or lists every claim (issue 25.7).
+    #[tool(
+        name = "relay_claim",
+        description = "Claim files or directories you are about to change, for a while (for: \"30m\" by default): another agent that claims or edits them is told, and so are you, once. release=true gives them back (none: all yours); list=true shows every claim. Claims end when they expire or you stop."
+    )]
+    async fn relay_claim(&self, Parameters(p): Parameters<ClaimParams>) -> CallToolResult {
+        let req = if p.list {
+            QueryRequest::Claims
+        } else {
+            let cwd = match std::env::current_dir() {
+                Ok(c) => c,
+                Err(e) => return failed(format!("not claimed: no working directory ({e})")),
+            };
+            let root = relay_client::paths::project_root(&cwd);
+            let paths = match crate::cmd::claim::normalize(&root, &cwd, &p.paths) {
+                Ok(ps) => ps,
+                Err(e) => return failed(e),
+            };
+            if p.release {
+                QueryRequest::Unclaim { paths }
+            } else {
+                if paths.is_empty() {
+                    return failed("no path given: name the files or directories to claim");
+                }
+                let for_ms = match p.for_.as_deref().map(crate::time::parse_duration_ms) {
+                    None => None,
+                    Some(Some(ms)) => Some(ms),
+                    Some(None) => return failed("\"for\" is not a duration: give 90s, 30m or 2h"),
+                };
+                QueryRequest::Claim { paths, for_ms }
+            }
+        };
+        // Under a wrapper the claim goes on its connection (the agent's one identity).
+        let answer = match &self.key {
+            Some(key) => {
+                let request = serde_json::json!({"query": req, "key": key});
+                match door_exchange(&self.door, &request).await {
+                    Ok(v) if v.get("result").is_some() => {
+                        serde_json::from_value::<QueryResult>(v["result"].clone())
+                            .map_err(|e| format!("the wrapper's answer is not a result: {e}"))
+                    }
+                    Ok(v) => Err(v["error"]
+                        .as_str()
+                        .unwrap_or("no answer from the wrapper")
+                        .to_owned()),
+                    Err(e) => Err(format!("cannot reach the wrapper's door: {e}")),
+                }
+            }
+            None => self.query(req).await.map_err(|e| e.to_string()),
+        };
+        let lines: Vec<String> = match answer {
+            Err(e) => return failed(format!("not done: {}", for_terminal(&e))),
+            Ok(QueryResult::Claim { claims, collisions }) => claims
+                .iter()
+                .map(|c| {
+                    format!(
+                        "claimed {} until {}",
+                        for_terminal(&c.path),
+                        crate::time::format_utc(c.until)
+                    )
+                })
+                .chain(collisions.iter().map(crate::cmd::claim::collision_line))
+                .collect(),
+            Ok(QueryResult::Unclaim { released }) if released.is_empty() => {
+                vec!["Nothing to release: no such claim.".into()]
+            }
+            Ok(QueryResult::Unclaim { released }) => released
+                .iter()
+                .map(|p| format!("released {}", for_terminal(p)))
+                .collect(),
+            Ok(QueryResult::Claims { claims }) if claims.is_empty() => vec!["No claims.".into()],
+            Ok(QueryResult::Claims { claims }) => claims
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} claimed by {} until {}",
+                        for_terminal(&c.path),
+                        for_terminal(&c.agent),
+                        crate::time::format_utc(c.until)
+                    )
+                })
+                .collect(),
+            Ok(other) => return failed(format!("unexpected answer: {other:?}")),
+        };
+        text(lines.join("\n"))
     }
 
     /// Searches the history.

@@ -2,6 +2,7 @@
 
 mod adapters;
 mod bench;
+pub(crate) mod claim;
 mod config;
 pub(crate) mod doctor;
 pub(crate) mod hooks;
@@ -100,6 +101,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
             args.no_teach |= cli.no_teach;
             args.intro |= cli.intro;
             args.delivery = cli.delivery.unwrap_or(args.delivery);
+            args.subscribe.extend(cli.subscribe);
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
         }
         Cmd::Agent(command) => {
@@ -118,7 +120,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                 no_teach: cli.no_teach,
                 delivery: cli.delivery.unwrap_or(crate::args::Delivery::Each),
                 serve_tmux: None,
-                subscribe: Vec::new(),
+                subscribe: cli.subscribe,
                 command,
             };
             exit_with(wrap::wrap(&paths, args, given.dashdash)?)
@@ -147,6 +149,7 @@ fn dispatch(cli: Cli, paths: &Paths, given: &Given) -> anyhow::Result<()> {
                     Cmd::Trace(a) => query::trace(&paths, &a).await,
                     Cmd::Dlq(a) => query::dlq(&paths, a).await,
                     Cmd::Chain(a) => query::chain(&paths, a).await,
+                    Cmd::Claim(a) => claim::claim(&paths, &a).await,
                     Cmd::Send(a) => send::send(&paths, a).await,
                     Cmd::Inbox(a) => inbox::inbox(&paths, &a).await,
                     Cmd::Reply(a) => inbox::reply(&paths, a).await,

@@ -57,6 +57,7 @@ pub(crate) async fn serve(
         ),
         registered: false,
         in_process,
+        said_bye: false,
     };
     let exit = reader.run(rd, shutdown).await;
     // On shutdown the router says BYE to every registered connection and closes it; an
@@ -64,7 +65,10 @@ pub(crate) async fn serve(
     if reader.registered
         && exit != Exit::Shutdown
         && router
-            .send(RouterMsg::Unregister { conn_id })
+            .send(RouterMsg::Unregister {
+                conn_id,
+                bye: reader.said_bye,
+            })
             .await
             .is_err()
     {
@@ -113,6 +117,8 @@ struct Reader {
     registered: bool,
     /// The peer is this daemon's own process.
     in_process: bool,
+    /// The peer said BYE: it left on purpose (an agent's claims are released).
+    said_bye: bool,
 }
 
 /// Why the reader stopped.
@@ -397,6 +403,7 @@ impl Reader {
                 return Flow::Continue;
             }
             Payload::Bye(_) => {
+                self.said_bye = true;
                 self.queue(Outbound::Control(Box::new(
                     Payload::Bye(Default::default()),
                 )))

@@ -350,6 +350,7 @@ pub async fn run_with(
     let untold = store.unnotified(100_000)?;
     let chains = store.chain_extensions()?;
     let spawned = store.spawned()?;
+    let claims = store.claims()?;
     let location = store.location();
     let (store_tx, store_rx) = mpsc::channel(16 * 1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -369,6 +370,7 @@ pub async fn run_with(
     );
     router.set_chains(chains);
     router.set_spawned(spawned);
+    router.set_claims(claims);
     let router_task = tokio::spawn(router.run(router_rx, events_rx, stop.clone(), untold));
     started(Handle {
         feed,

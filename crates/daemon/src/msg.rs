@@ -104,8 +104,8 @@ pub(crate) enum RouterMsg {
         hello: Hello,
         reply: oneshot::Sender<Result<(), (ErrorCode, String)>>,
     },
-    /// The connection is gone.
-    Unregister { conn_id: u64 },
+    /// The connection is gone; `bye`: its peer said BYE first (left on purpose).
+    Unregister { conn_id: u64, bye: bool },
     /// A wrapper reported how its agent's terminal looks (in a PONG).
     Terminal {
         conn_id: u64,
@@ -160,6 +160,14 @@ pub(crate) enum WriteCtx {
         conn_id: u64,
         env_id: String,
         reply: Option<oneshot::Sender<Answer>>,
+    },
+    /// A claim or release (issue 25.7): `result` is answered once the write is committed (so a
+    /// claim the asker was told of outlives a crash), an error instead if it failed.
+    Answer {
+        conn_id: u64,
+        env_id: String,
+        reply: Option<oneshot::Sender<Answer>>,
+        result: Box<QueryResult>,
     },
     /// A SEND: acknowledge to the sender and deliver to the recipients.
     Send {

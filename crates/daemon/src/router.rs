@@ -122,6 +122,11 @@ impl Router {
         }
     }
 
+    /// The claims stored (loaded at start; expired ones dropped).
+    pub(crate) fn set_claims(&mut self, claims: Vec<relay_protocol::claims::ClaimInfo>) {
+        self.core.set_claims(claims);
+    }
+
     /// Runs until `rx` closes or `shutdown` fires; then says BYE to every connection.
     pub(crate) async fn run(
         mut self,
@@ -243,7 +248,12 @@ impl Router {
                     tracing::debug!("connection gone before its HELLO was answered");
                 }
             }
-            RouterMsg::Unregister { conn_id } => self.core.unregister(conn_id, now()),
+            RouterMsg::Unregister { conn_id, bye } => {
+                if bye {
+                    self.core.left(conn_id, now());
+                }
+                self.core.unregister(conn_id, now());
+            }
             RouterMsg::Terminal { conn_id, report } => {
                 self.core.on_terminal(conn_id, report, now());
             }
@@ -389,6 +399,29 @@ impl Router {
             }
             _ => {}
         }
+        let mut asker = Some((env_id, reply));
+        let answer = self.core.on_claim_query(conn_id, &req, now(), |result| {
+            let (env_id, reply) = asker.take().unwrap_or_default();
+            WriteCtx::Answer {
+                conn_id,
+                env_id,
+                reply,
+                result: Box::new(result),
+            }
+        });
+        match answer {
+            Some(crate::routing::ClaimAnswer::Now(result)) => {
+                if let Some((env_id, reply)) = asker.take() {
+                    self.answer_with(conn_id, env_id, reply, *result);
+                }
+                return;
+            }
+            Some(crate::routing::ClaimAnswer::Stored) => return,
+            None => {}
+        }
+        let Some((env_id, reply)) = asker else {
+            return;
+        };
         if let QueryRequest::ForgetAgent { name } = &req
             && let Err((code, message)) = self.core.forget(name)
         {
@@ -452,6 +485,24 @@ impl Router {
                 },
                 res,
             )) => self.on_admin(conn_id, env_id, reply, res),
+            Some(StoreEvent::Written(
+                WriteCtx::Answer {
+                    conn_id,
+                    env_id,
+                    reply,
+                    result,
+                },
+                res,
+            )) => {
+                let result = match res {
+                    Ok(_) => *result,
+                    Err(e) => QueryResult::Error {
+                        code: "internal".into(),
+                        message: format!("not stored: {e}"),
+                    },
+                };
+                self.answer_with(conn_id, env_id, reply, result);
+            }
             Some(StoreEvent::Query(ctx, result, stats, figures)) => {
                 self.on_query_result(*ctx, result.map(|r| *r), stats, figures);
             }

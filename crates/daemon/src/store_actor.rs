@@ -266,8 +266,13 @@ fn answer(store: &mut dyn Store, req: &QueryRequest) -> (Option<QueryResult>, re
             code: "internal".into(),
             message: "not a read".into(),
         },
-        // The router answers `watch` itself; it never reaches the store.
-        QueryRequest::Watch(_) => QueryResult::Error {
+        // The router answers `watch` and the claims from what it holds; they never reach the
+        // store as queries.
+        QueryRequest::Watch(_)
+        | QueryRequest::Claim { .. }
+        | QueryRequest::Unclaim { .. }
+        | QueryRequest::Claims
+        | QueryRequest::Edited { .. } => QueryResult::Error {
             code: "invalid".into(),
             message: "watch is not a stored-data query".into(),
         },

@@ -58,6 +58,7 @@ fn key(d: &Directive) -> u64 {
     d.thread.hash(&mut h);
     d.data.as_ref().map(ToString::to_string).hash(&mut h);
     d.subscribe.hash(&mut h);
+    d.claim.hash(&mut h);
     h.finish()
 }
 

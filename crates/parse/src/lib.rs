@@ -128,6 +128,11 @@ pub struct Directive {
     /// Boxed: rare, and it would make every directive bigger.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub team: Option<Box<TeamVerb>>,
+    /// A team verb, not a message: a `[[RELAY]]` block `{"claim": [PATHS], "for": "1h"}` or
+    /// `{"unclaim": [PATHS]}` claims or releases paths for the agent (issue 25.7; `to` is then
+    /// `*` and `body` empty). Never send such a directive as a message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Box<ClaimVerb>>,
 }
 
 /// A lead's team verb written as a `[[RELAY]]` block (see `docs/PARSING.md`).
@@ -159,6 +164,20 @@ pub enum TeamVerb {
     },
 }
 
+/// What a `claim` or `unclaim` block asks for (see [`Directive::claim`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct ClaimVerb {
+    /// The paths as the agent wrote them (relative to its directory, or absolute): the wrapper
+    /// puts them in the relay's normal form. Empty with `release`: every claim of the agent.
+    pub paths: Vec<String>,
+    /// How long (`"for"`: `90s`, `30m`, `2h`), in ms; the relay's default when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub for_ms: Option<u64>,
+    /// `unclaim`: release them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub release: bool,
+}
+
 impl Directive {
     /// A plain message to `to` (no thread, no data), as `@relay:NAME body` gives.
     pub fn message(to: Target, body: impl Into<String>) -> Self {
@@ -172,6 +191,7 @@ impl Directive {
             malformed: None,
             subscribe: None,
             team: None,
+            claim: None,
         }
     }
 

@@ -303,6 +303,14 @@ fn parse_block(json: &str) -> Result<Directive, String> {
             ..Directive::message(Target::Broadcast, "")
         });
     }
+    if !obj.contains_key("to")
+        && let Some((verb, paths)) = obj
+            .get("claim")
+            .map(|p| ("claim", p))
+            .or_else(|| obj.get("unclaim").map(|p| ("unclaim", p)))
+    {
+        return claim_block(obj, verb, paths);
+    }
     let to = obj
         .get("to")
         .ok_or("it has no \"to\"")?
@@ -343,6 +351,7 @@ fn parse_block(json: &str) -> Result<Directive, String> {
         malformed: None,
         subscribe: None,
         team: None,
+        claim: None,
     })
 }
 
@@ -409,6 +418,62 @@ fn team_verb(
         }));
     }
     Ok(None)
+}
+
+/// A `{"claim": PATHS, "for"?: DURATION}` or `{"unclaim": PATHS}` block (issue 25.7): PATHS
+/// is one path or a list (empty for `unclaim`: all of the agent's).
+fn claim_block(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    verb: &str,
+    paths: &serde_json::Value,
+) -> Result<Directive, String> {
+    let release = verb == "unclaim";
+    let bad = || {
+        format!("its \"{verb}\" is not a path or a list of paths ([\"src/auth.rs\", \"src/db/\"])")
+    };
+    let paths: Vec<String> = match paths {
+        serde_json::Value::String(p) => vec![p.clone()],
+        serde_json::Value::Array(ps) => ps
+            .iter()
+            .map(|p| p.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    if paths.is_empty() && !release {
+        return Err("its \"claim\" names no path".into());
+    }
+    let for_ms = match obj.get("for") {
+        None => None,
+        Some(d) => Some(
+            d.as_str()
+                .and_then(duration_ms)
+                .ok_or("its \"for\" is not a duration (\"90s\", \"30m\", \"2h\")")?,
+        ),
+    };
+    Ok(Directive {
+        claim: Some(Box::new(crate::ClaimVerb {
+            paths,
+            for_ms,
+            release,
+        })),
+        ..Directive::message(Target::Broadcast, "")
+    })
+}
+
+/// `90s`, `30m`, `2h` in ms.
+fn duration_ms(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult = match unit {
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    n.checked_mul(mult).filter(|&ms| ms > 0)
 }
 
 /// Why `written` is no recipient, for the agent.
@@ -673,6 +738,7 @@ impl Scanner {
                 malformed: None,
                 subscribe: None,
                 team: None,
+                claim: None,
             };
             let found = Found {
                 directive,
@@ -1326,6 +1392,25 @@ mod tests {
         );
         assert!(d[5].team.is_none() && d[5].malformed.is_none());
         assert_eq!(d[5].to, Target::Agent("spawn".into()));
+    }
+
+    #[test]
+    fn a_claim_block_is_a_verb_never_a_message() {
+        let d = scan(&[
+            r#"[[RELAY]]{"claim": ["src/auth.rs", "src/db/"], "for": "1h"}[[/RELAY]]"#,
+            r#"[[RELAY]]{"unclaim": []}[[/RELAY]]"#,
+            r#"[[RELAY]]{"claim": 3}[[/RELAY]]"#,
+        ]);
+        assert_eq!(d.len(), 3, "{d:?}");
+        let c = d[0].claim.as_ref().unwrap();
+        assert_eq!(c.paths, ["src/auth.rs", "src/db/"]);
+        assert_eq!(c.for_ms, Some(3_600_000));
+        assert!(!c.release && d[0].body.is_empty() && d[0].malformed.is_none());
+        let c = d[1].claim.as_ref().unwrap();
+        assert!(c.release && c.paths.is_empty());
+        assert!(d[2].claim.is_none());
+        let why = d[2].malformed.as_deref().unwrap_or_default();
+        assert!(why.contains("not a path or a list of paths"), "{why}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! exceptions are the small helpers every crate shares so that each exists once: the wall
 //! [`clock`] and [`file::write_atomic`].
 
+pub mod claims;
 pub mod clock;
 pub mod codec;
 mod envelope;
@@ -42,6 +43,11 @@ pub use text::{IdError, MAX_MESSAGE_ID_BYTES, validate_message_id};
 /// adapters). A tool may send as a connected person (the person at the terminal is that same
 /// person), never as a connected agent.
 pub const PERSON_CLI: &str = "person";
+
+/// The `cli` the HELLO of a Claude Code hook gives when it holds an unwrapped agent's name for a
+/// moment (`agent-relay hooks`): its BYE is the hook ending, not the agent leaving (the agent's
+/// claims stay).
+pub const HOOK_CLI: &str = "claude-hook";
 
 /// The person at the terminal: the name `agent-relay send` signs with by default, and a
 /// mailbox that can always be addressed.

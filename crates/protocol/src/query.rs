@@ -104,6 +104,31 @@ pub enum QueryRequest {
         #[serde(default)]
         lines: Vec<String>,
     },
+    /// (issue 25.7) Claims `paths` for the connection's name for `for_ms` (default
+    /// [`crate::claims::DEFAULT_CLAIM_MS`]); a path claimed again is renewed. Others' claims
+    /// of the same files are named in the answer, and both sides are told by a relay notice.
+    Claim {
+        /// Paths in normal form ([`crate::claims::validate_claim_path`]).
+        paths: Vec<String>,
+        /// How long, in ms (at most [`crate::claims::MAX_CLAIM_MS`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_ms: Option<u64>,
+    },
+    /// (issue 25.7) Releases the connection's name's claims of `paths` (all of them when empty).
+    Unclaim {
+        /// Paths in normal form; empty: every claim of the name.
+        #[serde(default)]
+        paths: Vec<String>,
+    },
+    /// (issue 25.7) Every claim held now.
+    Claims,
+    /// (issue 25.7) The connection's name edited `paths` (Claude Code's PostToolUse hook): the
+    /// editor and the holder of a claim on them, or another agent that edited one within a
+    /// minute, are told, once.
+    Edited {
+        /// Paths in normal form.
+        paths: Vec<String>,
+    },
 }
 
 /// What [`QueryRequest::Spawn`] asks for.
@@ -451,6 +476,31 @@ pub enum QueryResult {
     SpawnExited {
         /// Its parent was told.
         told: bool,
+    },
+    /// Answer to `claim`: the name's claims of the paths as they are now, and the other
+    /// agents' claims they run into.
+    Claim {
+        /// The claims made or renewed.
+        claims: Vec<crate::claims::ClaimInfo>,
+        /// Others' claims of the same files.
+        #[serde(default)]
+        collisions: Vec<crate::claims::ClaimCollision>,
+    },
+    /// Answer to `unclaim`: the paths released.
+    Unclaim {
+        /// Released paths.
+        released: Vec<String>,
+    },
+    /// Answer to `claims`.
+    Claims {
+        /// Every claim held, by path.
+        claims: Vec<crate::claims::ClaimInfo>,
+    },
+    /// Answer to `edited`: the others whose claims or recent edits the edit ran into.
+    Edited {
+        /// Others' claims and edits of the same files.
+        #[serde(default)]
+        collisions: Vec<crate::claims::ClaimCollision>,
     },
     /// One event of a `watch` (many answers share the query's id).
     Event {

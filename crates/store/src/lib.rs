@@ -284,6 +284,25 @@ pub enum WriteOp {
         /// When (Unix ms).
         at: u64,
     },
+    /// `agent` claims `path` from `since` until `until` (Unix ms); a claim of the same path by
+    /// the same agent is replaced (renewed).
+    Claim {
+        /// The agent.
+        agent: String,
+        /// The path, in normal form.
+        path: String,
+        /// When claimed.
+        since: u64,
+        /// When it expires.
+        until: u64,
+    },
+    /// `agent` releases its claims of `paths` (every claim it holds when empty).
+    Unclaim {
+        /// The agent.
+        agent: String,
+        /// Paths; empty: all.
+        paths: Vec<String>,
+    },
     /// The sender of this dead letter has been told (its notice is stored).
     Notified {
         /// Its number.
@@ -513,6 +532,12 @@ pub trait Store: std::marker::Send {
     /// # Errors
     /// [`StoreError`] when the database cannot be read.
     fn spawned(&mut self) -> Result<Vec<relay_protocol::query::SpawnRecord>, StoreError>;
+    /// Every claim stored ([`WriteOp::Claim`]), expired ones included (the daemon drops them),
+    /// loaded at start.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read.
+    fn claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError>;
 }
 
 /// The whole story of a stored message: accepted, queued per recipient, the recorded events,

@@ -75,6 +75,8 @@ pub struct MemoryStore {
     chains: BTreeMap<String, u32>,
     /// Spawned workers by name ([`WriteOp::Spawned`]).
     spawned: BTreeMap<String, relay_protocol::query::SpawnRecord>,
+    /// (agent, path) → (since, until).
+    claims: BTreeMap<(String, String), (u64, u64)>,
 }
 
 impl MemoryStore {
@@ -393,6 +395,7 @@ impl MemoryStore {
             }
             WriteOp::Purge => self.purge(),
             WriteOp::ForgetAgent { name } => {
+                self.claims.retain(|(agent, _), _| agent != name);
                 self.subscriptions.remove(name);
                 self.agents.remove(name);
                 WriteResult::Forgot(name.clone())
@@ -412,6 +415,21 @@ impl MemoryStore {
                 {
                     r.ended_at = Some(*at);
                 }
+                WriteResult::Done
+            }
+            WriteOp::Claim {
+                agent,
+                path,
+                since,
+                until,
+            } => {
+                self.claims
+                    .insert((agent.clone(), path.clone()), (*since, *until));
+                WriteResult::Done
+            }
+            WriteOp::Unclaim { agent, paths } => {
+                self.claims
+                    .retain(|(a, p), _| a != agent || !(paths.is_empty() || paths.contains(p)));
                 WriteResult::Done
             }
         }
@@ -634,6 +652,20 @@ impl Store for MemoryStore {
         let mut v: Vec<_> = self.spawned.values().cloned().collect();
         v.sort_by_key(|r| r.at);
         Ok(v)
+    }
+    fn claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        Ok(self
+            .claims
+            .iter()
+            .map(
+                |((agent, path), (since, until))| relay_protocol::claims::ClaimInfo {
+                    agent: agent.clone(),
+                    path: path.clone(),
+                    since: *since,
+                    until: *until,
+                },
+            )
+            .collect())
     }
 }
 

@@ -291,6 +291,17 @@ CREATE TABLE spawned (
     ended_at INTEGER
 ) WITHOUT ROWID;
 ",
+    // v7: claims (issue 25.7): an agent's paths, until they expire or it releases them; kept
+    // across restarts, so that a claim the others were told about holds after one.
+    r"
+CREATE TABLE claims (
+    agent TEXT NOT NULL,
+    path TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    PRIMARY KEY (agent, path)
+) WITHOUT ROWID;
+",
 ];
 
 /// The delivery states counted in `counters` (`deliveries.<name>`), indexed by their code.
@@ -303,7 +314,7 @@ pub(crate) const COUNTED_STATES: [DeliveryStatus; 5] = [
 ];
 
 /// Newest schema version this build knows.
-const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Batches between two writes of the `streams` table. Open replays the deliveries stored since
 /// the last write, so this bounds that work (and the table write is amortised over this many
@@ -1117,6 +1128,8 @@ impl Batch<'_> {
                     .execute([name])?;
                 tx.prepare_cached("DELETE FROM subscriptions WHERE agent = ?1")?
                     .execute([name])?;
+                tx.prepare_cached("DELETE FROM claims WHERE agent = ?1")?
+                    .execute([name])?;
                 Ok(WriteResult::Forgot(name.clone()))
             }
             WriteOp::ExtendChain { thread, hops } => {
@@ -1161,6 +1174,30 @@ impl Batch<'_> {
                     "UPDATE spawned SET ended_at = ?2 WHERE name = ?1 AND ended_at IS NULL",
                 )?
                 .execute(params![name, i64::try_from(*at).unwrap_or(i64::MAX)])?;
+                Ok(WriteResult::Done)
+            }
+            WriteOp::Claim {
+                agent,
+                path,
+                since,
+                until,
+            } => {
+                tx.prepare_cached(
+                    "INSERT INTO claims (agent, path, since, until) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (agent, path) DO UPDATE SET since = ?3, until = ?4",
+                )?
+                .execute(params![agent, path, since, until])?;
+                Ok(WriteResult::Done)
+            }
+            WriteOp::Unclaim { agent, paths } => {
+                if paths.is_empty() {
+                    tx.prepare_cached("DELETE FROM claims WHERE agent = ?1")?
+                        .execute([agent])?;
+                }
+                for path in paths {
+                    tx.prepare_cached("DELETE FROM claims WHERE agent = ?1 AND path = ?2")?
+                        .execute([agent, path])?;
+                }
                 Ok(WriteResult::Done)
             }
         }
@@ -1622,6 +1659,28 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+
+    fn claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        self.stored_claims()
+    }
+}
+
+impl SqliteStore {
+    /// [`Store::claims`].
+    fn stored_claims(&mut self) -> Result<Vec<relay_protocol::claims::ClaimInfo>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT agent, path, since, until FROM claims ORDER BY path, agent")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(relay_protocol::claims::ClaimInfo {
+                agent: r.get(0)?,
+                path: r.get(1)?,
+                since: r.get(2)?,
+                until: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 }
 

@@ -1318,8 +1318,87 @@ fn spawned_records_survive_reopen<B: Backend>(mut b: B) {
     assert_eq!(s.spawned().unwrap(), vec![ended, rec("w2", 2)]);
 }
 
+/// Claims (issue 25.7): made, renewed in place, released one by one or all at once, gone with a
+/// forgotten agent, kept across reopen.
+fn claims_are_kept_renewed_and_released<B: Backend>(mut b: B) {
+    let claim = |agent: &str, path: &str, since: u64, until: u64| WriteOp::Claim {
+        agent: agent.into(),
+        path: path.into(),
+        since,
+        until,
+    };
+    let mut s = b.open();
+    s.write_batch(
+        &[
+            claim("alice", "src/a.rs", 1, 100),
+            claim("alice", "src/b/", 1, 100),
+            claim("bob", "src/a.rs", 2, 200),
+            claim("carol", "x.rs", 3, 300),
+            // Renewed: one row, the later expiry.
+            claim("alice", "src/a.rs", 1, 150),
+        ],
+        5,
+    )
+    .unwrap();
+    let mut s = b.reopen(s);
+    let held = |s: &mut B::S| {
+        let mut v: Vec<(String, String, u64)> = s
+            .claims()
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.agent, c.path, c.until))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        held(&mut s),
+        [
+            ("alice".into(), "src/a.rs".into(), 150),
+            ("alice".into(), "src/b/".into(), 100),
+            ("bob".into(), "src/a.rs".into(), 200),
+            ("carol".into(), "x.rs".into(), 300),
+        ]
+    );
+    s.write_batch(
+        &[
+            WriteOp::Unclaim {
+                agent: "alice".into(),
+                paths: vec!["src/b/".into()],
+            },
+            WriteOp::Unclaim {
+                agent: "bob".into(),
+                paths: vec![],
+            },
+            WriteOp::AgentConnected {
+                name: "carol".into(),
+                cli: None,
+                session_id: "s1".into(),
+            },
+        ],
+        6,
+    )
+    .unwrap();
+    s.write_batch(
+        &[
+            WriteOp::AgentDisconnected {
+                name: "carol".into(),
+                session_id: "s1".into(),
+            },
+            WriteOp::ForgetAgent {
+                name: "carol".into(),
+            },
+        ],
+        7,
+    )
+    .unwrap();
+    let mut s = b.reopen(s);
+    assert_eq!(held(&mut s), [("alice".into(), "src/a.rs".into(), 150)]);
+}
+
 for_both!(
     spawned_records_survive_reopen,
+    claims_are_kept_renewed_and_released,
     trace_and_dead_letters,
     recent_hops,
     dedupe,
@@ -1447,7 +1526,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 6,
+            supported: crate::sqlite::SCHEMA_VERSION,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1466,7 +1545,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 6);
+    assert_eq!(v, crate::sqlite::SCHEMA_VERSION);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 

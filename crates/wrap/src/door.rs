@@ -18,9 +18,14 @@
 //! when a prompt is submitted) sends `{"hook": "prompt"}`, answered the same way: the messages
 //! go in with the person's prompt, as that turn's context (see `Core::hook_prompt`).
 //! `{"hello": true}` is answered `{"agent": NAME}`: how the MCP server checks, at its start,
-//! that it belongs to this agent. `{"query": QUERY}` (only `spawn` and `release`, issue 25)
-//! asks the relay on the wrapper's connection, as the agent: answered `{"result": RESULT}` or
-//! `{"error": TEXT, "code"?: CODE}`.
+//! that it belongs to this agent. `{"query": QUERY}` asks the relay on the agent's own
+//! connection, as the agent, the questions that speak for it (`spawn` and `release`, issue 25:
+//! `agent-relay spawn`/`release` run by the agent, its MCP server's `relay_spawn`/`relay_release`;
+//! `claim`, `unclaim`, `claims`, `edited`: the MCP server's `relay_claim`, the PostToolUse hook),
+//! answered `{"result": RESULT}` or `{"error": TEXT, "code"?: CODE}`. `{"subscribe": PATTERN}`
+//! subscribes the agent's connection to a topic pattern (the MCP server's `relay_subscribe`;
+//! kept for its reconnections and in the relay's store), answered `{"subscribed": PATTERN}` or
+//! `{"error"}`.
 //!
 //! Every request carries `"key"`, the door key the wrapper put in its agent's environment
 //! (`AGENT_RELAY_SESSION`, see [`new_key`]): only a process of the agent's own session (its
@@ -97,9 +102,13 @@ pub(crate) enum Request {
         limit: usize,
         reply: oneshot::Sender<(Vec<relay_client::Delivered>, usize)>,
     },
-    /// A team verb asked as the agent (`agent-relay spawn` or `release` run by the agent, its
-    /// MCP server's `relay_spawn` or `relay_release`): the QUERY goes on the wrapper's own
-    /// connection, so the relay takes the agent as the asker (issue 25).
+    /// Subscribe the agent's connection to a topic pattern.
+    Subscribe {
+        pattern: String,
+        reply: oneshot::Sender<Result<(), ClientError>>,
+    },
+    /// A question for the relay asked on the agent's connection, as the agent (a worker it spawns
+    /// or releases, its claims and edits speak for it).
     Query {
         req: relay_protocol::query::QueryRequest,
         reply: oneshot::Sender<Result<relay_protocol::query::QueryResult, ClientError>>,
@@ -234,18 +243,6 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                 hook(|reply| Request::Stop { active, reply }, &tx).await
             }
             Ok(v) if v["hook"] == "prompt" => hook(|reply| Request::Prompt { reply }, &tx).await,
-            Ok(v) if v.get("query").is_some() => {
-                match serde_json::from_value::<relay_protocol::query::QueryRequest>(
-                    v["query"].clone(),
-                ) {
-                    Ok(
-                        req @ (relay_protocol::query::QueryRequest::Spawn(_)
-                        | relay_protocol::query::QueryRequest::Release { .. }),
-                    ) => query(req, &tx).await,
-                    Ok(_) => serde_json::json!({"error": "the door asks only spawn and release"}),
-                    Err(e) => serde_json::json!({"error": format!("not a query: {e}")}),
-                }
-            }
             Ok(v) if v.get("inbox").is_some() => {
                 let limit = v["inbox"]
                     .as_u64()
@@ -254,6 +251,8 @@ async fn serve(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>, owner:
                     .clamp(1, 1000);
                 inbox(limit, &tx).await
             }
+            Ok(v) if v.get("query").is_some() => query(v["query"].clone(), &tx).await,
+            Ok(v) if v.get("subscribe").is_some() => subscribe(&v["subscribe"], &tx).await,
             _ => match serde_json::from_str::<Wire>(&line) {
                 Err(e) => serde_json::json!({"error": format!("not a send request: {e}")}),
                 Ok(w) => ask(w, &tx).await,
@@ -284,25 +283,6 @@ async fn shown(ids: Vec<String>, tx: &mpsc::Sender<Request>) -> serde_json::Valu
     }
     match rx.await {
         Ok(n) => serde_json::json!({ "verified": n }),
-        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
-    }
-}
-
-/// A team verb as the agent: `{"result": RESULT}` or `{"error", "code"?}`.
-async fn query(
-    req: relay_protocol::query::QueryRequest,
-    tx: &mpsc::Sender<Request>,
-) -> serde_json::Value {
-    let (reply, rx) = oneshot::channel();
-    if tx.send(Request::Query { req, reply }).await.is_err() {
-        return serde_json::json!({"error": "the wrapper is ending"});
-    }
-    match rx.await {
-        Ok(Ok(result)) => serde_json::json!({ "result": result }),
-        Ok(Err(ClientError::Query { code, message })) => {
-            serde_json::json!({"error": message, "code": code})
-        }
-        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }
@@ -357,6 +337,63 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         }
         Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
         Err(_) => serde_json::json!({"error": "the wrapper ended before the receipt came"}),
+    }
+}
+
+/// `relay_subscribe` under the wrapper: the agent's connection subscribes.
+async fn subscribe(pattern: &serde_json::Value, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    let Some(pattern) = pattern
+        .as_str()
+        .filter(|p| relay_protocol::validate_topic_pattern(p).is_ok())
+    else {
+        return serde_json::json!({"error": "not a topic pattern (build.linux, build.*, build.>)"});
+    };
+    let (reply, rx) = oneshot::channel();
+    let pattern = pattern.to_owned();
+    let req = Request::Subscribe {
+        pattern: pattern.clone(),
+        reply,
+    };
+    if tx.send(req).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(())) => serde_json::json!({ "subscribed": pattern }),
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
+    }
+}
+
+/// A question asked on the agent's connection, as the agent: only those that speak for it (a
+/// worker it spawns or releases, its claims and edits); anything else a tool asks on its own
+/// connection. `{"result": RESULT}` or `{"error", "code"?}`.
+async fn query(v: serde_json::Value, tx: &mpsc::Sender<Request>) -> serde_json::Value {
+    use relay_protocol::query::QueryRequest;
+    let req = match serde_json::from_value::<QueryRequest>(v) {
+        Ok(
+            r @ (QueryRequest::Spawn(_)
+            | QueryRequest::Release { .. }
+            | QueryRequest::Claim { .. }
+            | QueryRequest::Unclaim { .. }
+            | QueryRequest::Claims
+            | QueryRequest::Edited { .. }),
+        ) => r,
+        Ok(_) => {
+            return serde_json::json!({"error": "the door asks only spawn, release, claim, unclaim, claims and edited"});
+        }
+        Err(e) => return serde_json::json!({"error": format!("not a query: {e}")}),
+    };
+    let (reply, rx) = oneshot::channel();
+    if tx.send(Request::Query { req, reply }).await.is_err() {
+        return serde_json::json!({"error": "the wrapper is ending"});
+    }
+    match rx.await {
+        Ok(Ok(result)) => serde_json::json!({ "result": result }),
+        Ok(Err(ClientError::Query { code, message })) => {
+            serde_json::json!({"error": message, "code": code})
+        }
+        Ok(Err(e)) => serde_json::json!({"error": e.to_string()}),
+        Err(_) => serde_json::json!({"error": "the wrapper ended before it answered"}),
     }
 }
 

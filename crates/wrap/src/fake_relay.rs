@@ -125,7 +125,9 @@ impl Link for Relay {
         &self,
         _req: relay_protocol::query::QueryRequest,
     ) -> Result<relay_protocol::query::QueryResult, ClientError> {
-        Err(ClientError::Closed)
+        Err(ClientError::Protocol(
+            "the fake relay answers no queries".into(),
+        ))
     }
 
     async fn close(self) {

@@ -14,6 +14,7 @@
 //! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
+mod claim;
 mod decide;
 mod deliver;
 mod door;
@@ -591,6 +592,11 @@ impl Core {
         if let (Some(verb), None) = (&d.team, &d.malformed) {
             // A `[[RELAY]]` block `{"spawn": ...}` or `{"release": ...}` (see [`Effect::Team`]).
             self.out.push(Effect::Team(verb.clone()));
+            return;
+        }
+        if let (Some(verb), None) = (&d.claim, &d.malformed) {
+            // A `[[RELAY]]` block `{"claim": ...}`/`{"unclaim": ...}` (see [`Effect::Claim`]).
+            self.out.push(Effect::Claim(verb.clone()));
             return;
         }
         if let Some(why) = &d.malformed {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use relay_client::{Client, ClientError, Delivered, Event, Outgoing, Receipt};
+use relay_protocol::query::{QueryRequest, QueryResult};
 use relay_protocol::{DeliveryState, TerminalReport};
 
 /// A receipt to wait for, off the loop (see [`Relay::send_nowait`]).
@@ -34,11 +35,9 @@ pub(crate) trait Relay {
     /// See [`Client::report_terminal`].
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
 
-    /// See [`Client::query`].
-    async fn query(
-        &self,
-        req: relay_protocol::query::QueryRequest,
-    ) -> Result<relay_protocol::query::QueryResult, ClientError>;
+    /// See [`Client::query`]: a question asked on the agent's own connection (claims speak
+    /// for the connection's name).
+    async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError>;
 
     /// See [`Client::close`].
     async fn close(self);
@@ -74,10 +73,7 @@ impl Relay for Client {
         Client::report_terminal(self, report).await
     }
 
-    async fn query(
-        &self,
-        req: relay_protocol::query::QueryRequest,
-    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
+    async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
         Client::query(self, req).await
     }
 

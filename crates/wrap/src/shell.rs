@@ -312,6 +312,26 @@ impl<R: Relay> Shell<R> {
                 core.push_notice(&told);
             }
             Effect::Team(verb) => team_verb(&core.cfg, *verb, self.notices_tx.clone()),
+            Effect::Claim(verb) => {
+                let told = match std::env::current_dir() {
+                    Err(e) => format!("relay: not claimed: no working directory ({e})"),
+                    Ok(cwd) => {
+                        let root = relay_client::paths::project_root(&cwd);
+                        match crate::claim::request(&verb, &root, &cwd) {
+                            Err(why) => format!("relay: {why}"),
+                            Ok(req) => match self.link.query(req).await {
+                                Ok(result) => crate::claim::told(&result, relay_protocol::now_ms()),
+                                Err(e) => format!(
+                                    "relay: not claimed: {}",
+                                    text::one_line(&e.to_string(), 300)
+                                ),
+                            },
+                        }
+                    }
+                };
+                tracing::info!(%told, "a claim directive");
+                core.push_notice(&told);
+            }
             Effect::ReportStart(word) => crate::report_start_line(word),
         }
         Ok(())
@@ -419,10 +439,16 @@ impl<R: Relay> Shell<R> {
                     );
                 }
             }
+            door::Request::Subscribe { pattern, reply } => {
+                let result = self.link.subscribe(pattern.clone()).await;
+                tracing::info!(%pattern, ok = result.is_ok(), "a subscription through the door");
+                if reply.send(result).is_err() {
+                    tracing::debug!("the tool left before its answer");
+                }
+            }
             door::Request::Query { req, reply } => {
-                // Answered in milliseconds (a spawn waits for one store write).
-                let answer = self.link.query(req).await;
-                if reply.send(answer).is_err() {
+                let result = self.link.query(req).await;
+                if reply.send(result).is_err() {
                     tracing::debug!("the tool left before its answer");
                 }
             }

@@ -48,6 +48,8 @@ use crate::msg::{
 };
 use crate::rules::Rules;
 
+mod claims;
+pub(crate) use claims::ClaimAnswer;
 mod names;
 mod spawn;
 
@@ -451,6 +453,10 @@ pub(crate) struct Core {
     /// yet, while the daemon runs: spares the store a notice it would refuse as a duplicate.
     /// The store keeps the promise across restarts (the notice's id is the pair's).
     told_not_yet: HashSet<(String, String)>,
+    /// Claims held (a mirror of the store's, loaded at start) and recent edits (issue 25.7).
+    claims: claims::ClaimBook,
+    /// The store writes of the claim query being answered (see [`Core::on_claim_query`]).
+    claim_writes: Vec<WriteOp>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
@@ -520,6 +526,8 @@ impl Core {
             chains: HashMap::new(),
             spawned: HashMap::new(),
             told_not_yet: HashSet::new(),
+            claims: claims::ClaimBook::default(),
+            claim_writes: Vec::new(),
             dirty: HashSet::new(),
             agents_changed: false,
             limiter,
@@ -839,10 +847,10 @@ impl Core {
             self.nack(conn_id, echo, NackCode::Invalid, e.to_string());
             return;
         }
-        if id.starts_with(names::RELAY_ID_PREFIX) {
+        if names::is_relay_id(&id) {
             let reason = format!(
-                "ids starting with {:?} are the relay's own notices'; nothing was stored; send again with a new id (a ULID)",
-                names::RELAY_ID_PREFIX
+                "ids starting with {} are the relay's own notices'; nothing was stored; send again with a new id (a ULID)",
+                names::RELAY_ID_PREFIXES.join(", ")
             );
             self.nack(conn_id, id, NackCode::Invalid, reason);
             return;
@@ -1167,7 +1175,7 @@ impl Core {
                 "reason": n.reason, "dlq_id": n.dlq_id,
             }});
             let id = format!("dead-letter-{}", n.dlq_id);
-            self.relay_notice(n.from, id, &n.msg_id, body, data);
+            self.relay_notice(n.from, id, Some(&n.msg_id), body, data);
             // After the notice in command order, so at worst a crash repeats the notice
             // (stored once), never loses it.
             self.store(StoreCmd::Write(told, WriteCtx::None));
@@ -1175,26 +1183,10 @@ impl Core {
     }
 
     /// Stores a message from [`RELAY`] to `to` about its message `about` (an answer to it, in
-    /// its chain), delivered like any other. `id` names the notice so that telling it twice
+    /// its chain; `None`: about no message of theirs, as a claim's or a worker's notice),
+    /// delivered like any other. `id` names the notice so that telling it twice
     /// stores it once.
     fn relay_notice(
-        &mut self,
-        to: String,
-        id: String,
-        about: &str,
-        body: String,
-        data: serde_json::Value,
-    ) {
-        self.relay_notice_of(to, id, Some(about), body, data);
-    }
-
-    /// Stores a message from [`RELAY`] to `to` that answers none of its messages (a notice
-    /// about a worker it spawned).
-    fn relay_notice_new(&mut self, to: String, id: String, body: String, data: serde_json::Value) {
-        self.relay_notice_of(to, id, None, body, data);
-    }
-
-    fn relay_notice_of(
         &mut self,
         to: String,
         id: String,
@@ -1202,6 +1194,7 @@ impl Core {
         body: String,
         data: serde_json::Value,
     ) {
+        // A notice about no message (a claim, a spawned worker) starts no chain.
         let hops = about.map_or(0, |a| self.hops.reply_hops(a));
         let payload = Send {
             kind: relay_protocol::Kind::Message,
@@ -1389,7 +1382,8 @@ impl Core {
             } => {
                 self.on_pending(recipient, conn_id, deliveries, limit);
             }
-            ev @ (StoreEvent::Written(WriteCtx::Admin { .. }, _) | StoreEvent::Query(..)) => {
+            ev @ (StoreEvent::Written(WriteCtx::Admin { .. } | WriteCtx::Answer { .. }, _)
+            | StoreEvent::Query(..)) => {
                 return Some(ev);
             }
         }
@@ -1402,6 +1396,7 @@ impl Core {
         self.now = now;
         self.probe_circuits();
         self.flush_terminal_states();
+        self.expire_claims();
     }
 
     /// Whether acknowledgement watermarks moved since the last [`Core::flush_watermarks`].
@@ -1469,6 +1464,7 @@ impl Core {
             Some(_) => {
                 self.agents.remove(name);
                 self.fold_out(name);
+                self.forget_claims(name);
                 Ok(())
             }
             None => Err((
@@ -1774,7 +1770,7 @@ impl Core {
         // (sender, id) is the record; no memory of this process is). Its short id is not the
         // message's.
         let id = names::not_yet_notice_id(&message.from, &name);
-        self.relay_notice(message.from.clone(), id, &message.id, body, data);
+        self.relay_notice(message.from.clone(), id, Some(&message.id), body, data);
     }
 
     fn drop_slow(&mut self, name: &str) {

@@ -241,10 +241,17 @@ impl Core {
     }
 }
 
-/// The start of the ids the relay gives its own notices that are made from names (and so can
-/// be computed by anyone): a client's SEND may not use them, or an agent could take a notice's
-/// id first and the relay's notice would be refused as another sender's (issue 24.7's rule).
-pub(super) const RELAY_ID_PREFIX: &str = "notyet-";
+/// The starts of the ids the relay gives its own notices, made from names, paths and times
+/// (and so computable by anyone): a client's SEND may not use them, or an agent could take a
+/// notice's id first and the relay's notice would be refused as another sender's (issue 24.7's
+/// rule). "Has not connected yet" (`notyet-`), a claim collision (`claim-`), a worker that
+/// exited or became idle (`worker-exit-`, `worker-idle-`).
+pub(super) const RELAY_ID_PREFIXES: [&str; 3] = ["notyet-", "claim-", "worker-"];
+
+/// Whether `id` is one the relay keeps for its own notices ([`RELAY_ID_PREFIXES`]).
+pub(super) fn is_relay_id(id: &str) -> bool {
+    RELAY_ID_PREFIXES.iter().any(|p| id.starts_with(p))
+}
 
 /// The id of the notice telling `sender` that `recipient` has not connected yet: the same for
 /// the pair whenever it is made, so the store keeps it told once across daemon restarts (a
@@ -259,7 +266,7 @@ pub(super) fn not_yet_notice_id(sender: &str, recipient: &str) -> String {
         .chain_update(recipient.as_bytes())
         .finalize();
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{RELAY_ID_PREFIX}{hex}")
+    format!("notyet-{hex}")
 }
 
 /// `1h`, `90s`, `2h30m`: a duration as a person reads it.

@@ -342,7 +342,7 @@ impl Core {
             "worker_exited": name, "status": status, "lines": lines,
         }});
         let id = format!("worker-exit-{}-{now_ms}", one_line(name, 64));
-        self.relay_notice_new(parent, id, body, data);
+        self.relay_notice(parent, id, None, body, data);
         true
     }
 
@@ -370,6 +370,6 @@ impl Core {
         let body = format!("relay: your worker {name} is idle after a turn.");
         let data = serde_json::json!({"relay_notice": {"worker_idle": name}});
         let id = format!("worker-idle-{}-{ms}", one_line(name, 64));
-        self.relay_notice_new(parent, id, body, data);
+        self.relay_notice(parent, id, None, body, data);
     }
 }

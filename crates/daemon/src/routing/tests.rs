@@ -139,6 +139,16 @@ fn an_agent_cannot_take_the_id_of_a_notice_the_relay_will_send() {
     // Alice writes to Bob, who has never connected: she is told, under that id.
     w.send(alice, "m1", "Bob");
     assert_eq!(w.delivered(alice), [notice]);
+    // The same for the ids of a claim's and a worker's notices.
+    for id in ["claim-0123abcd", "worker-exit-Bob-1", "worker-idle-Bob-1"] {
+        w.send(mallory, id, "Carol");
+        let nacks = w.frames(mallory).nacks;
+        assert_eq!(nacks.len(), 1, "{id}: {nacks:?}");
+        assert_eq!(nacks[0].1, NackCode::Invalid, "{id}");
+    }
+    // An id that only contains one of them is a client's.
+    w.send(mallory, "my-claim-1", "Carol");
+    assert!(w.frames(mallory).nacks.is_empty());
 }
 
 #[test]

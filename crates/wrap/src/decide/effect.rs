@@ -52,6 +52,9 @@ pub(crate) enum Effect {
     /// `agent-relay spawn`/`release` as the agent (through its door) off the loop, and tell
     /// the agent how it went (a notice).
     Team(Box<relay_parse::TeamVerb>),
+    /// Claim or release paths for the agent (a `[[RELAY]]` block `{"claim": ...}` or
+    /// `{"unclaim": ...}`), and tell the agent how it went (a notice).
+    Claim(Box<relay_parse::ClaimVerb>),
     /// Tell the command that started this wrapper how the start goes (a word on stdout).
     ReportStart(&'static str),
 }
