@@ -220,15 +220,20 @@ fn hostile_paths_are_refused_with_a_clear_error() {
     assert!(claims_listed(&relay).is_empty());
 }
 
-/// On "claim", claims src/auth.rs with a `[[RELAY]]` block; echoes every line it reads.
-const CLAIMER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+/// A stand-in agent: echoes every line it reads, and runs the shell `action` on a line that
+/// contains `trigger`.
+fn agent_script(trigger: &str, action: &str) -> String {
+    format!(
+        r#"echo "I am $AGENT_RELAY_NAME"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in
-    *please-claim*) echo '[[RELAY]]{"claim": ["src/auth.rs"], "for": "1h"}[[/RELAY]]' ;;
+    *{trigger}*) {action} ;;
   esac
 done
-"#;
+"#
+    )
+}
 
 /// A wrapped agent claims from its screen with a `[[RELAY]]` block: it is told, the claim is
 /// the agent's (not a message to anyone), another agent's claim of the path is typed into it
@@ -239,7 +244,12 @@ fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     let tmux = crate::tmux::Tmux {
         dir: relay.dir.path(),
     };
-    let kim = crate::tmux::start_tmux_agent(&relay, "Kim", CLAIMER, &[]);
+    // On "please-claim", claims src/auth.rs with a `[[RELAY]]` block.
+    let claimer = agent_script(
+        "please-claim",
+        r#"echo '[[RELAY]]{"claim": ["src/auth.rs"], "for": "1h"}[[/RELAY]]'"#,
+    );
+    let kim = crate::tmux::start_tmux_agent(&relay, "Kim", &claimer, &[]);
     ok_stdout(&relay.cli(&["send", "Kim", "please-claim"]));
     wait_for(Duration::from_secs(30), "Kim told she claimed", || {
         tmux.pane(&kim)
@@ -454,15 +464,9 @@ fn wrapped_agents_hooks_report_edits_through_their_doors_and_each_is_told_once()
     let input = post_tool_use(relay.dir.path(), "Edit", "src/main.rs");
     std::fs::write(relay.dir.path().join("edit.json"), &input).unwrap();
     // On "edit", runs the hook as Claude Code would, in the agent's own session.
-    let editor = format!(
-        r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *please-edit*) '{BIN}' hooks edited < edit.json && echo "hook ran" ;;
-  esac
-done
-"#
+    let editor = agent_script(
+        "please-edit",
+        &format!(r#"'{BIN}' hooks edited < edit.json && echo "hook ran""#),
     );
     let kim = crate::tmux::start_tmux_agent(&relay, "Kim", &editor, &[]);
     let lee = crate::tmux::start_tmux_agent(&relay, "Lee", &editor, &[]);
@@ -566,4 +570,28 @@ fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
     assert_eq!(to_alice.len(), 1, "{to_alice:?}\n{}", relay.log());
     assert_eq!(to_bob.len(), 1, "{to_bob:?}");
     assert!(to_alice[0].starts_with("Bob and you"), "{to_alice:?}");
+}
+
+/// `agent-relay claim` run in a wrapped agent's own shell (its wrapper's environment: the name
+/// and the door key) claims for that agent, through its wrapper. Before, the relay refused it
+/// as a tool speaking for a connected agent.
+#[test]
+fn agent_relay_claim_in_a_wrapped_agents_shell_claims_for_it() {
+    let relay = Relay::start();
+    let tmux = crate::tmux::Tmux {
+        dir: relay.dir.path(),
+    };
+    let script = agent_script(
+        "shell-claim",
+        &format!(r#"'{BIN}' claim notes.md 2>&1; echo "claim exit $?""#),
+    );
+    let max = crate::tmux::start_tmux_agent(&relay, "Max", &script, &[]);
+    ok_stdout(&relay.cli(&["send", "Max", "shell-claim"]));
+    wait_for(Duration::from_secs(30), "the claim ran", || {
+        tmux.pane(&max).contains("claim exit")
+    });
+    let pane = tmux.pane(&max);
+    assert!(pane.contains("claimed notes.md until"), "{pane}");
+    assert!(pane.contains("claim exit 0"), "{pane}");
+    assert_eq!(claims_listed(&relay), [("Max".into(), "notes.md".into())]);
 }
