@@ -155,7 +155,7 @@ fn claims_survive_a_restart_and_expire() {
 }
 
 #[test]
-fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them() {
+fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them_until_forgotten() {
     let relay = Relay::start();
     let (mut alice, _) = relay.agent("Alice");
     let (mut carol, _) = relay.agent("Carol");
@@ -181,6 +181,9 @@ fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them() {
         !claims_listed(&relay).iter().any(|(a, _)| a == "Alice")
     });
     assert_eq!(claims_listed(&relay), [("Carol".into(), "c.rs".into())]);
+    // Forgotten (she will not come back): her claims go with her.
+    ok_stdout(&relay.cli(&["agents", "forget", "Carol"]));
+    assert!(claims_listed(&relay).is_empty());
 }
 
 #[test]
