@@ -538,6 +538,19 @@ fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
 /// Read's result from a Write's.)
 #[test]
 fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
+    claude_code_sessions_edit_one_file(false);
+}
+
+/// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the name):
+/// the hook reports through the server's hooks door (`mcp-door.sock`, the session's own
+/// processes only), on the server's connection.
+#[test]
+fn real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door() {
+    claude_code_sessions_edit_one_file(true);
+}
+
+/// Alice's and Bob's Claude Code sessions write one file, twice each; each is told once.
+fn claude_code_sessions_edit_one_file(with_mcp: bool) {
     let relay = Relay::start();
     let work = relay.dir.path().join("work-print");
     std::fs::create_dir_all(work.join("src")).unwrap();
@@ -559,12 +572,21 @@ fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
     ok_stdout(&out);
     for name in ["Alice", "Bob", "Alice", "Bob"] {
         let settings = json!({"env": {"AGENT_RELAY_NAME": name}}).to_string();
-        crate::doors::claude_print(
-            &relay,
-            &standin,
-            &["--settings", &settings, "--allowedTools", "Write"],
-            "edit the shared file",
-        );
+        let mcp = json!({"mcpServers": {"relay": {
+            "type": "stdio",
+            "command": BIN,
+            "args": ["mcp", "--name", name],
+            "env": {
+                "AGENT_RELAY_SOCKET": &relay.socket,
+                "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+            },
+        }}})
+        .to_string();
+        let mut args = vec!["--settings", &settings, "--allowedTools", "Write"];
+        if with_mcp {
+            args.extend(["--mcp-config", &mcp, "--strict-mcp-config"]);
+        }
+        crate::doors::claude_print(&relay, &standin, &args, "edit the shared file");
         assert!(file.exists(), "Claude Code wrote no file");
         std::fs::remove_file(&file).unwrap();
     }
