@@ -620,3 +620,28 @@ fn agent_relay_claim_in_a_wrapped_agents_shell_claims_for_it() {
     assert!(pane.contains("claim exit 0"), "{pane}");
     assert_eq!(claims_listed(&relay), [("Max".into(), "notes.md".into())]);
 }
+
+/// `agent-relay parse` names a claim block's verb (it is never a message to anyone).
+#[test]
+fn parse_shows_a_claim_block_as_a_claim() {
+    use std::io::Write;
+    let relay = Relay::unstarted();
+    let mut child = relay
+        .command()
+        .arg("parse")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"[[RELAY]]{\"claim\": [\"src/a.rs\", \"src/b/\"], \"for\": \"2h\"}[[/RELAY]]\n\
+              [[RELAY]]{\"unclaim\": []}[[/RELAY]]\n",
+        )
+        .unwrap();
+    let out = ok_stdout(&child.wait_with_output().unwrap());
+    assert_eq!(out, "claim src/a.rs src/b/ for 7200 s\nunclaim (all)\n");
+}
