@@ -1479,7 +1479,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 5,
+            supported: 6,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1498,7 +1498,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 5);
+    assert_eq!(v, 6);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 
