@@ -369,8 +369,9 @@ pub(crate) struct ClaimArgs {
     /// List every claim the relay holds.
     #[arg(long)]
     pub(crate) list: bool,
-    /// Claim as this name (not a connected agent's: an agent claims with its directive or its
-    /// relay_claim tool).
+    /// Claim as this name: a person's or a script's, not another connected agent's. In a
+    /// wrapped agent's shell ($AGENT_RELAY_NAME and its wrapper's key set) the claim is that
+    /// agent's own, made through its wrapper.
     #[arg(
         long = "as",
         value_name = "NAME",

@@ -155,7 +155,7 @@ fn claims_survive_a_restart_and_expire() {
 }
 
 #[test]
-fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them() {
+fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them_until_forgotten() {
     let relay = Relay::start();
     let (mut alice, _) = relay.agent("Alice");
     let (mut carol, _) = relay.agent("Carol");
@@ -181,6 +181,9 @@ fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them() {
         !claims_listed(&relay).iter().any(|(a, _)| a == "Alice")
     });
     assert_eq!(claims_listed(&relay), [("Carol".into(), "c.rs".into())]);
+    // Forgotten (she will not come back): her claims go with her.
+    ok_stdout(&relay.cli(&["agents", "forget", "Carol"]));
+    assert!(claims_listed(&relay).is_empty());
 }
 
 #[test]
@@ -220,15 +223,20 @@ fn hostile_paths_are_refused_with_a_clear_error() {
     assert!(claims_listed(&relay).is_empty());
 }
 
-/// On "claim", claims src/auth.rs with a `[[RELAY]]` block; echoes every line it reads.
-const CLAIMER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+/// A stand-in agent: echoes every line it reads, and runs the shell `action` on a line that
+/// contains `trigger`.
+fn agent_script(trigger: &str, action: &str) -> String {
+    format!(
+        r#"echo "I am $AGENT_RELAY_NAME"
 while IFS= read -r line; do
   echo "got: $line"
   case "$line" in
-    *please-claim*) echo '[[RELAY]]{"claim": ["src/auth.rs"], "for": "1h"}[[/RELAY]]' ;;
+    *{trigger}*) {action} ;;
   esac
 done
-"#;
+"#
+    )
+}
 
 /// A wrapped agent claims from its screen with a `[[RELAY]]` block: it is told, the claim is
 /// the agent's (not a message to anyone), another agent's claim of the path is typed into it
@@ -239,7 +247,12 @@ fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     let tmux = crate::support::Tmux {
         dir: relay.dir.path(),
     };
-    let kim = crate::support::start_tmux_agent(&relay, "Kim", CLAIMER, &[]);
+    // On "please-claim", claims src/auth.rs with a `[[RELAY]]` block.
+    let claimer = agent_script(
+        "please-claim",
+        r#"echo '[[RELAY]]{"claim": ["src/auth.rs"], "for": "1h"}[[/RELAY]]'"#,
+    );
+    let kim = crate::support::start_tmux_agent(&relay, "Kim", &claimer, &[]);
     ok_stdout(&relay.cli(&["send", "Kim", "please-claim"]));
     wait_for(Duration::from_secs(30), "Kim told she claimed", || {
         tmux.pane(&kim)
@@ -454,15 +467,9 @@ fn wrapped_agents_hooks_report_edits_through_their_doors_and_each_is_told_once()
     let input = post_tool_use(relay.dir.path(), "Edit", "src/main.rs");
     std::fs::write(relay.dir.path().join("edit.json"), &input).unwrap();
     // On "edit", runs the hook as Claude Code would, in the agent's own session.
-    let editor = format!(
-        r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *please-edit*) '{BIN}' hooks edited < edit.json && echo "hook ran" ;;
-  esac
-done
-"#
+    let editor = agent_script(
+        "please-edit",
+        &format!(r#"'{BIN}' hooks edited < edit.json && echo "hook ran""#),
     );
     let kim = crate::support::start_tmux_agent(&relay, "Kim", &editor, &[]);
     let lee = crate::support::start_tmux_agent(&relay, "Lee", &editor, &[]);
@@ -531,6 +538,19 @@ fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
 /// Read's result from a Write's.)
 #[test]
 fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
+    claude_code_sessions_edit_one_file(false);
+}
+
+/// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the name):
+/// the hook reports through the server's hooks door (`mcp-door.sock`, the session's own
+/// processes only), on the server's connection.
+#[test]
+fn real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door() {
+    claude_code_sessions_edit_one_file(true);
+}
+
+/// Alice's and Bob's Claude Code sessions write one file, twice each; each is told once.
+fn claude_code_sessions_edit_one_file(with_mcp: bool) {
     let relay = Relay::start();
     let work = relay.dir.path().join("work-print");
     std::fs::create_dir_all(work.join("src")).unwrap();
@@ -552,12 +572,21 @@ fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
     ok_stdout(&out);
     for name in ["Alice", "Bob", "Alice", "Bob"] {
         let settings = json!({"env": {"AGENT_RELAY_NAME": name}}).to_string();
-        crate::support::claude_print(
-            &relay,
-            &standin,
-            &["--settings", &settings, "--allowedTools", "Write"],
-            "edit the shared file",
-        );
+        let mcp = json!({"mcpServers": {"relay": {
+            "type": "stdio",
+            "command": BIN,
+            "args": ["mcp", "--name", name],
+            "env": {
+                "AGENT_RELAY_SOCKET": &relay.socket,
+                "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+            },
+        }}})
+        .to_string();
+        let mut args = vec!["--settings", &settings, "--allowedTools", "Write"];
+        if with_mcp {
+            args.extend(["--mcp-config", &mcp, "--strict-mcp-config"]);
+        }
+        crate::support::claude_print(&relay, &standin, &args, "edit the shared file");
         assert!(file.exists(), "Claude Code wrote no file");
         std::fs::remove_file(&file).unwrap();
     }
@@ -566,4 +595,53 @@ fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
     assert_eq!(to_alice.len(), 1, "{to_alice:?}\n{}", relay.log());
     assert_eq!(to_bob.len(), 1, "{to_bob:?}");
     assert!(to_alice[0].starts_with("Bob and you"), "{to_alice:?}");
+}
+
+/// `agent-relay claim` run in a wrapped agent's own shell (its wrapper's environment: the name
+/// and the door key) claims for that agent, through its wrapper. Before, the relay refused it
+/// as a tool speaking for a connected agent.
+#[test]
+fn agent_relay_claim_in_a_wrapped_agents_shell_claims_for_it() {
+    let relay = Relay::start();
+    let tmux = crate::support::Tmux {
+        dir: relay.dir.path(),
+    };
+    let script = agent_script(
+        "shell-claim",
+        &format!(r#"'{BIN}' claim notes.md 2>&1; echo "claim exit $?""#),
+    );
+    let max = crate::support::start_tmux_agent(&relay, "Max", &script, &[]);
+    ok_stdout(&relay.cli(&["send", "Max", "shell-claim"]));
+    wait_for(Duration::from_secs(30), "the claim ran", || {
+        tmux.pane(&max).contains("claim exit")
+    });
+    let pane = tmux.pane(&max);
+    assert!(pane.contains("claimed notes.md until"), "{pane}");
+    assert!(pane.contains("claim exit 0"), "{pane}");
+    assert_eq!(claims_listed(&relay), [("Max".into(), "notes.md".into())]);
+}
+
+/// `agent-relay parse` names a claim block's verb (it is never a message to anyone).
+#[test]
+fn parse_shows_a_claim_block_as_a_claim() {
+    use std::io::Write;
+    let relay = Relay::unstarted();
+    let mut child = relay
+        .command()
+        .arg("parse")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"[[RELAY]]{\"claim\": [\"src/a.rs\", \"src/b/\"], \"for\": \"2h\"}[[/RELAY]]\n\
+              [[RELAY]]{\"unclaim\": []}[[/RELAY]]\n",
+        )
+        .unwrap();
+    let out = ok_stdout(&child.wait_with_output().unwrap());
+    assert_eq!(out, "claim src/a.rs src/b/ for 7200 s\nunclaim (all)\n");
 }

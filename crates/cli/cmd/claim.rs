@@ -45,6 +45,22 @@ pub(crate) fn collision_line(c: &ClaimCollision) -> String {
     }
 }
 
+/// The wrapper's door and the door key when this runs in the session of the wrapped agent
+/// `name` (its shell: `AGENT_RELAY_NAME` is `name` and the wrapper's key is in the
+/// environment), so that the claim is the agent's own.
+fn own_door(paths: &Paths, name: &str) -> Option<(std::path::PathBuf, String)> {
+    let own = std::env::var("AGENT_RELAY_NAME").ok()?;
+    let key = std::env::var(relay_wrap::DOOR_KEY_ENV)
+        .ok()
+        .filter(|k| !k.is_empty())?;
+    let door = paths
+        .data_dir
+        .join("team")
+        .join(name)
+        .join(relay_wrap::DOOR_SOCKET);
+    (own == name && door.exists()).then_some((door, key))
+}
+
 /// Runs `agent-relay claim`.
 pub(crate) async fn claim(paths: &Paths, args: &ClaimArgs) -> anyhow::Result<()> {
     relay_protocol::validate_agent_name(&args.as_)
@@ -74,10 +90,21 @@ pub(crate) async fn claim(paths: &Paths, args: &ClaimArgs) -> anyhow::Result<()>
             }
         }
     };
-    let client = tool_client(&paths.socket, &args.as_).await?;
-    let res = client.query(req).await;
-    client.close().await;
-    match res? {
+    let result = match own_door(paths, &args.as_) {
+        // In the agent's own shell (its wrapper's environment): on the agent's connection.
+        Some((door, key)) => {
+            let answer =
+                crate::cmd::hooks::ask_door(&door, &json!({"query": req, "key": key})).await?;
+            serde_json::from_value(answer)?
+        }
+        None => {
+            let client = tool_client(&paths.socket, &args.as_).await?;
+            let res = client.query(req).await;
+            client.close().await;
+            res?
+        }
+    };
+    match result {
         QueryResult::Claim { claims, collisions } => {
             if args.json {
                 return json(&json!({"claims": claims, "collisions": collisions}));

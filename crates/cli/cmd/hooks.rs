@@ -675,8 +675,9 @@ fn edited(paths: &Paths) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One JSON request to a door of this agent, and its `result` (an `error` fails).
-async fn ask_door(door: &Path, ask: &Value) -> anyhow::Result<Value> {
+/// One JSON request to a door of this agent, and its `result` (an `error` fails). Shared with
+/// `agent-relay claim` run in a wrapped agent's shell.
+pub(crate) async fn ask_door(door: &Path, ask: &Value) -> anyhow::Result<Value> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let stream = tokio::net::UnixStream::connect(door)
         .await

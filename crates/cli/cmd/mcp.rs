@@ -1091,17 +1091,10 @@ impl RelayMcp {
         let answer = match &self.key {
             Some(key) => {
                 let request = serde_json::json!({"query": req, "key": key});
-                match door_exchange(&self.door, &request).await {
-                    Ok(v) if v.get("result").is_some() => {
-                        serde_json::from_value::<QueryResult>(v["result"].clone())
-                            .map_err(|e| format!("the wrapper's answer is not a result: {e}"))
-                    }
-                    Ok(v) => Err(v["error"]
-                        .as_str()
-                        .unwrap_or("no answer from the wrapper")
-                        .to_owned()),
-                    Err(e) => Err(format!("cannot reach the wrapper's door: {e}")),
-                }
+                crate::cmd::hooks::ask_door(&self.door, &request)
+                    .await
+                    .and_then(|v| Ok(serde_json::from_value::<QueryResult>(v)?))
+                    .map_err(|e| format!("{e:#}"))
             }
             None => self.query(req).await.map_err(|e| e.to_string()),
         };

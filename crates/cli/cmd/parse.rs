@@ -116,6 +116,24 @@ fn print_directive(
 ) -> anyhow::Result<()> {
     if json {
         writeln!(out, "{}", relay_protocol::text::json_line(directive)?)?;
+    } else if let Some(c) = &directive.claim {
+        // A team verb, never a message (issue 25.7).
+        let paths: Vec<String> = c
+            .paths
+            .iter()
+            .map(|p| relay_protocol::text::one_line(p, 200))
+            .collect();
+        let verb = if c.release { "unclaim" } else { "claim" };
+        let what = if paths.is_empty() {
+            "(all)".to_owned()
+        } else {
+            paths.join(" ")
+        };
+        let how_long = c
+            .for_ms
+            .map(|ms| format!(" for {} s", ms / 1000))
+            .unwrap_or_default();
+        writeln!(out, "{verb} {what}{how_long}")?;
     } else {
         writeln!(
             out,
