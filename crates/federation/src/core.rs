@@ -596,6 +596,15 @@ pub fn held_here_reason(from: &str, origin: &str, me: &str) -> String {
     )
 }
 
+/// Why a message from `from` that says it comes from node `origin` cannot be handed over on
+/// node `me`: the directory gives `from` to node `owner`, and only that node speaks as it.
+pub fn other_nodes_agent_reason(from: &str, origin: &str, me: &str, owner: &str) -> String {
+    format!(
+        "{from} is an agent of node {owner} in the federation's directory; node {origin} \
+         cannot send as {from} to node {me}"
+    )
+}
+
 /// Why a message from `from` of node `origin` cannot be handed over on node `me`: `person` is
 /// one of `me`'s people, and only a person's own doors speak as them.
 pub fn person_here_reason(from: &str, origin: &str, me: &str, person: &str) -> String {
@@ -729,6 +738,7 @@ mod tests {
 
     fn payload() -> Send {
         Send {
+            origin: None,
             kind: Kind::Message,
             body: "hi".into(),
             data: None,
@@ -932,6 +942,7 @@ mod tests {
             detail: d.map(str::to_owned),
         };
         let local = TraceRecord {
+            origin: None,
             id: "m1".into(),
             pos: Some(1),
             from: "Alice".into(),

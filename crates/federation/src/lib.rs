@@ -184,6 +184,11 @@ impl Shared {
         self.conflicts.read().ok()?.get(name).cloned()
     }
 
+    /// The node the directory gives `name`, an agent of another node.
+    fn node_of(&self, name: &str) -> Option<String> {
+        self.nodes.read().ok()?.get(name).cloned()
+    }
+
     fn is_local_agent(&self, name: &str) -> bool {
         self.agents.read().is_ok_and(|r| r.contains(name))
     }
@@ -1171,6 +1176,27 @@ fn held_here(sh: &Shared, opts: &Options, w: &Wire) -> Option<(&'static str, Str
                 "node {} takes no message under the name \"relay\" (its relay's own notices) from another node",
                 sh.me
             ),
+        ));
+    }
+    // A node speaks for itself only: no message says it comes from this node, and an agent's
+    // message says the node the directory gives its name (the link of that node publishes
+    // for it; another node cannot speak as it).
+    if w.origin == sh.me {
+        return Some((
+            "forbidden",
+            format!(
+                "node {} takes no message from another node that says it comes from node {}",
+                sh.me, w.origin
+            ),
+        ));
+    }
+    if !w.tool
+        && let Some(owner) = sh.node_of(&w.from)
+        && owner != w.origin
+    {
+        return Some((
+            "forbidden",
+            core::other_nodes_agent_reason(&w.from, &w.origin, &sh.me, &owner),
         ));
     }
     if let Some(person) = opts.people.iter().find(|p| p.eq_ignore_ascii_case(&w.from)) {

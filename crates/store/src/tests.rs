@@ -70,6 +70,7 @@ pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMes
         to: to.into(),
         topic: None,
         payload: Send {
+            origin: None,
             kind: Kind::Message,
             body: format!("body of {id}"),
             data: None,
@@ -1400,7 +1401,7 @@ fn sqlite_refuses_newer_schema() {
     match SqliteStore::open(&b.path()) {
         Err(StoreError::SchemaTooNew {
             found: 99,
-            supported: 5,
+            supported: 6,
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -1419,7 +1420,7 @@ fn sqlite_settings_and_location() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 5);
+    assert_eq!(v, 6);
     assert_eq!(MemoryStore::new().location(), ":memory:");
 }
 
