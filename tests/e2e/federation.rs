@@ -1488,7 +1488,7 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
         || has(&a) || has(&b),
     );
     // The winner's Eve sends to an agent of the loser's node; the loser's Eve stays online.
-    let (winner, loser, mut eve_w, _eve_l) = if has(&b) {
+    let (winner, loser, mut eve_w, eve_l_first) = if has(&b) {
         (&a, &b, eve_a, eve_b)
     } else {
         (&b, &a, eve_b, eve_a)
@@ -1575,6 +1575,15 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
     } else {
         "hostB"
     };
+    // Her first connection (never read from: the relay may have closed it for unanswered
+    // PINGs already, or not yet, on a fast run) is closed and seen gone before she connects
+    // again.
+    drop(eve_l_first);
+    wait_for(Duration::from_secs(30), "the loser's Eve offline", || {
+        agents(loser)
+            .get("Eve")
+            .is_some_and(|a| a["online"] == false)
+    });
     let (mut eve_l, _) = loser.agent("Eve");
     let id = eve_l.send("Gus", "from the other Eve");
     eve_l.expect("ACK");
@@ -1919,4 +1928,69 @@ fn messages_from_another_node_carry_their_origin_and_no_node_speaks_for_another(
         "{log}"
     );
     drop(nats);
+}
+
+/// How many messages JetStream holds in the federation's stream, asked over the NATS text
+/// protocol (`$JS.API.STREAM.INFO`).
+fn stream_messages(nats: &Nats) -> u64 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(
+        b"CONNECT {\"verbose\":false}\r\nSUB _INBOX.fedtest 1\r\n\
+          PUB $JS.API.STREAM.INFO.AGENT_RELAY _INBOX.fedtest 0\r\n\r\n",
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "NATS closed the connection"
+        );
+        if let Some(rest) = line.strip_prefix("MSG ") {
+            let len: usize = rest.split_whitespace().last().unwrap().parse().unwrap();
+            let mut body = vec![0; len];
+            r.read_exact(&mut body).unwrap();
+            let info: Value = serde_json::from_slice(&body).unwrap();
+            return info["state"]["messages"].as_u64().expect("stream info");
+        }
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+}
+
+/// A backlog to one node goes out as batches: several relay messages per JetStream message
+/// (issue 28.7), each delivered once and in its sender's order.
+#[test]
+fn a_backlog_to_another_node_is_published_in_batches() {
+    const N: usize = 1000;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    let msgs: Vec<(String, String)> = (0..N)
+        .map(|k| ("Bob".to_owned(), format!("backlog {k}")))
+        .collect();
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    send_marker(&mut alice, "Bob", "backlog end");
+    nats.spawn();
+    bob.read_timeout(Duration::from_secs(120));
+    let got = read_until_marker(&mut bob, "backlog end");
+    // In order, each once.
+    assert_eq!(got, ids, "Bob's messages from Alice, in her order");
+    let stored = stream_messages(&nats);
+    eprintln!("{} relay messages in {stored} JetStream messages", N + 1);
+    assert!(
+        stored <= (N as u64) / 4,
+        "{stored} JetStream messages for {} relay messages: not batched",
+        N + 1
+    );
 }
