@@ -1488,7 +1488,7 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
         || has(&a) || has(&b),
     );
     // The winner's Eve sends to an agent of the loser's node; the loser's Eve stays online.
-    let (winner, loser, mut eve_w, _eve_l) = if has(&b) {
+    let (winner, loser, mut eve_w, eve_l_first) = if has(&b) {
         (&a, &b, eve_a, eve_b)
     } else {
         (&b, &a, eve_b, eve_a)
@@ -1575,6 +1575,15 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
     } else {
         "hostB"
     };
+    // Her first connection (never read from: the relay may have closed it for unanswered
+    // PINGs already, or not yet, on a fast run) is closed and seen gone before she connects
+    // again.
+    drop(eve_l_first);
+    wait_for(Duration::from_secs(30), "the loser's Eve offline", || {
+        agents(loser)
+            .get("Eve")
+            .is_some_and(|a| a["online"] == false)
+    });
     let (mut eve_l, _) = loser.agent("Eve");
     let id = eve_l.send("Gus", "from the other Eve");
     eve_l.expect("ACK");
@@ -1804,5 +1813,175 @@ fn bench_cluster_64_by_64_delivers_everything() {
     assert!(
         text.contains("delivered   50000/50000 accepted (lost 0, duplicated 0"),
         "{text}"
+    );
+}
+
+/// Publishes `record` (a message between nodes, as JSON) on `subject` straight to NATS over
+/// its text protocol, as anyone who can reach the server can; returns once the server has
+/// processed it (its PONG).
+fn publish_raw(nats: &Nats, subject: &str, record: &Value) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    let body = serde_json::to_vec(record).unwrap();
+    let mut out = format!(
+        "CONNECT {{\"verbose\":false}}\r\nPUB {subject} {}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\r\nPING\r\n");
+    s.write_all(&out).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("PONG") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "NATS closed the connection"
+        );
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+}
+
+/// Messages from another node carry their origin node on the DELIVER, in `read` and in
+/// `trace` (set by the receiving relay: a local sender cannot claim one), and a node speaks
+/// only for itself: a record that says it comes from a node the directory does not give its
+/// sender, or from the receiving node itself, is never delivered (issue 28.5).
+#[test]
+fn messages_from_another_node_carry_their_origin_and_no_node_speaks_for_another() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    let (mut carol, _) = b.agent("Carol");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    // A sender's claim of an origin is not taken, on either node.
+    let id = alice.send_env(
+        "SEND",
+        json!({"to": "Bob"}),
+        json!({"kind": "message", "body": "from hostA", "origin": "hostZ"}),
+    );
+    alice.expect("ACK");
+    let f = next_deliver(&mut bob);
+    assert_eq!(f["payload"]["body"], "from hostA", "{f}");
+    assert_eq!(f["payload"]["origin"], "hostA", "{f}");
+    let local = carol.send_env(
+        "SEND",
+        json!({"to": "Bob"}),
+        json!({"kind": "message", "body": "local", "origin": "hostA"}),
+    );
+    carol.expect("ACK");
+    let f = next_deliver(&mut bob);
+    assert_eq!(f["payload"]["body"], "local", "{f}");
+    assert!(f["payload"].get("origin").is_none(), "{f}");
+    // `read` and `trace` on hostB say where it came from; hostA's own copy has no origin.
+    let m = json_of(&b, &["read", &id]);
+    assert_eq!(m["origin"], "hostA", "{m}");
+    let out = ok_stdout(&b.cli(&["read", &id]));
+    assert!(out.contains("From:    Alice (node hostA)"), "{out}");
+    let t = json_of(&b, &["trace", &id]);
+    assert_eq!(t["origin"], "hostA", "{t}");
+    assert!(json_of(&a, &["read", &id]).get("origin").is_none());
+    assert!(json_of(&b, &["read", &local]).get("origin").is_none());
+    // Forged records on hostB's subject: Alice said to be of hostC (the directory gives her
+    // to hostA), and a record that says it comes from hostB itself.
+    let forged = |origin: &str, from: &str, id: &str| {
+        json!({"v": 1, "origin": origin, "from": from, "id": id, "to": "Bob",
+               "payload": {"kind": "message", "body": format!("forged {id}")}})
+    };
+    publish_raw(
+        &nats,
+        "agent-relay.node.hostB",
+        &forged("hostC", "Alice", "forged-1"),
+    );
+    publish_raw(
+        &nats,
+        "agent-relay.node.hostB",
+        &forged("hostB", "Zed", "forged-2"),
+    );
+    // Then a genuine one. The link takes hostB's subject in order: the forged records were
+    // decided before it, and what Bob gets next is it.
+    alice.send("Bob", "genuine after the forgeries");
+    alice.expect("ACK");
+    let f = next_deliver(&mut bob);
+    assert_eq!(f["payload"]["body"], "genuine after the forgeries", "{f}");
+    assert_eq!(f["payload"]["origin"], "hostA", "{f}");
+    for id in ["forged-1", "forged-2"] {
+        let out = b.cli(&["read", id, "--json"]);
+        assert!(!out.status.success(), "{id} was stored on hostB");
+    }
+    let log = b.log();
+    assert!(
+        log.contains("Alice is an agent of node hostA")
+            && log.contains("says it comes from node hostB"),
+        "{log}"
+    );
+    drop(nats);
+}
+
+/// How many messages JetStream holds in the federation's stream, asked over the NATS text
+/// protocol (`$JS.API.STREAM.INFO`).
+fn stream_messages(nats: &Nats) -> u64 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(
+        b"CONNECT {\"verbose\":false}\r\nSUB _INBOX.fedtest 1\r\n\
+          PUB $JS.API.STREAM.INFO.AGENT_RELAY _INBOX.fedtest 0\r\n\r\n",
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "NATS closed the connection"
+        );
+        if let Some(rest) = line.strip_prefix("MSG ") {
+            let len: usize = rest.split_whitespace().last().unwrap().parse().unwrap();
+            let mut body = vec![0; len];
+            r.read_exact(&mut body).unwrap();
+            let info: Value = serde_json::from_slice(&body).unwrap();
+            return info["state"]["messages"].as_u64().expect("stream info");
+        }
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+}
+
+/// A backlog to one node goes out as batches: several relay messages per JetStream message
+/// (issue 28.7), each delivered once and in its sender's order.
+#[test]
+fn a_backlog_to_another_node_is_published_in_batches() {
+    const N: usize = 1000;
+    let mut nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (mut bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(&a)["link"] != "connected"
+    });
+    let msgs: Vec<(String, String)> = (0..N)
+        .map(|k| ("Bob".to_owned(), format!("backlog {k}")))
+        .collect();
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    send_marker(&mut alice, "Bob", "backlog end");
+    nats.spawn();
+    bob.read_timeout(Duration::from_secs(120));
+    let got = read_until_marker(&mut bob, "backlog end");
+    // In order, each once.
+    assert_eq!(got, ids, "Bob's messages from Alice, in her order");
+    let stored = stream_messages(&nats);
+    eprintln!("{} relay messages in {stored} JetStream messages", N + 1);
+    assert!(
+        stored <= (N as u64) / 4,
+        "{stored} JetStream messages for {} relay messages: not batched",
+        N + 1
     );
 }

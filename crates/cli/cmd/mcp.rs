@@ -773,6 +773,7 @@ impl RelayMcp {
             to: Some(p.to.clone()),
             topic: p.topic,
             payload: relay_protocol::Send {
+                origin: None,
                 kind: Kind::Message,
                 body: p.body,
                 data: None,

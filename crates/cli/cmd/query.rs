@@ -326,9 +326,20 @@ fn federated_agents(
     Ok(())
 }
 
+/// ` (node hostA)` for a message that came from another node of a federation.
+fn at_node(origin: Option<&str>) -> String {
+    origin
+        .map(|n| format!(" (node {})", field(n)))
+        .unwrap_or_default()
+}
+
 fn print_message(m: &MessageRecord) -> anyhow::Result<()> {
     line(format!("Message {}", field(&m.id)))?;
-    line(format!("From:    {}", field(&m.from)))?;
+    line(format!(
+        "From:    {}{}",
+        field(&m.from),
+        at_node(m.origin.as_deref())
+    ))?;
     line(format!("To:      {}", field(&m.to)))?;
     if let Some(t) = &m.topic {
         line(format!("Topic:   {}", field(t)))?;
@@ -509,9 +520,10 @@ pub(crate) async fn trace(paths: &Paths, args: &ReadArgs) -> anyhow::Result<()> 
         None => field(&trace.to),
     };
     line(format!(
-        "Message {} from {} to {}",
+        "Message {} from {}{} to {}",
         field(&trace.id),
         field(&trace.from),
+        at_node(trace.origin.as_deref()),
         to
     ))?;
     let start = trace.events.first().map_or(0, |e| e.ts);

@@ -54,6 +54,7 @@ pub(crate) async fn send(paths: &Paths, args: SendArgs) -> anyhow::Result<()> {
         to: Some(args.to.clone()),
         topic: args.topic.clone(),
         payload: Send {
+            origin: None,
             kind,
             body,
             data: None,

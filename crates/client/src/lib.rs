@@ -219,6 +219,7 @@ impl Outgoing {
                 in_reply_to: None,
                 budget: None,
                 urgent: false,
+                origin: None,
             },
         }
     }
@@ -275,6 +276,7 @@ impl Delivered {
             data: self.payload.data.clone(),
             thread: self.payload.thread.clone(),
             in_reply_to: self.payload.in_reply_to.clone(),
+            origin: self.payload.origin.clone(),
             deliveries: Vec::new(),
         }
     }

@@ -383,6 +383,7 @@ fn trace(
                 from: m.from.clone(),
                 to: m.to.clone(),
                 topic: m.topic.clone(),
+                origin: m.origin.clone(),
                 events: relay_store::trace_of(&m, events),
             }
         }
@@ -398,6 +399,7 @@ fn trace(
                 from: from.clone(),
                 to: r.map(|r| r.recipient.clone()).unwrap_or_default(),
                 topic: r.and_then(|r| r.topic.clone()),
+                origin: None,
                 events,
             }
         }

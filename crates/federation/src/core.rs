@@ -286,6 +286,60 @@ pub enum Record {
     Message(Wire),
 }
 
+/// Several messages to one node in one JetStream message (issue 28.7): a node's link gathers
+/// what its stand-ins publish to that node while a publish is on its way, so JetStream stores,
+/// acknowledges and hands out one message for many. Each message keeps its own id (the far
+/// store's (from, id) dedupe is what makes a second copy harmless).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The messages, in the order their stand-ins published them.
+    pub batch: Vec<Wire>,
+}
+
+/// The body of a batch from the messages' own encodings (each a [`Wire`] as JSON), without
+/// decoding them again.
+pub fn batch_body<'a>(wires: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = b"{\"batch\":[".to_vec();
+    for (i, w) in wires.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(w);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// The `Nats-Msg-Id` of a batch to `node`: from its messages' own ids, so the same batch
+/// published again (its PubAck lost) is kept once by JetStream.
+pub fn batch_msg_id<'a>(msg_ids: impl IntoIterator<Item = &'a str>, node: &str) -> String {
+    let mut h = Sha256::new();
+    for id in msg_ids {
+        h.update((id.len() as u64).to_be_bytes());
+        h.update(id.as_bytes());
+    }
+    let all: String = h
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    msg_id("batch", &all, node)
+}
+
+/// What one JetStream message on a node's subject carries: a batch of messages, a failure, or
+/// one message.
+///
+/// # Errors
+/// The JSON error when it is none of them.
+pub fn parse_records(bytes: &[u8]) -> Result<Vec<Record>, serde_json::Error> {
+    if bytes.starts_with(b"{\"batch\"") {
+        let b: Batch = serde_json::from_slice(bytes)?;
+        return Ok(b.batch.into_iter().map(Record::Message).collect());
+    }
+    serde_json::from_slice::<Record>(bytes).map(|r| vec![r])
+}
+
 /// The `Nats-Msg-Id` of a failure: one per (far node, sender, message, recipient), so a
 /// failure published again (a crash before the ack) is kept once by JetStream.
 pub fn failure_msg_id(f: &Failure, to_node: &str) -> String {
@@ -596,6 +650,15 @@ pub fn held_here_reason(from: &str, origin: &str, me: &str) -> String {
     )
 }
 
+/// Why a message from `from` that says it comes from node `origin` cannot be handed over on
+/// node `me`: the directory gives `from` to node `owner`, and only that node speaks as it.
+pub fn other_nodes_agent_reason(from: &str, origin: &str, me: &str, owner: &str) -> String {
+    format!(
+        "{from} is an agent of node {owner} in the federation's directory; node {origin} \
+         cannot send as {from} to node {me}"
+    )
+}
+
 /// Why a message from `from` of node `origin` cannot be handed over on node `me`: `person` is
 /// one of `me`'s people, and only a person's own doors speak as them.
 pub fn person_here_reason(from: &str, origin: &str, me: &str, person: &str) -> String {
@@ -729,6 +792,7 @@ mod tests {
 
     fn payload() -> Send {
         Send {
+            origin: None,
             kind: Kind::Message,
             body: "hi".into(),
             data: None,
@@ -873,6 +937,51 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_round_trips_and_its_id_follows_its_messages() {
+        let p = payload();
+        let d = Delivered {
+            from: "Alice",
+            id: "m1",
+            to: "Bob",
+            topic: None,
+            payload: &p,
+            expires_at: None,
+        };
+        let Forward::Publish { wire, .. } = forward("n1", "n2", d, false, false, false) else {
+            panic!()
+        };
+        let w2 = Wire {
+            id: "m2".into(),
+            prev: Some("m1".into()),
+            ..(*wire).clone()
+        };
+        let enc: Vec<Vec<u8>> = [&*wire, &w2]
+            .iter()
+            .map(|w| serde_json::to_vec(w).unwrap())
+            .collect();
+        let body = batch_body(enc.iter().map(Vec::as_slice));
+        assert_eq!(
+            parse_records(&body).unwrap(),
+            vec![Record::Message((*wire).clone()), Record::Message(w2)]
+        );
+        // One message alone, and a failure, as before.
+        assert_eq!(
+            parse_records(&enc[0]).unwrap(),
+            vec![Record::Message((*wire).clone())]
+        );
+        assert!(parse_records(b"{\"batch\": 3}").is_err());
+        assert_eq!(
+            batch_msg_id(["m1", "m2"], "n2"),
+            batch_msg_id(["m1", "m2"], "n2")
+        );
+        assert_ne!(batch_msg_id(["m1", "m2"], "n2"), batch_msg_id(["m1"], "n2"));
+        assert_ne!(
+            batch_msg_id(["m1", "m2"], "n2"),
+            batch_msg_id(["m1", "m2"], "n3")
+        );
+    }
+
+    #[test]
     fn a_notice_to_a_standin_becomes_a_failure_for_its_node() {
         let mut p = payload();
         p.data = Some(serde_json::json!({"relay_notice": {
@@ -932,6 +1041,7 @@ mod tests {
             detail: d.map(str::to_owned),
         };
         let local = TraceRecord {
+            origin: None,
             id: "m1".into(),
             pos: Some(1),
             from: "Alice".into(),

@@ -148,7 +148,12 @@ struct Shared {
     /// JetStream's sequence of recent publishes, by `Nats-Msg-Id` (for `trace`; bounded, and
     /// not kept across a restart).
     pubacks: Mutex<PubAcks>,
+    /// Each far node's publisher ([`batcher`]).
+    batchers: Mutex<Batchers>,
 }
+
+/// Each far node's publisher: where its stand-ins hand messages, and its task.
+type Batchers = HashMap<String, (mpsc::Sender<Out>, tokio::task::AbortHandle)>;
 
 /// Recent PubAcks: `Nats-Msg-Id` -> stream sequence, the oldest forgotten first.
 #[derive(Default)]
@@ -171,6 +176,47 @@ impl PubAcks {
 }
 
 impl Shared {
+    /// The publisher of messages to `node` ([`batcher`]), started if needed.
+    fn batcher(self: &Arc<Self>, node: &str) -> mpsc::Sender<Out> {
+        let mut map = self
+            .batchers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((tx, _)) = map.get(node)
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(BATCH_MAX * BATCHES_IN_FLIGHT);
+        let task = tokio::spawn(batcher(self.clone(), node.to_owned(), rx));
+        map.insert(node.to_owned(), (tx.clone(), task.abort_handle()));
+        tx
+    }
+
+    /// Stops every node's publisher (the link stops: another relay holds this node name).
+    fn stop_batchers(&self) {
+        let mut map = self
+            .batchers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (_, (_, task)) in map.drain() {
+            task.abort();
+        }
+    }
+
+    /// JetStream stored these messages (their `Nats-Msg-Id`s) at `seq`: counted, and the
+    /// sequence kept for `trace`.
+    fn stored_by_jetstream<'a>(&self, msg_ids: impl IntoIterator<Item = &'a str>, seq: u64) {
+        let mut p = self
+            .pubacks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in msg_ids {
+            self.published.fetch_add(1, Ordering::Relaxed);
+            p.insert(id, seq);
+        }
+    }
+
     fn is_remote(&self, name: &str) -> bool {
         self.remote.read().is_ok_and(|r| r.contains(name))
     }
@@ -182,6 +228,11 @@ impl Shared {
     /// The node that holds `name` when a local agent has it too (a name conflict).
     fn conflict_owner(&self, name: &str) -> Option<String> {
         self.conflicts.read().ok()?.get(name).cloned()
+    }
+
+    /// The node the directory gives `name`, an agent of another node.
+    fn node_of(&self, name: &str) -> Option<String> {
+        self.nodes.read().ok()?.get(name).cloned()
     }
 
     fn is_local_agent(&self, name: &str) -> bool {
@@ -255,6 +306,7 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         inbox_ttl: opts.inbox_ttl,
         nodes: RwLock::new(HashMap::new()),
         pubacks: Mutex::new(PubAcks::default()),
+        batchers: Mutex::new(HashMap::new()),
     });
     tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
@@ -300,6 +352,7 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
     let why = keep_node(nodes, opts, lease).await;
     tracing::error!("federation: the link stops: {why}");
     tasks.abort_all();
+    shared.stop_batchers();
     set_cell(&shared.cell, |s| {
         s.link = "stopped".into();
         s.error = Some(why.clone());
@@ -882,7 +935,70 @@ const REORDER_MAX_WAIT: Duration = Duration::from_secs(30);
 /// A message from another node, with its JetStream handle (acknowledged once stored here).
 struct Inbound {
     wire: Wire,
+    msg: Handle,
+}
+
+/// The JetStream message a relay message came in, shared by every message of its batch: told
+/// to JetStream once each of them has ended here. Put back (`nak`) if any of them is (the
+/// others then come again and are duplicates here); ended for good (`Term`) if every one of
+/// them was; else acknowledged.
+#[derive(Clone)]
+struct Handle(Arc<HandleInner>);
+
+struct HandleInner {
     msg: jetstream::Message,
+    left: std::sync::atomic::AtomicUsize,
+    put_back: std::sync::atomic::AtomicBool,
+    acked: std::sync::atomic::AtomicBool,
+}
+
+/// How one message of a JetStream message ended here.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Stored here (or a duplicate, or refused and told): acknowledged.
+    Ack,
+    /// Never to be handed over: not given again.
+    Term,
+    /// Not handed over now: given again later.
+    Nak,
+}
+
+impl Handle {
+    fn new(msg: jetstream::Message, parts: usize) -> Self {
+        Self(Arc::new(HandleInner {
+            msg,
+            left: std::sync::atomic::AtomicUsize::new(parts.max(1)),
+            put_back: Default::default(),
+            acked: Default::default(),
+        }))
+    }
+
+    /// How many times JetStream has given this message.
+    fn delivered(&self) -> Option<i64> {
+        self.0.msg.info().ok().map(|i| i.delivered)
+    }
+
+    /// One of its messages ended; the last one tells JetStream.
+    async fn end(&self, how: End, why: &str) {
+        let h = &self.0;
+        match how {
+            End::Ack => h.acked.store(true, Ordering::Relaxed),
+            End::Nak => h.put_back.store(true, Ordering::Relaxed),
+            End::Term => {}
+        }
+        if h.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        if h.put_back.load(Ordering::Relaxed) {
+            nak(&h.msg, why).await;
+        } else if h.acked.load(Ordering::Relaxed) {
+            if let Err(e) = h.msg.double_ack().await {
+                tracing::debug!(error = %e, "federation: ack to JetStream lost; the redelivery will be a duplicate here");
+            }
+        } else if let Err(e) = h.msg.ack_with(AckKind::Term).await {
+            tracing::warn!(error = %e, "federation: cannot end a message in JetStream (it comes again, and is refused again)");
+        }
+    }
 }
 
 /// What comes off this node's subject.
@@ -891,7 +1007,7 @@ enum Arrival {
     Message(Inbound),
     /// A message sent from here failed on another node; its JetStream handle is acknowledged
     /// once the failure is stored here.
-    Failure(core::Failure, jetstream::Message),
+    Failure(core::Failure, Box<jetstream::Message>),
 }
 
 /// What a stand-in is handed.
@@ -900,7 +1016,7 @@ enum ToStandin {
     Send(Inbound),
     /// A message sent here to its agent failed on the agent's node: report the delivery to
     /// the stand-in failed, so it is a dead letter here and its sender is told.
-    Fail(core::Failure, jetstream::Message),
+    Fail(core::Failure, Box<jetstream::Message>),
 }
 
 /// Takes this node's messages off the stream, in order, and hands each to the manager.
@@ -929,9 +1045,30 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Arriv
                     break;
                 }
             };
-            let arrival = match serde_json::from_slice::<core::Record>(&msg.payload) {
-                Ok(core::Record::Message(wire)) => Arrival::Message(Inbound { wire, msg }),
-                Ok(core::Record::Failure { failure }) => Arrival::Failure(failure, msg),
+            let records = match core::parse_records(&msg.payload) {
+                Ok(mut r) if r.len() == 1 => match r.pop() {
+                    Some(core::Record::Failure { failure }) => {
+                        vec![Arrival::Failure(failure, Box::new(msg))]
+                    }
+                    Some(core::Record::Message(wire)) => vec![Arrival::Message(Inbound {
+                        wire,
+                        msg: Handle::new(msg, 1),
+                    })],
+                    None => continue,
+                },
+                Ok(r) => {
+                    // A batch (only messages): one handle for all of them.
+                    let handle = Handle::new(msg, r.len());
+                    r.into_iter()
+                        .filter_map(|rec| match rec {
+                            core::Record::Message(wire) => Some(Arrival::Message(Inbound {
+                                wire,
+                                msg: handle.clone(),
+                            })),
+                            core::Record::Failure { .. } => None,
+                        })
+                        .collect()
+                }
                 Err(e) => {
                     // Nothing can ever make this message readable: it is terminated, and said.
                     tracing::error!(error = %e, "federation: unreadable message from NATS; dropped (term)");
@@ -941,8 +1078,10 @@ async fn consume(sh: Arc<Shared>, consumer: PullConsumer, tx: mpsc::Sender<Arriv
                     continue;
                 }
             };
-            if tx.send(arrival).await.is_err() {
-                return;
+            for arrival in records {
+                if tx.send(arrival).await.is_err() {
+                    return;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1093,9 +1232,7 @@ async fn route(
     }
     // A message JetStream gave this link many times without it being handed over ends too
     // (whatever the cause), said, instead of taking a slot of the consumer for good.
-    if let Ok(info) = m.msg.info()
-        && info.delivered > MAX_DELIVERIES
-    {
+    if m.msg.delivered().is_some_and(|n| n > MAX_DELIVERIES) {
         let why = format!(
             "node {} could not hand it to its relay in {MAX_DELIVERIES} tries (see that relay's log)",
             sh.me
@@ -1128,7 +1265,9 @@ async fn route(
     {
         // The stand-in ended (its name is taken here): JetStream gives the message
         // again later.
-        nak(&m.msg, "its sender's stand-in is not running").await;
+        m.msg
+            .end(End::Nak, "its sender's stand-in is not running")
+            .await;
     }
 }
 
@@ -1139,7 +1278,7 @@ async fn route_failure(
     opts: &Options,
     standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
     f: core::Failure,
-    msg: jetstream::Message,
+    msg: Box<jetstream::Message>,
 ) {
     let tx = {
         let mut map = standins.lock().await;
@@ -1171,6 +1310,27 @@ fn held_here(sh: &Shared, opts: &Options, w: &Wire) -> Option<(&'static str, Str
                 "node {} takes no message under the name \"relay\" (its relay's own notices) from another node",
                 sh.me
             ),
+        ));
+    }
+    // A node speaks for itself only: no message says it comes from this node, and an agent's
+    // message says the node the directory gives its name (the link of that node publishes
+    // for it; another node cannot speak as it).
+    if w.origin == sh.me {
+        return Some((
+            "forbidden",
+            format!(
+                "node {} takes no message from another node that says it comes from node {}",
+                sh.me, w.origin
+            ),
+        ));
+    }
+    if !w.tool
+        && let Some(owner) = sh.node_of(&w.from)
+        && owner != w.origin
+    {
+        return Some((
+            "forbidden",
+            core::other_nodes_agent_reason(&w.from, &w.origin, &sh.me, &owner),
         ));
     }
     if let Some(person) = opts.people.iter().find(|p| p.eq_ignore_ascii_case(&w.from)) {
@@ -1210,9 +1370,7 @@ async fn dead_letter_inbound(sh: &Arc<Shared>, m: Inbound, code: &str, why: &str
         };
         publish_failure(sh, &m.wire.origin, f).await;
     }
-    if let Err(e) = m.msg.ack_with(AckKind::Term).await {
-        tracing::warn!(error = %e, "federation: cannot end a message in JetStream (it comes again, and is refused again)");
-    }
+    m.msg.end(End::Term, why).await;
 }
 
 async fn nak(msg: &jetstream::Message, why: &str) {
@@ -1440,6 +1598,9 @@ fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
 enum Outcome {
     Done(Option<DeliveryState>),
     Failed(String),
+    /// Not published (the link is stopping): left unacknowledged, so the relay delivers it
+    /// again and it is published then.
+    Again,
 }
 
 /// A delivery whose publish is written, waiting for its PubAck (or ready at once).
@@ -1569,6 +1730,10 @@ async fn standin(
                 let acked = match &outcome {
                     Outcome::Done(state) => client.ack(&d, *state).await,
                     Outcome::Failed(reason) => client.ack_failed(&d, reason).await,
+                    Outcome::Again => {
+                        tracing::debug!("federation: stand-in stops: its node's publisher is gone");
+                        return;
+                    }
                 };
                 if let Err(e) = acked {
                     // Unacknowledged, it is delivered again on the next connection and
@@ -1647,7 +1812,7 @@ async fn standin(
                             let why = core::conflict_reason(&d.from, &sh.me, conflict.as_deref().unwrap_or("another node"));
                             starting.push_back(ready_start(Box::pin(std::future::ready((d, Outcome::Failed(why))))));
                         }
-                        Forward::Publish { subject, msg_id, mut wire } => {
+                        Forward::Publish { msg_id, mut wire, .. } => {
                             // Only a message to this agent alone is chained: a broadcast's or a
                             // topic message's one copy per node may be the one another
                             // stand-in published.
@@ -1656,15 +1821,20 @@ async fn standin(
                             }
                             match serde_json::to_vec(&*wire) {
                                 Ok(body) => {
-                                    let sh = sh.clone();
+                                    let out = sh.batcher(&node);
                                     let body = bytes::Bytes::from(body);
-                                    // Yields the PubAck's future: awaited in `inflight`.
+                                    // Handed to the node's batcher in delivery order; yields
+                                    // the wait for its PubAck: awaited in `inflight`.
                                     #[allow(clippy::async_yields_async)]
                                     starting.push_back(Box::pin(async move {
-                                        let first = start_publish(&sh, &subject, &msg_id, body.clone()).await;
+                                        let (done, stored) = tokio::sync::oneshot::channel();
+                                        let handed = out.send(Out { msg_id, body, done }).await.is_ok();
                                         let acked: Pending = Box::pin(async move {
-                                            publish(&sh, &subject, &msg_id, body, first).await;
-                                            (d, Outcome::Done(None))
+                                            if handed && stored.await.is_ok() {
+                                                (d, Outcome::Done(None))
+                                            } else {
+                                                (d, Outcome::Again)
+                                            }
                                         });
                                         acked
                                     }));
@@ -1710,9 +1880,7 @@ async fn standin(
                             match receipt.wait().await {
                                 Ok(_) => {
                                     sh.received.fetch_add(1, Ordering::Relaxed);
-                                    if let Err(e) = m.msg.double_ack().await {
-                                        tracing::debug!(error = %e, "federation: ack to JetStream lost; the redelivery will be a duplicate here");
-                                    }
+                                    m.msg.end(End::Ack, "stored").await;
                                 }
                                 Err(ClientError::Rejected { code, reason }) => {
                                     if tool && code == relay_protocol::NackCode::Forbidden {
@@ -1733,16 +1901,14 @@ async fn standin(
                                     if let Some(f) = refused_failure(&sh.me, &m.wire, code, &reason) {
                                         publish_failure(&sh, &m.wire.origin, f).await;
                                     }
-                                    if let Err(e) = m.msg.double_ack().await {
-                                        tracing::debug!(error = %e, "federation: ack to JetStream lost");
-                                    }
+                                    m.msg.end(End::Ack, "refused here, told").await;
                                 }
-                                Err(e) => nak(&m.msg, &e.to_string()).await,
+                                Err(e) => m.msg.end(End::Nak, &e.to_string()).await,
                             }
                         });
                     }
                     Err(e) => {
-                        nak(&m.msg, &e.to_string()).await;
+                        m.msg.end(End::Nak, &e.to_string()).await;
                         return;
                     }
                 }
@@ -1793,7 +1959,8 @@ fn publish_failure(
             }
         };
         let first = start_publish(&sh, &subject, &msg_id, body.clone()).await;
-        publish(&sh, &subject, &msg_id, body, first).await;
+        let seq = publish(&sh, &subject, &msg_id, body, first).await;
+        sh.stored_by_jetstream([msg_id.as_str()], seq);
     })
 }
 
@@ -1978,6 +2145,80 @@ async fn serve_traces(sh: Arc<Shared>, tool: Arc<Client>) {
     }
 }
 
+/// A message a stand-in hands to its node's batcher ([`batcher`]): told once JetStream has it.
+struct Out {
+    msg_id: String,
+    body: bytes::Bytes,
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Most messages in one JetStream message.
+const BATCH_MAX: usize = 64;
+/// A batch closes once its messages reach this size (NATS refuses a payload over its
+/// `max_payload`, 1 MiB by default).
+const BATCH_BYTES: usize = 256 * 1024;
+/// Batches of one node on their way to JetStream at once.
+const BATCHES_IN_FLIGHT: usize = 32;
+
+/// Publishes what the stand-ins of agents of `node` hand it, gathered (issue 28.7): whatever
+/// waits when a publish can start goes in one JetStream message (up to [`BATCH_MAX`]); one
+/// waiting alone goes as itself, under its own `Nats-Msg-Id`, as before batches. Each stand-in
+/// is told when JetStream has its message, and only then acknowledges its DELIVER: a crash
+/// before replays it, published again (maybe in another batch: the far store's (from, id)
+/// dedupe keeps one). The batches keep the order they were handed in; one published again
+/// after a failure may land after later ones, and the far node restores each sender's order
+/// (`Wire::prev`).
+async fn batcher(sh: Arc<Shared>, node: String, mut rx: mpsc::Receiver<Out>) {
+    let subject = core::subject(&node);
+    let mut inflight: futures_util::stream::FuturesUnordered<
+        futures_util::future::BoxFuture<'static, ()>,
+    > = Default::default();
+    loop {
+        tokio::select! {
+            Some(()) = inflight.next(), if !inflight.is_empty() => {}
+            first = rx.recv(), if inflight.len() < BATCHES_IN_FLIGHT => {
+                let Some(first) = first else { break };
+                let mut size = first.body.len();
+                let mut batch = vec![first];
+                while batch.len() < BATCH_MAX && size < BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(o) => {
+                            size += o.body.len();
+                            batch.push(o);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                // A broadcast or topic message reaches every stand-in of this node with one
+                // `Nats-Msg-Id`: one copy goes (the far node fans it out).
+                let mut seen = HashSet::new();
+                let unique: Vec<&Out> = batch.iter().filter(|o| seen.insert(o.msg_id.as_str())).collect();
+                let (id, body) = match unique.as_slice() {
+                    [one] => (one.msg_id.clone(), one.body.clone()),
+                    many => (
+                        core::batch_msg_id(many.iter().map(|o| o.msg_id.as_str()), &node),
+                        bytes::Bytes::from(core::batch_body(many.iter().map(|o| &o.body[..]))),
+                    ),
+                };
+                let first_try = start_publish(&sh, &subject, &id, body.clone()).await;
+                let (sh, subject) = (sh.clone(), subject.clone());
+                inflight.push(Box::pin(async move {
+                    let seq = publish(&sh, &subject, &id, body, first_try).await;
+                    sh.stored_by_jetstream(batch.iter().map(|o| o.msg_id.as_str()), seq);
+                    for o in batch {
+                        if o.done.send(()).is_err() {
+                            // Its stand-in stopped meanwhile: the relay delivers the message
+                            // again to the next one, which publishes it again (deduplicated).
+                            tracing::debug!(msg_id = %o.msg_id, "federation: published for a stand-in that stopped");
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    while inflight.next().await.is_some() {}
+}
+
 /// Writes one publish (in the stand-in's order); its PubAck is awaited by [`publish`].
 async fn start_publish(
     sh: &Shared,
@@ -2004,7 +2245,7 @@ async fn publish(
     msg_id: &str,
     body: bytes::Bytes,
     first: Result<jetstream::context::PublishAckFuture, String>,
-) {
+) -> u64 {
     let mut delay = Duration::from_millis(50);
     let mut attempt = first;
     loop {
@@ -2013,13 +2254,7 @@ async fn publish(
             Err(e) => Err(e),
         };
         match result {
-            Ok(ack) => {
-                sh.published.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut p) = sh.pubacks.lock() {
-                    p.insert(msg_id, ack.sequence);
-                }
-                return;
-            }
+            Ok(ack) => return ack.sequence,
             Err(e) => {
                 tracing::debug!(error = %e, %subject, "federation: publish failed; retrying (the message waits in the store)");
                 tokio::time::sleep(delay).await;

@@ -256,6 +256,11 @@ pub struct Send {
     /// other messages waiting for that terminal.
     #[serde(default, skip_serializing_if = "is_false")]
     pub urgent: bool,
+    /// Extension: the node of a federation the message came from (`up --cluster`). Set by the
+    /// relay that stores it, and only on a message a stand-in of that node sent; whatever a
+    /// sender writes here is replaced (a local sender's message has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// Delivery metadata on a DELIVER envelope (extension, top level like the seed's example).
@@ -989,6 +994,7 @@ mod tests {
             "01J",
             5,
             Payload::Deliver(Send {
+                origin: None,
                 kind: Kind::Action,
                 body: "hi \u{1b}[31m".into(),
                 data: Some(serde_json::json!({"a": [1, 2]})),

@@ -152,6 +152,7 @@ mod tests {
                     data: None,
                     thread: None,
                     in_reply_to: None,
+                    origin: None,
                     deliveries: Vec::new(),
                 })
                 .collect(),

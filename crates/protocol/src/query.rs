@@ -247,6 +247,9 @@ pub struct MessageRecord {
     /// The message this answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_reply_to: Option<String>,
+    /// The federation node it came from (a message of another node's agent or tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// One entry per recipient.
     #[serde(default)]
     pub deliveries: Vec<DeliveryRecord>,
@@ -642,6 +645,9 @@ pub struct TraceRecord {
     /// Topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
+    /// The federation node it came from (a message of another node's agent or tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// State changes, in time order.
     pub events: Vec<TraceEvent>,
 }

@@ -56,6 +56,7 @@ fn send_payload() -> impl Strategy<Value = Send> {
     )
         .prop_map(
             |(kind, body, data, thread, in_reply_to, budget, urgent)| Send {
+                origin: None,
                 kind,
                 body,
                 // `Some(Null)` and `None` are the same on the wire.

@@ -34,6 +34,7 @@ fn batch(next_id: &Cell<u64>, n: usize, ack_through: i64) -> Vec<WriteOp> {
             to: to.clone(),
             topic: None,
             payload: Send {
+                origin: None,
                 kind: Kind::Message,
                 body: "please run the test suite again and report the failures".into(),
                 data: None,
@@ -196,6 +197,7 @@ impl RealLoad {
                 to: to.clone(),
                 topic: None,
                 payload: Send {
+                    origin: None,
                     kind: Kind::Message,
                     body,
                     data: None,

@@ -47,6 +47,7 @@ fn main() {
                 to: to.clone(),
                 topic: None,
                 payload: Send {
+                    origin: None,
                     kind: Kind::Message,
                     body: body.clone(),
                     data: None,

@@ -76,6 +76,7 @@ pub(crate) fn record(m: &StoredMessage, deliveries: Vec<DeliveryRecord>) -> Mess
         data: m.payload.data.clone(),
         thread: m.payload.thread.clone(),
         in_reply_to: m.payload.in_reply_to.clone(),
+        origin: m.payload.origin.clone(),
         deliveries,
     }
 }

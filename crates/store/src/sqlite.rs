@@ -302,6 +302,8 @@ CREATE TABLE claims (
     PRIMARY KEY (agent, path)
 ) WITHOUT ROWID;
 ",
+    // v8: the federation node a message came from (a stand-in's SEND; NULL for local senders).
+    "ALTER TABLE messages ADD COLUMN origin TEXT;",
 ];
 
 /// The delivery states counted in `counters` (`deliveries.<name>`), indexed by their code.
@@ -324,7 +326,7 @@ const STREAMS_FLUSH_EVERY: u32 = 64;
 /// Message columns in the order [`RawMessage::from_row`] reads them.
 const MSG_COLS: &str = "m.pos, m.id, m.ts, (SELECT n.name FROM names n WHERE n.id = m.sender) \
                         AS sender_name, m.recipient, m.topic, m.kind, m.body, m.data, \
-                        m.thread, m.in_reply_to, m.budget, m.fanout, m.urgent";
+                        m.thread, m.in_reply_to, m.budget, m.fanout, m.urgent, m.origin";
 /// [`Store::find`] past an exact match: `?1` the query, `?2` the bound of its prefix range,
 /// `?3` whether it is as long as a short id, `?4` the limit.
 ///
@@ -343,7 +345,7 @@ fn find_sql() -> String {
 }
 
 /// Number of columns in [`MSG_COLS`].
-const MSG_NCOLS: usize = 14;
+const MSG_NCOLS: usize = 15;
 
 /// `DeliveryStatus::Queued.code()`. The SQL below also spells out `1` (acked) and `4`
 /// (expired); `status_codes_match_sql` in the tests pins them.
@@ -360,8 +362,8 @@ const FIND_ID: &str = "SELECT m.pos, n.name FROM messages m JOIN names n ON n.id
     WHERE m.id = ?1 LIMIT 8";
 /// The unique (id, sender) index keeps the dedupe whole even without the probe.
 const INSERT_MESSAGE: &str = "INSERT INTO messages (id, ts, sender, recipient, topic, kind, body,
-    data, thread, in_reply_to, budget, session_id, fanout, urgent)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+    data, thread, in_reply_to, budget, session_id, fanout, urgent, origin)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
     ON CONFLICT (id, sender) DO NOTHING";
 /// `updated_at` starts as `-1 - queued_at`, read back as "never updated" (NULL in v1): a
 /// negative of the same magnitude has the same encoded size as the time that replaces it, so
@@ -833,6 +835,7 @@ struct RawMessage {
     budget: Option<String>,
     fanout: Option<String>,
     urgent: bool,
+    origin: Option<String>,
 }
 
 impl RawMessage {
@@ -852,6 +855,7 @@ impl RawMessage {
             budget: r.get(base + 11)?,
             fanout: r.get(base + 12)?,
             urgent: r.get(base + 13)?,
+            origin: r.get(base + 14)?,
         })
     }
 
@@ -887,6 +891,7 @@ impl RawMessage {
                 in_reply_to: self.in_reply_to,
                 budget,
                 urgent: self.urgent,
+                origin: self.origin,
             },
         };
         Ok((m, fanout))
@@ -1310,6 +1315,7 @@ impl Batch<'_> {
             m.session_id,
             fanout,
             p.urgent,
+            p.origin,
         ])?;
         if inserted == 0 {
             let pos: i64 = tx

@@ -70,6 +70,7 @@ pub(crate) fn msg(id: &str, from: &str, to: &str, recipients: &[&str]) -> NewMes
         to: to.into(),
         topic: None,
         payload: Send {
+            origin: None,
             kind: Kind::Message,
             body: format!("body of {id}"),
             data: None,

@@ -311,6 +311,7 @@ async fn ask(w: Wire, tx: &mpsc::Sender<Request>) -> serde_json::Value {
         to: Some(w.to),
         topic: w.topic,
         payload: relay_protocol::Send {
+            origin: None,
             kind: Kind::Message,
             body: w.body,
             data: None,

@@ -639,6 +639,7 @@ impl Core {
             to: Some(send_to),
             topic,
             payload: Send {
+                origin: None,
                 kind: d.kind,
                 body: d.body,
                 data: d.data,

@@ -75,6 +75,7 @@ pub(super) fn config() -> Config {
 
 pub(super) fn payload(body: &str) -> Send {
     Send {
+        origin: None,
         kind: Kind::Message,
         body: body.into(),
         data: None,

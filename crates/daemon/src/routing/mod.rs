@@ -943,6 +943,17 @@ impl Core {
             session_id,
             checked,
         } = origin;
+        // The node a message came from is the relay's to say, never its sender's: a
+        // federation stand-in's connection stands for its node; anyone else's message has none
+        // (a retried dead letter keeps what it was stored with).
+        if conn_id != NO_CONN {
+            let node = self.conns.get(&conn_id).and_then(|c| c.remote_node.clone());
+            if payload.origin != node {
+                payload.origin = node;
+                // The DELIVER must carry the relay's word, not the sender's text.
+                raw = None;
+            }
+        }
         let (to_name, mut names) = match self.resolve(&from, to.as_deref(), topic.as_deref()) {
             Ok(r) => r,
             Err((code, reason)) if conn_id == NO_CONN => {
@@ -1208,6 +1219,7 @@ impl Core {
                 expires_at: None,
             }),
             urgent: false,
+            origin: None,
         };
         let new = NewMessage {
             id: id.clone(),

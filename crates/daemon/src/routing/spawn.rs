@@ -186,6 +186,8 @@ impl Core {
             in_reply_to: None,
             budget: None,
             urgent: false,
+            // From this relay's own agent: no federation node.
+            origin: None,
         };
         let origin = Origin {
             conn_id: NO_CONN,

@@ -65,6 +65,7 @@ pub(crate) fn message(id: &str, from: &str, thread: Option<&str>) -> Delivered {
         seq: 1,
         attempt: 1,
         payload: Send {
+            origin: None,
             kind: Kind::Message,
             body: "hi".to_owned(),
             data: None,
