@@ -132,8 +132,8 @@ pub(crate) static SETTINGS: [Setting; 23] = [
         name: "heartbeat-ms",
         env: None,
         value_name: "MS",
-        help: "PING interval: milliseconds, or a duration (5s); a connection silent for three \
-               intervals is closed.",
+        help: "PING interval: milliseconds, or a duration (60s); a connection silent for three \
+               intervals is closed (a peer that dies is seen at once, by its socket closing).",
         kind: Kind::Ms,
         get: |s| Value::Num(s.heartbeat_ms),
         set: |s, v| s.heartbeat_ms = v.num(),

@@ -2,6 +2,8 @@
 
 use serde_json::json;
 
+use std::time::Duration;
+
 use crate::support::*;
 
 #[test]
@@ -13,7 +15,7 @@ fn handshake_gives_welcome_with_server_limits() {
     assert!(p["session_id"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(p["resume_token"].as_str().is_some_and(|s| s.len() >= 16));
     assert_eq!(p["server"]["max_frame_bytes"], 1_048_576);
-    assert_eq!(p["server"]["heartbeat_ms"], 5000);
+    assert_eq!(p["server"]["heartbeat_ms"], 60_000);
 }
 
 #[test]
@@ -426,6 +428,29 @@ fn a_silent_connection_is_closed_by_the_heartbeat() {
         assert_eq!(f["type"], "PING");
     }
     assert!(c.closed());
+}
+
+/// Issue 26.3: the heartbeat is long by default because a peer that dies needs none: its
+/// socket closes and the daemon sees that at once. With a heartbeat of ten minutes (a silence
+/// of thirty before a timeout), the name is free again well within the wait's bound.
+#[test]
+fn a_dead_peer_is_seen_by_its_socket_closing_not_by_the_heartbeat() {
+    let relay = Relay::start_with(&["--heartbeat-ms", "600s"]);
+    let (alice, welcome) = relay.agent("Alice");
+    assert_eq!(welcome["payload"]["server"]["heartbeat_ms"], 600_000);
+    // What the kernel does to a process killed with -9: its socket is closed, nothing said.
+    drop(alice);
+    wait_for(Duration::from_secs(20), "Alice to be offline", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok_stdout(&relay.cli(&["agents", "--json"]))).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "Alice" && a["online"] == false)
+    });
+    // The name is free again: a new HELLO without the resume token is welcomed.
+    let (_again, w) = relay.agent("Alice");
+    assert_eq!(w["type"], "WELCOME");
 }
 
 #[test]
