@@ -44,6 +44,19 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
         .unwrap();
     assert_eq!(question.chat_id, PERSON_TG);
     assert!(question.text.starts_with("Alice ["), "{}", question.text);
+    // The person answers once the bot has it (its send answered, the question's delivery to
+    // the person acknowledged): the stand-in shows the question a moment before the bot has
+    // read its own send's answer, and a reply in that moment names no message (under load the
+    // answer then came without its thread).
+    let asked = history(&relay)
+        .into_iter()
+        .find(|m| m.from == "Alice")
+        .expect("Alice's question is stored");
+    wait_for(
+        Duration::from_secs(30),
+        "the question's delivery to the person is acknowledged",
+        || matches!(delivery_status(&relay, &asked.id).as_str(), "acked" | "verified"),
+    );
     tg.say(
         PERSON_TG,
         PERSON_TG,

@@ -404,6 +404,11 @@ fn the_dashboard_shows_the_persons_inbox_and_replies_in_the_thread() {
 /// `agent-relay hooks stop` run as Claude Code runs it, for `name`, without a wrapper: its
 /// stdout (a block decision, or nothing).
 fn stop_hook(relay: &Relay, name: &str) -> String {
+    stop_hook_said(relay, name).0
+}
+
+/// [`stop_hook`], with what the hook wrote on stderr.
+fn stop_hook_said(relay: &Relay, name: &str) -> (String, String) {
     use std::io::Write;
     let mut child = relay
         .command()
@@ -411,6 +416,7 @@ fn stop_hook(relay: &Relay, name: &str) -> String {
         .env("AGENT_RELAY_NAME", name)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     child
@@ -421,7 +427,10 @@ fn stop_hook(relay: &Relay, name: &str) -> String {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 /// Issue 23.8, the unwrapped hook: 3 large messages and 100 small ones wait; each Stop hook
@@ -621,8 +630,14 @@ done
         door.exists()
     });
     bob_sends(&relay, "Alice", &["for Alice's own hooks".to_owned()]);
-    // An outsider's hook: nothing handed over.
-    assert!(stop_hook(&relay, "Alice").trim().is_empty());
+    // An outsider's hook: nothing handed over, and it says why (the door's refusal, not
+    // "another door holds").
+    let (out, said) = stop_hook_said(&relay, "Alice");
+    assert!(out.trim().is_empty(), "{out}");
+    assert!(
+        said.contains("nothing handed over") && said.contains("not of this agent's session"),
+        "{said}"
+    );
     // A raw request: refused, and says why.
     let answer = {
         use std::io::{BufRead, Write};

@@ -409,6 +409,9 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
     }
     // The agent's MCP server holds the name (and its messages): it hands over a page.
     let mcp_door = paths.data_dir.join("team").join(&name).join(MCP_DOOR);
+    // Why the MCP server's door gave nothing, when it answered with a refusal: said instead of
+    // "another door holds" when the hook then finds the name held.
+    let mut door_refused = None;
     let from_mcp = if mcp_door.exists() {
         let ask = json!({"hook": event.subcommand()});
         match rt.block_on(from_door(&mcp_door, &ask)) {
@@ -416,6 +419,7 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
             // A socket a server left behind: the hook takes the messages itself.
             Err(e) => {
                 tracing::debug!(error = %e, "the MCP server's door does not answer");
+                door_refused = Some(format!("{e:#}"));
                 None
             }
         }
@@ -429,9 +433,15 @@ fn answer(paths: &Paths, event: Event) -> anyhow::Result<()> {
     let (texts, more) = match found {
         Ok(Some(t)) => t,
         Ok(None) => {
-            eprintln!(
-                "{who}: nothing handed over: another door (a wrapper, or the agent's MCP server) holds {name}'s messages"
-            );
+            match door_refused {
+                Some(why) => eprintln!(
+                    "{who}: nothing handed over: {name}'s MCP server holds its messages and its {}",
+                    relay_protocol::text::one_line(&why, 600)
+                ),
+                None => eprintln!(
+                    "{who}: nothing handed over: another door (a wrapper, or the agent's MCP server) holds {name}'s messages"
+                ),
+            }
             return Ok(());
         }
         Err(e) => {
