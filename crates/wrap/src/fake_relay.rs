@@ -121,10 +121,10 @@ impl Link for Relay {
     }
 
     /// No relay behind it: refused.
-    async fn query(
+    async fn query_nowait(
         &self,
         _req: relay_protocol::query::QueryRequest,
-    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
+    ) -> Result<crate::link::PendingQuery, ClientError> {
         Err(ClientError::Closed)
     }
 

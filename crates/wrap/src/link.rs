@@ -11,6 +11,10 @@ use relay_protocol::{DeliveryState, TerminalReport};
 /// A receipt to wait for, off the loop (see [`Relay::send_nowait`]).
 pub(crate) type Pending = Pin<Box<dyn Future<Output = Result<Receipt, ClientError>> + Send>>;
 
+/// A query's answer to wait for, off the loop (see [`Relay::query_nowait`]).
+pub(crate) type PendingQuery =
+    Pin<Box<dyn Future<Output = Result<relay_protocol::query::QueryResult, ClientError>> + Send>>;
+
 /// The relay connection the shell talks through; the methods are the client's.
 pub(crate) trait Relay {
     /// See [`Client::next_event`].
@@ -34,11 +38,11 @@ pub(crate) trait Relay {
     /// See [`Client::report_terminal`].
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
 
-    /// See [`Client::query`].
-    async fn query(
+    /// See [`Client::query_nowait`]: the answer to wait for, off the loop.
+    async fn query_nowait(
         &self,
         req: relay_protocol::query::QueryRequest,
-    ) -> Result<relay_protocol::query::QueryResult, ClientError>;
+    ) -> Result<PendingQuery, ClientError>;
 
     /// See [`Client::close`].
     async fn close(self);
@@ -74,11 +78,11 @@ impl Relay for Client {
         Client::report_terminal(self, report).await
     }
 
-    async fn query(
+    async fn query_nowait(
         &self,
         req: relay_protocol::query::QueryRequest,
-    ) -> Result<relay_protocol::query::QueryResult, ClientError> {
-        Client::query(self, req).await
+    ) -> Result<PendingQuery, ClientError> {
+        Ok(Box::pin(Client::query_nowait(self, req).await?))
     }
 
     async fn close(self) {
