@@ -55,7 +55,12 @@ fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     wait_for(
         Duration::from_secs(30),
         "the question's delivery to the person is acknowledged",
-        || matches!(delivery_status(&relay, &asked.id).as_str(), "acked" | "verified"),
+        || {
+            matches!(
+                delivery_status(&relay, &asked.id).as_str(),
+                "acked" | "verified"
+            )
+        },
     );
     tg.say(
         PERSON_TG,

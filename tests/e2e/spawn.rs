@@ -543,3 +543,92 @@ fn a_lead_spawns_and_releases_with_relay_blocks_and_is_told_how_it_went() {
         "a verb sent as a message"
     );
 }
+
+/// The real Claude Code as the lead, offline (the stand-in API scripts its model), under the
+/// relay's wrapper with the relay's MCP server: asked to split the work, the model calls
+/// `relay_spawn`; the worker (a script) gets the task from Lead and answers, the answer reaches
+/// Claude Code in reply to the task, and the model calls `relay_release`, which stops it.
+/// Before, there was no such tool (issue 25, Done means: a lead that is real Claude Code).
+#[test]
+fn claude_code_spawns_a_worker_through_mcp_and_releases_it_after_its_answer() {
+    use relay_standin::{Rule, Script};
+    let relay = Relay::start();
+    let dir = relay.dir.path().to_path_buf();
+    let _tmux = Tmux { dir: &dir };
+    // The worker answers once the file `gate` exists: after Lead's turn that spawned it is
+    // over (a message typed into Claude Code while its tool runs is merged into the tool's
+    // result, which is another test's matter).
+    let worker = dir.join("gated.sh");
+    std::fs::write(
+        &worker,
+        format!(
+            r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do
+  case "$line" in
+    *"Relay message from"*)
+      while [ ! -e '{gate}' ]; do sleep 0.1; done
+      echo "@relay:Lead finished: ${{line##*: }}"; echo ;;
+  esac
+done
+"#,
+            gate = dir.join("gate").display()
+        ),
+    )
+    .unwrap();
+    let config = dir.join("mcp-Lead.json");
+    let mcp = serde_json::json!({"mcpServers": {"relay": {
+        "type": "stdio", "command": crate::support::BIN, "args": ["mcp"],
+        // Its workers' tmux sessions on the test's own tmux server, not on the server of the
+        // terminal Claude Code runs in (whose screen the test reads).
+        "env": {"AGENT_RELAY_SOCKET": &relay.socket, "AGENT_RELAY_DATA_DIR": relay.data_dir(),
+                "TMUX": "", "TMUX_TMPDIR": &dir},
+    }}});
+    std::fs::write(&config, mcp.to_string()).unwrap();
+    let cli_args = format!(
+        "--mcp-config '{}' --strict-mcp-config --allowedTools mcp__relay__relay_spawn,mcp__relay__relay_release",
+        config.display()
+    );
+    let lead = crate::support::Agent::start_with(
+        &relay,
+        crate::support::Cli::Claude,
+        "Lead",
+        Script::new(vec![
+            Rule::contains("split the work", "Starting a worker.").calling(
+                "mcp__relay__relay_spawn",
+                &serde_json::json!({"command": ["sh", worker.to_str().unwrap()], "task": "part one"}),
+            ),
+            Rule::contains("finished: part one", "Done; releasing it.").calling(
+                "mcp__relay__relay_release",
+                &serde_json::json!({"name": "Lead-w1", "now": true}),
+            ),
+        ]),
+        ("", &cli_args),
+    );
+    lead.wait_ready();
+    relay.cli(&["send", "Lead", "split the work"]);
+    let task = message_with(&relay, "Lead", "Lead-w1", "part one");
+    wait_for(
+        Duration::from_secs(120),
+        "the model told the worker's name",
+        || {
+            lead.standin()
+                .requests()
+                .iter()
+                .any(|r| r.body["messages"].to_string().contains("Spawned Lead-w1"))
+        },
+    );
+    lead.wait_all_relayed("OK.");
+    std::fs::write(dir.join("gate"), "").unwrap();
+    let answer = message_with(&relay, "Lead-w1", "Lead", "finished: part one");
+    assert_eq!(answer["in_reply_to"], task["id"], "{answer}");
+    // The model was given the tool's result, then the worker's answer, then released it.
+    wait_for(Duration::from_secs(120), "Lead-w1 released", || {
+        lead.standin()
+            .requests()
+            .iter()
+            .any(|r| r.body["messages"].to_string().contains("released Lead-w1"))
+    });
+    wait_for(Duration::from_secs(30), "Lead-w1 offline", || {
+        !crate::support::is_online(&relay, "Lead-w1")
+    });
+}

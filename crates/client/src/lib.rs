@@ -526,6 +526,42 @@ impl Client {
         }
     }
 
+    /// Asks the daemon as [`Client::query`] does, but returns once the question is handed to
+    /// the connection: the answer is the returned future's (with the same deadline), which
+    /// does not borrow the client (a loop that owns it goes on meanwhile).
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`] when the client is gone; the future's as [`Client::query`].
+    pub async fn query_nowait(
+        &self,
+        req: QueryRequest,
+    ) -> Result<
+        impl Future<Output = Result<QueryResult, ClientError>> + std::marker::Send + 'static,
+        ClientError,
+    > {
+        let env = Envelope::new(new_id(), now_ms(), Payload::Query(req));
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .send(Cmd::Query(env, tx))
+            .await
+            .map_err(|_| ClientError::Closed)?;
+        let limit = self.request_timeout;
+        Ok(async move {
+            let answer =
+                tokio::time::timeout(limit, rx)
+                    .await
+                    .map_err(|_| ClientError::Timeout {
+                        what: "the query",
+                        secs: limit.as_secs(),
+                        after: "",
+                    })?;
+            match answer.map_err(|_| ClientError::Closed)?? {
+                QueryResult::Error { code, message } => Err(ClientError::Query { code, message }),
+                other => Ok(other),
+            }
+        })
+    }
+
     /// Subscribes to a topic pattern (kept across reconnections).
     ///
     /// # Errors

@@ -44,9 +44,22 @@ pub fn system_text(body: &Value) -> String {
     }
 }
 
+/// `prefix`, then a number for each id after the first in this process: unique, as the API's
+/// are. With one id for every reply and tool call, Claude Code merged a second tool call into
+/// the first reply and reported its result missing ("[Tool result missing due to internal
+/// error]"), and so it did with ids `toolu_standin_2`/`msg_standin_2`: hence no separator
+/// (`spawn::claude_code_spawns_a_worker_through_mcp_and_releases_it_after_its_answer`).
+fn unique_id(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    match NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+        1 => prefix.to_owned(),
+        n => format!("{prefix}{n}"),
+    }
+}
+
 fn message(model: &str, content: Value, stop_reason: Value, output_tokens: usize) -> Value {
     json!({
-        "id": "msg_standin",
+        "id": unique_id("msg_standin"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -63,9 +76,6 @@ fn tokens(text: &str) -> usize {
     text.len().div_ceil(4).max(1)
 }
 
-/// The id of the stand-in's tool call (one per reply).
-const TOOL_USE_ID: &str = "toolu_standin";
-
 /// The input of a scripted tool call, as a JSON value (an object; `{}` if the text is not
 /// one).
 pub(crate) fn tool_input(json: &str) -> Value {
@@ -81,8 +91,10 @@ pub fn reply_message(model: &str, text: &str, tool: Option<&(String, String)>) -
     let mut content = vec![json!({"type": "text", "text": text})];
     let stop = match tool {
         Some((name, input)) => {
-            content.push(json!({"type": "tool_use", "id": TOOL_USE_ID, "name": name,
-                                "input": tool_input(input)}));
+            content.push(
+                json!({"type": "tool_use", "id": unique_id("toolu_standin"), "name": name,
+                                "input": tool_input(input)}),
+            );
             "tool_use"
         }
         None => "end_turn",
@@ -146,7 +158,7 @@ pub fn reply_events(
         events.push((
             "content_block_start",
             json!({"type": "content_block_start", "index": index,
-                   "content_block": {"type": "tool_use", "id": TOOL_USE_ID, "name": name,
+                   "content_block": {"type": "tool_use", "id": unique_id("toolu_standin"), "name": name,
                                      "input": {}}}),
         ));
         events.push((

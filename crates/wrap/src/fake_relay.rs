@@ -121,6 +121,16 @@ impl Link for Relay {
     }
 
     /// No relay behind it: refused.
+    async fn query_nowait(
+        &self,
+        _req: relay_protocol::query::QueryRequest,
+    ) -> Result<crate::link::PendingQuery, ClientError> {
+        Err(ClientError::Protocol(
+            "the fake relay answers no queries".into(),
+        ))
+    }
+
+    /// No relay behind it: refused.
     async fn query(
         &self,
         _req: relay_protocol::query::QueryRequest,

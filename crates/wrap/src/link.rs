@@ -12,6 +12,10 @@ use relay_protocol::{DeliveryState, TerminalReport};
 /// A receipt to wait for, off the loop (see [`Relay::send_nowait`]).
 pub(crate) type Pending = Pin<Box<dyn Future<Output = Result<Receipt, ClientError>> + Send>>;
 
+/// A query's answer to wait for, off the loop (see [`Relay::query_nowait`]).
+pub(crate) type PendingQuery =
+    Pin<Box<dyn Future<Output = Result<relay_protocol::query::QueryResult, ClientError>> + Send>>;
+
 /// The relay connection the shell talks through; the methods are the client's.
 pub(crate) trait Relay {
     /// See [`Client::next_event`].
@@ -36,8 +40,14 @@ pub(crate) trait Relay {
     async fn report_terminal(&self, report: TerminalReport) -> Result<(), ClientError>;
 
     /// See [`Client::query`]: a question asked on the agent's own connection (claims speak
-    /// for the connection's name).
+    /// for the connection's name), its answer awaited here.
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError>;
+
+    /// See [`Client::query_nowait`]: the answer to wait for, off the loop.
+    async fn query_nowait(
+        &self,
+        req: relay_protocol::query::QueryRequest,
+    ) -> Result<PendingQuery, ClientError>;
 
     /// See [`Client::close`].
     async fn close(self);
@@ -75,6 +85,13 @@ impl Relay for Client {
 
     async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
         Client::query(self, req).await
+    }
+
+    async fn query_nowait(
+        &self,
+        req: relay_protocol::query::QueryRequest,
+    ) -> Result<PendingQuery, ClientError> {
+        Ok(Box::pin(Client::query_nowait(self, req).await?))
     }
 
     async fn close(self) {

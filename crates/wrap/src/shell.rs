@@ -447,9 +447,20 @@ impl<R: Relay> Shell<R> {
                 }
             }
             door::Request::Query { req, reply } => {
-                let result = self.link.query(req).await;
-                if reply.send(result).is_err() {
-                    tracing::debug!("the tool left before its answer");
+                // The answer is awaited off the loop: the relay may be slow or reconnecting.
+                match self.link.query_nowait(req).await {
+                    Ok(pending) => {
+                        tokio::spawn(async move {
+                            if reply.send(pending.await).is_err() {
+                                tracing::debug!("the tool left before its answer");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        if reply.send(Err(e)).is_err() {
+                            tracing::debug!("the tool left before its answer");
+                        }
+                    }
                 }
             }
             door::Request::Prompt { reply } => {

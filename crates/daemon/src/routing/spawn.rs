@@ -375,3 +375,158 @@ impl Core {
         self.relay_notice(parent, id, None, body, data);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use relay_protocol::query::{HistoryFilter, SpawnRecord, SpawnRequest};
+    use relay_protocol::{Role, TerminalState};
+    use relay_store::Store;
+
+    use super::super::harness::{World, config};
+    use crate::rules::Rules;
+
+    fn ask(name: Option<&str>) -> SpawnRequest {
+        SpawnRequest {
+            name: name.map(str::to_owned),
+            ..SpawnRequest::default()
+        }
+    }
+
+    fn record(name: &str, parent: &str, depth: u32) -> SpawnRecord {
+        SpawnRecord {
+            name: name.into(),
+            parent: parent.into(),
+            depth,
+            at: 1,
+            worktree: None,
+            notify_idle: false,
+            ended_at: None,
+        }
+    }
+
+    #[test]
+    fn workers_are_named_after_their_parent_and_a_live_workers_name_is_taken() {
+        let mut w = World::new(config());
+        let lead = w.client("Lead");
+        let names: Vec<String> = (0..3)
+            .map(|_| w.core.spawn(lead, &ask(None), 5).unwrap().name)
+            .collect();
+        assert_eq!(names, ["Lead-w1", "Lead-w2", "Lead-w3"]);
+        let (code, why) = w.core.spawn(lead, &ask(Some("Lead-w2")), 5).unwrap_err();
+        assert_eq!(code, "name_taken", "{why}");
+        // Reserved: a message to a sibling a letter away is not a typo.
+        assert!(w.core.admit_recipient("Lead-w3").is_ok());
+        // A connected agent's name, and a person's, are not a worker's.
+        w.agent("Bob", 8);
+        assert_eq!(
+            w.core.spawn(lead, &ask(Some("Bob")), 5).unwrap_err().0,
+            "name_taken"
+        );
+        assert!(w.core.spawn(lead, &ask(Some("human")), 5).is_err());
+    }
+
+    #[test]
+    fn the_cap_and_the_depth_are_refused_naming_the_limit() {
+        let mut cfg = config();
+        cfg.max_spawned = 2;
+        let mut w = World::new(cfg);
+        w.core
+            .load_spawned(vec![record("W1", "Lead", 1), record("W2", "W1", 2)]);
+        let deep = w.client("W2");
+        let (code, why) = w.core.spawn(deep, &ask(None), 5).unwrap_err();
+        assert_eq!(code, "limit");
+        assert!(
+            why.contains("spawn depth limit is 2 (max_spawn_depth)"),
+            "{why}"
+        );
+        let lead = w.client("Lead");
+        let (code, why) = w.core.spawn(lead, &ask(None), 5).unwrap_err();
+        assert_eq!(code, "limit");
+        assert!(
+            why.contains("live spawned agents is 2 (max_spawned)"),
+            "{why}"
+        );
+        // Released, its place is free; an ended parent counts as depth 0.
+        w.core.release(lead, "W1", 6).unwrap();
+        w.settle();
+        let w1 = w.client("W1");
+        let r = w.core.spawn(w1, &ask(None), 7).unwrap();
+        assert_eq!((r.name.as_str(), r.depth), ("W1-w1", 1));
+    }
+
+    #[test]
+    fn only_the_parent_a_person_or_a_rule_may_release() {
+        let rules =
+            Rules::parse(r#"{"rules": [{"from": "Ops", "to": "W*", "action": "allow-release"}]}"#)
+                .unwrap();
+        let mut w = World::with_rules(config(), rules);
+        w.core.load_spawned(vec![
+            record("W1", "Lead", 1),
+            record("W2", "Lead", 1),
+            record("W3", "Lead", 1),
+        ]);
+        let other = w.client("Other");
+        let (code, why) = w.core.release(other, "W1", 5).unwrap_err();
+        assert_eq!(code, "forbidden");
+        assert!(why.contains("spawned by Lead"), "{why}");
+        let lead = w.client("Lead");
+        assert!(w.core.release(lead, "W1", 5).is_ok());
+        assert_eq!(w.core.release(lead, "W1", 5).unwrap_err().0, "not_found");
+        let person = w.client("human");
+        assert!(w.core.release(person, "W2", 5).is_ok());
+        let ops = w.client("Ops");
+        assert!(w.core.release(ops, "W3", 5).is_ok());
+        assert_eq!(w.core.release(ops, "Nobody", 5).unwrap_err().0, "not_found");
+        w.settle();
+    }
+
+    #[test]
+    fn a_tool_connection_may_not_spawn_as_a_connected_agent() {
+        let mut w = World::new(config());
+        w.agent("Lead", 8);
+        let fake = w.open("Lead", Role::Client, 8, true, None).unwrap().0;
+        let (code, why) = w.core.spawn(fake, &ask(None), 5).unwrap_err();
+        assert_eq!(code, "forbidden");
+        assert!(
+            why.contains("only its own connection speaks as it"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_parent_is_told_once_per_turn_and_of_an_exit_on_its_own() {
+        let mut w = World::new(config());
+        let mut r = record("W1", "Lead", 1);
+        r.notify_idle = true;
+        w.core.load_spawned(vec![r, record("W2", "Lead", 1)]);
+        let busy = Some(TerminalState::Busy);
+        w.core.spawn_state_changed("W1", busy, TerminalState::Idle);
+        w.core
+            .spawn_state_changed("W1", Some(TerminalState::Idle), TerminalState::Idle);
+        w.core.spawn_state_changed("W1", None, TerminalState::Idle);
+        w.core.spawn_state_changed("W2", busy, TerminalState::Idle);
+        assert!(w.core.spawn_exited("W2", Some(3), &["bye".into()], 9));
+        assert!(!w.core.spawn_exited("W2", Some(3), &[], 10), "told once");
+        w.settle();
+        let filter = HistoryFilter {
+            to: Some("Lead".into()),
+            ..HistoryFilter::default()
+        };
+        let mut bodies: Vec<String> = w
+            .store
+            .history(&filter)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.body)
+            .collect();
+        bodies.sort();
+        assert_eq!(bodies.len(), 2, "{bodies:?}");
+        assert_eq!(bodies[0], "relay: your worker W1 is idle after a turn.");
+        assert!(
+            bodies[1].starts_with("relay: your worker W2 exited on its own (status 3)")
+                && bodies[1].ends_with("  | bye"),
+            "{}",
+            bodies[1]
+        );
+    }
+}
