@@ -1183,7 +1183,7 @@ async fn manage(
         while let Some(m) = queue.pop_front() {
             let sender = sender_key(&m.wire);
             let id = m.wire.id.clone();
-            route(&sh, &opts, &standins, &mut tools, m).await;
+            route(&sh, &opts, &tool, &standins, &mut tools, m).await;
             queue.extend(reorder.released(&sender, &id).into_iter().map(|(_, t)| t));
         }
     }
@@ -1217,6 +1217,7 @@ async fn stored_here(tool: &Client, from: &str, id: &str) -> bool {
 async fn route(
     sh: &Arc<Shared>,
     opts: &Options,
+    tool: &Client,
     standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
     tools: &mut HashMap<String, Standin>,
     m: Inbound,
@@ -1233,6 +1234,12 @@ async fn route(
     // A message JetStream gave this link many times without it being handed over ends too
     // (whatever the cause), said, instead of taking a slot of the consumer for good.
     if m.msg.delivered().is_some_and(|n| n > MAX_DELIVERIES) {
+        // A message of a batch comes as often as its batch does: one already stored here
+        // (a sibling was the one put back) is done, not a failure to tell its sender.
+        if stored_here(tool, &m.wire.from, &m.wire.id).await {
+            m.msg.end(End::Ack, "stored here before").await;
+            return;
+        }
         let why = format!(
             "node {} could not hand it to its relay in {MAX_DELIVERIES} tries (see that relay's log)",
             sh.me
