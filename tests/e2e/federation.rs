@@ -306,19 +306,31 @@ fn two_relays_exchange_messages_both_ways_each_delivered_once() {
     drop(nats);
 }
 
+/// Nodes hostA (agent Alice) and hostB (agent Bob) through `nats`, each listing the other's
+/// agent.
+fn alice_and_bob(nats: &Nats) -> (Relay, Relay, Raw, Raw) {
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (alice, _) = a.agent("Alice");
+    let (bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    (a, b, alice, bob)
+}
+
+/// Kills `nats` and waits until `a` sees its link down.
+fn nats_down(nats: &mut Nats, a: &Relay) {
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(a)["link"] != "connected"
+    });
+}
+
 #[test]
 fn while_nats_is_down_messages_wait_in_the_outbox_and_go_when_it_returns() {
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
-    nats.kill9();
-    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
-        federation(&a)["link"] != "connected"
-    });
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
     // Accepted while NATS is away: stored here (the outbox), the sender's ACK as always.
     let ids = send_many(&mut alice, "Bob", 20, "while down");
     send_marker(&mut alice, "Bob", "down end");
@@ -1859,13 +1871,8 @@ fn publish_raw(nats: &Nats, subject: &str, record: &Value) {
 #[test]
 fn messages_from_another_node_carry_their_origin_and_no_node_speaks_for_another() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
+    let (a, b, mut alice, mut bob) = alice_and_bob(&nats);
     let (mut carol, _) = b.agent("Carol");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
     // A sender's claim of an origin is not taken, on either node.
     let id = alice.send_env(
         "SEND",
@@ -1966,16 +1973,8 @@ fn stream_messages(nats: &Nats) -> u64 {
 fn a_backlog_to_another_node_is_published_in_batches() {
     const N: usize = 1000;
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
-    nats.kill9();
-    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
-        federation(&a)["link"] != "connected"
-    });
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
     let msgs: Vec<(String, String)> = (0..N)
         .map(|k| ("Bob".to_owned(), format!("backlog {k}")))
         .collect();
