@@ -1993,3 +1993,25 @@ fn a_backlog_to_another_node_is_published_in_batches() {
         N + 1
     );
 }
+
+/// A batch stays under NATS's payload limit (1 MiB): a large message queued behind many small
+/// ones to the same node starts a batch of its own instead of making one NATS refuses (which
+/// would be published again for ever, and nothing after it delivered).
+#[test]
+fn a_large_message_behind_small_ones_still_reaches_another_node() {
+    let mut nats = Nats::start();
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
+    let small = "s".repeat(2000);
+    let mut msgs: Vec<(String, String)> = (0..100)
+        .map(|k| ("Bob".to_owned(), format!("{k} {small}")))
+        .collect();
+    // Under the relay's body limit (512 KiB), twice that in JSON (each `"` escaped).
+    msgs.push(("Bob".to_owned(), "\"".repeat(420_000)));
+    msgs.extend((100..200).map(|k| ("Bob".to_owned(), format!("{k} {small}"))));
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    send_marker(&mut alice, "Bob", "large end");
+    nats.spawn();
+    bob.read_timeout(Duration::from_secs(120));
+    assert_eq!(read_until_marker(&mut bob, "large end"), ids);
+}
