@@ -306,19 +306,31 @@ fn two_relays_exchange_messages_both_ways_each_delivered_once() {
     drop(nats);
 }
 
+/// Nodes hostA (agent Alice) and hostB (agent Bob) through `nats`, each listing the other's
+/// agent.
+fn alice_and_bob(nats: &Nats) -> (Relay, Relay, Raw, Raw) {
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (alice, _) = a.agent("Alice");
+    let (bob, _) = b.agent("Bob");
+    wait_listed(&a, "Bob", "hostB");
+    wait_listed(&b, "Alice", "hostA");
+    (a, b, alice, bob)
+}
+
+/// Kills `nats` and waits until `a` sees its link down.
+fn nats_down(nats: &mut Nats, a: &Relay) {
+    nats.kill9();
+    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
+        federation(a)["link"] != "connected"
+    });
+}
+
 #[test]
 fn while_nats_is_down_messages_wait_in_the_outbox_and_go_when_it_returns() {
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
-    nats.kill9();
-    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
-        federation(&a)["link"] != "connected"
-    });
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
     // Accepted while NATS is away: stored here (the outbox), the sender's ACK as always.
     let ids = send_many(&mut alice, "Bob", 20, "while down");
     send_marker(&mut alice, "Bob", "down end");
@@ -1850,13 +1862,8 @@ fn publish_raw(nats: &Nats, subject: &str, record: &Value) {
 #[test]
 fn messages_from_another_node_carry_their_origin_and_no_node_speaks_for_another() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
+    let (a, b, mut alice, mut bob) = alice_and_bob(&nats);
     let (mut carol, _) = b.agent("Carol");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
     // A sender's claim of an origin is not taken, on either node.
     let id = alice.send_env(
         "SEND",
@@ -1957,16 +1964,8 @@ fn stream_messages(nats: &Nats) -> u64 {
 fn a_backlog_to_another_node_is_published_in_batches() {
     const N: usize = 1000;
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
-    let (mut alice, _) = a.agent("Alice");
-    let (mut bob, _) = b.agent("Bob");
-    wait_listed(&a, "Bob", "hostB");
-    wait_listed(&b, "Alice", "hostA");
-    nats.kill9();
-    wait_for(Duration::from_secs(20), "hostA sees the link down", || {
-        federation(&a)["link"] != "connected"
-    });
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
     let msgs: Vec<(String, String)> = (0..N)
         .map(|k| ("Bob".to_owned(), format!("backlog {k}")))
         .collect();
@@ -1984,4 +1983,26 @@ fn a_backlog_to_another_node_is_published_in_batches() {
         "{stored} JetStream messages for {} relay messages: not batched",
         N + 1
     );
+}
+
+/// A batch stays under NATS's payload limit (1 MiB): a large message queued behind many small
+/// ones to the same node starts a batch of its own instead of making one NATS refuses (which
+/// would be published again for ever, and nothing after it delivered).
+#[test]
+fn a_large_message_behind_small_ones_still_reaches_another_node() {
+    let mut nats = Nats::start();
+    let (a, _b, mut alice, mut bob) = alice_and_bob(&nats);
+    nats_down(&mut nats, &a);
+    let small = "s".repeat(2000);
+    let mut msgs: Vec<(String, String)> = (0..100)
+        .map(|k| ("Bob".to_owned(), format!("{k} {small}")))
+        .collect();
+    // Under the relay's body limit (512 KiB), twice that in JSON (each `"` escaped).
+    msgs.push(("Bob".to_owned(), "\"".repeat(420_000)));
+    msgs.extend((100..200).map(|k| ("Bob".to_owned(), format!("{k} {small}"))));
+    let (ids, _) = send_pipelined(&mut alice, &msgs);
+    send_marker(&mut alice, "Bob", "large end");
+    nats.spawn();
+    bob.read_timeout(Duration::from_secs(120));
+    assert_eq!(read_until_marker(&mut bob, "large end"), ids);
 }

@@ -296,6 +296,19 @@ pub struct Batch {
     pub batch: Vec<Wire>,
 }
 
+/// Most messages in one batch.
+pub const BATCH_MAX: usize = 64;
+/// A batch stays within this size: NATS refuses a payload over its `max_payload` (1 MiB by
+/// default), and one relay message is at most a frame (1 MiB).
+pub const BATCH_BYTES: usize = 256 * 1024;
+
+/// Whether a message of `next` bytes joins a batch of `count` messages and `size` bytes; if not,
+/// it starts the next one (a message larger than [`BATCH_BYTES`] goes alone, as before
+/// batches).
+pub fn joins_batch(count: usize, size: usize, next: usize) -> bool {
+    count < BATCH_MAX && size.saturating_add(next) <= BATCH_BYTES
+}
+
 /// The body of a batch from the messages' own encodings (each a [`Wire`] as JSON), without
 /// decoding them again.
 pub fn batch_body<'a>(wires: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
@@ -979,6 +992,13 @@ mod tests {
             batch_msg_id(["m1", "m2"], "n2"),
             batch_msg_id(["m1", "m2"], "n3")
         );
+        // Within the size and count, whatever comes first.
+        assert!(joins_batch(1, 1_000, 1_000));
+        assert!(!joins_batch(BATCH_MAX, 1_000, 1));
+        // A large message behind small ones starts a batch of its own: 250 KB + 840 KB would
+        // pass NATS's 1 MiB payload limit (published again for ever).
+        assert!(!joins_batch(63, 250_000, 840_000));
+        assert!(!joins_batch(1, 10, BATCH_BYTES));
     }
 
     #[test]

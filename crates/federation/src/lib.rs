@@ -187,7 +187,7 @@ impl Shared {
         {
             return tx.clone();
         }
-        let (tx, rx) = mpsc::channel(BATCH_MAX * BATCHES_IN_FLIGHT);
+        let (tx, rx) = mpsc::channel(core::BATCH_MAX * BATCHES_IN_FLIGHT);
         let task = tokio::spawn(batcher(self.clone(), node.to_owned(), rx));
         map.insert(node.to_owned(), (tx.clone(), task.abort_handle()));
         tx
@@ -1183,7 +1183,7 @@ async fn manage(
         while let Some(m) = queue.pop_front() {
             let sender = sender_key(&m.wire);
             let id = m.wire.id.clone();
-            route(&sh, &opts, &standins, &mut tools, m).await;
+            route(&sh, &opts, &tool, &standins, &mut tools, m).await;
             queue.extend(reorder.released(&sender, &id).into_iter().map(|(_, t)| t));
         }
     }
@@ -1217,6 +1217,7 @@ async fn stored_here(tool: &Client, from: &str, id: &str) -> bool {
 async fn route(
     sh: &Arc<Shared>,
     opts: &Options,
+    tool: &Client,
     standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
     tools: &mut HashMap<String, Standin>,
     m: Inbound,
@@ -1233,6 +1234,12 @@ async fn route(
     // A message JetStream gave this link many times without it being handed over ends too
     // (whatever the cause), said, instead of taking a slot of the consumer for good.
     if m.msg.delivered().is_some_and(|n| n > MAX_DELIVERIES) {
+        // A message of a batch comes as often as its batch does: one already stored here
+        // (a sibling was the one put back) is done, not a failure to tell its sender.
+        if stored_here(tool, &m.wire.from, &m.wire.id).await {
+            m.msg.end(End::Ack, "stored here before").await;
+            return;
+        }
         let why = format!(
             "node {} could not hand it to its relay in {MAX_DELIVERIES} tries (see that relay's log)",
             sh.me
@@ -2152,16 +2159,11 @@ struct Out {
     done: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Most messages in one JetStream message.
-const BATCH_MAX: usize = 64;
-/// A batch closes once its messages reach this size (NATS refuses a payload over its
-/// `max_payload`, 1 MiB by default).
-const BATCH_BYTES: usize = 256 * 1024;
 /// Batches of one node on their way to JetStream at once.
 const BATCHES_IN_FLIGHT: usize = 32;
 
 /// Publishes what the stand-ins of agents of `node` hand it, gathered (issue 28.7): whatever
-/// waits when a publish can start goes in one JetStream message (up to [`BATCH_MAX`]); one
+/// waits when a publish can start goes in one JetStream message (up to [`core::BATCH_MAX`]); one
 /// waiting alone goes as itself, under its own `Nats-Msg-Id`, as before batches. Each stand-in
 /// is told when JetStream has its message, and only then acknowledges its DELIVER: a crash
 /// before replays it, published again (maybe in another batch: the far store's (from, id)
@@ -2173,48 +2175,64 @@ async fn batcher(sh: Arc<Shared>, node: String, mut rx: mpsc::Receiver<Out>) {
     let mut inflight: futures_util::stream::FuturesUnordered<
         futures_util::future::BoxFuture<'static, ()>,
     > = Default::default();
+    // A message that would have made the batch too large: it starts the next one.
+    let mut carry: Option<Out> = None;
     loop {
-        tokio::select! {
-            Some(()) = inflight.next(), if !inflight.is_empty() => {}
-            first = rx.recv(), if inflight.len() < BATCHES_IN_FLIGHT => {
-                let Some(first) = first else { break };
-                let mut size = first.body.len();
-                let mut batch = vec![first];
-                while batch.len() < BATCH_MAX && size < BATCH_BYTES {
-                    match rx.try_recv() {
-                        Ok(o) => {
-                            size += o.body.len();
-                            batch.push(o);
-                        }
-                        Err(_) => break,
-                    }
+        let first = match carry.take() {
+            Some(o) if inflight.len() < BATCHES_IN_FLIGHT => o,
+            held => {
+                carry = held;
+                tokio::select! {
+                    Some(()) = inflight.next(), if !inflight.is_empty() => continue,
+                    o = rx.recv(), if carry.is_none() && inflight.len() < BATCHES_IN_FLIGHT => match o {
+                        Some(o) => o,
+                        None => break,
+                    },
                 }
-                // A broadcast or topic message reaches every stand-in of this node with one
-                // `Nats-Msg-Id`: one copy goes (the far node fans it out).
-                let mut seen = HashSet::new();
-                let unique: Vec<&Out> = batch.iter().filter(|o| seen.insert(o.msg_id.as_str())).collect();
-                let (id, body) = match unique.as_slice() {
-                    [one] => (one.msg_id.clone(), one.body.clone()),
-                    many => (
-                        core::batch_msg_id(many.iter().map(|o| o.msg_id.as_str()), &node),
-                        bytes::Bytes::from(core::batch_body(many.iter().map(|o| &o.body[..]))),
-                    ),
-                };
-                let first_try = start_publish(&sh, &subject, &id, body.clone()).await;
-                let (sh, subject) = (sh.clone(), subject.clone());
-                inflight.push(Box::pin(async move {
-                    let seq = publish(&sh, &subject, &id, body, first_try).await;
-                    sh.stored_by_jetstream(batch.iter().map(|o| o.msg_id.as_str()), seq);
-                    for o in batch {
-                        if o.done.send(()).is_err() {
-                            // Its stand-in stopped meanwhile: the relay delivers the message
-                            // again to the next one, which publishes it again (deduplicated).
-                            tracing::debug!(msg_id = %o.msg_id, "federation: published for a stand-in that stopped");
-                        }
-                    }
-                }));
+            }
+        };
+        let mut size = first.body.len();
+        let mut batch = vec![first];
+        while batch.len() < core::BATCH_MAX {
+            match rx.try_recv() {
+                Ok(o) if !core::joins_batch(batch.len(), size, o.body.len()) => {
+                    carry = Some(o);
+                    break;
+                }
+                Ok(o) => {
+                    size += o.body.len();
+                    batch.push(o);
+                }
+                Err(_) => break,
             }
         }
+        // A broadcast or topic message reaches every stand-in of this node with one
+        // `Nats-Msg-Id`: one copy goes (the far node fans it out).
+        let mut seen = HashSet::new();
+        let unique: Vec<&Out> = batch
+            .iter()
+            .filter(|o| seen.insert(o.msg_id.as_str()))
+            .collect();
+        let (id, body) = match unique.as_slice() {
+            [one] => (one.msg_id.clone(), one.body.clone()),
+            many => (
+                core::batch_msg_id(many.iter().map(|o| o.msg_id.as_str()), &node),
+                bytes::Bytes::from(core::batch_body(many.iter().map(|o| &o.body[..]))),
+            ),
+        };
+        let first_try = start_publish(&sh, &subject, &id, body.clone()).await;
+        let (sh, subject) = (sh.clone(), subject.clone());
+        inflight.push(Box::pin(async move {
+            let seq = publish(&sh, &subject, &id, body, first_try).await;
+            sh.stored_by_jetstream(batch.iter().map(|o| o.msg_id.as_str()), seq);
+            for o in batch {
+                if o.done.send(()).is_err() {
+                    // Its stand-in stopped meanwhile: the relay delivers the message again
+                    // to the next one, which publishes it again (deduplicated).
+                    tracing::debug!(msg_id = %o.msg_id, "federation: published for a stand-in that stopped");
+                }
+            }
+        }));
     }
     while inflight.next().await.is_some() {}
 }

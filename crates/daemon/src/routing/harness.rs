@@ -27,6 +27,8 @@ pub(super) struct Got {
     pub(super) seq: u64,
     pub(super) attempt: u32,
     pub(super) topic: Option<String>,
+    /// The federation node it came from, as stored.
+    pub(super) origin: Option<String>,
 }
 
 /// What a connection was sent, sorted by kind.
@@ -313,6 +315,7 @@ impl World {
                     seq,
                     attempt,
                     topic: msg.topic.clone(),
+                    origin: msg.payload.origin.clone(),
                 }),
                 Outbound::Receipt {
                     ack_id,

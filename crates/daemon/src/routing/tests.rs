@@ -526,6 +526,36 @@ fn a_standins_expiry_shortens_a_messages_life_and_never_lengthens_it() {
     );
 }
 
+/// The node a message came from is the relay's word (issue 28.5): a stand-in's SEND is stored
+/// and delivered with the node it stands for, whatever it claims; a local sender's claim of a
+/// node is dropped.
+#[test]
+fn a_standins_message_carries_its_node_and_a_local_claim_is_dropped() {
+    let mut w = World::new(config());
+    let bob = w.agent("Bob", 8);
+    let carol = w.agent("Carol", 8);
+    let far = w.standin("Alice", "hostA");
+    let claim = |body: &str| relay_protocol::Send {
+        origin: Some("hostZ".into()),
+        ..payload(body)
+    };
+    w.send_full(far, "m-far", Some("Bob"), None, claim("far"));
+    w.send_full(carol, "m-local", Some("Bob"), None, claim("local"));
+    let got: Vec<_> = w
+        .frames(bob)
+        .delivers
+        .into_iter()
+        .map(|g| (g.id, g.origin))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("m-far".to_owned(), Some("hostA".to_owned())),
+            ("m-local".to_owned(), None)
+        ]
+    );
+}
+
 #[test]
 fn an_online_recipients_messages_do_not_expire() {
     let mut cfg = config();
