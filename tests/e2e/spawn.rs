@@ -546,18 +546,19 @@ fn a_lead_spawns_and_releases_with_relay_blocks_and_is_told_how_it_went() {
 
 /// The real Claude Code as the lead, offline (the stand-in API scripts its model), under the
 /// relay's wrapper with the relay's MCP server: asked to split the work, the model calls
-/// `relay_spawn`; the worker (a script) gets the task from Lead and answers, the answer reaches
-/// Claude Code in reply to the task, and the model calls `relay_release`, which stops it.
-/// Before, there was no such tool (issue 25, Done means: a lead that is real Claude Code).
+/// `relay_spawn` three times (each tool result naming the worker it started); each worker (a
+/// script) gets its task from Lead and answers, the answer reaches Claude Code in reply to its
+/// task, and the model calls `relay_release` for that worker, which stops it. Before, there
+/// was no such tool (issue 25, Done means: a lead that is real Claude Code).
 #[test]
-fn claude_code_spawns_a_worker_through_mcp_and_releases_it_after_its_answer() {
+fn claude_code_spawns_three_workers_through_mcp_and_releases_each_after_its_answer() {
     use relay_standin::{Rule, Script};
     let relay = Relay::start();
     let dir = relay.dir.path().to_path_buf();
     let _tmux = Tmux { dir: &dir };
-    // The worker answers once the file `gate` exists: after Lead's turn that spawned it is
-    // over (a message typed into Claude Code while its tool runs is merged into the tool's
-    // result, which is another test's matter).
+    // Each worker answers once its own file `gate-NAME` exists: after Lead's turn that spawned
+    // it is over, and one at a time (a message typed into Claude Code while its tool runs is
+    // merged into the tool's result, which is another test's matter).
     let worker = dir.join("gated.sh");
     std::fs::write(
         &worker,
@@ -566,12 +567,12 @@ fn claude_code_spawns_a_worker_through_mcp_and_releases_it_after_its_answer() {
 while IFS= read -r line; do
   case "$line" in
     *"Relay message from"*)
-      while [ ! -e '{gate}' ]; do sleep 0.1; done
+      while [ ! -e "{dir}/gate-$AGENT_RELAY_NAME" ]; do sleep 0.1; done
       echo "@relay:Lead finished: ${{line##*: }}"; echo ;;
   esac
 done
 "#,
-            gate = dir.join("gate").display()
+            dir = dir.display()
         ),
     )
     .unwrap();
@@ -588,47 +589,65 @@ done
         "--mcp-config '{}' --strict-mcp-config --allowedTools mcp__relay__relay_spawn,mcp__relay__relay_release",
         config.display()
     );
+    let spawn = |part: &str| serde_json::json!({"command": ["sh", worker.to_str().unwrap()], "task": format!("part {part}")});
+    let release = |n: u32| serde_json::json!({"name": format!("Lead-w{n}"), "now": true});
+    // Rules match the latest user message: the person's prompt, a worker's answer typed in, or
+    // (after_tool_result) what a tool answered.
     let lead = crate::support::Agent::start_with(
         &relay,
         crate::support::Cli::Claude,
         "Lead",
         Script::new(vec![
-            Rule::contains("split the work", "Starting a worker.").calling(
-                "mcp__relay__relay_spawn",
-                &serde_json::json!({"command": ["sh", worker.to_str().unwrap()], "task": "part one"}),
-            ),
-            Rule::contains("finished: part one", "Done; releasing it.").calling(
-                "mcp__relay__relay_release",
-                &serde_json::json!({"name": "Lead-w1", "now": true}),
-            ),
+            Rule::contains("split the work", "Starting the first worker.")
+                .calling("mcp__relay__relay_spawn", &spawn("one")),
+            Rule::after_tool_result("Spawned Lead-w1", "Starting the second worker.")
+                .calling("mcp__relay__relay_spawn", &spawn("two")),
+            Rule::after_tool_result("Spawned Lead-w2", "Starting the third worker.")
+                .calling("mcp__relay__relay_spawn", &spawn("three")),
+            Rule::after_tool_result("Spawned Lead-w3", "Three workers started."),
+            Rule::contains("finished: part one", "Releasing the first.")
+                .calling("mcp__relay__relay_release", &release(1)),
+            Rule::contains("finished: part two", "Releasing the second.")
+                .calling("mcp__relay__relay_release", &release(2)),
+            Rule::contains("finished: part three", "Releasing the third.")
+                .calling("mcp__relay__relay_release", &release(3)),
         ]),
         ("", &cli_args),
     );
     lead.wait_ready();
     relay.cli(&["send", "Lead", "split the work"]);
-    let task = message_with(&relay, "Lead", "Lead-w1", "part one");
-    wait_for(
-        Duration::from_secs(120),
-        "the model told the worker's name",
-        || {
-            lead.standin()
-                .requests()
-                .iter()
-                .any(|r| r.body["messages"].to_string().contains("Spawned Lead-w1"))
-        },
-    );
-    lead.wait_all_relayed("OK.");
-    std::fs::write(dir.join("gate"), "").unwrap();
-    let answer = message_with(&relay, "Lead-w1", "Lead", "finished: part one");
-    assert_eq!(answer["in_reply_to"], task["id"], "{answer}");
-    // The model was given the tool's result, then the worker's answer, then released it.
-    wait_for(Duration::from_secs(120), "Lead-w1 released", || {
-        lead.standin()
-            .requests()
-            .iter()
-            .any(|r| r.body["messages"].to_string().contains("released Lead-w1"))
-    });
-    wait_for(Duration::from_secs(30), "Lead-w1 offline", || {
-        !crate::support::is_online(&relay, "Lead-w1")
-    });
+    let tasks: Vec<Value> = ["one", "two", "three"]
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            message_with(
+                &relay,
+                "Lead",
+                &format!("Lead-w{}", i + 1),
+                &format!("part {part}"),
+            )
+        })
+        .collect();
+    lead.wait_all_relayed("Three workers started.");
+    for (i, part) in ["one", "two", "three"].iter().enumerate() {
+        let name = format!("Lead-w{}", i + 1);
+        std::fs::write(dir.join(format!("gate-{name}")), "").unwrap();
+        let answer = message_with(&relay, &name, "Lead", &format!("finished: part {part}"));
+        assert_eq!(answer["in_reply_to"], tasks[i]["id"], "{answer}");
+        // The model was given the worker's answer and released it.
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{name} released"),
+            || {
+                lead.standin().requests().iter().any(|r| {
+                    r.body["messages"]
+                        .to_string()
+                        .contains(&format!("released {name}"))
+                })
+            },
+        );
+        wait_for(Duration::from_secs(30), &format!("{name} offline"), || {
+            !crate::support::is_online(&relay, &name)
+        });
+    }
 }

@@ -306,6 +306,12 @@ async fn handle(
         Some(Wire::Gemini { .. }) => gemini::latest_user_text(&json),
         _ => messages::latest_user_text(&json),
     };
+    // What a tool answered, for rules that follow a tool call: the other APIs' user text holds
+    // it already.
+    let tool_text = match wire {
+        Some(Wire::OpenAi | Wire::Gemini { .. }) => user_text.clone(),
+        _ => messages::latest_tool_result_text(&json),
+    };
     let choice = match kind {
         Kind::Main | Kind::Side if json.is_null() => {
             return (
@@ -315,7 +321,7 @@ async fn handle(
             )
                 .into_response();
         }
-        Kind::Main => Some(lock(&state).script.choose(&user_text)),
+        Kind::Main => Some(lock(&state).script.choose_after(&user_text, &tool_text)),
         Kind::Side => Some(Choice {
             rule: None,
             reply: lock(&state).script.side.clone(),

@@ -26,6 +26,34 @@ pub fn latest_user_text(body: &Value) -> String {
     }
 }
 
+/// The text of the tool results in the latest user message (`tool_result` blocks: a string
+/// content, or its text blocks), joined by newlines; empty when it carries none.
+pub fn latest_tool_result_text(body: &Value) -> String {
+    let Some(msg) = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    let Value::Array(blocks) = &msg["content"] else {
+        return String::new();
+    };
+    let mut out = Vec::new();
+    for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+        match &b["content"] {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(parts) => out.extend(
+                parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .map(str::to_owned),
+            ),
+            _ => {}
+        }
+    }
+    out.join("\n")
+}
+
 fn is_reminder(text: &str) -> bool {
     let t = text.trim();
     t.starts_with("<system-reminder>") && t.ends_with("</system-reminder>")
@@ -211,6 +239,12 @@ mod tests {
             "x"
         );
         assert_eq!(latest_user_text(&json!({})), "");
+        let tool = json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "Spawned W1"}]},
+            {"type": "tool_result", "tool_use_id": "t2", "content": "done"},
+        ]}]});
+        assert_eq!(latest_user_text(&tool), "");
+        assert_eq!(latest_tool_result_text(&tool), "Spawned W1\ndone");
         assert_eq!(
             system_text(&json!({"system": [{"type": "text", "text": "a"}, {"text": "b"}]})),
             "a\nb"

@@ -13,13 +13,18 @@ pub enum Matcher {
     Contains(String),
     /// The prompt matches this regular expression (anywhere in it).
     Regex(regex::Regex),
+    /// The latest user message carries a tool's result containing this text: the model is
+    /// answered after its tool ran (Claude Code's `tool_result` blocks, which the prompt text
+    /// leaves out; on the other APIs the prompt text holds the tool's output).
+    ToolResult(String),
 }
 
 impl Matcher {
-    fn matches(&self, text: &str) -> bool {
+    fn matches(&self, text: &str, tool_result: &str) -> bool {
         match self {
             Self::Contains(s) => text.contains(s.as_str()),
             Self::Regex(r) => r.is_match(text),
+            Self::ToolResult(s) => tool_result.contains(s.as_str()),
         }
     }
 }
@@ -56,6 +61,15 @@ impl Rule {
             hold: false,
             thinking: None,
             tool_use: None,
+        }
+    }
+
+    /// A rule answering `reply` when the latest user message is a tool's result containing
+    /// `needle` (see [`Matcher::ToolResult`]); named after the needle.
+    pub fn after_tool_result(needle: &str, reply: &str) -> Self {
+        Self {
+            matcher: Matcher::ToolResult(needle.to_owned()),
+            ..Self::contains(needle, reply)
         }
     }
 
@@ -166,9 +180,15 @@ impl Script {
 
     /// The answer to `prompt`: the first matching rule's, or the default.
     pub fn choose(&self, prompt: &str) -> Choice {
+        self.choose_after(prompt, "")
+    }
+
+    /// The answer to `prompt` when the latest user message also carries a tool's result
+    /// (`tool_result`: its text): the first matching rule's, or the default.
+    pub fn choose_after(&self, prompt: &str, tool_result: &str) -> Choice {
         self.rules
             .iter()
-            .find(|r| r.matcher.matches(prompt))
+            .find(|r| r.matcher.matches(prompt, tool_result))
             .map_or_else(
                 || Choice {
                     rule: None,
