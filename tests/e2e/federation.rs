@@ -1488,7 +1488,7 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
         || has(&a) || has(&b),
     );
     // The winner's Eve sends to an agent of the loser's node; the loser's Eve stays online.
-    let (winner, loser, mut eve_w, _eve_l) = if has(&b) {
+    let (winner, loser, mut eve_w, first_eve_l) = if has(&b) {
         (&a, &b, eve_a, eve_b)
     } else {
         (&b, &a, eve_b, eve_a)
@@ -1575,6 +1575,18 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
     } else {
         "hostB"
     };
+    // Her first connection was never read: close it (the relay sees that at once, not at a
+    // heartbeat timeout, which the default interval puts minutes away) and connect her again.
+    drop(first_eve_l);
+    wait_for(
+        Duration::from_secs(20),
+        "the losing node's Eve to be offline",
+        || {
+            agents(loser)
+                .get("Eve")
+                .is_some_and(|e| e["online"] == false)
+        },
+    );
     let (mut eve_l, _) = loser.agent("Eve");
     let id = eve_l.send("Gus", "from the other Eve");
     eve_l.expect("ACK");
