@@ -556,8 +556,9 @@ impl Core {
     }
 
     /// A HELLO that passed validation: registers the connection, queues WELCOME (with the
-    /// fresh `session_id` and `resume_token` the shell drew) and, for an agent, asks the store
-    /// for what waits for it. A second connection for a connected agent's name is refused
+    /// fresh `session_id` and `resume_token` the shell drew; an agent's once the store has it
+    /// as known, [`WriteCtx::Welcome`]) and, for an agent, asks the store for what waits for
+    /// it. A second connection for a connected agent's name is refused
     /// unless it presents that session's resume token (then it takes over).
     pub(crate) fn register(
         &mut self,
@@ -613,10 +614,12 @@ impl Core {
             },
             resumed,
         });
-        if conn
-            .tx
-            .try_send(Outbound::Control(Box::new(welcome)))
-            .is_err()
+        // A tool connection is welcomed at once; an agent once it is stored as known (below).
+        if hello.role == Role::Client
+            && conn
+                .tx
+                .try_send(Outbound::Control(Box::new(welcome.clone())))
+                .is_err()
         {
             return Err((ErrorCode::Internal, "connection queue unavailable".into()));
         }
@@ -679,7 +682,10 @@ impl Core {
                 cli: hello.cli,
                 session_id: session_id.to_string(),
             },
-            WriteCtx::None,
+            WriteCtx::Welcome {
+                conn_id: conn.id,
+                welcome: Box::new(welcome),
+            },
         ));
         // Replay whatever waits for it (offline inbox, unacknowledged deliveries).
         self.store(StoreCmd::TakePending {
@@ -1347,6 +1353,19 @@ impl Core {
                 tracing::warn!(error = %e, "store write failed");
             }
             StoreEvent::Written(WriteCtx::None, Ok(_)) => {}
+            // Before any DELIVER of the catch-up: the store answers its TakePending after
+            // this write, and live messages wait for the catch-up.
+            StoreEvent::Written(WriteCtx::Welcome { conn_id, welcome }, Ok(_)) => {
+                self.reply(conn_id, *welcome);
+            }
+            StoreEvent::Written(WriteCtx::Welcome { conn_id, .. }, Err(e)) => {
+                if let Some(conn) = self.conns.get(&conn_id) {
+                    conn.killer.kill(
+                        ErrorCode::Internal,
+                        format!("the relay could not record this agent ({e}); connect again"),
+                    );
+                }
+            }
             StoreEvent::Written(WriteCtx::Notify, Ok(res)) => match res {
                 WriteResult::Expired(notices) => {
                     let n = notices.len() as u64;
