@@ -787,7 +787,15 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
 fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name: &str, tool: &str) {
     use crate::support::Cli;
     let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
+    let (bob, _) = relay.agent("Bob");
+    // Bob reads from the start, answering the daemon's PINGs: the CLI may take longer than
+    // the heartbeat's grace (three beats) to start and send, above all on a loaded machine,
+    // and a peer that reads nothing meanwhile is closed as silent.
+    let bob = std::thread::spawn(move || {
+        let mut bob = bob;
+        let d = bob.expect("DELIVER");
+        (bob, d)
+    });
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.")
@@ -899,12 +907,14 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name:
             .join("\n")
     );
     // The CLI has exited: what it sent is stored (checked first: a call that never reached
-    // the server would leave the DELIVER below waiting forever).
+    // the server would leave Bob's DELIVER waiting forever).
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     let h = h.as_array().unwrap();
     assert_eq!(h.len(), 1, "sent once: {h:#?}");
     assert_eq!(h[0]["body"].as_str().unwrap(), body);
-    let d = bob.expect("DELIVER");
+    let (mut bob, d) = bob
+        .join()
+        .expect("Bob's connection stays open until the DELIVER");
     assert_eq!(d["from"], name);
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
