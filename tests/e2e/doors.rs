@@ -454,12 +454,6 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
         alice.screen()
     );
     assert_eq!(sent["body"].as_str(), Some(body.as_str()));
-    let log = alice.wrap_log();
-    assert!(
-        log.contains("sent with the reply's own text from the agent's transcript")
-            && !log.contains("the screen did not show it"),
-        "the directive was read off the screen: {log}"
-    );
     alice.wait_replies_done();
     bob.wait_replies_done();
     alice.wait_all_relayed("That is all.");
@@ -472,6 +466,22 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
         alice.wrap_log()
     );
     assert_eq!(bob.prompts().len(), 1, "asked once");
+    // It went once, with the reply's own text from the agent's record, never as the screen
+    // drew it. Which of the record's two ways took it is timing, and both send the same bytes
+    // once (asserted above): normally the screen's copy is given the reply's text; but on a
+    // loaded machine the CLI may have written its record and not drawn the reply yet when its
+    // output has been quiet the settle time, and the wrapper then sends it from the record
+    // ("the screen did not show it") and drops the screen's copy once drawn. (Claude Code
+    // failed so twice under load with this assertion requiring the first way.)
+    let log = alice.wrap_log();
+    let with_text = log
+        .matches("sent with the reply's own text from the agent's transcript")
+        .count();
+    let from_record = log.matches("the screen did not show it").count();
+    assert!(
+        with_text + from_record == 1 && !log.contains("sent as the screen shows it"),
+        "the directive went other than once with the reply's own text: {log}"
+    );
 }
 
 /// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
