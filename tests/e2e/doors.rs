@@ -182,7 +182,15 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
 #[test]
 fn claude_code_sends_through_the_mcp_server_exactly_once() {
     let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
+    let (bob, _) = relay.agent("Bob");
+    // Bob reads from the start, answering PINGs: Claude Code may take longer than the
+    // heartbeat's grace to start and send (as Gemini did under load, see
+    // cli_sends_through_the_mcp_server_exactly_once).
+    let bob = std::thread::spawn(move || {
+        let mut bob = bob;
+        let d = bob.expect("DELIVER");
+        (bob, d)
+    });
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
@@ -211,7 +219,9 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
         "mcp__relay__relay_send,mcp__relay__relay_inbox",
     ];
     claude_print(&relay, &standin, &args, "send Bob the fix");
-    let d = bob.expect("DELIVER");
+    let (mut bob, d) = bob
+        .join()
+        .expect("Bob's connection stays open until the DELIVER");
     assert_eq!(d["from"], "Alice");
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
@@ -557,7 +567,6 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     let relay = Relay::start();
     // Alice is known to the relay (offline): Bob's message waits for her.
     drop(relay.agent("Alice"));
-    let (mut bob, _) = relay.agent("Bob");
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
@@ -581,6 +590,9 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
             "Alice's model is asked",
             || !standin.prompts().is_empty(),
         );
+        // Bob connects only now: a raw connection silent while Claude Code starts (longer
+        // than the heartbeat's grace on a loaded machine) would be closed.
+        let (mut bob, _) = relay.agent("Bob");
         let id = bob.send("Alice", body);
         bob.expect("ACK");
         standin.release();
