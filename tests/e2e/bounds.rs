@@ -236,7 +236,6 @@ fn idle_connections_to_the_dashboard_port_do_not_lock_the_owner_out() {
 
 /// A relay whose person `ops` is reached by a signed webhook (the receiver stand-in).
 fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
-    use crate::support::{WEBHOOK_SECRET, configure, secret};
     let mut relay = Relay::unstarted();
     secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
     configure(
@@ -257,7 +256,6 @@ fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
 /// memory and the replay was stored a second time).
 #[test]
 fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_after_a_restart() {
-    use crate::support::{WEBHOOK_SECRET, now_s, post, signed};
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
     let mut relay = webhook_relay(&hook);
     let (mut alice, _) = relay.agent("Alice");
@@ -304,7 +302,6 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
 /// accepted before a restart is still refused after it (the other test shows that too).
 #[test]
 fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
-    use crate::support::{WEBHOOK_SECRET, now_s, post, signed};
     use std::os::unix::fs::MetadataExt;
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
     let mut relay = webhook_relay(&hook);
@@ -385,7 +382,6 @@ fn a_huge_bot_api_answer_is_read_only_up_to_a_cap() {
 /// reaches its agent meanwhile (before, every inbound message waited behind the outbound one).
 #[test]
 fn a_hanging_send_message_never_holds_what_the_person_writes() {
-    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
     let (mut alice, _) = relay.agent("Alice");
@@ -451,7 +447,6 @@ fn dead_letters(relay: &Relay) -> Vec<Value> {
 /// pieces within the limit (before, it was refused, retried and dead-lettered).
 #[test]
 fn telegram_flood_limits_and_the_text_limit_are_followed() {
-    use crate::support::{TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
     let (mut alice, _) = relay.agent("Alice");
@@ -532,7 +527,6 @@ fn a_permanent_refusal_is_dead_lettered_at_once_with_the_peers_reason() {
 /// never in the group they wrote in (a refusal can list agents).
 #[test]
 fn a_flood_from_the_person_makes_no_reply_storm_and_no_refusal_in_a_group() {
-    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "\n[up]\nrate-limit = 3\n");
     let (_alice, _) = relay.agent("Alice");
@@ -573,7 +567,6 @@ fn a_flood_from_the_person_makes_no_reply_storm_and_no_refusal_in_a_group() {
 /// an expired dead letter gave no notice).
 #[test]
 fn notices_are_summarised_never_dropped_cleaned_and_expiry_is_told() {
-    use crate::support::{TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(
         &tg,
@@ -638,7 +631,6 @@ fn exchanges_in(text: &str) -> usize {
 /// before, `mirror` was an unknown key and the relay refused the configuration).
 #[test]
 fn a_person_who_mirrors_sees_every_exchange_between_agents_batched() {
-    use crate::support::{PERSON_TG, TOKEN, telegram_relay};
     let tg = relay_standin::people::TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "mirror = true\n");
     let (mut bob, _) = relay.agent("Bob");

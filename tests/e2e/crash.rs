@@ -314,3 +314,30 @@ fn status_counts_equal_the_tables_across_acks_expiry_and_kill9() {
     assert_eq!(status_counts(&relay), want);
     assert_eq!(table_counts(&relay), want);
 }
+
+/// An agent's WELCOME means the relay has stored its name: killed right after it, the relay
+/// still knows the name, and a SEND to it from an agent whose name is an edit away (`k3b`
+/// beside `k3a`) waits for it instead of being refused as a typo. Before, WELCOME went out
+/// ahead of the name's write, and `faults::kill9_at_random_moments...` (seed
+/// 9653839415152602594, a kill soon after the agents connected, under load) once had a
+/// re-sent SEND refused so. Several rounds: each kill lands at another moment of the write.
+#[test]
+fn an_agent_killed_right_after_its_welcome_is_known_after_the_restart() {
+    let mut relay = Relay::start_with(UNLIMITED);
+    for round in 0..10 {
+        let (a, b) = (format!("k{round}a"), format!("k{round}b"));
+        let (first, _) = relay.agent(&a);
+        relay.kill9();
+        drop(first);
+        relay.spawn();
+        let (mut second, _) = relay.agent(&b);
+        second.send(&a, "are you there?");
+        let f = second
+            .read()
+            .expect("the relay answers the SEND before closing");
+        assert_eq!(
+            f["type"], "ACK",
+            "round {round}: {a} was welcomed before the kill, so it is known after: {f}"
+        );
+    }
+}

@@ -182,7 +182,15 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
 #[test]
 fn claude_code_sends_through_the_mcp_server_exactly_once() {
     let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
+    let (bob, _) = relay.agent("Bob");
+    // Bob reads from the start, answering PINGs: Claude Code may take longer than the
+    // heartbeat's grace to start and send (as Gemini did under load, see
+    // cli_sends_through_the_mcp_server_exactly_once).
+    let bob = std::thread::spawn(move || {
+        let mut bob = bob;
+        let d = bob.expect("DELIVER");
+        (bob, d)
+    });
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
@@ -211,7 +219,9 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
         "mcp__relay__relay_send,mcp__relay__relay_inbox",
     ];
     claude_print(&relay, &standin, &args, "send Bob the fix");
-    let d = bob.expect("DELIVER");
+    let (mut bob, d) = bob
+        .join()
+        .expect("Bob's connection stays open until the DELIVER");
     assert_eq!(d["from"], "Alice");
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);
@@ -418,7 +428,6 @@ fn gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
 /// `cli`'s agent `name` (wrapped) replies with a directive to Bob (Claude Code, wrapped) whose
 /// body is a 40-line indented code block; Bob's model is asked it byte for byte, once.
 fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
-    use crate::support::{Agent, Cli};
     let relay = Relay::start();
     let body = directive_code_block();
     // Lines and all, short of the 2,000 characters typed in full.
@@ -454,12 +463,6 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
         alice.screen()
     );
     assert_eq!(sent["body"].as_str(), Some(body.as_str()));
-    let log = alice.wrap_log();
-    assert!(
-        log.contains("sent with the reply's own text from the agent's transcript")
-            && !log.contains("the screen did not show it"),
-        "the directive was read off the screen: {log}"
-    );
     alice.wait_replies_done();
     bob.wait_replies_done();
     alice.wait_all_relayed("That is all.");
@@ -472,6 +475,22 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
         alice.wrap_log()
     );
     assert_eq!(bob.prompts().len(), 1, "asked once");
+    // It went once, with the reply's own text from the agent's record, never as the screen
+    // drew it. Which of the record's two ways took it is timing, and both send the same bytes
+    // once (asserted above): normally the screen's copy is given the reply's text; but on a
+    // loaded machine the CLI may have written its record and not drawn the reply yet when its
+    // output has been quiet the settle time, and the wrapper then sends it from the record
+    // ("the screen did not show it") and drops the screen's copy once drawn. (Claude Code
+    // failed so twice under load with this assertion requiring the first way.)
+    let log = alice.wrap_log();
+    let with_text = log
+        .matches("sent with the reply's own text from the agent's transcript")
+        .count();
+    let from_record = log.matches("the screen did not show it").count();
+    assert!(
+        with_text + from_record == 1 && !log.contains("sent as the screen shows it"),
+        "the directive went other than once with the reply's own text: {log}"
+    );
 }
 
 /// `hooks install claude` merges into a person's settings (their keys, their own Stop hook
@@ -547,7 +566,6 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     let relay = Relay::start();
     // Alice is known to the relay (offline): Bob's message waits for her.
     drop(relay.agent("Alice"));
-    let (mut bob, _) = relay.agent("Bob");
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
@@ -571,6 +589,9 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
             "Alice's model is asked",
             || !standin.prompts().is_empty(),
         );
+        // Bob connects only now: a raw connection silent while Claude Code starts (longer
+        // than the heartbeat's grace on a loaded machine) would be closed.
+        let (mut bob, _) = relay.agent("Bob");
         let id = bob.send("Alice", body);
         bob.expect("ACK");
         standin.release();
@@ -698,7 +719,6 @@ fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
 /// hook runs, verified; it is never typed and never asked again.
 #[test]
 fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() {
-    use crate::support::{Agent, Cli};
     let relay = Relay::start();
     let work = relay.dir.path().join("work-Bob");
     std::fs::create_dir_all(&work).unwrap();
@@ -785,9 +805,16 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
 /// server's tools are approved with `-c mcp_servers.relay.default_tools_approval_mode=approve`
 /// (docs/AGENTS.md), else the call fails "requires approval".
 fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name: &str, tool: &str) {
-    use crate::support::Cli;
     let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
+    let (bob, _) = relay.agent("Bob");
+    // Bob reads from the start, answering the daemon's PINGs: the CLI may take longer than
+    // the heartbeat's grace (three beats) to start and send, above all on a loaded machine,
+    // and a peer that reads nothing meanwhile is closed as silent.
+    let bob = std::thread::spawn(move || {
+        let mut bob = bob;
+        let d = bob.expect("DELIVER");
+        (bob, d)
+    });
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.")
@@ -899,12 +926,14 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name:
             .join("\n")
     );
     // The CLI has exited: what it sent is stored (checked first: a call that never reached
-    // the server would leave the DELIVER below waiting forever).
+    // the server would leave Bob's DELIVER waiting forever).
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     let h = h.as_array().unwrap();
     assert_eq!(h.len(), 1, "sent once: {h:#?}");
     assert_eq!(h[0]["body"].as_str().unwrap(), body);
-    let d = bob.expect("DELIVER");
+    let (mut bob, d) = bob
+        .join()
+        .expect("Bob's connection stays open until the DELIVER");
     assert_eq!(d["from"], name);
     assert_eq!(d["payload"]["body"].as_str().unwrap(), body);
     bob.ack(&d);

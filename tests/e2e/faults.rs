@@ -96,7 +96,7 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
                     let r = tokio::time::timeout(Duration::from_secs(120), p.wait())
                         .await
                         .expect("every SEND is acknowledged in the end")
-                        .expect("no SEND is refused");
+                        .unwrap_or_else(|e| panic!("no SEND is refused: {me} to {to}: {e}"));
                     out.push((me.clone(), id, to, r.status));
                 }
                 client.close().await;
@@ -123,6 +123,7 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
             v.sort_unstable();
             v
         };
+        eprintln!("kills after messages {kill_after:?}");
         let mut kills = 0;
         for (k, (from, to, pause)) in plan.into_iter().enumerate() {
             senders[from]

@@ -169,6 +169,10 @@ pub(crate) enum WriteCtx {
         reply: Option<oneshot::Sender<Answer>>,
         result: Box<QueryResult>,
     },
+    /// An agent's HELLO: its WELCOME is sent once the agent is committed as known, so that a
+    /// name the relay told a connection it holds is still known after a crash (a SEND to it
+    /// is then never taken for a typo of a neighbour's name, as `agent2` of `agent1`).
+    Welcome { conn_id: u64, welcome: Box<Payload> },
     /// A SEND: acknowledge to the sender and deliver to the recipients.
     Send {
         conn_id: u64,

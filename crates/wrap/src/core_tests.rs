@@ -420,22 +420,16 @@ fn a_malformed_directive_is_not_relayed_and_the_agent_is_told_why() {
     assert!(texts[0].starts_with("relay: "), "{texts:?}");
 }
 
-/// A record of the agent's replies that says the lines it is given.
-struct Record {
-    said: Vec<String>,
-    quoted: Vec<String>,
-}
+/// Claude Code's record of its replies as the wrapper reads it (the pure part: what the
+/// replies said, and what went from where).
+struct Replies(relay_parse::transcript::ReplySource);
 
-impl Gate for Record {
+impl Gate for Replies {
     fn knows(&mut self, d: &Directive) -> bool {
-        self.said.contains(&d.body) || self.quoted.contains(&d.body)
+        self.0.knows(d)
     }
     fn check(&mut self, d: &Directive) -> Origin {
-        if self.quoted.contains(&d.body) {
-            Origin::Quoted
-        } else {
-            Origin::Unknown
-        }
+        self.0.check(d)
     }
     fn sends_unseen(&self) -> bool {
         true
@@ -445,29 +439,29 @@ impl Gate for Record {
     }
     fn look_for_own(&mut self) {}
     fn take_unseen(&mut self) -> Vec<Directive> {
-        Vec::new()
+        self.0.take_unseen()
     }
     fn files(&self) -> usize {
         1
     }
     fn cli(&self) -> &'static str {
-        "test"
+        "Claude Code"
     }
     fn folder(&self) -> std::path::PathBuf {
         std::path::PathBuf::from("/nowhere")
     }
     fn set_agent_pid(&mut self, _pid: u32) {}
-    fn new_turn(&mut self) {}
+    fn new_turn(&mut self) {
+        self.0.new_turn();
+    }
 }
 
 #[test]
 fn a_line_the_transcript_says_the_reply_only_quotes_is_not_relayed() {
     let dir = tempfile::tempdir().unwrap();
-    let record = Record {
-        said: vec!["real".into()],
-        quoted: vec!["syntax".into()],
-    };
-    let mut w = World::with_gate(dir.path(), Delivery::Each, Some(Box::new(record)));
+    let mut record = relay_parse::transcript::ReplySource::new();
+    record.add_reply("@relay:Bob real\n\n```text\n@relay:Bob syntax\n```");
+    let mut w = World::with_gate(dir.path(), Delivery::Each, Some(Box::new(Replies(record))));
     w.print(&screen("@relay:Bob syntax\n\n@relay:Bob real\n\n> "));
     w.pass(2_000);
     assert_eq!(w.relayed(), vec![("Bob".into(), "real".into(), None)]);
@@ -476,16 +470,55 @@ fn a_line_the_transcript_says_the_reply_only_quotes_is_not_relayed() {
 #[test]
 fn a_directive_the_transcript_lacks_waits_the_settle_time_then_goes_by_the_screen() {
     let dir = tempfile::tempdir().unwrap();
-    let record = Record {
-        said: Vec::new(),
-        quoted: Vec::new(),
-    };
-    let mut w = World::with_gate(dir.path(), Delivery::Each, Some(Box::new(record)));
+    let record = relay_parse::transcript::ReplySource::new();
+    let mut w = World::with_gate(dir.path(), Delivery::Each, Some(Box::new(Replies(record))));
     w.print(b"@relay:Bob hi\r\n\r\n");
     w.pass(100);
     assert!(w.relayed().is_empty(), "went before its wait");
     w.pass(2_000);
     assert_eq!(w.relayed(), vec![("Bob".into(), "hi".into(), None)]);
+}
+
+/// Which way a directive goes is timing, and both ways send the reply's own text, once: the
+/// screen draws it before the output goes quiet (the screen's copy, drawn without the
+/// Markdown marks, is given the reply's text), or Claude Code, slowed on a loaded machine, has
+/// written its record but not drawn the reply when the output has been quiet the settle time
+/// (it goes from the record, and the screen's copy drawn later is not sent again). The
+/// second is what `doors::claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte`
+/// saw twice under load.
+#[test]
+fn a_directive_goes_once_with_the_reply_s_text_whether_the_screen_or_the_record_is_first() {
+    let said = "apply the **patch** in src/lib.rs before the release";
+    let drawn = "@relay:Bob apply the patch in src/lib.rs before the release\n\ndone.\n> ";
+    let record = || {
+        let mut r = relay_parse::transcript::ReplySource::new();
+        r.add_reply(&format!("Here.\n\n@relay:Bob {said}\n\nThat is all."));
+        Some(Box::new(Replies(r)) as Box<dyn Gate>)
+    };
+    let want = vec![("Bob".to_owned(), said.to_owned(), None)];
+    // The screen first.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::with_gate(dir.path(), Delivery::Each, record());
+    w.print(&screen(drawn));
+    w.pass(2_000);
+    assert_eq!(w.relayed(), want, "the screen first");
+    // The record first: the output goes quiet before the reply is drawn.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = World::with_gate(dir.path(), Delivery::Each, record());
+    w.print(&screen(BUSY));
+    w.pass(2_000);
+    assert_eq!(
+        w.relayed(),
+        want,
+        "from the record, before the screen drew it"
+    );
+    w.print(&screen(drawn));
+    w.pass(2_000);
+    assert_eq!(
+        w.relayed(),
+        want,
+        "the screen's copy drawn later is not sent again"
+    );
 }
 
 #[test]

@@ -59,6 +59,34 @@ pub(crate) fn output_of(mut child: Child) -> (i32, String) {
     (status.code().unwrap_or(-1), reader.join().unwrap())
 }
 
+/// Reads what the wrapped agent `child` (from [`spawn_wrapped`]) prints until `text` shows,
+/// bounded at 60 s, and returns it; the rest is left for [`output_of`]. For a test whose
+/// premise is something the agent does at its start (turning a terminal mode on): a loaded
+/// machine may start the agent after the relay has it online and a message for it.
+pub(crate) fn read_until(child: &mut Child, text: &str) -> String {
+    let mut stdout = child.stdout.take().expect("the agent's output is captured");
+    let want = text.as_bytes().to_vec();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut seen, mut byte) = (Vec::new(), [0u8; 1]);
+        while !seen.ends_with(&want) && matches!(stdout.read(&mut byte), Ok(1)) {
+            seen.push(byte[0]);
+        }
+        // The test may have given up waiting.
+        tx.send((stdout, seen)).ok();
+    });
+    let (stdout, seen) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the wrapped agent did not print {text:?} within 60 s"));
+    child.stdout = Some(stdout);
+    let seen = String::from_utf8_lossy(&seen).into_owned();
+    assert!(
+        seen.contains(text),
+        "the agent ended before it printed {text:?}: {seen}"
+    );
+    seen
+}
+
 /// `agent`'s row in the dashboard's `/api/agents`.
 fn agent_view(port: u16, token: &str, agent: &str) -> Value {
     crate::support::api(port, token, "/api/agents")["agents"]

@@ -213,12 +213,14 @@ impl World {
         let now = self.now();
         self.core
             .register(handle, hello, session, token.clone(), now)?;
+        // An agent's WELCOME waits for its registration's write: the store runs first, and
+        // WELCOME is still the first frame (before any replayed DELIVER).
+        self.settle();
         match rx.try_recv() {
             Ok(Outbound::Control(p)) if matches!(*p, Payload::Welcome(_)) => {}
             other => panic!("expected WELCOME, got {other:?}"),
         }
         self.conns.insert(id, Conn { rx, killer });
-        self.settle();
         Ok((id, token))
     }
 

@@ -632,6 +632,19 @@ impl Core {
                 tracing::warn!(error = %e, "store write failed");
             }
             StoreEvent::Written(WriteCtx::None, Ok(_)) => {}
+            // Before any DELIVER of the catch-up: the store answers its TakePending after
+            // this write, and live messages wait for the catch-up.
+            StoreEvent::Written(WriteCtx::Welcome { conn_id, welcome }, Ok(_)) => {
+                self.reply(conn_id, *welcome);
+            }
+            StoreEvent::Written(WriteCtx::Welcome { conn_id, .. }, Err(e)) => {
+                if let Some(conn) = self.conns.get(&conn_id) {
+                    conn.killer.kill(
+                        ErrorCode::Internal,
+                        format!("the relay could not record this agent ({e}); connect again"),
+                    );
+                }
+            }
             StoreEvent::Written(WriteCtx::Notify, Ok(res)) => match res {
                 WriteResult::Expired(notices) => {
                     let n = notices.len() as u64;

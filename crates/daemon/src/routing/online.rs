@@ -6,8 +6,9 @@ use super::*;
 
 impl Core {
     /// A HELLO that passed validation: registers the connection, queues WELCOME (with the
-    /// fresh `session_id` and `resume_token` the shell drew) and, for an agent, asks the store
-    /// for what waits for it. A second connection for a connected agent's name is refused
+    /// fresh `session_id` and `resume_token` the shell drew; an agent's once the store has it
+    /// as known, [`WriteCtx::Welcome`]) and, for an agent, asks the store for what waits for
+    /// it. A second connection for a connected agent's name is refused
     /// unless it presents that session's resume token (then it takes over).
     pub(crate) fn register(
         &mut self,
@@ -63,10 +64,12 @@ impl Core {
             },
             resumed,
         });
-        if conn
-            .tx
-            .try_send(Outbound::Control(Box::new(welcome)))
-            .is_err()
+        // A tool connection is welcomed at once; an agent once it is stored as known (below).
+        if hello.role == Role::Client
+            && conn
+                .tx
+                .try_send(Outbound::Control(Box::new(welcome.clone())))
+                .is_err()
         {
             return Err((ErrorCode::Internal, "connection queue unavailable".into()));
         }
@@ -129,7 +132,10 @@ impl Core {
                 cli: hello.cli,
                 session_id: session_id.to_string(),
             },
-            WriteCtx::None,
+            WriteCtx::Welcome {
+                conn_id: conn.id,
+                welcome: Box::new(welcome),
+            },
         ));
         // Replay whatever waits for it (offline inbox, unacknowledged deliveries).
         self.store(StoreCmd::TakePending {
