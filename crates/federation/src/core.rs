@@ -570,6 +570,58 @@ pub fn standins<'a>(
         .collect()
 }
 
+/// A stand-in running here, as a directory pass sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// The node it stands for.
+    pub node: String,
+    /// The topics it subscribed to.
+    pub topics: Vec<String>,
+    /// Its task has ended (its name was taken here, or it failed).
+    pub finished: bool,
+}
+
+/// What a directory pass does with the stand-ins: `stop` those whose agent moved node or
+/// changed topics (they are started again), ended, or whose name is no longer wanted; `start`
+/// every wanted name with none running (after the stops).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StandinPlan {
+    /// Running stand-ins to stop.
+    pub stop: Vec<String>,
+    /// Wanted names to start a stand-in for.
+    pub start: Vec<String>,
+}
+
+/// Decides a pass over the stand-ins: `wanted` ([`standins`]) against what is `running`. A
+/// stand-in started for a sender the directory does not list yet (an inbound message came
+/// before the directory's entry) is kept until the directory lists the name or it becomes
+/// local.
+pub fn plan_standins(
+    wanted: &BTreeMap<&str, &Entry>,
+    running: &BTreeMap<String, Running>,
+    directory: &BTreeMap<String, Entry>,
+    local_names: &std::collections::BTreeSet<String>,
+) -> StandinPlan {
+    let mut plan = StandinPlan::default();
+    for (name, r) in running {
+        let keep = !r.finished
+            && match wanted.get(name.as_str()) {
+                Some(e) => e.node == r.node && e.topics == r.topics,
+                None => !directory.contains_key(name) && !local_names.contains(name),
+            };
+        if !keep {
+            plan.stop.push(name.clone());
+        }
+    }
+    for name in wanted.keys() {
+        let kept = running.contains_key(*name) && !plan.stop.iter().any(|s| s == name);
+        if !kept {
+            plan.start.push((*name).to_owned());
+        }
+    }
+    plan
+}
+
 /// What a stand-in does with a message delivered to it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Forward {
@@ -1168,5 +1220,47 @@ mod tests {
         let w = exposure("nats://127.0.0.1:4222,nats://10.0.0.2:4222", false);
         assert!(w.is_some_and(|w| w.contains("neither authenticated")));
         assert!(exposure("nats.example:4222", false).is_some());
+    }
+    #[test]
+    fn a_pass_restarts_moved_stand_ins_keeps_early_ones_and_starts_the_missing() {
+        use std::collections::BTreeSet;
+        let entry = |node: &str, topics: &[&str]| Entry {
+            node: node.into(),
+            online: true,
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+        };
+        let directory: BTreeMap<String, Entry> = [
+            ("Ann".to_owned(), entry("b", &[])),
+            ("Bob".to_owned(), entry("c", &[])),
+            ("Cy".to_owned(), entry("b", &["build.*"])),
+            ("Dee".to_owned(), entry("b", &[])),
+            ("Me".to_owned(), entry("a", &[])),
+        ]
+        .into();
+        let local: BTreeSet<String> = ["Me".to_owned(), "Dee".to_owned()].into();
+        let wanted = standins("a", &directory, &local);
+        let running = |node: &str, topics: &[&str], finished: bool| Running {
+            node: node.into(),
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            finished,
+        };
+        let running: BTreeMap<String, Running> = [
+            // Unchanged: kept.
+            ("Ann".to_owned(), running("b", &[], false)),
+            // Moved from node b to c: stopped and started again.
+            ("Bob".to_owned(), running("b", &[], false)),
+            // Its topics changed: the same.
+            ("Cy".to_owned(), running("b", &[], false)),
+            // Its name is local here now (a conflict): stopped, not started.
+            ("Dee".to_owned(), running("b", &[], false)),
+            // Started for a sender the directory does not list yet: kept.
+            ("Early".to_owned(), running("c", &[], false)),
+            // Ended: stopped.
+            ("Gone".to_owned(), running("b", &[], true)),
+        ]
+        .into();
+        let plan = plan_standins(&wanted, &running, &directory, &local);
+        assert_eq!(plan.stop, ["Bob", "Cy", "Dee", "Gone"]);
+        assert_eq!(plan.start, ["Bob", "Cy"]);
     }
 }

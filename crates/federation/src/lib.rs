@@ -27,7 +27,7 @@ pub mod core;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, kv};
@@ -125,31 +125,49 @@ struct Shared {
     cluster: String,
     client: async_nats::Client,
     js: jetstream::Context,
-    /// Names with a stand-in here: agents of other nodes. A delivery from one of them is
-    /// never published again (its own node published it to every node).
-    remote: RwLock<HashSet<String>>,
-    /// Local agents whose name another node holds, and that node.
-    conflicts: RwLock<HashMap<String, String>>,
-    /// Every agent this relay knows that is its own (online or not): a sender not among them
-    /// (and no stand-in) is a tool.
-    agents: RwLock<HashSet<String>>,
+    /// What the last directory pass decided ([`View`]): written only by that pass
+    /// ([`Shared::publish_view`]), read by every other task as one consistent snapshot.
+    view: tokio::sync::watch::Sender<Arc<View>>,
     /// Senders the local relay was asked about and does not list as agents (tools, people's
     /// `send`); a name leaves it when a directory pass lists it as an agent. Without it every
     /// delivery of a tool's message asked the relay for its whole agent list, on the store's
     /// thread (measured: it bounded the cross-node rate of tools' messages at ~1,200 msg/s).
-    tools: RwLock<HashSet<String>>,
+    /// A cache beside the view: a stand-in adds to it, a directory pass prunes it.
+    tools: Mutex<HashSet<String>>,
     published: AtomicU64,
     received: AtomicU64,
     cell: Cell,
     /// This relay's inbox TTL ([`Options::inbox_ttl`]).
     inbox_ttl: Duration,
-    /// Agents of other nodes (with a stand-in here) and their node: whom `trace` asks.
-    nodes: RwLock<HashMap<String, String>>,
     /// JetStream's sequence of recent publishes, by `Nats-Msg-Id` (for `trace`; bounded, and
     /// not kept across a restart).
     pubacks: Mutex<PubAcks>,
     /// Each far node's publisher ([`batcher`]).
     batchers: Mutex<Batchers>,
+}
+
+/// What a directory pass decided, as every task of the link reads it.
+#[derive(Debug, Default)]
+struct View {
+    /// Names with a stand-in here: agents of other nodes. A delivery from one of them is
+    /// never published again (its own node published it to every node).
+    remote: HashSet<String>,
+    /// Local agents whose name another node holds, and that node.
+    conflicts: HashMap<String, String>,
+    /// Every agent this relay knows that is its own (online or not): a sender not among them
+    /// (and no stand-in) is a tool.
+    agents: HashSet<String>,
+    /// Agents of other nodes (with a stand-in here) and their node: whom `trace` asks.
+    nodes: HashMap<String, String>,
+}
+
+/// The names of this relay's own agents (not stand-ins) in an agent list.
+fn local_agents(agents: &[relay_protocol::query::AgentInfo]) -> HashSet<String> {
+    agents
+        .iter()
+        .filter(|a| core::standin_node(a.cli.as_deref()).is_none())
+        .map(|a| a.name.clone())
+        .collect()
 }
 
 /// Each far node's publisher: where its stand-ins hand messages, and its task.
@@ -217,44 +235,52 @@ impl Shared {
         }
     }
 
+    /// The last directory pass's view (a snapshot: later passes do not change it).
+    fn view(&self) -> Arc<View> {
+        self.view.borrow().clone()
+    }
+
+    /// Publishes a directory pass's view (the one writer: `sync`).
+    fn publish_view(&self, view: View) {
+        self.view.send_replace(Arc::new(view));
+    }
+
     fn is_remote(&self, name: &str) -> bool {
-        self.remote.read().is_ok_and(|r| r.contains(name))
+        self.view().remote.contains(name)
     }
 
     fn is_conflict(&self, name: &str) -> bool {
-        self.conflicts.read().is_ok_and(|r| r.contains_key(name))
+        self.view().conflicts.contains_key(name)
     }
 
     /// The node that holds `name` when a local agent has it too (a name conflict).
     fn conflict_owner(&self, name: &str) -> Option<String> {
-        self.conflicts.read().ok()?.get(name).cloned()
+        self.view().conflicts.get(name).cloned()
     }
 
     /// The node the directory gives `name`, an agent of another node.
     fn node_of(&self, name: &str) -> Option<String> {
-        self.nodes.read().ok()?.get(name).cloned()
+        self.view().nodes.get(name).cloned()
     }
 
     fn is_local_agent(&self, name: &str) -> bool {
-        self.agents.read().is_ok_and(|r| r.contains(name))
+        self.view().agents.contains(name)
     }
 
     fn is_known_tool(&self, name: &str) -> bool {
-        self.tools.read().is_ok_and(|r| r.contains(name))
+        self.tools_cache().contains(name)
     }
 
-    fn set_local_agents(&self, agents: &[relay_protocol::query::AgentInfo]) {
-        if let Ok(mut a) = self.agents.write() {
-            *a = agents
-                .iter()
-                .filter(|a| core::standin_node(a.cli.as_deref()).is_none())
-                .map(|a| a.name.clone())
-                .collect();
-            // A tool's name that an agent took since is one no more.
-            if let Ok(mut t) = self.tools.write() {
-                t.retain(|n| !a.contains(n));
-            }
-        }
+    fn tools_cache(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.tools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A tool's name that an agent took since is one no more.
+    fn forget_tools_now_agents(&self, agents: &[relay_protocol::query::AgentInfo]) {
+        let now = local_agents(agents);
+        self.tools_cache().retain(|n| !now.contains(n));
     }
 }
 
@@ -296,15 +322,12 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         cluster: opts.cluster.clone(),
         client,
         js,
-        remote: RwLock::new(HashSet::new()),
-        conflicts: RwLock::new(HashMap::new()),
-        agents: RwLock::new(HashSet::new()),
-        tools: RwLock::new(HashSet::new()),
+        view: tokio::sync::watch::Sender::new(Arc::new(View::default())),
+        tools: Mutex::new(HashSet::new()),
         published: AtomicU64::new(0),
         received: AtomicU64::new(0),
         cell,
         inbox_ttl: opts.inbox_ttl,
-        nodes: RwLock::new(HashMap::new()),
         pubacks: Mutex::new(PubAcks::default()),
         batchers: Mutex::new(HashMap::new()),
     });
@@ -1124,15 +1147,25 @@ async fn manage(
     let mut tasks = tokio::task::JoinSet::new();
     {
         let (sh, opts, standins, tool) = (sh.clone(), opts.clone(), standins.clone(), tool.clone());
-        let watched: Arc<RwLock<Watched>> = Arc::default();
-        tasks.spawn(watch_directory(kv.clone(), watched.clone()));
+        // The watch is the one writer of the directory's copy; `sync` reads it.
+        let (watched, watched_rx) = tokio::sync::watch::channel(Watched::default());
+        tasks.spawn(watch_directory(kv.clone(), watched));
         tasks.spawn(async move {
             let mut directory: BTreeMap<String, Entry> = BTreeMap::new();
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                sync(&sh, &opts, &kv, &tool, &watched, &mut directory, &standins).await;
+                sync(
+                    &sh,
+                    &opts,
+                    &kv,
+                    &tool,
+                    &watched_rx,
+                    &mut directory,
+                    &standins,
+                )
+                .await;
             }
         });
     }
@@ -1397,7 +1430,7 @@ async fn sync(
     opts: &Options,
     kv: &kv::Store,
     tool: &Client,
-    watched: &RwLock<Watched>,
+    watched: &tokio::sync::watch::Receiver<Watched>,
     directory: &mut BTreeMap<String, Entry>,
     standins: &tokio::sync::Mutex<HashMap<String, Standin>>,
 ) {
@@ -1409,7 +1442,7 @@ async fn sync(
             return;
         }
     };
-    sh.set_local_agents(&agents);
+    sh.forget_tools_now_agents(&agents);
     let mut backlog = 0u64;
     let mut locals = Vec::new();
     for a in &agents {
@@ -1425,12 +1458,10 @@ async fn sync(
     }
     let link_up = sh.client.connection_state() == async_nats::connection::State::Connected;
     // The watch's copy, as it stands (the last known one while NATS is gone).
-    let error = match watched.read() {
-        Ok(w) => {
-            directory.clone_from(&w.entries);
-            w.error.clone()
-        }
-        Err(_) => Some("directory: the watch's copy is unreadable (a thread panicked)".into()),
+    let error = {
+        let w = watched.borrow();
+        directory.clone_from(&w.entries);
+        w.error.clone()
     };
     let mut conflicts = Vec::new();
     let mut conflict_names = HashMap::new();
@@ -1479,44 +1510,47 @@ async fn sync(
             }
         }
     }
-    if let Ok(mut c) = sh.conflicts.write() {
-        *c = conflict_names;
-    }
     let local_names: BTreeSet<String> = locals.iter().map(|l| l.name.clone()).collect();
     let wanted = core::standins(&sh.me, directory, &local_names);
     // Stand-ins whose agent moved or changed topics are restarted; those no longer wanted
-    // (the name became local here) are stopped.
+    // (the name became local here) are stopped (decided in `core::plan_standins`).
     let mut standins = standins.lock().await;
-    standins.retain(|name, s| {
-        let keep = !s.task.is_finished()
-            && match wanted.get(name.as_str()) {
-                Some(e) => e.node == s.node && e.topics == s.topics,
-                // Started for a sender the directory does not list yet: kept until it does.
-                None => !directory.contains_key(name) && !local_names.contains(name),
+    let running = standins
+        .iter()
+        .map(|(name, s)| {
+            let r = core::Running {
+                node: s.node.clone(),
+                topics: s.topics.clone(),
+                finished: s.task.is_finished(),
             };
-        if !keep {
-            s.task.abort();
-        }
-        keep
-    });
-    for (name, e) in &wanted {
-        if !standins.contains_key(*name) {
+            (name.clone(), r)
+        })
+        .collect();
+    let plan = core::plan_standins(&wanted, &running, directory, &local_names);
+    for name in &plan.stop {
+        // Dropped, a stand-in's task is aborted.
+        standins.remove(name);
+    }
+    for name in &plan.start {
+        if let Some(e) = wanted.get(name.as_str()) {
             standins.insert(
-                (*name).to_owned(),
+                name.clone(),
                 spawn_standin(sh, opts, name, &e.node, e.topics.clone(), false),
             );
         }
     }
-    if let Ok(mut r) = sh.remote.write() {
-        *r = wanted.keys().map(|n| (*n).to_owned()).collect();
-        r.extend(standins.keys().cloned());
-    }
-    if let Ok(mut n) = sh.nodes.write() {
-        *n = wanted
+    // This pass's view, published whole: every other task reads it, none writes it.
+    let mut remote: HashSet<String> = wanted.keys().map(|n| (*n).to_owned()).collect();
+    remote.extend(standins.keys().cloned());
+    sh.publish_view(View {
+        remote,
+        conflicts: conflict_names,
+        agents: local_agents(&agents),
+        nodes: wanted
             .iter()
             .map(|(name, e)| ((*name).to_owned(), e.node.clone()))
-            .collect();
-    }
+            .collect(),
+    });
     let remote = wanted
         .iter()
         .map(|(name, e)| RemoteAgent {
@@ -1553,7 +1587,7 @@ struct Watched {
 /// grew with the federation and, while NATS was gone, hung the pass (and the status with it).
 /// A watch that fails or ends is made again; its replay brings the copy up to date (a deleted
 /// key replays as its delete marker).
-async fn watch_directory(kv: kv::Store, watched: Arc<RwLock<Watched>>) {
+async fn watch_directory(kv: kv::Store, watched: tokio::sync::watch::Sender<Watched>) {
     loop {
         let why = match kv.watch_with_history(">").await {
             Ok(mut changes) => {
@@ -1574,18 +1608,12 @@ async fn watch_directory(kv: kv::Store, watched: Arc<RwLock<Watched>>) {
     }
 }
 
-fn set_watch_error(watched: &RwLock<Watched>, error: Option<String>) {
-    if let Ok(mut w) = watched.write() {
-        w.error = error;
-    }
+fn set_watch_error(watched: &tokio::sync::watch::Sender<Watched>, error: Option<String>) {
+    watched.send_modify(|w| w.error = error);
 }
 
-fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
-    let Ok(mut w) = watched.write() else {
-        tracing::error!(name = %change.key, "federation: directory change lost: the copy is unwritable (a thread panicked)");
-        return;
-    };
-    match change.operation {
+fn apply_change(watched: &tokio::sync::watch::Sender<Watched>, change: kv::Entry) {
+    watched.send_modify(|w| match change.operation {
         kv::Operation::Put => match serde_json::from_slice::<Entry>(&change.value) {
             Ok(e) => {
                 w.entries.insert(change.key, e);
@@ -1597,7 +1625,7 @@ fn apply_change(watched: &RwLock<Watched>, change: kv::Entry) {
         kv::Operation::Delete | kv::Operation::Purge => {
             w.entries.remove(&change.key);
         }
-    }
+    });
 }
 
 /// What becomes of a delivery to a stand-in: acknowledged (with a state, if any), or reported
@@ -1784,10 +1812,11 @@ async fn standin(
                     if is_tool && !sh.is_known_tool(&d.from) {
                         match client.query(QueryRequest::Agents).await {
                             Ok(QueryResult::Agents { agents }) => {
-                                sh.set_local_agents(&agents);
-                                is_tool = !sh.is_local_agent(&d.from);
-                                if is_tool && let Ok(mut t) = sh.tools.write() {
-                                    t.insert(d.from.clone());
+                                // Its own answer decides; the next directory pass publishes
+                                // the list for every task.
+                                is_tool = !local_agents(&agents).contains(&d.from);
+                                if is_tool {
+                                    sh.tools_cache().insert(d.from.clone());
                                 }
                             }
                             Ok(_) => {}
@@ -2026,15 +2055,7 @@ async fn answer_traces(sh: Arc<Shared>, mut traces: TraceRequests) {
     while let Some((trace, reply)) = traces.recv().await {
         let sh = sh.clone();
         tokio::spawn(async move {
-            let nodes = match sh.nodes.read() {
-                Ok(n) => n.clone(),
-                Err(_) => {
-                    tracing::error!(
-                        "federation: the nodes' list is unreadable (a thread panicked); the trace shows this node's legs only"
-                    );
-                    Default::default()
-                }
-            };
+            let nodes = sh.view().nodes.clone();
             let far = core::far_nodes(&trace, &nodes);
             let ask = core::TraceAsk {
                 from: trace.from.clone(),
