@@ -15,22 +15,9 @@ pub(crate) fn format_utc(ms: u64) -> String {
         )
 }
 
-/// Parses a duration such as `90s`, `10m`, `2h`, `7d`, in milliseconds.
-pub(crate) fn parse_duration_ms(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(mult)
-}
+/// Parses a duration such as `90s`, `10m`, `2h`, `7d`, in milliseconds (the workspace's one
+/// reading of them, [`relay_protocol::clock::parse_duration_ms`]).
+pub(crate) use relay_protocol::clock::parse_duration_ms;
 
 /// A length of time in seconds for options such as `--inbox-ttl`: a plain number is seconds
 /// (`3600`), or a duration with its unit as `--since` takes it (`90s`, `10m`, `1h`, `7d`), in

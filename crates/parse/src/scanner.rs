@@ -461,19 +461,9 @@ fn claim_block(
     })
 }
 
-/// `90s`, `30m`, `2h` in ms.
+/// `90s`, `30m`, `2h` in ms (the one reading of durations, `relay_protocol`'s); zero is none.
 fn duration_ms(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let mult = match unit {
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return None,
-    };
-    n.checked_mul(mult).filter(|&ms| ms > 0)
+    relay_protocol::clock::parse_duration_ms(s).filter(|&ms| ms > 0)
 }
 
 /// Why `written` is no recipient, for the agent.
