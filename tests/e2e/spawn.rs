@@ -484,7 +484,8 @@ fn a_wrapped_lead_spawns_and_releases_through_its_mcp_server() {
         serde_json::json!({"command": ["sh", worker.to_str().unwrap()]}),
     );
     assert!(
-        err && said.contains("not running under agent-relay's wrapper"),
+        err && said.contains("not running under agent-relay's wrapper")
+            && said.contains("only a wrapped agent spawns and releases through this tool"),
         "{said}"
     );
 }

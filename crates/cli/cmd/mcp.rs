@@ -672,7 +672,9 @@ impl RelayMcp {
     async fn team_command(&self, args: &[String], stdin: Option<&str>) -> Result<String, String> {
         let Some(key) = &self.key else {
             return Err(format!(
-                "{} is not running under agent-relay's wrapper, and only a wrapped agent spawns                  and releases through this tool (start it with `agent-relay -n {} <cli>`), or                  run `agent-relay spawn` in a terminal",
+                "{} is not running under agent-relay's wrapper, and only a wrapped agent spawns \
+                 and releases through this tool (start it with `agent-relay -n {} <cli>`), or \
+                 run `agent-relay spawn` in a terminal",
                 for_terminal(&self.name),
                 for_terminal(&self.name)
             ));

@@ -399,6 +399,8 @@ impl Router {
             }
             _ => {}
         }
+        // The asker's reply goes either into the store write's context (the closure, called
+        // at most once: FnOnce) or, when nothing is written, to the answers below.
         let mut asker = Some((env_id, reply));
         let answer = self.core.on_claim_query(conn_id, &req, now(), |result| {
             let (env_id, reply) = asker.take().unwrap_or_default();
