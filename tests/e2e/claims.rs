@@ -376,27 +376,9 @@ fn post_tool_use(cwd: &std::path::Path, tool: &str, file: &str) -> String {
 
 /// Runs `agent-relay hooks edited` as Claude Code runs it for agent `name` (unwrapped).
 fn hook_edited(relay: &Relay, name: &str, input: &str) {
-    use std::io::Write;
-    let mut child = relay
-        .command()
-        .args(["hooks", "edited"])
-        .env("AGENT_RELAY_NAME", name)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let (out, err) = run_hook(relay, name, "edited", input.as_bytes());
     // The hook hands nothing to the model: the relay's notices do the telling.
-    assert!(out.stdout.is_empty(), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.is_empty(), "{out}");
     assert!(!err.contains("not reported"), "{err}");
 }
 

@@ -409,28 +409,7 @@ fn stop_hook(relay: &Relay, name: &str) -> String {
 
 /// [`stop_hook`], with what the hook wrote on stderr.
 fn stop_hook_said(relay: &Relay, name: &str) -> (String, String) {
-    use std::io::Write;
-    let mut child = relay
-        .command()
-        .args(["hooks", "stop"])
-        .env("AGENT_RELAY_NAME", name)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(br#"{"stop_hook_active": false}"#)
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    (
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    run_hook(relay, name, "stop", br#"{"stop_hook_active": false}"#)
 }
 
 /// Issue 23.8, the unwrapped hook: 3 large messages and 100 small ones wait; each Stop hook

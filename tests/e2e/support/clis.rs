@@ -598,3 +598,25 @@ pub(crate) fn message_texts(body: &Value) -> String {
     }
     out.join("\n")
 }
+
+/// Runs `agent-relay hooks EVENT` for agent `name` (unwrapped) as Claude Code does: `input` on
+/// stdin; fails unless it exits 0. Its stdout and stderr.
+pub(crate) fn run_hook(relay: &Relay, name: &str, event: &str, input: &[u8]) -> (String, String) {
+    use std::io::Write;
+    let mut child = relay
+        .command()
+        .args(["hooks", event])
+        .env("AGENT_RELAY_NAME", name)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
