@@ -149,25 +149,7 @@ fn a_tmux_wrapped_agents_doors_answer_only_its_own_session_across_a_new_relaying
     };
     let (mut bob, _) = relay.agent("Bob");
     let fifos = SessionPipes::new(&relay, "Alice");
-    let start = |relay: &Relay| {
-        let mut args = vec![
-            "wrap",
-            "--backend",
-            "tmux",
-            "--detached",
-            "-n",
-            "Alice",
-            "--",
-        ];
-        let command = fifos.command();
-        args.extend(command.iter().map(String::as_str));
-        let out = crate::support::wrap_cmd(relay, &args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let start = |relay: &Relay| fifos.wrap_in_tmux(relay, "Alice");
     start(&relay);
     let mut own = fifos.connect();
     wait_online(&relay, "Alice");

@@ -439,19 +439,7 @@ fn a_wrapped_lead_spawns_and_releases_through_its_mcp_server() {
     let tmux = Tmux { dir: &dir };
     std::fs::write(dir.join("worker.sh"), WORKER).unwrap();
     let pipes = crate::support::SessionPipes::new(&relay, "Lead");
-    let mut args = vec![
-        "wrap",
-        "--backend",
-        "tmux",
-        "--detached",
-        "-n",
-        "Lead",
-        "--",
-    ];
-    let command = pipes.command();
-    args.extend(command.iter().map(String::as_str));
-    let out = wrap_cmd(&relay, &args).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    pipes.wrap_in_tmux(&relay, "Lead");
     let mut mcp = pipes.connect();
     crate::support::wait_online(&relay, "Lead");
 

@@ -137,6 +137,20 @@ impl SessionPipes {
         ]
     }
 
+    /// Starts agent `name` detached in tmux (`wrap --backend tmux --detached`), its command
+    /// [`SessionPipes::command`]: a wrapped agent whose MCP server the test speaks to.
+    pub(crate) fn wrap_in_tmux(&self, relay: &Relay, name: &str) {
+        let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name, "--"];
+        let command = self.command();
+        args.extend(command.iter().map(String::as_str));
+        let out = wrap_cmd(relay, &args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A shell line that starts the server in the background (for an agent script that goes
     /// on reading its terminal).
     pub(crate) fn background(&self) -> String {
