@@ -44,7 +44,8 @@ impl World {
 
     fn with_gate(dir: &std::path::Path, delivery: Delivery, gate: Option<Box<dyn Gate>>) -> Self {
         let now = relay_protocol::now_instant();
-        let core = Core::new(config(dir, delivery), gate, 24, now).unwrap();
+        let ledger = crate::state::load_injected(dir).unwrap();
+        let core = Core::new(config(dir, delivery), ledger, gate, 24, now);
         Self {
             dir: dir.to_owned(),
             core,
@@ -74,7 +75,8 @@ impl World {
     /// The wrapper restarted on the same files (a PTY agent restarted with it).
     fn restart(&mut self) {
         let delivery = self.core.cfg.delivery;
-        self.core = Core::new(config(&self.dir, delivery), None, 24, self.now).unwrap();
+        let ledger = crate::state::load_injected(&self.dir).unwrap();
+        self.core = Core::new(config(&self.dir, delivery), ledger, None, 24, self.now);
         if self.kept.is_some() {
             self.core.resume = Some(Resume::new(Checkpoint::load(&self.dir), "s".into()));
         }
@@ -98,6 +100,7 @@ impl World {
                     Effect::ReadActivity => self.core.person_activity(None),
                     Effect::NoteActivity => self.core.chain_entered(None),
                     Effect::EnterReplayed(m) => self.core.replayed_given(m.clone()),
+                    Effect::Record(r) => crate::state::append_injected(&self.dir, r).unwrap(),
                     _ => {}
                 }
                 self.effects.push(e);

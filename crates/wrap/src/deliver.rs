@@ -17,9 +17,9 @@ use std::collections::HashSet;
 use relay_client::Delivered;
 use relay_protocol::DeliveryState;
 
+use crate::decide::ledger::{Record, Typed as Remembered};
 use crate::format::{self, Delivery, Form};
 use crate::inject::{Joiner, Outcome};
-use crate::state::Typed as Remembered;
 use crate::{Core, Item, WrapConfig};
 
 /// The text typed for `messages` (one, or several typed as one prompt).
@@ -117,22 +117,27 @@ impl Core {
             let ids: Vec<&str> = messages.iter().map(|m| m.id.as_str()).collect();
             tracing::debug!(?ids, delivery = ?self.cfg.delivery, "typing several messages as one prompt");
         }
+        let mut records = Vec::with_capacity(messages.len());
         for (i, m) in messages.iter().enumerate() {
             // The stages between delivery and verification, for latency figures
             // (`claude_relay_latency_in_parts` reads them from the log).
             tracing::debug!(id = %m.id, "typing a message");
             // The text once (tmux notes its echo after a restart), with the first id.
-            let recorded = match (&self.resume, i) {
-                (Some(r), 0) => self.log.started_at(&m.id, r.offset(), text),
-                _ => self.log.started(&m.id),
+            let at = match (&self.resume, i) {
+                (Some(r), 0) => Some((r.offset(), text.to_owned())),
+                _ => None,
             };
-            if let Err(e) = recorded {
-                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message");
-            }
+            records.push(Record::Started {
+                id: m.id.clone(),
+                at,
+            });
         }
         // What the agent prints next answers the message typed last (after a digest, the one
         // from whom it goes to: see `decide/chain.rs`).
         self.chain.typed(messages);
+        for r in records {
+            self.record(r);
+        }
     }
 
     /// The injector is about to press Enter for the text typed.
@@ -140,16 +145,18 @@ impl Core {
         let Some(Item::Messages(messages)) = self.injector.current() else {
             return;
         };
+        let mut records = Vec::with_capacity(messages.len());
         for m in messages {
             tracing::debug!(id = %m.id, "pressing Enter");
             // Recorded before the Enter is written: until then the text is only in the agent's
             // input line, and a PTY agent killed with its wrapper never took it (a restarted
             // wrapper types it again); from here on it may have (a restarted wrapper does not).
-            if self.log.get(&m.id) == Some(Remembered::Started)
-                && let Err(e) = self.log.entered(&m.id)
-            {
-                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's Enter");
+            if self.ledger.get(&m.id) == Some(Remembered::Started) {
+                records.push(Record::Entered { id: m.id.clone() });
             }
+        }
+        for r in records {
+            self.record(r);
         }
     }
 
@@ -168,11 +175,10 @@ impl Core {
             if let Outcome::Failed(why) = &outcome {
                 tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
             }
-            if let Err(e) = self.log.finished(&m.id, verified) {
-                // Its `T` line is there: a replay after a restart is not typed again (it is
-                // checked against the pane, or taken as typed).
-                tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
-            }
+            self.record(Record::Finished {
+                id: m.id.clone(),
+                verified,
+            });
             self.queued.remove(&m.id);
             let state = if self.noticed.take_read_early(&m.id) {
                 // The agent's tool showed it while its notice was typed.
@@ -222,9 +228,10 @@ impl Core {
             };
             for m in messages {
                 tracing::debug!(id = %m.id, "the agent's tool showed it before its notice was typed: verified, no notice");
-                if let Err(e) = self.log.finished(&m.id, true) {
-                    tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
-                }
+                self.record(Record::Finished {
+                    id: m.id.clone(),
+                    verified: true,
+                });
                 self.queued.remove(&m.id);
                 self.ack_door(&m, crate::TOOL_DOOR);
                 n += 1;
@@ -241,10 +248,10 @@ impl Core {
         }
         // Shown before this wrapper was handed it (the tool reads the store): no notice
         // when it comes. Ids it already dealt with are not kept; nor more than a few.
-        let log = &self.log;
+        let ledger = &self.ledger;
         self.noticed.shown_before_delivery(
             ids.iter().filter(|id| !current.contains(id.as_str())),
-            |id| log.get(id).is_some(),
+            |id| ledger.get(id).is_some(),
         );
         n
     }
@@ -309,10 +316,11 @@ impl Core {
         for (i, m) in taken.iter().enumerate() {
             // Recorded before it is handed over, as a message shown before (or while) its
             // notice: never typed after. (A noticed one's outcome is in the log already.)
-            if i >= noticed
-                && let Err(e) = self.log.finished(&m.id, true)
-            {
-                tracing::warn!(id = %m.id, error = %e, "cannot record a message handed to the agent's tool in injected.log");
+            if i >= noticed {
+                self.record(Record::Finished {
+                    id: m.id.clone(),
+                    verified: true,
+                });
             }
             self.queued.remove(&m.id);
             tracing::debug!(id = %m.id, "handed to the agent's tool (relay_inbox) instead of typing");
@@ -328,9 +336,10 @@ impl Core {
             return false;
         }
         tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
-        if let Err(e) = self.log.finished(&m.id, true) {
-            tracing::warn!(id = %m.id, error = %e, "cannot record a message's outcome in injected.log");
-        }
+        self.record(Record::Finished {
+            id: m.id.clone(),
+            verified: true,
+        });
         self.ack_door(m, crate::TOOL_DOOR);
         true
     }

@@ -58,14 +58,14 @@ use tokio::sync::mpsc;
 
 use crate::decide::chain::Chain;
 use crate::decide::effect::Effect;
-use crate::decide::ledger::{self, Admission, Replayed};
+use crate::decide::ledger::{self, Admission, Ledger, Record, Replayed};
 use crate::decide::notices::Notices;
 use crate::decide::outbox::{Gate, Outbox, recipient};
 use crate::decide::quiet::Quiet;
 use crate::decide::resume::Resume;
 use crate::inject::{Action, Injector, Look, Timing};
 use crate::profile::{NotReady, Profile};
-use crate::state::{Checkpoint, InjectedLog};
+use crate::state::Checkpoint;
 use crate::terminal::Terminal;
 
 /// Variables the agent does not inherit from the wrapper. Each tells command-line programs that
@@ -314,7 +314,9 @@ struct Core {
     cfg: WrapConfig,
     parser: Parser,
     injector: Injector<Item>,
-    log: InjectedLog,
+    /// The replay ledger in memory: what this terminal was given (see `decide/ledger.rs`);
+    /// each change goes to the shell as an [`Effect::Record`] too.
+    ledger: Ledger,
     /// What the shell is to do, in order (see [`Core::take_effects`]).
     out: Vec<Effect>,
     /// Directives checked and waiting for a person's activity to be read (see
@@ -365,20 +367,16 @@ struct Core {
 }
 
 impl Core {
-    /// The core of agent `cfg`, with the agent's record of its replies behind `gate` (see
-    /// [`shell::transcript_gate`]), its terminal `rows` high, at `now`.
+    /// The core of agent `cfg`, remembering what `ledger` says its terminal was given before
+    /// (read from `injected.log`, see [`load_ledger`]), with the agent's record of its replies
+    /// behind `gate` (see [`shell::transcript_gate`]), its terminal `rows` high, at `now`.
     fn new(
         cfg: WrapConfig,
+        ledger: Ledger,
         gate: Option<Box<dyn Gate>>,
         rows: u16,
         now: Instant,
-    ) -> Result<Self, WrapError> {
-        let log = InjectedLog::open(&cfg.team_dir).map_err(|e| {
-            WrapError::State(format!(
-                "{}: {e}",
-                cfg.team_dir.join("injected.log").display()
-            ))
-        })?;
+    ) -> Self {
         let mut parser = Parser::new(cfg.profile.parse.clone());
         parser.set_rows(usize::from(rows));
         let timing = Timing {
@@ -403,10 +401,10 @@ impl Core {
         if let Some(joiner) = deliver::joiner(&cfg, form) {
             injector.set_joiner(joiner);
         }
-        Ok(Self {
+        Self {
             injector,
             parser,
-            log,
+            ledger,
             out: Vec::new(),
             parked: std::collections::VecDeque::new(),
             asked_activity: false,
@@ -427,7 +425,7 @@ impl Core {
             outbox: Outbox::new(gate, cfg.profile.settle),
             hooked: Vec::new(),
             cfg,
-        })
+        }
     }
 
     /// How the terminal looks, from what the wrapper already knows (no screen is read for
@@ -736,7 +734,7 @@ impl Core {
             return;
         };
         r.reread();
-        let typed = self.log.typed_since(r.offset());
+        let typed = self.ledger.typed_since(r.offset());
         if !snap.seen.is_empty() {
             self.parser.feed(&snap.seen);
             let dropped = self.parser.finish();
@@ -761,7 +759,7 @@ impl Core {
         ledger::admit(
             self.queued.contains(&m.id),
             relay_protocol::validate_message_id(&m.id).map_err(|e| e.to_string()),
-            self.log.get(&m.id),
+            self.ledger.get(&m.id),
             self.cfg.delivery,
         )
     }
@@ -859,11 +857,17 @@ impl Core {
 
     /// Records the outcome of a message a stopped wrapper typed, found given.
     fn record_replayed(&mut self, m: &Delivered) {
-        if let Err(e) = self.log.finished(&m.id, false) {
-            // The acknowledgement still goes; a later replay finds the id started and, the
-            // text being in the pane's history, acknowledges it again untyped.
-            tracing::warn!(id = %m.id, error = %e, "cannot record an injected message's outcome in injected.log");
-        }
+        self.record(Record::Finished {
+            id: m.id.clone(),
+            verified: false,
+        });
+    }
+
+    /// Records a step of a message in the replay ledger, before the effects it guards: in
+    /// memory now, and in `injected.log` by the shell ([`Effect::Record`]).
+    fn record(&mut self, record: Record) {
+        self.ledger.remember(&record);
+        self.out.push(Effect::Record(record));
     }
 
     /// Queues a notice from the relay (a refusal) for the agent, in the agent's form.
@@ -887,9 +891,10 @@ impl Core {
     fn hook_stop(&mut self, active: bool) -> Vec<String> {
         for m in std::mem::take(&mut self.hooked) {
             tracing::debug!(id = %m.id, "the turn the Stop hook started with this message has ended: verified");
-            if let Err(e) = self.log.finished(&m.id, true) {
-                tracing::warn!(id = %m.id, error = %e, "cannot record a hooked message's outcome in injected.log");
-            }
+            self.record(Record::Finished {
+                id: m.id.clone(),
+                verified: true,
+            });
             self.queued.remove(&m.id);
             self.ack_door(&m, HOOK_DOOR);
         }
@@ -942,15 +947,12 @@ impl Core {
                 continue;
             };
             // Recorded before they are handed over, as before typing: never typed after.
-            let recorded = messages.iter().try_for_each(|m| {
-                self.log
-                    .started(&m.id)
-                    .and_then(|()| self.log.entered(&m.id))
-            });
-            if let Err(e) = recorded {
-                tracing::warn!(hook, error = %e, "cannot record a message handed to a hook; it is typed instead");
-                self.injector.push(text, Item::Messages(messages), false);
-                continue;
+            for m in &messages {
+                self.record(Record::Started {
+                    id: m.id.clone(),
+                    at: None,
+                });
+                self.record(Record::Entered { id: m.id.clone() });
             }
             for m in messages {
                 tracing::debug!(id = %m.id, hook, "handed to Claude Code's hook instead of typing");
@@ -1146,6 +1148,17 @@ impl Core {
     }
 }
 
+/// What `cfg`'s terminal was given before, read from its `injected.log` (see
+/// `decide/ledger.rs`).
+fn load_ledger(cfg: &WrapConfig) -> Result<Ledger, WrapError> {
+    state::load_injected(&cfg.team_dir).map_err(|e| {
+        WrapError::State(format!(
+            "{}: {e}",
+            cfg.team_dir.join("injected.log").display()
+        ))
+    })
+}
+
 async fn connect(cfg: &WrapConfig) -> Result<relay_client::Client, WrapError> {
     let client = relay_client::Client::connect(ClientConfig {
         cli: cfg.command.first().cloned(),
@@ -1266,7 +1279,8 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     }
     let mut term = pty::PtyTerminal::new(pty, output, keys)?;
     let gate = shell::transcript_gate(&cfg);
-    let mut core = Core::new(cfg, gate, rows, now())?;
+    let ledger = load_ledger(&cfg)?;
+    let mut core = Core::new(cfg, ledger, gate, rows, now());
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
     core.parser.set_cols(usize::from(cols));
     core.set_agent_pid(term.pty.pid());
@@ -1350,7 +1364,8 @@ async fn serve_tmux_with(
     };
     let key = session_door_key(&pane, cfg.door_key.as_deref());
     let gate = shell::transcript_gate(&cfg);
-    let mut core = Core::new(cfg, gate, 40, now())?;
+    let ledger = load_ledger(&cfg)?;
+    let mut core = Core::new(cfg, ledger, gate, 40, now());
     let mut shell = shell::Shell::new(client);
     core.set_agent_pid(match pane.pid() {
         Ok(pid) => Some(pid),

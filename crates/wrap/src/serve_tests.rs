@@ -76,7 +76,8 @@ impl Rig {
         });
         let cfg = config(dir, crate::format::Delivery::default());
         let task = tokio::spawn(async move {
-            let mut core = Core::new(cfg, None, 24, super::now())?;
+            let ledger = super::load_ledger(&cfg)?;
+            let mut core = Core::new(cfg, ledger, None, 24, super::now());
             let mut shell = Shell::new(relay);
             core.resume = resume;
             let mut term = term;

@@ -225,6 +225,11 @@ impl<R: Relay> Shell<R> {
     ) -> Result<(), WrapError> {
         match effect {
             Effect::Relay { msg, to } => self.relay(core, msg, to).await,
+            Effect::Record(record) => {
+                if let Err(e) = state::append_injected(&core.cfg.team_dir, &record) {
+                    tracing::warn!(id = record.id(), error = %e, "cannot write to injected.log: {}", record.if_lost());
+                }
+            }
             Effect::Ack(m, state) => {
                 if let Err(e) = self.link.ack(&m, Some(state)).await {
                     self.lost_ack(&m.id, Some(state), &e);

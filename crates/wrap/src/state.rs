@@ -1,223 +1,113 @@
 //! What a wrapper remembers on disk, in `<data>/team/<name>/`, so that a restarted wrapper
 //! neither types a message twice nor forgets where it was:
 //!
-//! - `injected.log`: one line per message typed (`T <id>`, before the text is typed), per
-//!   Enter pressed for it (`E <id>`, before the Enter is written) and per outcome
-//!   (`D <id> <state>`), each appended and flushed in one write.
+//! - `injected.log`: the replay ledger (`decide/ledger.rs`), one line per record the core
+//!   makes and the shell writes: a message typed (`T <id>`, before the text is typed), the
+//!   Enter pressed for it (`E <id>`, before the Enter is written) and its outcome
+//!   (`D <id> <state>`), each appended in one write; read back when a wrapper starts.
 //! - `inbox.md` (with `--inbox`): every message for the agent, for it to read if typing ever
 //!   fails; rewritten atomically (temporary file, then rename).
 //! - `checkpoint` (tmux backend): down to which pane row the output has been read with every directive
 //!   in it relayed.
 
-use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use relay_protocol::file::{Durability, write_atomic};
 use relay_protocol::text;
 
-/// Ids remembered; older ones are dropped when the log is compacted.
-const REMEMBER: usize = 10_000;
+use crate::decide::ledger::{Ledger, REMEMBER, Record};
 
-/// How far a remembered message got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Typed {
-    /// Typing started, Enter not pressed yet (the wrapper stopped in between): the text
-    /// went no further than the agent's input line.
-    Started,
-    /// Enter was pressed (or about to be) and no outcome recorded: the agent may have
-    /// taken the message.
-    Entered,
-    /// Submitted and seen on the screen.
-    Verified,
-    /// Typed but not seen submitted.
-    Failed,
-}
-
-/// The ids this agent's terminal has been given, persisted.
-#[derive(Debug)]
-pub struct InjectedLog {
-    path: PathBuf,
-    ids: HashMap<String, Typed>,
-    order: std::collections::VecDeque<String>,
-    lines: usize,
-    /// Texts typed, with the checkpoint's pane row when typing began (tmux).
-    typed_at: Vec<(u64, String)>,
-}
-
-impl InjectedLog {
-    /// Loads `dir/injected.log` (creating `dir`).
-    ///
-    /// # Errors
-    /// The directory cannot be created or the file read.
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let path = dir.join("injected.log");
-        let mut log = Self {
-            path,
-            ids: HashMap::new(),
-            order: std::collections::VecDeque::new(),
-            lines: 0,
-            typed_at: Vec::new(),
-        };
-        match std::fs::read_to_string(&log.path) {
-            Ok(text) => {
-                // A last line without its newline was cut short by a crash: ignore it, and
-                // end it so that the next line starts on a line of its own.
-                let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-                if !text.is_empty() && !text.ends_with('\n') {
-                    std::fs::OpenOptions::new()
-                        .append(true)
-                        .open(&log.path)?
-                        .write_all(b"\n")?;
-                }
-                for line in whole.lines() {
-                    log.lines += 1;
-                    let mut parts = line.splitn(4, ' ');
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some("T"), Some(id), offset) => {
-                            log.remember(id, Typed::Started);
-                            if let (Some(Ok(at)), Some(text)) =
-                                (offset.map(str::parse), parts.next())
-                            {
-                                log.typed_at.push((at, text.to_owned()));
-                            }
-                        }
-                        (Some("E"), Some(id), _) => log.remember(id, Typed::Entered),
-                        (Some("D"), Some(id), Some("verified")) => {
-                            log.remember(id, Typed::Verified);
-                        }
-                        (Some("D"), Some(id), Some(_)) => log.remember(id, Typed::Failed),
-                        // A line cut short by a crash: ignore it.
-                        _ => {}
-                    }
+/// Reads `dir/injected.log` back into a ledger (creating `dir`); a file grown past four times
+/// what is remembered is compacted to one line per id remembered.
+///
+/// # Errors
+/// The directory cannot be created, or the file read or compacted.
+pub(crate) fn load_injected(dir: &Path) -> std::io::Result<Ledger> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("injected.log");
+    let mut ledger = Ledger::default();
+    let mut lines = 0;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            // A last line without its newline was cut short by a crash: ignore it, and
+            // end it so that the next line starts on a line of its own.
+            let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+            if !text.is_empty() && !text.ends_with('\n') {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)?
+                    .write_all(b"\n")?;
+            }
+            for line in whole.lines() {
+                lines += 1;
+                // A line cut short by a crash says nothing.
+                if let Some(record) = parse_line(line) {
+                    ledger.load(record);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
         }
-        if log.lines > 4 * REMEMBER {
-            log.compact()?;
-        }
-        Ok(log)
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
-
-    fn remember(&mut self, id: &str, state: Typed) {
-        if self.ids.insert(id.to_owned(), state).is_none() {
-            self.order.push_back(id.to_owned());
-            if self.order.len() > REMEMBER
-                && let Some(old) = self.order.pop_front()
-            {
-                self.ids.remove(&old);
-            }
-        }
+    if lines > 4 * REMEMBER {
+        let text: String = ledger.compacted().map(|r| line_of(&r) + "\n").collect();
+        write_atomically(&path, text.as_bytes())?;
     }
+    Ok(ledger)
+}
 
-    /// What is remembered about `id`.
-    pub fn get(&self, id: &str) -> Option<Typed> {
-        self.ids.get(id).copied()
-    }
+/// Appends `record` to `dir/injected.log` (the shell, carrying out the core's
+/// [`crate::decide::effect::Effect::Record`]), in one write: a crash leaves a whole line or a
+/// cut one (ignored when read back).
+///
+/// # Errors
+/// The file cannot be written, or the id is not one of the relay's (see [`line_safe`]).
+pub(crate) fn append_injected(dir: &Path, record: &Record) -> std::io::Result<()> {
+    line_safe(record.id())?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("injected.log"))?;
+    f.write_all(format!("{}\n", line_of(record)).as_bytes())
+}
 
-    fn append(&mut self, line: &str) -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
-        // One write: a crash leaves a whole line or a cut one (ignored on load).
-        f.write_all(format!("{line}\n").as_bytes())?;
-        self.lines += 1;
-        Ok(())
-    }
-
-    /// Records that typing `id` starts now. Call before the first byte is typed.
-    ///
-    /// # Errors
-    /// The log cannot be written (the caller should not type, or risk typing twice later).
-    pub fn started(&mut self, id: &str) -> std::io::Result<()> {
-        line_safe(id)?;
-        self.append(&format!("T {id}"))?;
-        self.remember(id, Typed::Started);
-        Ok(())
-    }
-
-    /// Like [`InjectedLog::started`], also recording the text and the checkpoint's pane row
-    /// `at` when typing began, so that a wrapper re-reading the pane from before that point
-    /// knows the echo of `text` for what it is (see [`InjectedLog::typed_since`]).
-    ///
-    /// # Errors
-    /// The log cannot be written.
-    pub fn started_at(&mut self, id: &str, at: u64, text: &str) -> std::io::Result<()> {
-        line_safe(id)?;
-        // The text is one line (see `format::injected_text`); keep it so, whatever the caller
+/// A record as its line in `injected.log`: `T <id>` (tmux: `T <id> <row> <text>`), `E <id>`,
+/// `D <id> verified|failed`.
+fn line_of(record: &Record) -> String {
+    match record {
+        Record::Started { id, at: None } => format!("T {id}"),
+        // The text is one line (see `format::injected_text`); keep it so, whatever the core
         // passes: a line break in it would make a second log line.
-        let text = text::typed(text);
-        self.append(&format!("T {id} {at} {text}"))?;
-        self.remember(id, Typed::Started);
-        Ok(())
-    }
-
-    /// Records that Enter is about to be pressed for `id` (typed before, see
-    /// [`InjectedLog::started`]). Call before the Enter is written: from then on a restarted
-    /// wrapper counts the message as possibly taken, and does not type it again.
-    ///
-    /// # Errors
-    /// The log cannot be written (the caller should not press Enter, or risk typing twice
-    /// later).
-    pub fn entered(&mut self, id: &str) -> std::io::Result<()> {
-        self.append(&format!("E {id}"))?;
-        self.remember(id, Typed::Entered);
-        Ok(())
-    }
-
-    /// The texts typed at or after checkpoint row `from`, oldest first, as recorded by
-    /// earlier wrappers.
-    pub fn typed_since(&self, from: u64) -> Vec<(u64, String)> {
-        let mut v: Vec<_> = self
-            .typed_at
-            .iter()
-            .filter(|(at, _)| *at >= from)
-            .cloned()
-            .collect();
-        v.sort_by_key(|(at, _)| *at);
-        v
-    }
-
-    /// Records how typing `id` ended.
-    ///
-    /// # Errors
-    /// The log cannot be written.
-    pub fn finished(&mut self, id: &str, verified: bool) -> std::io::Result<()> {
-        line_safe(id)?;
-        let state = if verified { "verified" } else { "failed" };
-        self.append(&format!("D {id} {state}"))?;
-        let t = if verified {
-            Typed::Verified
-        } else {
-            Typed::Failed
-        };
-        if let Some(s) = self.ids.get_mut(id) {
-            *s = t;
-        } else {
-            self.remember(id, t);
+        Record::Started {
+            id,
+            at: Some((row, typed)),
+        } => format!("T {id} {row} {}", text::typed(typed)),
+        Record::Entered { id } => format!("E {id}"),
+        Record::Finished { id, verified } => {
+            format!("D {id} {}", if *verified { "verified" } else { "failed" })
         }
-        Ok(())
     }
+}
 
-    /// Rewrites the log with only what is remembered.
-    fn compact(&mut self) -> std::io::Result<()> {
-        let mut text = String::new();
-        for id in &self.order {
-            match self.ids.get(id) {
-                Some(Typed::Started) => text.push_str(&format!("T {id}\n")),
-                Some(Typed::Entered) => text.push_str(&format!("E {id}\n")),
-                Some(Typed::Verified) => text.push_str(&format!("D {id} verified\n")),
-                Some(Typed::Failed) => text.push_str(&format!("D {id} failed\n")),
-                None => {}
-            }
+/// The record a line of `injected.log` says, if it is whole.
+fn parse_line(line: &str) -> Option<Record> {
+    let mut parts = line.splitn(4, ' ');
+    let (kind, id) = (parts.next()?, parts.next()?.to_owned());
+    match kind {
+        "T" => {
+            let at = match (parts.next().map(str::parse), parts.next()) {
+                (Some(Ok(row)), Some(typed)) => Some((row, typed.to_owned())),
+                _ => None,
+            };
+            Some(Record::Started { id, at })
         }
-        write_atomically(&self.path, text.as_bytes())?;
-        self.lines = self.order.len();
-        Ok(())
+        "E" => Some(Record::Entered { id }),
+        "D" => Some(Record::Finished {
+            id,
+            verified: parts.next()? == "verified",
+        }),
+        _ => None,
     }
 }
 
@@ -373,25 +263,47 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::ledger::Typed;
+
+    fn started(id: &str) -> Record {
+        Record::Started {
+            id: id.to_owned(),
+            at: None,
+        }
+    }
+
+    fn started_at(id: &str, row: u64, typed: &str) -> Record {
+        Record::Started {
+            id: id.to_owned(),
+            at: Some((row, typed.to_owned())),
+        }
+    }
+
+    fn finished(id: &str, verified: bool) -> Record {
+        Record::Finished {
+            id: id.to_owned(),
+            verified,
+        }
+    }
 
     #[test]
     fn the_log_survives_a_restart_and_a_cut_line() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = InjectedLog::open(dir.path()).unwrap();
-        log.started("A").unwrap();
-        log.finished("A", true).unwrap();
-        log.started("B").unwrap();
-        log.started("C").unwrap();
-        log.finished("C", false).unwrap();
-        log.started("G").unwrap();
-        log.entered("G").unwrap();
+        let write = |r: Record| append_injected(dir.path(), &r).unwrap();
+        write(started("A"));
+        write(finished("A", true));
+        write(started("B"));
+        write(started("C"));
+        write(finished("C", false));
+        write(started("G"));
+        write(Record::Entered { id: "G".into() });
         // A crash in the middle of a line.
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(dir.path().join("injected.log"))
             .unwrap();
         f.write_all(b"D B verif").unwrap();
-        let mut log = InjectedLog::open(dir.path()).unwrap();
+        let log = load_injected(dir.path()).unwrap();
         assert_eq!(log.get("A"), Some(Typed::Verified));
         assert_eq!(
             log.get("B"),
@@ -406,16 +318,38 @@ mod tests {
         );
         assert_eq!(log.get("D"), None);
         // Texts typed with their pane offsets come back for a re-read from an offset.
-        log.started_at("E", 500, "Relay message from X [E]: one")
-            .unwrap();
-        log.started_at("F", 90, "Relay message from X [F]: two")
-            .unwrap();
-        let log = InjectedLog::open(dir.path()).unwrap();
+        write(started_at("E", 500, "Relay message from X [E]: one"));
+        write(started_at("F", 90, "Relay message from X [F]: two"));
+        let log = load_injected(dir.path()).unwrap();
         assert_eq!(
             log.typed_since(100),
             vec![(500, "Relay message from X [E]: one".to_owned())]
         );
         assert_eq!(log.typed_since(0).len(), 2);
+    }
+
+    #[test]
+    fn a_log_grown_past_four_times_what_is_remembered_is_compacted_to_one_line_an_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::new();
+        for n in 0..=(2 * REMEMBER) {
+            text.push_str(&format!("T id{n}\nD id{n} verified\n"));
+        }
+        std::fs::write(dir.path().join("injected.log"), text).unwrap();
+        let log = load_injected(dir.path()).unwrap();
+        assert_eq!(log.get("id0"), None, "the oldest is forgotten");
+        let last = format!("id{}", 2 * REMEMBER);
+        assert_eq!(log.get(&last), Some(Typed::Verified));
+        let text = std::fs::read_to_string(dir.path().join("injected.log")).unwrap();
+        assert_eq!(text.lines().count(), REMEMBER);
+        assert!(
+            text.ends_with(&format!("D {last} verified\n")),
+            "{text:.80}"
+        );
+        assert_eq!(
+            load_injected(dir.path()).unwrap().get(&last),
+            Some(Typed::Verified)
+        );
     }
 
     #[test]
@@ -429,10 +363,9 @@ mod tests {
     #[test]
     fn a_typed_text_with_a_line_break_stays_one_log_line() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = InjectedLog::open(dir.path()).unwrap();
-        log.started("B").unwrap();
-        log.started_at("E", 5, "one\nD B verified\x1b[2J").unwrap();
-        let log = InjectedLog::open(dir.path()).unwrap();
+        append_injected(dir.path(), &started("B")).unwrap();
+        append_injected(dir.path(), &started_at("E", 5, "one\nD B verified\x1b[2J")).unwrap();
+        let log = load_injected(dir.path()).unwrap();
         assert_eq!(log.get("B"), Some(Typed::Started));
         assert_eq!(
             log.typed_since(0),
@@ -444,14 +377,18 @@ mod tests {
     #[test]
     fn an_id_outside_the_relay_alphabet_is_not_written_to_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = InjectedLog::open(dir.path()).unwrap();
-        log.started("B").unwrap();
+        append_injected(dir.path(), &started("B")).unwrap();
         for bad in ["x\nD B verified", "x D", "x\rD B verified"] {
-            assert!(log.started(bad).is_err(), "{bad:?}");
-            assert!(log.started_at(bad, 1, "t").is_err(), "{bad:?}");
-            assert!(log.finished(bad, true).is_err(), "{bad:?}");
+            for r in [
+                started(bad),
+                started_at(bad, 1, "t"),
+                Record::Entered { id: bad.into() },
+                finished(bad, true),
+            ] {
+                assert!(append_injected(dir.path(), &r).is_err(), "{r:?}");
+            }
         }
-        let log = InjectedLog::open(dir.path()).unwrap();
+        let log = load_injected(dir.path()).unwrap();
         assert_eq!(log.get("B"), Some(Typed::Started));
         assert_eq!(
             std::fs::read_to_string(dir.path().join("injected.log")).unwrap(),

@@ -4,6 +4,7 @@
 use relay_client::{Delivered, Outgoing};
 use relay_protocol::DeliveryState;
 
+use crate::decide::ledger::Record;
 use crate::state::Checkpoint;
 
 /// One thing for the shell to do.
@@ -17,6 +18,12 @@ pub(crate) enum Effect {
         /// Who it goes to, as the agent wrote it (`*`: everyone), for the log and a notice.
         to: String,
     },
+    /// Append a step of a message to the replay ledger's file (`injected.log`), before the
+    /// effects after it are carried out: the core records a message typed before its text is
+    /// typed, entered before its Enter, and its outcome before its acknowledgement (see
+    /// `decide/ledger.rs`). A record that cannot be written is logged with what that means
+    /// ([`Record::if_lost`]); the core's ledger in memory has it all the same.
+    Record(Record),
     /// Acknowledge a delivered message with its outcome.
     Ack(Delivered, DeliveryState),
     /// Acknowledge a delivered message verified because a door showed it to the model whole

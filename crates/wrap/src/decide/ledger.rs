@@ -1,15 +1,173 @@
-//! Admission of a delivered message against what this terminal was already given: the relay
-//! delivers a message again after a reconnect or a wrapper's restart, and `injected.log` (the
-//! replay ledger, [`crate::state::InjectedLog`]) says how far it got before. A message is
-//! never typed twice: one the ledger knows is acknowledged with what is known of it, and only
-//! one that never reached the agent is typed (again).
+//! The replay ledger: what this terminal was given, and how far each message got. The relay
+//! delivers a message again after a reconnect or a wrapper's restart; the ledger says how far it
+//! got before. A message is never typed twice: one the ledger knows is acknowledged with what is
+//! known of it, and only one that never reached the agent is typed (again).
 //!
-//! Pure: the shell reads the ledger and the terminal and passes what it read.
+//! Pure. The core keeps the ledger in memory ([`Ledger`]) and records each step as a
+//! [`Record`], which it hands to the shell as an effect ([`crate::decide::effect::Effect::Record`])
+//! before the effects it guards (the text typed, the Enter pressed, the acknowledgement); the
+//! shell appends it to `injected.log` (`state.rs`, which also reads the file back into a
+//! [`Ledger`] when a wrapper starts).
+
+use std::collections::{HashMap, VecDeque};
 
 use relay_protocol::DeliveryState;
 
 use crate::format::Delivery;
-use crate::state::Typed;
+
+/// Ids remembered; older ones are forgotten (and dropped when the file is compacted).
+pub(crate) const REMEMBER: usize = 10_000;
+
+/// How far a remembered message got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Typed {
+    /// Typing started, Enter not pressed yet (the wrapper stopped in between): the text
+    /// went no further than the agent's input line.
+    Started,
+    /// Enter was pressed (or about to be) and no outcome recorded: the agent may have
+    /// taken the message.
+    Entered,
+    /// Submitted and seen on the screen.
+    Verified,
+    /// Typed but not seen submitted.
+    Failed,
+}
+
+/// One step of a message in the ledger: one line of `injected.log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Typing `id` starts: recorded before the first byte is typed. Under tmux the first
+    /// message of a text also has the checkpoint's pane row when typing began and the text,
+    /// so that a wrapper re-reading the pane from before that row knows its echo for what it
+    /// is ([`Ledger::typed_since`]).
+    Started {
+        /// The message.
+        id: String,
+        /// The checkpoint's row and the text typed.
+        at: Option<(u64, String)>,
+    },
+    /// Enter is about to be pressed for `id`: recorded before the Enter is written. From then
+    /// on a restarted wrapper counts the message as possibly taken, and does not type it again.
+    Entered {
+        /// The message.
+        id: String,
+    },
+    /// How typing (or handing over) `id` ended.
+    Finished {
+        /// The message.
+        id: String,
+        /// Seen submitted (or shown to the model by a door); else typed and not submitted.
+        verified: bool,
+    },
+}
+
+impl Record {
+    /// The message recorded.
+    pub(crate) fn id(&self) -> &str {
+        match self {
+            Record::Started { id, .. } | Record::Entered { id } | Record::Finished { id, .. } => id,
+        }
+    }
+
+    /// How far the message got, by this record.
+    fn state(&self) -> Typed {
+        match self {
+            Record::Started { .. } => Typed::Started,
+            Record::Entered { .. } => Typed::Entered,
+            Record::Finished { verified: true, .. } => Typed::Verified,
+            Record::Finished {
+                verified: false, ..
+            } => Typed::Failed,
+        }
+    }
+
+    /// What it means when this record could not be written to `injected.log`: this wrapper
+    /// goes on as recorded (its ledger in memory has it), a restarted one does not know it.
+    pub(crate) fn if_lost(&self) -> &'static str {
+        match self {
+            Record::Started { .. } => {
+                "if this wrapper stops before the message is acknowledged, a restarted one does                  not know it was typed and may type it again"
+            }
+            Record::Entered { .. } => {
+                "if this wrapper stops before the message is acknowledged, a restarted one takes                  it as never entered and may type it again"
+            }
+            Record::Finished { .. } => {
+                "a restarted wrapper finds the message typed without an outcome: it does not type                  it again, and decides its outcome from the terminal"
+            }
+        }
+    }
+}
+
+/// What this terminal was given, in memory: read back from `injected.log` when the wrapper
+/// starts, then kept by the core as it records.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    ids: HashMap<String, Typed>,
+    order: VecDeque<String>,
+    /// Texts earlier wrappers typed, with the checkpoint's pane row when typing began (tmux).
+    typed_at: Vec<(u64, String)>,
+}
+
+impl Ledger {
+    /// What is remembered about `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Typed> {
+        self.ids.get(id).copied()
+    }
+
+    /// A record read back from `injected.log` (an earlier wrapper's): remembered, and a text
+    /// typed with its row kept for [`Ledger::typed_since`].
+    pub(crate) fn load(&mut self, record: Record) {
+        self.remember(&record);
+        if let Record::Started { at: Some(at), .. } = record {
+            self.typed_at.push(at);
+        }
+    }
+
+    /// A record this wrapper makes now, remembered (the shell writes it). The text of a
+    /// `Started` record is not kept for [`Ledger::typed_since`]: that is for what earlier
+    /// wrappers typed (this one's parser noted its own texts as it typed them).
+    pub(crate) fn remember(&mut self, record: &Record) {
+        let id = record.id();
+        if self.ids.insert(id.to_owned(), record.state()).is_none() {
+            self.order.push_back(id.to_owned());
+            if self.order.len() > REMEMBER
+                && let Some(old) = self.order.pop_front()
+            {
+                self.ids.remove(&old);
+            }
+        }
+    }
+
+    /// The texts typed at or after checkpoint row `from`, oldest first, as recorded by
+    /// earlier wrappers.
+    pub(crate) fn typed_since(&self, from: u64) -> Vec<(u64, String)> {
+        let mut v: Vec<_> = self
+            .typed_at
+            .iter()
+            .filter(|(at, _)| *at >= from)
+            .cloned()
+            .collect();
+        v.sort_by_key(|(at, _)| *at);
+        v
+    }
+
+    /// One record per id remembered, in the order first seen, saying how far it got (texts
+    /// typed are not kept): what a compacted `injected.log` holds.
+    pub(crate) fn compacted(&self) -> impl Iterator<Item = Record> + '_ {
+        self.order.iter().filter_map(|id| {
+            let id = id.clone();
+            Some(match self.ids.get(&id)? {
+                Typed::Started => Record::Started { id, at: None },
+                Typed::Entered => Record::Entered { id },
+                Typed::Verified => Record::Finished { id, verified: true },
+                Typed::Failed => Record::Finished {
+                    id,
+                    verified: false,
+                },
+            })
+        })
+    }
+}
 
 /// The reason given with a message the ledger says was typed and not submitted.
 pub(crate) const FAILED_BEFORE: &str =
