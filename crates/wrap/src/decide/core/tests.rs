@@ -13,7 +13,7 @@ use relay_parse::Directive;
 use relay_parse::transcript::Origin;
 use relay_protocol::{DeliveryState, TerminalState};
 
-use crate::Core;
+use super::Core;
 use crate::decide::effect::Effect;
 use crate::decide::outbox::Gate;
 use crate::decide::resume::Resume;
@@ -694,6 +694,19 @@ fn under_notice_delivery_a_message_is_verified_when_the_agents_tool_shows_it() {
     w.pass(1_000);
     assert_eq!(w.texts().len(), 1, "a notice for a message already shown");
     assert_eq!(w.acks().last(), Some(&verified("m-early")));
+}
+
+#[test]
+fn a_refusal_reason_is_cut_at_a_words_end() {
+    use super::{cut_at_word, refusal_notice};
+    assert_eq!(cut_at_word("short enough", 20), "short enough");
+    assert_eq!(
+        cut_at_word("kept in the dead-letter queue", 15),
+        "kept in the…"
+    );
+    assert_eq!(cut_at_word("unbreakableword", 8), "unbreak…");
+    let notice = refusal_notice("Bob", &"word ".repeat(200));
+    assert!(notice.ends_with("word…"), "{notice}");
 }
 
 mod model {

@@ -17,10 +17,11 @@ use std::collections::HashSet;
 use relay_client::Delivered;
 use relay_protocol::DeliveryState;
 
+use super::{Core, Item, TOOL_DOOR};
+use crate::WrapConfig;
 use crate::decide::ledger::{Record, Typed as Remembered};
 use crate::format::{self, Delivery, Form};
 use crate::inject::{Joiner, Outcome};
-use crate::{Core, Item, WrapConfig};
 
 /// The text typed for `messages` (one, or several typed as one prompt).
 fn text_of(
@@ -67,7 +68,7 @@ fn lines(cfg: &WrapConfig, form: Form) -> bool {
 }
 
 /// How waiting messages are joined for `cfg`'s delivery, if they are.
-pub(crate) fn joiner(cfg: &WrapConfig, form: Form) -> Option<Joiner<Item>> {
+pub(super) fn joiner(cfg: &WrapConfig, form: Form) -> Option<Joiner<Item>> {
     let delivery = cfg.delivery;
     let (lines, max_body) = (lines(cfg, form), cfg.max_body);
     let max_chars = match delivery {
@@ -96,7 +97,7 @@ pub(crate) fn joiner(cfg: &WrapConfig, form: Form) -> Option<Joiner<Item>> {
 
 impl Core {
     /// The text typed for `messages` in this agent's delivery and form.
-    pub(crate) fn text_for(&self, messages: &[Delivered], urgent: bool) -> String {
+    pub(super) fn text_for(&self, messages: &[Delivered], urgent: bool) -> String {
         text_of(
             self.cfg.delivery,
             lines(&self.cfg, self.form),
@@ -109,7 +110,7 @@ impl Core {
 
     /// The injector is about to type `text`: each message in it is recorded first, so that a
     /// restarted wrapper does not type it again.
-    pub(crate) fn typing(&mut self, text: &str) {
+    pub(super) fn typing(&mut self, text: &str) {
         let Some(Item::Messages(messages)) = self.injector.current() else {
             return;
         };
@@ -141,7 +142,7 @@ impl Core {
     }
 
     /// The injector is about to press Enter for the text typed.
-    pub(crate) fn entering(&mut self) {
+    pub(super) fn entering(&mut self) {
         let Some(Item::Messages(messages)) = self.injector.current() else {
             return;
         };
@@ -163,7 +164,7 @@ impl Core {
     /// Typing `messages` (as one prompt) ended with `outcome`: each is recorded and
     /// acknowledged on its own. A notice submitted leaves its messages injected, waiting for
     /// the agent's tool to show them.
-    pub(crate) fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
+    pub(super) fn finished(&mut self, messages: Vec<Delivered>, outcome: Outcome) {
         let verified = outcome == Outcome::Verified;
         for m in messages {
             if self.noticed.take_taken_early(&m.id) {
@@ -175,10 +176,7 @@ impl Core {
             if let Outcome::Failed(why) = &outcome {
                 tracing::warn!(id = %m.id, %why, "a message was typed but not submitted");
             }
-            self.record(Record::Finished {
-                id: m.id.clone(),
-                verified,
-            });
+            self.record_outcome(&m.id, verified);
             self.queued.remove(&m.id);
             let state = if self.noticed.take_read_early(&m.id) {
                 // The agent's tool showed it while its notice was typed.
@@ -213,7 +211,7 @@ impl Core {
         for id in ids {
             if let Some(m) = self.noticed.take_noticed(id) {
                 tracing::debug!(id = %m.id, "the agent's tool showed it: verified");
-                self.ack_door(&m, crate::TOOL_DOOR);
+                self.ack_door(&m, TOOL_DOOR);
                 n += 1;
             }
         }
@@ -228,12 +226,9 @@ impl Core {
             };
             for m in messages {
                 tracing::debug!(id = %m.id, "the agent's tool showed it before its notice was typed: verified, no notice");
-                self.record(Record::Finished {
-                    id: m.id.clone(),
-                    verified: true,
-                });
+                self.record_outcome(&m.id, true);
                 self.queued.remove(&m.id);
-                self.ack_door(&m, crate::TOOL_DOOR);
+                self.ack_door(&m, TOOL_DOOR);
                 n += 1;
             }
         }
@@ -317,30 +312,24 @@ impl Core {
             // Recorded before it is handed over, as a message shown before (or while) its
             // notice: never typed after. (A noticed one's outcome is in the log already.)
             if i >= noticed {
-                self.record(Record::Finished {
-                    id: m.id.clone(),
-                    verified: true,
-                });
+                self.record_outcome(&m.id, true);
             }
             self.queued.remove(&m.id);
             tracing::debug!(id = %m.id, "handed to the agent's tool (relay_inbox) instead of typing");
-            self.ack_door(m, crate::TOOL_DOOR);
+            self.ack_door(m, TOOL_DOOR);
         }
         (taken, more)
     }
 
     /// Notice delivery: whether `m` was shown by the agent's tool before it got here; if so it
     /// is recorded and acknowledged verified, with no notice typed.
-    pub(crate) fn shown_already(&mut self, m: &Delivered) -> bool {
+    pub(super) fn shown_already(&mut self, m: &Delivered) -> bool {
         if !self.noticed.take_shown_unseen(&m.id) {
             return false;
         }
         tracing::debug!(id = %m.id, "the agent's tool showed it before it was delivered here: verified, no notice");
-        self.record(Record::Finished {
-            id: m.id.clone(),
-            verified: true,
-        });
-        self.ack_door(m, crate::TOOL_DOOR);
+        self.record_outcome(&m.id, true);
+        self.ack_door(m, TOOL_DOOR);
         true
     }
 }
