@@ -4,7 +4,11 @@
 //! is typed once or failed with a reason, across random output, keys, receipts and restarts.
 //!
 //! A [`World`] plays the shell: it carries out the effects that answer back (a person's
-//! activity, an Enter a stopped wrapper did not press) and records all of them.
+//! activity, an Enter a stopped wrapper did not press) and records all of them. A restarted
+//! wrapper's core starts from what the shell would have written: the ledger replayed from the
+//! [`Effect::Record`]s of every earlier life (as `state::load_injected` reads them back from
+//! `injected.log`, whose round trip `state.rs` tests), and under tmux the last checkpoint
+//! saved. No file is read or written here.
 
 use std::time::{Duration, Instant};
 
@@ -15,11 +19,18 @@ use relay_protocol::{DeliveryState, TerminalState};
 
 use super::Core;
 use crate::decide::effect::Effect;
+use crate::decide::ledger::Ledger;
 use crate::decide::outbox::Gate;
 use crate::decide::resume::Resume;
 use crate::decide::testing::{BUSY, IDLE, config, screen};
 use crate::format::Delivery;
 use crate::state::Checkpoint;
+
+/// The checkpoint a tmux wrapper starts from, the session's first.
+const FIRST_CHECKPOINT: Checkpoint = Checkpoint {
+    offset: 0,
+    at_ms: 1,
+};
 
 /// One wrapper's core on a made-up clock, and everything it asked for.
 struct World {
@@ -44,8 +55,7 @@ impl World {
 
     fn with_gate(dir: &std::path::Path, delivery: Delivery, gate: Option<Box<dyn Gate>>) -> Self {
         let now = relay_protocol::now_instant();
-        let ledger = crate::state::load_injected(dir).unwrap();
-        let core = Core::new(config(dir, delivery), ledger, gate, 24, now);
+        let core = Core::new(config(dir, delivery), Ledger::default(), gate, 24, now);
         Self {
             dir: dir.to_owned(),
             core,
@@ -62,23 +72,27 @@ impl World {
         let mut w = Self::new(dir, Delivery::Each);
         w.sees_keys = false;
         w.kept = Some(String::new());
-        w.core.resume = Some(Resume::new(
-            Checkpoint {
-                offset: 0,
-                at_ms: 1,
-            },
-            "s".into(),
-        ));
+        w.core.resume = Some(Resume::new(FIRST_CHECKPOINT, "s".into()));
         w
     }
 
-    /// The wrapper restarted on the same files (a PTY agent restarted with it).
+    /// The wrapper restarted (a PTY agent restarted with it), from what the shell wrote: the
+    /// ledger's records and, under tmux, the last checkpoint.
     fn restart(&mut self) {
         let delivery = self.core.cfg.delivery;
-        let ledger = crate::state::load_injected(&self.dir).unwrap();
+        let mut ledger = Ledger::default();
+        for e in &self.effects {
+            if let Effect::Record(r) = e {
+                ledger.load(r.clone());
+            }
+        }
         self.core = Core::new(config(&self.dir, delivery), ledger, None, 24, self.now);
         if self.kept.is_some() {
-            self.core.resume = Some(Resume::new(Checkpoint::load(&self.dir), "s".into()));
+            let saved = self.effects.iter().rev().find_map(|e| match e {
+                Effect::SaveCheckpoint(c) => Some(*c),
+                _ => None,
+            });
+            self.core.resume = Some(Resume::new(saved.unwrap_or(FIRST_CHECKPOINT), "s".into()));
         }
     }
 
@@ -100,7 +114,6 @@ impl World {
                     Effect::ReadActivity => self.core.person_activity(None),
                     Effect::NoteActivity => self.core.chain_entered(None),
                     Effect::EnterReplayed(m) => self.core.replayed_given(m.clone()),
-                    Effect::Record(r) => crate::state::append_injected(&self.dir, r).unwrap(),
                     _ => {}
                 }
                 self.effects.push(e);
