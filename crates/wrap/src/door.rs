@@ -7,7 +7,7 @@
 //! one request per connection: a JSON line `{"to", "body", "topic"?, "thread"?, "in_reply_to"?,
 //! "urgent"?}`, answered by one JSON line, the receipt `{"id", "status", "recipients"?}` or the refusal
 //! `{"nack", "reason"}` or `{"error"}`; or `{"read": [ids]}`, the messages the agent's tool
-//! just showed the model in full (notice delivery verifies them, see `deliver.rs`), answered
+//! just showed the model in full (notice delivery verifies them, see `decide/core/deliver.rs`), answered
 //! `{"verified": N}`.
 //!
 //! Claude Code's Stop hook (`agent-relay hooks stop`, run by the wrapped Claude Code at the end

@@ -61,7 +61,7 @@ pub(crate) trait Terminal {
 
     /// Whether the person's keys reach the wrapper ([`TermEvent::Keys`]): a person's Enter
     /// ends a reply chain there. When they do not (tmux), the chain ends where the agent's
-    /// turn ends (see `turn.rs`).
+    /// turn ends (see `Core::end_turn_if_idle` in `decide/core/mod.rs`).
     fn sees_keys(&self) -> bool;
 
     /// Whether a failure to type ends the wrapper (PTY: the agent's terminal is gone) or is
@@ -90,7 +90,7 @@ pub(crate) trait Terminal {
     /// When a person last pressed a key in the terminal, in whole seconds (tmux's session
     /// activity, which the wrapper's own typing does not move; `None` where the person's keys
     /// come through the wrapper instead, see [`Terminal::sees_keys`]): a person's turn ends a
-    /// reply chain (see `turn.rs`).
+    /// reply chain (see `decide/chain.rs`).
     async fn person_activity(&mut self) -> Result<Option<u64>, WrapError> {
         Ok(None)
     }

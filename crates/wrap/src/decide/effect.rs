@@ -1,4 +1,4 @@
-//! What the decision core asks the shell to do, as data: the shell (`serve` in `lib.rs`)
+//! What the decision core asks the shell to do, as data: the shell (`Shell::serve` in `shell.rs`)
 //! carries each out in order, and owns every `.await` it takes.
 
 use relay_client::{Delivered, Outgoing};

@@ -1,4 +1,4 @@
-//! Notice delivery's bookkeeping (`wrap --delivery notice`, see `deliver.rs`): which messages
+//! Notice delivery's bookkeeping (`wrap --delivery notice`, see `core/deliver.rs`): which messages
 //! had their notice typed and wait for the agent's own tool to show them, which the tool
 //! showed while their notice was being typed, and which it showed before their delivery
 //! reached this wrapper (those need no notice). Pure: the shell acknowledges.
