@@ -35,17 +35,15 @@ use crate::terminal::Snapshot;
 use crate::{HOOK_TEXT_MAX, WrapConfig, intro};
 
 /// The door a message handed to a Claude Code hook is verified by, in its trace.
-pub(crate) const HOOK_DOOR: &str =
-    "handed to the model by Claude Code's hook (through the wrapper)";
+const HOOK_DOOR: &str = "handed to the model by Claude Code's hook (through the wrapper)";
 /// The door a message the agent's own tool showed is verified by, in its trace.
-pub(crate) const TOOL_DOOR: &str =
-    "shown to the model by the agent's MCP tool (relay_inbox, relay_read)";
+const TOOL_DOOR: &str = "shown to the model by the agent's MCP tool (relay_inbox, relay_read)";
 
 /// What the injector types: relayed messages (one, or several typed as one digest or notice,
 /// each acknowledged on its own once the outcome is known) or a notice from the relay itself
 /// (a refusal the agent should learn about).
 #[derive(Debug)]
-pub(crate) enum Item {
+enum Item {
     Messages(Vec<Delivered>),
     Notice,
 }
@@ -132,8 +130,8 @@ impl Look for ProfileLook<'_> {
     }
 }
 
-/// The state both backends share: the relay connection, the parser, the injector and what
-/// the wrapper remembers on disk.
+/// The decision core both backends share: the parser, the injector, the replay ledger in
+/// memory and every decision's state; what it decides goes out as [`Effect`]s.
 pub(crate) struct Core {
     pub(crate) cfg: WrapConfig,
     pub(crate) parser: Parser,
