@@ -19,7 +19,7 @@ use relay_protocol::{DeliveryState, TerminalState};
 
 use super::Core;
 use crate::decide::effect::Effect;
-use crate::decide::ledger::Ledger;
+use crate::decide::ledger::{Ledger, Record};
 use crate::decide::outbox::Gate;
 use crate::decide::resume::Resume;
 use crate::decide::testing::{BUSY, IDLE, config, screen};
@@ -729,6 +729,8 @@ mod model {
     //! - a message is never typed twice into one agent, and never entered into two (a text
     //!   typed and not entered before a restart is typed into the new agent: once);
     //! - every failure says why;
+    //! - a message is recorded in the ledger typed before its text is typed, entered before
+    //!   its Enter, and before its acknowledgement;
     //! - once the person leaves the input line, the agent is idle and the relay delivers what
     //!   it has no outcome for again, every message gets one.
     //!
@@ -812,6 +814,48 @@ mod model {
         Ok(())
     }
 
+    /// The promise the shell keeps by carrying the effects out in order: a message is
+    /// recorded in the ledger as typed before its text is typed, as entered before its Enter,
+    /// and before its outcome goes to the relay, so that a wrapper stopped between the two
+    /// finds it recorded.
+    fn check_recorded_first(effects: &[Effect]) -> Result<(), TestCaseError> {
+        let mut last: BTreeMap<String, &Record> = BTreeMap::new();
+        let mut current: Vec<String> = Vec::new();
+        for e in effects {
+            match e {
+                Effect::Record(r) => {
+                    last.insert(r.id().to_owned(), r);
+                }
+                Effect::Type(t) => {
+                    current = ids_in(t);
+                    for id in &current {
+                        prop_assert!(
+                            matches!(last.get(id), Some(Record::Started { .. })),
+                            "{id} typed before it was recorded typed"
+                        );
+                    }
+                }
+                Effect::Enter => {
+                    for id in &current {
+                        prop_assert!(
+                            matches!(last.get(id), Some(Record::Entered { .. })),
+                            "{id} entered before it was recorded entered"
+                        );
+                    }
+                }
+                Effect::Ack(m, _) | Effect::AckShown(m, _) | Effect::Fail(m, _) => {
+                    prop_assert!(
+                        last.contains_key(&m.id),
+                        "{} acknowledged before it was recorded",
+                        m.id
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The ids with an outcome (acknowledged or failed) in `effects`.
     fn outcomes(effects: &[Effect]) -> BTreeSet<String> {
         effects
@@ -882,6 +926,7 @@ mod model {
         }
         w.pass(60_000);
         check_life(&w.effects[life_start..], &mut typed, &mut entered)?;
+        check_recorded_first(&w.effects)?;
         let done = outcomes(&w.effects);
         let missing: Vec<&String> = delivered.difference(&done).collect();
         prop_assert!(missing.is_empty(), "no outcome for {missing:?}");
