@@ -452,6 +452,30 @@ async fn a_restarted_wrapper_types_again_only_what_was_never_entered() {
     rig.end().await;
 }
 
+/// `injected.log` that cannot be written (here a directory stands where it goes): each record
+/// the shell cannot write is logged with what it means, the message is typed once and
+/// acknowledged all the same, and a replay to the same wrapper is not typed again (its ledger
+/// in memory has the record the file refused).
+#[tokio::test(start_paused = true)]
+async fn a_ledger_file_that_cannot_be_written_types_nothing_twice_in_the_same_wrapper() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path(), true);
+    // The loop has started, having read no ledger (there is none yet).
+    settle(1).await;
+    std::fs::create_dir(dir.path().join("injected.log")).unwrap();
+    rig.print(screen(IDLE));
+    rig.deliver(message("m-unwritten", "hello"));
+    settle(2_000).await;
+    assert_eq!(rig.texts().len(), 1);
+    let verified = ("m-unwritten".to_owned(), Some(DeliveryState::Verified));
+    assert_eq!(rig.acks(), vec![verified.clone()]);
+    rig.deliver(message("m-unwritten", "hello"));
+    settle(2_000).await;
+    assert_eq!(rig.texts().len(), 1, "typed again");
+    assert_eq!(rig.acks(), vec![verified.clone(), verified]);
+    rig.end().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_resize_reaches_the_agents_terminal() {
     let dir = tempfile::tempdir().unwrap();
