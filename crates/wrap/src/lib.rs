@@ -9,9 +9,11 @@
 //! ```
 //!
 //! The pure parts (`format`, `inject`, `profile`) are unit tested, the profiles against
-//! screens recorded from the real CLIs. One loop (`serve`) drives the core over a
-//! `terminal::Terminal`: the PTY, tmux, or in unit tests a fake under tokio's paused clock
-//! (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
+//! screens recorded from the real CLIs. The decision core, `Core`, is its own room
+//! (`decide/`: events and `now` in, effects out, no I/O; unit and property tests in
+//! `decide/core/tests.rs`). One loop (`Shell::serve` in `shell.rs`) drives it over a
+//! `terminal::Terminal` and carries its effects out: the PTY, tmux, or in unit tests a fake
+//! under tokio's paused clock (`serve_tests.rs`). [`run_pty`] and [`serve_tmux`] set a backend up, run the loop and end
 //! it; they are tested end to end with the real binary.
 
 mod claim;
