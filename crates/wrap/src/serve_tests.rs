@@ -452,6 +452,15 @@ async fn a_restarted_wrapper_types_again_only_what_was_never_entered() {
     rig.end().await;
 }
 
+/// A PTY wrapper in `dir` whose `injected.log` cannot be written: a directory is put where it
+/// goes once the loop has started, having read no ledger (there is none yet).
+async fn start_unrecorded(dir: &std::path::Path) -> Rig {
+    let rig = Rig::start(dir, true);
+    settle(1).await;
+    std::fs::create_dir(dir.join("injected.log")).unwrap();
+    rig
+}
+
 /// `injected.log` that cannot be written (here a directory stands where it goes): each record
 /// the shell cannot write is logged with what it means, the message is typed once and
 /// acknowledged all the same, and a replay to the same wrapper is not typed again (its ledger
@@ -459,10 +468,7 @@ async fn a_restarted_wrapper_types_again_only_what_was_never_entered() {
 #[tokio::test(start_paused = true)]
 async fn a_ledger_file_that_cannot_be_written_types_nothing_twice_in_the_same_wrapper() {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path(), true);
-    // The loop has started, having read no ledger (there is none yet).
-    settle(1).await;
-    std::fs::create_dir(dir.path().join("injected.log")).unwrap();
+    let rig = start_unrecorded(dir.path()).await;
     rig.print(screen(IDLE));
     rig.deliver(message("m-unwritten", "hello"));
     settle(2_000).await;
@@ -473,6 +479,53 @@ async fn a_ledger_file_that_cannot_be_written_types_nothing_twice_in_the_same_wr
     settle(2_000).await;
     assert_eq!(rig.texts().len(), 1, "typed again");
     assert_eq!(rig.acks(), vec![verified.clone(), verified]);
+    rig.end().await;
+}
+
+/// Asks the rig's door as Claude Code's Stop hook does: the texts it is handed.
+async fn stop_hook(dir: &std::path::Path) -> Vec<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(dir.join(door::SOCKET))
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(b"{\"hook\": \"stop\", \"active\": false, \"key\": \"test-key\"}\n")
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tokio::io::BufReader::new(read)
+        .read_line(&mut line)
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    serde_json::from_value(answer["messages"].clone()).unwrap_or_else(|_| panic!("{line}"))
+}
+
+/// A Stop hook is handed the waiting message even when `injected.log` cannot be written
+/// (a directory stands where it goes): its records are the shell's to write, and a failure is
+/// logged with what it means; it is acknowledged injected and never typed after.
+#[tokio::test(start_paused = true)]
+async fn a_stop_hook_is_handed_a_message_whose_ledger_line_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = start_unrecorded(dir.path()).await;
+    rig.print(screen(BUSY));
+    rig.deliver(message("m-hooked", "hello"));
+    settle(1_000).await;
+    let texts = stop_hook(dir.path()).await;
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].ends_with("hello"), "{texts:?}");
+    rig.print(screen(IDLE));
+    settle(5_000).await;
+    assert_eq!(
+        rig.texts(),
+        Vec::<String>::new(),
+        "typed after a hook took it"
+    );
+    assert_eq!(
+        rig.acks(),
+        vec![("m-hooked".to_owned(), Some(DeliveryState::Injected))]
+    );
     rig.end().await;
 }
 
