@@ -44,9 +44,7 @@ done
 /// `--inbox` keeps Bob's messages whole in a file, and the delivery is seen submitted.
 fn conversation(backend: Backend) {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let dir = relay.dir.path();
     // Started as on a CI machine, whose variables the agent must not see (they make agent
     // CLIs act as if no person were at the terminal; `relay_wrap::NOT_INHERITED`).
@@ -256,14 +254,7 @@ fn a_persons_line(backend: Backend) {
         shown.lines().any(|l| l.trim_end() == "> half a thought"),
         "the person's line changed:\n{shown}"
     );
-    let status = |id: &str| {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let status = |id: &str| delivery_status(&relay, id);
     assert_eq!(status(&first_id), "queued");
     // The dashboard says why (never what the person typed).
     let (port, token) = crate::support::dashboard(&relay);
@@ -516,14 +507,7 @@ fn a_restarted_wrapper(backend: Backend) {
             serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", body, "--json"]))).unwrap();
         sent["id"].as_str().unwrap().to_owned()
     };
-    let status = |id: &str| -> String {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let status = |id: &str| delivery_status(&relay, id);
     // How many times the agent (all its lives) read `body`, and Bob relayed `body`.
     let got = |body: &str| {
         seen(dir, "Bob")
@@ -766,11 +750,7 @@ fn the_relay_coming_back(backend: Backend) {
     wait_for(
         Duration::from_secs(20),
         "the first message is verified",
-        || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["read", &before, "--json"]).stdout)
-                .unwrap_or_default();
-            v["deliveries"][0]["status"] == "verified"
-        },
+        || delivery_status(&relay, &before) == "verified",
     );
     relay.kill9();
     relay.spawn();

@@ -222,27 +222,14 @@ fn a_profile_override_in_the_config_file_reaches_the_wrapped_agent() {
         v["profiles"]["generic"]["busy"],
         json!({"value": "[]", "source": format!("file {FILE}:2")})
     );
-    std::fs::write(
-        relay.dir.path().join("stuck.sh"),
+    relay.write(
+        "stuck.sh",
         "printf '* Working (esc to interrupt)\\n'\n\
          while IFS= read -r l; do echo \"got: $l\"; exit 0; done\n",
-    )
-    .unwrap();
+    );
     let agent = spawn_wrapped(
         &relay,
-        &[
-            "wrap",
-            "--backend",
-            "pty",
-            "--no-input",
-            "--profile",
-            "generic",
-            "-n",
-            "Stuck",
-            "--",
-            "sh",
-            "stuck.sh",
-        ],
+        &wrap_args("Stuck", PTY_GENERIC, &["sh", "stuck.sh"]),
     );
     wait_online(&relay, "Stuck");
     ok_stdout(&relay.cli(&["send", "Stuck", "typed despite the marker"]));

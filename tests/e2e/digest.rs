@@ -333,11 +333,7 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
         BODIES[2]
     );
     // Claude Code may hand a paste to the model inside its own `<pasted_content>` tags.
-    let inner = prompts[1]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[1].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[1]);
     assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[1]);
     wait_for(LONG, "each message is reported verified", || {
         ids.iter()

@@ -1,7 +1,6 @@
 //! Issue 15, every door into an agent: directives that keep their lines, the MCP server, the
 //! automatic teaching.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -28,19 +27,10 @@ fn expected_bodies() -> Vec<(String, String)> {
 
 #[test]
 fn continuation_lines_keep_their_breaks_and_a_line_at_the_directives_indent_ends_it() {
-    let mut child = Command::new(BIN)
-        .args(["parse", "--json"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(CONTINUATIONS.replace('\n', "\r\n").as_bytes())
-        .unwrap();
-    let out = ok_stdout(&child.wait_with_output().unwrap());
+    let out = ok_stdout(&output_with_input(
+        Command::new(BIN).args(["parse", "--json"]),
+        CONTINUATIONS.replace('\n', "\r\n").as_bytes(),
+    ));
     let got: Vec<(String, String)> = out
         .lines()
         .map(|l| {
@@ -65,17 +55,7 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
     assert!(out.status.success(), "{out:?}");
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     // Newest first.
-    let mut got: Vec<(String, String)> = h
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["to"].as_str().unwrap().to_owned(),
-                m["body"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let mut got = field_pairs(&h, "to", "body");
     got.reverse();
     assert_eq!(got, expected_bodies());
 }
@@ -99,12 +79,7 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
     let (mut bob, _) = relay.agent("Bob");
     let mut mcp = Mcp::start(&relay, "Alice");
     let tools = mcp.call("tools/list", serde_json::json!({}));
-    let mut names: Vec<&str> = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    let mut names: Vec<&str> = field_strs(&tools["tools"], "name");
     names.sort_unstable();
     assert_eq!(
         names,
@@ -145,10 +120,7 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
 
     // Alice is a known, online agent (the MCP server holds her name), so Bob can answer.
     let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
-    let alice = agents
-        .lines()
-        .find(|l| l.starts_with("Alice (you) — "))
-        .unwrap_or_default();
+    let alice = line_starting(&agents, "Alice (you) — ");
     assert!(
         (alice.contains("— idle since") || alice.contains("— busy since"))
             && alice.contains(", mcp"),
@@ -269,23 +241,15 @@ fn wrapped_claude_print(
         cmd.env(k, v.trim_matches('\''));
     }
     let claude = crate::support::Cli::Claude.path();
-    let out = cmd
-        .env("HOME", &home)
+    cmd.env("HOME", &home)
         .env("AGENT_RELAY_BACKEND", "pty")
         .current_dir(&work)
         .args(wrap_args)
         .args(["-n", "Alice"])
         .arg(&claude)
         .args(["-p", "hello there"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null());
+    ok_stdout(&cmd.output().unwrap());
 }
 
 /// The system prompt of the conversation turn Claude Code sent for "hello there".
@@ -351,11 +315,7 @@ fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     // Claude Code 2.1.328 hands a long paste to the model inside its own
     // `<pasted_content id="...">` tags; between them, the text is exactly what was typed.
     let expected = format!("Relay message from human [{short}]:\n{body}");
-    let inner = prompts[0]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[0]);
     assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[0]);
     agent.wait_replies_done();
     agent.wait_all_relayed("OK.");
@@ -451,11 +411,7 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
     let id = sent["id"].as_str().unwrap();
     let short = &id[id.len() - 8..];
     let expected = format!("Relay message from {name} [{short}]:\n{body}");
-    let inner = prompts[0]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[0]);
     assert_eq!(
         inner,
         expected,
@@ -644,11 +600,7 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
         "the delivery is verified",
-        || {
-            let r: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                .unwrap_or_default();
-            r["deliveries"][0]["status"] == "verified"
-        },
+        || delivery_status(&relay, &id) == "verified",
     );
     let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
     let states: Vec<&str> = t["events"]

@@ -349,9 +349,7 @@ fn hostile_names_are_refused_wherever_a_name_goes() {
 
 #[test]
 fn escape_sequences_never_reach_the_terminal_from_trace_or_the_dead_letter_queue() {
-    let relay = Relay::start_with(&["--rate-limit", "1"]);
-    let (_bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [_bob, mut alice]) = Relay::with_agents(&["--rate-limit", "1"], ["Bob", "Alice"]);
     let hostile = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
     alice.send("Bob", "first");
     assert_eq!(alice.expect("ACK")["type"], "ACK");

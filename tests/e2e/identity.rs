@@ -87,10 +87,7 @@ fn doors_refuse_outsiders_and_serve_the_agent(relay: &Relay, bob: &mut Raw, own:
     );
     bob.ack(&d);
     let (_, agents) = own.tool("relay_agents", serde_json::json!({}));
-    let alice = agents
-        .lines()
-        .find(|l| l.starts_with("Alice (you) — "))
-        .unwrap_or_default();
+    let alice = line_starting(&agents, "Alice (you) — ");
     assert!(
         !alice.contains("— offline") && alice.contains(", sh"),
         "{agents}"
@@ -107,15 +104,7 @@ fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
     let fifos = SessionPipes::new(&relay, "Alice");
     let mut alice: Child = relay
         .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "--backend",
-            "pty",
-            "-n",
-            "Alice",
-            "--",
-        ])
+        .args(wrap_args("Alice", &["--no-input", "--backend", "pty"], &[]))
         .args(fifos.command())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -144,9 +133,7 @@ fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
 #[test]
 fn a_tmux_wrapped_agents_doors_answer_only_its_own_session_across_a_new_relaying_process() {
     let relay = Relay::start();
-    let tmux = crate::support::Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let (mut bob, _) = relay.agent("Bob");
     let fifos = SessionPipes::new(&relay, "Alice");
     let start = |relay: &Relay| fifos.wrap_in_tmux(relay, "Alice");
@@ -419,17 +406,14 @@ fn a_body_cannot_forge_a_header_in_what_a_model_reads() {
     assert!(got[0].contains(&format!("> {header}")), "{}", got[0]);
 
     // The prompt hook of an agent with no wrapper.
-    let mut hook = relay
-        .command()
-        .args(["hooks", "prompt"])
-        .env("AGENT_RELAY_NAME", "Alice")
-        .env_remove("AGENT_RELAY_SESSION")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    hook.stdin.take().unwrap().write_all(b"{}").unwrap();
-    let out = hook.wait_with_output().unwrap();
+    let out = output_with_input(
+        relay
+            .command()
+            .args(["hooks", "prompt"])
+            .env("AGENT_RELAY_NAME", "Alice")
+            .env_remove("AGENT_RELAY_SESSION"),
+        b"{}",
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let context = v["hookSpecificOutput"]["additionalContext"]
         .as_str()
@@ -494,7 +478,7 @@ while IFS= read -r l; do
   case "$l" in *"was not sent"*) n=$((n+1)); [ "$n" -ge 3 ] && exit 0;; esac
 done
 "#;
-    std::fs::write(relay.dir.path().join("alice.sh"), script).unwrap();
+    relay.write("alice.sh", script);
     let alice = relay
         .command()
         .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "alice.sh"])

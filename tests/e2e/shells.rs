@@ -144,9 +144,7 @@ fn a_shell_runs_no_message(shell: &str, args: &[&str]) {
         );
         // And the wrapper saw it submitted.
         wait_for(Duration::from_secs(20), "the delivery is verified", || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                .unwrap_or_default();
-            v["deliveries"][0]["status"] == "verified"
+            delivery_status(&relay, &id) == "verified"
         });
     }
     signal_pid(agent.child.id() as i32, rustix::process::Signal::Term);
@@ -257,19 +255,11 @@ fn a_recalled_command(backend: crate::support::Backend) {
         crate::support::Backend::Tmux => {
             let out = crate::support::wrap_cmd(
                 &relay,
-                &[
-                    "wrap",
-                    "--backend",
-                    "tmux",
-                    "--detached",
-                    "-n",
+                &crate::support::wrap_args(
                     "Sam",
-                    "--",
-                    "bash",
-                    "--norc",
-                    "--noprofile",
-                    "-i",
-                ],
+                    crate::support::TMUX_DETACHED,
+                    &["bash", "--norc", "--noprofile", "-i"],
+                ),
             )
             .output()
             .unwrap();
@@ -312,14 +302,7 @@ fn a_recalled_command(backend: crate::support::Backend) {
     let id = sent["id"].as_str().unwrap().to_owned();
     // The wrapper has the message due and holds it (an event in its log, not a wait).
     crate::support::held_for_a_person(&relay, &tmux, "Sam", &id);
-    let status = || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let status = || delivery_status(&relay, &id);
     assert_eq!(status(), "queued", "{}", dump("not queued"));
     // The person clears the line: the message goes in on its own, and is verified.
     pane.keys(&["C-u"]);

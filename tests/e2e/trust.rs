@@ -39,9 +39,7 @@ fn answer(c: &mut Raw) -> Value {
 
 #[test]
 fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     let hostile = [
         "q\rtouch FILE\r#",
         "\u{1b}]0;pwned\u{7}",
@@ -75,12 +73,7 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
     assert_eq!(d["id"], ok);
     let history = ok_stdout(&relay.cli(&["history", "--json"]));
     let rows: Value = serde_json::from_str(&history).unwrap();
-    let ids: Vec<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = field_strs(&rows, "id");
     assert_eq!(ids, [ok.as_str()], "{history}");
 }
 
@@ -109,32 +102,16 @@ fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
         }
     }
     drop(bob);
-    let mut got: std::collections::HashSet<String> = frames(&buffered)
+    let mut got: std::collections::HashMap<String, usize> = frames(&buffered)
         .into_iter()
         .filter(|f| f["type"] == "DELIVER")
-        .map(|f| f["id"].as_str().unwrap().to_owned())
+        .map(|f| (f["id"].as_str().unwrap().to_owned(), 1))
         .collect();
     let before = got.len();
     // Bob comes back (the daemon may still be closing his first connection: retry the name).
     let mut bob = crate::support::connect_bob(&relay);
-    let end = relay_protocol::now_instant() + Duration::from_secs(120);
-    while got.len() < N {
-        assert!(
-            relay_protocol::now_instant() < end,
-            "Bob got {} of {N} messages ({before} before he dropped); the rest were lost",
-            got.len()
-        );
-        let f = bob.read().expect("Bob's second connection stays open");
-        match f["type"].as_str() {
-            Some("DELIVER") => {
-                got.insert(f["id"].as_str().unwrap().to_owned());
-            }
-            Some("PING") => {
-                bob.send_env("PONG", json!({}), json!({}));
-            }
-            _ => {}
-        }
-    }
+    read_deliveries_until(&mut bob, &mut got, N, before);
+    let got: std::collections::HashSet<String> = got.into_keys().collect();
     assert_eq!(got, sent);
     println!("ack:false recipient: {before} read before dropping, all {N} after reconnecting");
 }
@@ -567,15 +544,7 @@ struct RawWatch {
 
 impl RawWatch {
     fn start(relay: &Relay, args: &[&str]) -> Self {
-        let mut child = relay
-            .command()
-            .arg("watch")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = relay.spawn_cli(&[&["watch"], args].concat(), Stdio::piped());
         let out = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
         let mut stdout = child.stdout.take().unwrap();
         let mut stderr = child.stderr.take().unwrap();
@@ -615,9 +584,8 @@ impl RawWatch {
 /// `read`, `agents` and ambiguity errors printed names, ids, data and `cli` raw.
 #[test]
 fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
-    let relay = Relay::start_with(&["--rate-override", "Flood=1"]);
-    let (mut probe, _) = relay.agent("Probe");
-    let (_sink, _) = relay.agent("Sink");
+    let (relay, [mut probe, _sink]) =
+        Relay::with_agents(&["--rate-override", "Flood=1"], ["Probe", "Sink"]);
     let watches = [
         RawWatch::start(&relay, &[]),
         RawWatch::start(&relay, &["--json"]),

@@ -18,15 +18,7 @@ struct Watcher {
 
 impl Watcher {
     fn start(relay: &Relay, args: &[&str]) -> Self {
-        let mut child = relay
-            .command()
-            .arg("watch")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let mut child = relay.spawn_cli(&[&["watch"], args].concat(), Stdio::inherit());
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -173,10 +165,8 @@ fn watch_json_follows_a_conversation() {
 
 #[test]
 fn watch_filters_by_sender_and_prints_clean_lines() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut carol, _) = relay.agent("Carol");
+    let (relay, [mut bob, mut alice, mut carol]) =
+        Relay::with_agents(&[], ["Bob", "Alice", "Carol"]);
     // Probes go to an agent of their own, so that however many it takes, Bob gets none and
     // every line about them names Sink.
     let (_sink, _) = relay.agent("Sink");
@@ -307,10 +297,8 @@ fn watch_and_dashboard_report_expired_deliveries() {
 /// (with their deliveries); neither shows the rest.
 #[test]
 fn watch_filters_by_recipient_and_by_topic() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut carol, _) = relay.agent("Carol");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut carol, mut alice]) =
+        Relay::with_agents(&[], ["Bob", "Carol", "Alice"]);
     let to_bob = Watcher::start(&relay, &["--json", "--to", "Bob"]);
     to_bob.wait_subscribed(&mut alice, |a| {
         a.send("Bob", "probe");

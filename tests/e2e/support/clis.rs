@@ -468,16 +468,6 @@ pub(crate) fn kill_leftovers(home: &Path) {
     }
 }
 
-/// The delivery status of message `id` to its (one) recipient.
-pub(crate) fn delivery_status(relay: &Relay, id: &str) -> String {
-    let v: Value =
-        serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-    v["deliveries"][0]["status"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Claude Code in print mode (`claude -p PROMPT`), in a fresh HOME under `dir`, talking to
 /// `standin`, with `args` before the prompt; waits for it to exit and returns its output.
 pub(crate) fn claude_print(
@@ -496,22 +486,15 @@ pub(crate) fn claude_print(
         let (k, v) = pair.split_once('=').unwrap();
         cmd.env(k, v.trim_matches('\''));
     }
-    let out = cmd
-        .env("HOME", &home)
+    cmd.env("HOME", &home)
         .env("AGENT_RELAY_SOCKET", &relay.socket)
         .env("AGENT_RELAY_DATA_DIR", relay.data_dir())
         .current_dir(&work)
         .args(args)
         .args(["-p", prompt])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "claude -p failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null());
+    let out = cmd.output().unwrap();
+    ok_stdout(&out);
     out
 }
 
@@ -619,4 +602,14 @@ pub(crate) fn run_hook(relay: &Relay, name: &str, event: &str, input: &[u8]) -> 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The text of a prompt Claude Code sent, inside its own `<pasted_content id="...">` tags when
+/// it handed the model a paste (the whole prompt otherwise).
+pub(crate) fn pasted_inner(prompt: &str) -> &str {
+    prompt
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompt, |(inner, _)| inner)
 }

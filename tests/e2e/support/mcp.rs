@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// The line of `text` that starts with `prefix` ("" when none does): an agent's row in
+/// `relay_agents`' answer, say.
+pub(crate) fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_default()
+}
+
 /// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
 pub(crate) struct Mcp {
     /// The server, when this test started it (else it runs inside a wrapped agent).

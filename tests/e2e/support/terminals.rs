@@ -39,6 +39,15 @@ impl Tmux<'_> {
     }
 }
 
+impl Relay {
+    /// The test's tmux server for this relay's agents (its sockets in the relay's directory).
+    pub(crate) fn tmux(&self) -> Tmux<'_> {
+        Tmux {
+            dir: self.dir.path(),
+        }
+    }
+}
+
 impl Drop for Tmux<'_> {
     fn drop(&mut self) {
         let _ = self.run(&["kill-server"]);
@@ -75,13 +84,14 @@ pub(crate) fn start_tmux_agent_with(
 ) -> String {
     let file = relay.dir.path().join(format!("{name}.sh"));
     std::fs::write(&file, script).unwrap();
-    let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "sh", file.to_str().unwrap()]);
-    let out = wrap_cmd(relay, &args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let options = [TMUX_DETACHED, extra].concat();
+    let out = wrap_cmd(
+        relay,
+        &wrap_args(name, &options, &["sh", file.to_str().unwrap()]),
+    )
+    .envs(env.iter().copied())
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
