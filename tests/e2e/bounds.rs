@@ -232,6 +232,15 @@ fn idle_connections_to_the_dashboard_port_do_not_lock_the_owner_out() {
     );
 }
 
+/// A relay whose person `ops` is reached by a webhook to `hook`, agent Alice connected to it,
+/// and its dashboard's port (where the webhook's requests come in).
+fn webhook_relay_with_alice(hook: &relay_standin::people::WebhookStandIn) -> (Relay, Raw, u16) {
+    let relay = webhook_relay(hook, &two_attempts(50), &[]);
+    let (alice, _) = relay.agent("Alice");
+    let (port, _) = crate::support::dashboard(&relay);
+    (relay, alice, port)
+}
+
 /// 200 correctly signed webhook requests whose `id` the relay refuses are each answered at
 /// once with why (before, none was ever answered and each held its memory); and a request
 /// accepted before a restart is refused after it (before, the seen signatures were only in
@@ -239,9 +248,7 @@ fn idle_connections_to_the_dashboard_port_do_not_lock_the_owner_out() {
 #[test]
 fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_after_a_restart() {
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let mut relay = webhook_relay(&hook, &two_attempts(50), &[]);
-    let (mut alice, _) = relay.agent("Alice");
-    let (port, _) = crate::support::dashboard(&relay);
+    let (mut relay, mut alice, port) = webhook_relay_with_alice(&hook);
     for i in 0..200 {
         let body = json!({"from": "ops", "to": "Alice", "body": "x", "id": format!("bad id {i}\u{1b}[2J")})
             .to_string();
@@ -286,9 +293,7 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
 fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
     use std::os::unix::fs::MetadataExt;
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let mut relay = webhook_relay(&hook, &two_attempts(50), &[]);
-    let (mut alice, _) = relay.agent("Alice");
-    let (port, _) = crate::support::dashboard(&relay);
+    let (mut relay, mut alice, port) = webhook_relay_with_alice(&hook);
     let seen = relay.data_dir().join("webhook-seen");
     let mut first = None;
     let mut inode = None;

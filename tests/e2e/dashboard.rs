@@ -144,19 +144,10 @@ fn dashboard_api_serves_agents_history_detail_and_metrics() {
     // must exist.
     let (status, _) = http(port, "POST", "/api/dead/1/retry", &[]);
     assert_eq!(status, 401);
-    let (status, body) = http(
-        port,
-        "POST",
-        &format!("/api/dead/1/retry?token={token}"),
-        &[],
-    );
+    let retry = format!("/api/dead/1/retry?token={token}");
+    let (status, body) = http(port, "POST", &retry, &[]);
     assert_eq!(status, 404, "{body}");
-    let (status, _) = http(
-        port,
-        "GET",
-        &format!("/api/dead/1/retry?token={token}"),
-        &[],
-    );
+    let (status, _) = http(port, "GET", &retry, &[]);
     assert_eq!(status, 405, "a GET changes nothing");
 
     let (_, metrics) = http_get(port, &format!("/metrics?token={token}"), &[]);

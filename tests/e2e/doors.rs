@@ -523,35 +523,15 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     // Alice is known to the relay (offline): Bob's message waits for her.
     drop(relay.agent("Alice"));
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
-        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
-        relay_standin::Rule::contains("hello there", "Hello.").held(),
-    ]))
-    .unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
-    // Code's own settings give it to its hooks), the relay from the environment claude_print
-    // sets.
-    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
     // Bob's message comes while Alice works on her prompt (after its UserPromptSubmit hook
     // found nothing): the Stop hook at the end of the turn hands it over.
-    let (id, out) = std::thread::scope(|s| {
-        let print =
-            s.spawn(|| claude_print(&relay, &standin, &["--settings", &settings], "hello there"));
-        crate::support::wait_for(
-            std::time::Duration::from_secs(60),
-            "Alice's model is asked",
-            || !standin.prompts().is_empty(),
-        );
+    let (id, out, standin) = claude_print_with_hooks(&relay, || {
         // Bob connects only now: a raw connection silent while Claude Code starts (longer
         // than the heartbeat's grace on a loaded machine) would be closed.
         let (mut bob, _) = relay.agent("Bob");
         let id = bob.send("Alice", body);
         bob.expect("ACK");
-        standin.release();
-        (id, print.join().unwrap())
+        id
     });
     let asked: Vec<String> = turns(&standin);
     let short = &id[id.len() - 8..];

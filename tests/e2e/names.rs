@@ -227,18 +227,10 @@ done
     // `trace`; sent again with its own id, the second message is stored. Before the fix both
     // were stored and `read same-id-0001` said "matches 2 messages".
     let (mut carol, _) = relay.agent("Carol");
-    carol.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Carol's words"}),
-    );
+    carol.send_as_id("same-id-0001", "Bob", "Carol's words");
     carol.expect("ACK");
     let (mut dave, _) = relay.agent("Dave");
-    dave.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Dave's words"}),
-    );
+    dave.send_as_id("same-id-0001", "Bob", "Dave's words");
     let nack = dave.expect("NACK");
     assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
     let reason = nack["payload"]["reason"].as_str().unwrap();
@@ -254,17 +246,9 @@ done
     let out = ok_stdout(&relay.cli(&["trace", "same-id-0001"]));
     assert!(out.contains("Carol"), "{out}");
     // The same sender sending its id again is a duplicate, as before.
-    carol.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Carol's words"}),
-    );
+    carol.send_as_id("same-id-0001", "Bob", "Carol's words");
     assert_eq!(carol.expect("ACK")["payload"]["status"], "duplicate");
-    dave.send_env(
-        "SEND",
-        json!({"id": "same-id-0002", "to": "Bob"}),
-        json!({"body": "Dave's words"}),
-    );
+    dave.send_as_id("same-id-0002", "Bob", "Dave's words");
     dave.expect("ACK");
     let out = ok_stdout(&relay.cli(&["read", "same-id-0002"]));
     assert!(out.contains("Dave's words"), "{out}");

@@ -245,11 +245,7 @@ fn second_connection_with_a_live_name_needs_the_resume_token() {
 fn a_resent_send_id_is_stored_and_delivered_once() {
     let (relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     for _ in 0..3 {
-        alice.send_env(
-            "SEND",
-            json!({"id": "same-id-1", "to": "Bob"}),
-            json!({"body": "once"}),
-        );
+        alice.send_as_id("same-id-1", "Bob", "once");
     }
     let statuses: Vec<String> = (0..3)
         .map(|_| {

@@ -866,12 +866,17 @@ fn a_dead_tmux_server_ends_the_relaying_process_with_a_reason() {
 /// together on one tmux server, each attached by its relaying process, must leave it running:
 /// a person's own session on it included. (Without the guard this crashed tmux 3.3a here in 2
 /// of 4 runs, 6 of 6 passed with it; plain tmux commands doing the same crash it every time.)
+/// A person's own session `mine` on the test's tmux server, beside the agents'.
+fn a_persons_own_session(tmux: &Tmux<'_>) {
+    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
+    assert!(mine.status.success(), "{mine:?}");
+}
+
 #[test]
 fn agents_started_and_stopped_together_leave_the_tmux_server_running() {
     let relay = Relay::start();
     let tmux = relay.tmux();
-    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
-    assert!(mine.status.success(), "{mine:?}");
+    a_persons_own_session(&tmux);
     let agent = "echo \"I am $AGENT_RELAY_NAME\"\nexec sleep 1000\n";
     let start = |names: &[String]| {
         std::thread::scope(|s| {
@@ -1019,8 +1024,7 @@ fn hold_tmux_lock(tmux: &Tmux<'_>) -> std::fs::File {
 fn a_relaying_process_stopped_while_a_control_client_identifies_leaves_the_tmux_server_running() {
     let relay = Relay::start();
     let tmux = relay.tmux();
-    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
-    assert!(mine.status.success(), "{mine:?}");
+    a_persons_own_session(&tmux);
     let session = start_tmux_agent(&relay, "Ada", "echo \"I am Ada\"\nexec sleep 1000\n", &[]);
     wait_online(&relay, "Ada");
     // Its control client is attached (the relaying process attaches it once connected).

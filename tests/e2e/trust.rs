@@ -51,11 +51,7 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
     ];
     let long = "x".repeat(129);
     for id in hostile.iter().copied().chain([long.as_str()]) {
-        alice.send_env(
-            "SEND",
-            json!({"id": id, "to": "Bob"}),
-            json!({"body": "hi"}),
-        );
+        alice.send_as_id(id, "Bob", "hi");
         let nack = alice.expect("NACK");
         assert_eq!(nack["payload"]["code"], "invalid", "{id:?}: {nack}");
         // The echo of a hostile id carries no control character.
@@ -63,11 +59,7 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
         assert!(!echoed.chars().any(char::is_control), "{echoed:?}");
     }
     // A safe id still goes through, and it is the only message Bob ever gets.
-    let ok = alice.send_env(
-        "SEND",
-        json!({"id": "01JB2K7Q-ok.1:x_y", "to": "Bob"}),
-        json!({"body": "fine"}),
-    );
+    let ok = alice.send_as_id("01JB2K7Q-ok.1:x_y", "Bob", "fine");
     assert_eq!(alice.expect("ACK")["payload"]["ack_id"], ok);
     let d = bob.expect("DELIVER");
     assert_eq!(d["id"], ok);
@@ -625,17 +617,9 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     );
     // A refused message (over Flood's rate limit): a dead letter and a `refused` event.
     let (mut flood, _) = relay.agent("Flood");
-    flood.send_env(
-        "SEND",
-        json!({"id": "flood-1", "to": "Bob"}),
-        json!({"body": "ok"}),
-    );
+    flood.send_as_id("flood-1", "Bob", "ok");
     flood.expect("ACK");
-    flood.send_env(
-        "SEND",
-        json!({"id": "flood-2", "to": "Bob"}),
-        json!({"body": HOSTILE}),
-    );
+    flood.send_as_id("flood-2", "Bob", HOSTILE);
     assert_eq!(flood.expect("NACK")["payload"]["code"], "rate_limited");
     // Ids a terminal would act on: the daemon refuses them (issue 11) or, if it stores them,
     // an ambiguous prefix must not print them raw.
@@ -643,11 +627,7 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     let (mut carol, _) = relay.agent("Carol");
     let mut stored_hostile_ids = 0;
     for id in ["ambiguous-1\u{9b}31m", "ambiguous-1\u{9d}0;t\u{9c}"] {
-        carol.send_env(
-            "SEND",
-            json!({"id": id, "to": "Sink"}),
-            json!({"body": "b"}),
-        );
+        carol.send_as_id(id, "Sink", "b");
         let f = carol.read().unwrap();
         match f["type"].as_str() {
             Some("ACK") => stored_hostile_ids += 1,

@@ -180,11 +180,7 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
     alice.expect("ACK");
     // Carol cannot reuse Alice's id (an id names one message, issue 24.7): refused, nothing
     // stored. Her own message to Bob, whose delivery and acknowledgement must not show.
-    carol.send_env(
-        "SEND",
-        json!({"id": id, "to": "Bob"}),
-        json!({"body": "carol speaking"}),
-    );
+    carol.send_as_id(&id, "Bob", "carol speaking");
     let nack = carol.expect("NACK");
     assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
     carol.send("Bob", "carol speaking");

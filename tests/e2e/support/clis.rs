@@ -157,6 +157,17 @@ pub(crate) struct Agent<'r> {
     _terminal: PersonTerminal,
 }
 
+/// Where and how an [`Agent`] runs: its backend, its HOME and working directory (folders under
+/// the relay's directory), and more options for `wrap` and for the CLI (pieces of shell
+/// command line).
+struct Place<'a> {
+    backend: &'a str,
+    home: &'a str,
+    work: &'a str,
+    wrap_args: &'a str,
+    cli_args: &'a str,
+}
+
 impl<'r> Agent<'r> {
     /// Claude Code under the relay.
     pub(crate) fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
@@ -198,7 +209,14 @@ impl<'r> Agent<'r> {
         backend: &str,
         (home, work): (&str, &str),
     ) -> Self {
-        Self::start_args(relay, cli, name, script, backend, (home, work), ("", ""))
+        let place = Place {
+            backend,
+            home,
+            work,
+            wrap_args: "",
+            cli_args: "",
+        };
+        Self::start_args(relay, cli, name, script, place)
     }
 
     /// [`Agent::start`] (PTY backend) with more options for `wrap` and for the CLI, each a
@@ -211,15 +229,14 @@ impl<'r> Agent<'r> {
         (wrap_args, cli_args): (&str, &str),
     ) -> Self {
         let (home, work) = (format!("home-{name}"), format!("work-{name}"));
-        Self::start_args(
-            relay,
-            cli,
-            name,
-            script,
-            "pty",
-            (&home, &work),
-            (wrap_args, cli_args),
-        )
+        let place = Place {
+            backend: "pty",
+            home: &home,
+            work: &work,
+            wrap_args,
+            cli_args,
+        };
+        Self::start_args(relay, cli, name, script, place)
     }
 
     fn start_args(
@@ -227,10 +244,15 @@ impl<'r> Agent<'r> {
         cli: Cli,
         name: &str,
         script: Script,
-        backend: &str,
-        (home, work): (&str, &str),
-        (wrap_args, cli_args): (&str, &str),
+        place: Place<'_>,
     ) -> Self {
+        let Place {
+            backend,
+            home,
+            work,
+            wrap_args,
+            cli_args,
+        } = place;
         let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
@@ -555,6 +577,7 @@ pub(crate) fn tool_results(standin: &relay_standin::StandIn, from: usize) -> Vec
         .collect()
 }
 
+/// `agent-relay hooks ARGS` in `dir`; its stdout (it must succeed).
 pub(crate) fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
     let out = relay
         .command()
@@ -565,6 +588,38 @@ pub(crate) fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> Stri
         .output()
         .unwrap();
     ok_stdout(&out)
+}
+
+/// Real Claude Code in print mode as Alice, no wrapper, with the relay's hooks installed (its
+/// own settings give its hooks her name, [`claude_print`] the relay), asked "hello there":
+/// while its model works on that (the stand-in holds the answer), `meanwhile` runs, then the
+/// turn goes on. Returns what `meanwhile` returned, Claude Code's output and the stand-in.
+pub(crate) fn claude_print_with_hooks<T: Send>(
+    relay: &Relay,
+    meanwhile: impl FnOnce() -> T + Send,
+) -> (T, Output, StandIn) {
+    let standin = StandIn::start(Script::new(vec![
+        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
+        relay_standin::Rule::contains("hello there", "Hello.").held(),
+    ]))
+    .unwrap();
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(relay, &work, &["install", "claude"]);
+    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
+    // Code's own settings give it to its hooks).
+    let settings = json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    let (got, out) = std::thread::scope(|s| {
+        let print =
+            s.spawn(|| claude_print(relay, &standin, &["--settings", &settings], "hello there"));
+        wait_for(Duration::from_secs(60), "Alice's model is asked", || {
+            !standin.prompts().is_empty()
+        });
+        let got = meanwhile();
+        standin.release();
+        (got, print.join().unwrap())
+    });
+    (got, out, standin)
 }
 
 /// Every text of a Messages API request's messages, reminders and all. Claude Code 2.1.328

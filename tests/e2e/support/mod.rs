@@ -419,6 +419,11 @@ impl Raw {
         assert!(self.closed(), "the connection stays open after BYE");
     }
 
+    /// SEND `body` to `to` under the message id `id` (a test's own, to resend or to refuse).
+    pub fn send_as_id(&mut self, id: &str, to: &str, body: &str) -> String {
+        self.send_env("SEND", json!({"id": id, "to": to}), json!({"body": body}))
+    }
+
     /// SEND `body` to `to`; returns the id.
     pub fn send(&mut self, to: &str, body: &str) -> String {
         self.send_env(
