@@ -129,14 +129,11 @@ fn conversation(backend: Backend) {
     }
 }
 
-#[test]
-fn two_agents_converse_in_a_pty() {
-    conversation(Backend::Pty);
-}
-
-#[test]
-fn two_agents_converse_in_tmux_sessions() {
-    conversation(Backend::Tmux);
+tests_of! {
+    conversation {
+        two_agents_converse_in_a_pty(Backend::Pty);
+        two_agents_converse_in_tmux_sessions(Backend::Tmux);
+    }
 }
 
 /// The pane a person sees the agent in, and types into: under the PTY backend a person's
@@ -330,14 +327,11 @@ fn a_persons_line(backend: Backend) {
     );
 }
 
-#[test]
-fn a_persons_line_in_a_pty_is_never_typed_over() {
-    a_persons_line(Backend::Pty);
-}
-
-#[test]
-fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
-    a_persons_line(Backend::Tmux);
+tests_of! {
+    a_persons_line {
+        a_persons_line_in_a_pty_is_never_typed_over(Backend::Pty);
+        a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected(Backend::Tmux);
+    }
 }
 
 /// The parser reads the agent's terminal at its width, and follows a resize: a TUI (the
@@ -436,14 +430,11 @@ while IFS= read -r line; do :; done
     assert_eq!(heard(), format!("{x} Done."), "{}", pane.text());
 }
 
-#[test]
-fn a_resized_pty_is_read_at_its_new_width() {
-    a_resized_terminal(Backend::Pty);
-}
-
-#[test]
-fn a_resized_tmux_window_is_read_at_its_new_width() {
-    a_resized_terminal(Backend::Tmux);
+tests_of! {
+    a_resized_terminal {
+        a_resized_pty_is_read_at_its_new_width(Backend::Pty);
+        a_resized_tmux_window_is_read_at_its_new_width(Backend::Tmux);
+    }
 }
 
 /// The restart scenario's agent: notes `start` in `Bob.seen` each time it starts, and every
@@ -715,14 +706,11 @@ fn backend_session(backend: Backend, relay: &Relay) -> Option<String> {
     (backend == Backend::Tmux).then(|| session_of(relay, "Bob"))
 }
 
-#[test]
-fn a_restarted_pty_wrapper_types_nothing_twice_and_misses_nothing() {
-    a_restarted_wrapper(Backend::Pty);
-}
-
-#[test]
-fn a_restarted_tmux_wrapper_picks_up_its_session_typing_nothing_twice() {
-    a_restarted_wrapper(Backend::Tmux);
+tests_of! {
+    a_restarted_wrapper {
+        a_restarted_pty_wrapper_types_nothing_twice_and_misses_nothing(Backend::Pty);
+        a_restarted_tmux_wrapper_picks_up_its_session_typing_nothing_twice(Backend::Tmux);
+    }
 }
 
 /// The relay dies (-9) and comes back: the agent keeps running, its wrapper (PTY) or relaying
@@ -780,12 +768,9 @@ fn the_relay_coming_back(backend: Backend) {
     }
 }
 
-#[test]
-fn a_pty_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
-    the_relay_coming_back(Backend::Pty);
-}
-
-#[test]
-fn a_tmux_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
-    the_relay_coming_back(Backend::Tmux);
+tests_of! {
+    the_relay_coming_back {
+        a_pty_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart(Backend::Pty);
+        a_tmux_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart(Backend::Tmux);
+    }
 }

@@ -39,8 +39,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
             break s;
         }
         if relay_protocol::now_instant() > end {
-            child.kill().unwrap();
-            child.wait().unwrap();
+            kill9_child(&mut child);
             panic!(
                 "the command did not end within {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&err.join().unwrap())

@@ -313,8 +313,7 @@ fn relay_claim_claims_lists_and_releases_with_and_without_a_wrapper() {
     assert!(!err && said.contains("released docs/"), "{said}");
     assert_eq!(claims_listed(&relay), [("Sam".into(), "docs/a.md".into())]);
     drop(ada);
-    ada_wrapper.kill().unwrap();
-    ada_wrapper.wait().unwrap();
+    kill9_child(&mut ada_wrapper);
 }
 
 /// What Claude Code writes on a PostToolUse hook's stdin after an edit (its hooks reference:

@@ -613,16 +613,6 @@ fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
-/// A child process killed when dropped, so a failing test leaves no wrapper running.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A wrapped stand-in agent under the PTY backend that reads lines until stopped; its script
 /// is `<relay dir>/<name>.sh`, so its processes (wrapper and agent) carry that path.
 fn idle_agent(relay: &Relay, name: &str) -> (Reaped, String) {

@@ -264,28 +264,21 @@ fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
     );
 }
 
-/// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
-/// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When the
-/// turn is over, Bob's next model request holds all three in one prompt (a header, then each
-/// message as usual, the multi-line one with its lines), each is reported verified and stored
-/// once. Before digests, each was a prompt of its own.
-#[test]
-fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Claude, "Bob");
-}
-
-/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
-/// 0.169.0 (busy: `esc to interrupt`).
-#[test]
-fn codex_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Codex, "Cody");
-}
-
-/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
-/// 0.61.0 (busy: `esc to cancel`).
-#[test]
-fn gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Gemini, "Gemma");
+tests_of! {
+    digest_of_three_sent_while_busy {
+        /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
+        /// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When
+        /// the turn is over, Bob's next model request holds all three in one prompt (a header, then
+        /// each message as usual, the multi-line one with its lines), each is reported verified and
+        /// stored once. Before digests, each was a prompt of its own.
+        claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Claude, "Bob");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
+        /// 0.169.0 (busy: `esc to interrupt`).
+        codex_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Codex, "Cody");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
+        /// 0.61.0 (busy: `esc to cancel`).
+        gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Gemini, "Gemma");
+    }
 }
 
 /// A real CLI under `--delivery digest`, kept busy by a held reply while three messages come:
@@ -349,29 +342,23 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     assert_eq!(history(&relay).len(), 3);
 }
 
-/// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
-/// `--delivery notice`: the wrapper types only the one-line notice, the model calls
-/// relay_inbox (scripted by the stand-in), gets the exact multi-line body as the tool's
-/// result, and the message is reported verified, stored once, its body never typed.
-#[test]
-fn claude_code_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Claude, "Bob");
-}
-
-/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Codex CLI 0.169.0: the
-/// server given with `-c mcp_servers.relay={...}` (what `codex mcp add` writes, and its
-/// tools approved), the stand-in calling `relay_inbox` in namespace `mcp__relay`.
-#[test]
-fn codex_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Codex, "Cody");
-}
-
-/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Gemini CLI 0.61.0: the
-/// server in the project's `.gemini/settings.json` (what `gemini mcp add` writes, with
-/// `trust: true` so that Gemini does not ask), the stand-in calling `mcp_relay_relay_inbox`.
-#[test]
-fn gemini_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Gemini, "Gemma");
+tests_of! {
+    reads_a_noticed_message_with_relay_inbox {
+        /// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
+        /// `--delivery notice`: the wrapper types only the one-line notice, the model calls
+        /// relay_inbox (scripted by the stand-in), gets the exact multi-line body as the tool's
+        /// result, and the message is reported verified, stored once, its body never typed.
+        claude_code_reads_a_noticed_message_with_relay_inbox(Cli::Claude, "Bob");
+        /// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Codex CLI 0.169.0: the
+        /// server given with `-c mcp_servers.relay={...}` (what `codex mcp add` writes, and its
+        /// tools approved), the stand-in calling `relay_inbox` in namespace `mcp__relay`.
+        codex_reads_a_noticed_message_with_relay_inbox(Cli::Codex, "Cody");
+        /// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Gemini CLI 0.61.0: the
+        /// server in the project's `.gemini/settings.json` (what `gemini mcp add` writes, with
+        /// `trust: true` so that Gemini does not ask), the stand-in calling
+        /// `mcp_relay_relay_inbox`.
+        gemini_reads_a_noticed_message_with_relay_inbox(Cli::Gemini, "Gemma");
+    }
 }
 
 /// A real CLI with the relay's MCP server under a wrapper with `--delivery notice`: the

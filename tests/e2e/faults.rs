@@ -323,8 +323,7 @@ impl Wrappers {
 
     fn kill9(&mut self, i: usize) {
         let mut c = self.procs[i].take().expect("running");
-        c.kill().unwrap();
-        c.wait().unwrap();
+        kill9_child(&mut c);
         // Each life's log ends with this line, for a failure's story.
         let mut log = std::fs::OpenOptions::new()
             .append(true)

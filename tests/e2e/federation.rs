@@ -110,8 +110,7 @@ impl Nats {
     /// SIGKILL: a crash.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
+            kill9_child(&mut c);
         }
     }
 

@@ -122,8 +122,7 @@ fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
         fifos.server_log()
     );
     drop(own);
-    alice.kill().unwrap();
-    alice.wait().unwrap();
+    kill9_child(&mut alice);
 }
 
 /// Issue 23.1 under tmux: the door key reaches the agent through its session (never a command

@@ -187,7 +187,8 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let _dora = KillOnDrop(dora);
+    // It never ends by itself: killed when the test ends (passed or not).
+    let _dora = Reaped(dora);
     wait_online(&relay, "Dora");
     ok_stdout(&relay.cli(&["send", "--from", "Carol", "Dora", "please run the tests"]));
     let blocked = |tg: &TelegramStandIn| {
@@ -213,16 +214,6 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
             .any(|m| m.text.starts_with("relay: Bob is waiting for your answer"))
     });
     assert_eq!(blocked(&tg), 1, "{:?}", tg.sent());
-}
-
-/// A wrapped agent that never ends by itself, killed when the test ends (passed or not).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Outbound: a message to the person is POSTed signed over its timestamp and body; a

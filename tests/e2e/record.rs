@@ -324,8 +324,7 @@ fn the_persons_mailbox_keeps_an_answer_and_reply_is_threaded() {
         (v["body"].as_str(), v["unread"].as_bool()),
         (Some("one more thing"), Some(true))
     );
-    follow.kill().unwrap();
-    follow.wait().unwrap();
+    kill9_child(&mut follow);
 }
 
 /// Issue 24.1: a declared person needs no adapter: `[people.Kim]` alone is accepted, Kim can

@@ -144,8 +144,7 @@ impl Relay {
     /// SIGKILL, no cleanup: what a crash looks like.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
+            kill9_child(&mut c);
         }
     }
 
@@ -264,6 +263,23 @@ pub fn fault_seed(what: &str) -> u64 {
     seed
 }
 
+/// SIGKILL to `child`, and waits for it: what a crash looks like.
+pub fn kill9_child(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A child process killed (and waited for) when dropped, so a failing test leaves no wrapper
+/// or agent running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `path` opened to append to (made when missing): a log a process writes across restarts.
 pub fn append_log(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
@@ -284,6 +300,22 @@ pub fn require_root(to: &str) {
         rustix::process::getuid().as_raw()
     );
 }
+
+/// One `#[test]` per case, each calling `body` with that case's arguments: one test body for
+/// each backend or each CLI, under the names the tests are run by. A case's doc comment goes
+/// with it.
+macro_rules! tests_of {
+    ($body:path { $($(#[$attr:meta])* $name:ident($($arg:expr),* $(,)?);)+ }) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                $body($($arg),*);
+            }
+        )+
+    };
+}
+pub(crate) use tests_of;
 
 /// Polls `cond` until it holds or `limit` passes (then panics naming `what`). Deadlines here
 /// only bound a hang; no test asserts how fast anything is.

@@ -299,8 +299,7 @@ impl ScriptAgent {
     pub(crate) fn kill9(&mut self, relay: &Relay) {
         match self.child.take() {
             Some(mut child) => {
-                child.kill().unwrap();
-                child.wait().unwrap();
+                kill9_child(&mut child);
             }
             None => {
                 let lock = relay
