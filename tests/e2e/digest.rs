@@ -138,16 +138,13 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
         ids.iter()
             .all(|id| delivery_status(&relay, id) == "verified")
     });
+    let [s0, s1, s2] = [0, 1, 2].map(|i| short(&ids[i]));
+    let ([b0, _, b2], id1) = (BODIES, &ids[1]);
     let expected = format!(
-        "3 relay messages: Relay message from human [{}]: {} | Relay message from human [{}]: \
-         Second:   - update the docs   - bump the version (its line breaks are shown as spaces \
-         here; exact text: agent-relay read {}) | Relay message from human [{}]: {}",
-        short(&ids[0]),
-        BODIES[0],
-        short(&ids[1]),
-        ids[1],
-        short(&ids[2]),
-        BODIES[2]
+        "3 relay messages: Relay message from human [{s0}]: {b0} | \
+         Relay message from human [{s1}]: Second:   - update the docs   - bump the version (its \
+         line breaks are shown as spaces here; exact text: agent-relay read {id1}) | \
+         Relay message from human [{s2}]: {b2}"
     );
     assert_eq!(bob.got(), [expected], "one prompt with all three");
     let log = bob.log();
@@ -264,23 +261,6 @@ fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
     );
 }
 
-tests_of! {
-    digest_of_three_sent_while_busy {
-        /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
-        /// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When
-        /// the turn is over, Bob's next model request holds all three in one prompt (a header, then
-        /// each message as usual, the multi-line one with its lines), each is reported verified and
-        /// stored once. Before digests, each was a prompt of its own.
-        claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Claude, "Bob");
-        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
-        /// 0.169.0 (busy: `esc to interrupt`).
-        codex_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Codex, "Cody");
-        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
-        /// 0.61.0 (busy: `esc to cancel`).
-        gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Gemini, "Gemma");
-    }
-}
-
 /// A real CLI under `--delivery digest`, kept busy by a held reply while three messages come:
 /// its next model request holds the three in one prompt, byte for byte, each typed once and
 /// reported verified, stored once.
@@ -316,14 +296,10 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     );
     bob.standin().release();
     let prompts = bob.wait_prompts(2);
+    let [s0, s1, s2] = [0, 1, 2].map(|i| short(&ids[i]));
+    let [b0, b1, b2] = BODIES;
     let expected = format!(
-        "3 relay messages:\nRelay message from human [{}]: {}\nRelay message from human [{}]:\n{}\nRelay message from human [{}]: {}",
-        short(&ids[0]),
-        BODIES[0],
-        short(&ids[1]),
-        BODIES[1],
-        short(&ids[2]),
-        BODIES[2]
+        "3 relay messages:\nRelay message from human [{s0}]: {b0}\nRelay message from human [{s1}]:\n{b1}\nRelay message from human [{s2}]: {b2}"
     );
     // Claude Code may hand a paste to the model inside its own `<pasted_content>` tags.
     let inner = pasted_inner(&prompts[1]);
@@ -343,6 +319,20 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
 }
 
 tests_of! {
+    digest_of_three_sent_while_busy {
+        /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
+        /// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When
+        /// the turn is over, Bob's next model request holds all three in one prompt (a header, then
+        /// each message as usual, the multi-line one with its lines), each is reported verified and
+        /// stored once. Before digests, each was a prompt of its own.
+        claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Claude, "Bob");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
+        /// 0.169.0 (busy: `esc to interrupt`).
+        codex_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Codex, "Cody");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
+        /// 0.61.0 (busy: `esc to cancel`).
+        gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Gemini, "Gemma");
+    }
     reads_a_noticed_message_with_relay_inbox {
         /// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
         /// `--delivery notice`: the wrapper types only the one-line notice, the model calls

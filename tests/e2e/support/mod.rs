@@ -301,18 +301,18 @@ pub fn require_root(to: &str) {
     );
 }
 
-/// One `#[test]` per case, each calling `body` with that case's arguments: one test body for
-/// each backend or each CLI, under the names the tests are run by. A case's doc comment goes
-/// with it.
+/// One `#[test]` per case, each calling its `body` with the case's arguments: one test body
+/// for each backend or each CLI, under the names the tests are run by. A case's doc comment
+/// goes with it; one invocation may list several bodies.
 macro_rules! tests_of {
-    ($body:path { $($(#[$attr:meta])* $name:ident($($arg:expr),* $(,)?);)+ }) => {
-        $(
+    ($($body:path { $($(#[$attr:meta])* $name:ident($($arg:expr),* $(,)?);)+ })+) => {
+        $($(
             $(#[$attr])*
             #[test]
             fn $name() {
                 $body($($arg),*);
             }
-        )+
+        )+)+
     };
 }
 pub(crate) use tests_of;
