@@ -131,26 +131,22 @@ fn a_pty_agent_that_fails_says_its_status_and_status_3_is_not_the_relay_not_runn
     let relay = Relay::start();
     relay.write("zoe.sh", BOGUS);
     relay.write("three.sh", "echo bye\nexit 3\n");
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Zoe", "--", "sh", "zoe.sh"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    // `sh SCRIPT` wrapped as `name`: its exit code and what the wrapper said.
+    let run = |name: &str, script: &str| {
+        let out = relay.cli(&wrap_args(name, &["--no-input"], &["sh", script]));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run("Zoe", "zoe.sh");
+    assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("agent-relay: Zoe exited with status 1"),
         "{err}"
     );
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Tri", "--", "sh", "three.sh"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
+    let (code, err) = run("Tri", "three.sh");
+    assert_eq!(code, Some(3), "{err}");
     assert!(
         err.contains("agent-relay: Tri exited with status 3"),
         "{err}"
@@ -455,34 +451,15 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
     let _tmux = relay.tmux();
     crate::support::start_tmux_agent(&relay, "Alice", ECHOER, &[]);
     // The person's terminal (a tmux pane of its own server) attaches to Alice's session.
-    let _term = crate::support::person_terminal(
+    let term = person_terminal_here(
         &relay,
         "person",
-        &format!(
-            "cd '{}' && env -u TMUX {{bin}} attach Alice; echo \"attach ended: $?\"",
-            relay.dir.path().display()
-        ),
+        "{bin} attach Alice; echo \"attach ended: $?\"",
     );
-    let screen = || {
-        let out =
-            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
-    while !screen().contains("I am Alice") {
-        assert!(
-            relay_protocol::now_instant() < deadline,
-            "the person does not see Alice:\n{}",
-            screen()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    term.wait_shows(Duration::from_secs(20), "I am Alice");
     let out = wrap_cmd(&relay, &["stop", "Alice"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    wait_for(Duration::from_secs(20), "the attach command ends", || {
-        screen().contains("attach ended:")
-    });
-    let s = screen();
+    let s = term.wait_shows(Duration::from_secs(20), "attach ended:");
     assert!(
         s.contains("Alice was stopped by `agent-relay stop Alice`"),
         "{s}"
@@ -495,13 +472,10 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
 #[test]
 fn config_keys_may_use_dashes_or_underscores() {
     let relay = Relay::unstarted();
-    let dir = relay.dir.path().join(".agent-relay");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("config.toml"),
+    configure(
+        &relay,
         "[up]\ninbox_ttl = 600\nmax-hops = 4\n\n[profiles.generic]\nquiet-ms = 50\nsettle_ms = 300\n",
-    )
-    .unwrap();
+    );
     let out = relay.cli(&["config", "--json"]);
     let s: Value = serde_json::from_str(&crate::support::ok_stdout(&out)).unwrap();
     assert_eq!(s["up"]["inbox-ttl"]["value"], "600", "{s:#}");
@@ -518,8 +492,6 @@ fn config_keys_may_use_dashes_or_underscores() {
 #[test]
 fn config_says_when_the_running_relay_uses_another_value() {
     let relay = Relay::start();
-    let dir = relay.dir.path().join(".agent-relay");
-    std::fs::create_dir_all(&dir).unwrap();
     let before: Value = serde_json::from_str(&crate::support::ok_stdout(
         &relay.cli(&["config", "--json"]),
     ))
@@ -532,7 +504,7 @@ fn config_says_when_the_running_relay_uses_another_value() {
         before["up"]["max-hops"].get("running").is_none(),
         "{before:#}"
     );
-    std::fs::write(dir.join("config.toml"), "[up]\nmax-hops = 3\n").unwrap();
+    configure(&relay, "[up]\nmax-hops = 3\n");
     let v: Value = serde_json::from_str(&crate::support::ok_stdout(
         &relay.cli(&["config", "--json"]),
     ))
@@ -557,29 +529,12 @@ fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines
     let relay = Relay::start();
     let _tmux = relay.tmux();
     relay.write("zoe.sh", BOGUS);
-    let _term = crate::support::person_terminal(
+    let term = person_terminal_here(
         &relay,
         "person",
-        &format!(
-            "cd '{}' && env -u TMUX {{bin}} --backend tmux -n Zoe -- sh zoe.sh; echo \"ended: $?\"",
-            relay.dir.path().display()
-        ),
+        "{bin} --backend tmux -n Zoe -- sh zoe.sh; echo \"ended: $?\"",
     );
-    let screen = || {
-        let out =
-            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
-    while !screen().contains("ended:") {
-        assert!(
-            relay_protocol::now_instant() < deadline,
-            "the command did not end:\n{}",
-            screen()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let s = screen();
+    let s = term.wait_shows(Duration::from_secs(30), "ended:");
     assert!(s.contains("Zoe exited with status 1"), "{s}");
     assert!(s.contains("unknown option '--bogus-flag'"), "{s}");
     assert!(s.contains("ended: 1"), "{s}");

@@ -257,20 +257,15 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
     wait_or_dump(&relay, &tmux, "Dana starts", || {
         tmux.pane(&session).contains("I am Dana")
     });
-    let dir = relay.dir.path();
     // Attach, and once detached attach again after the person presses Enter.
-    let _terminal = crate::support::person_terminal(
+    let term = person_terminal_here(
         &relay,
         "relayattach",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} attach Dana\necho \"attach exit $?\"\nread again\n\
-             {{bin}} attach Dana\necho \"attach exit $?\"",
-            dir.display()
-        ),
+        "{bin} attach Dana\necho \"attach exit $?\"\nread again\n\
+         {bin} attach Dana\necho \"attach exit $?\"",
     );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayattach", args);
-    let screen =
-        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    let person = |args: &[&str]| term.tmux(args);
+    let screen = || term.screen();
     wait_or_dump(&relay, &tmux, "the person sees Dana's session", || {
         screen().contains("I am Dana")
     });
@@ -409,19 +404,13 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
 fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
     let relay = Relay::start();
     let tmux = relay.tmux();
-    let dir = relay.dir.path();
-    std::fs::write(dir.join("Erin.sh"), echo_agent()).unwrap();
-    let _terminal = crate::support::person_terminal(
+    relay.write("Erin.sh", echo_agent());
+    let term = person_terminal_here(
         &relay,
         "relaykilled",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} wrap --backend tmux -n Erin -- sh Erin.sh\necho \"wrap exit $?\"",
-            dir.display()
-        ),
+        "{bin} wrap --backend tmux -n Erin -- sh Erin.sh\necho \"wrap exit $?\"",
     );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relaykilled", args);
-    let screen =
-        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    let screen = || term.screen();
     wait_for(Duration::from_secs(20), "the person sees Erin", || {
         screen().contains("I am Erin")
     });
@@ -667,16 +656,8 @@ fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
     let relay = Relay::start_with(&["--max-hops", "3"]);
     let tmux = relay.tmux();
     let alice = start_ping_pong(&relay, &[]);
-    let dir = relay.dir.path();
-    let _terminal = crate::support::person_terminal(
-        &relay,
-        "relayturns",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} attach Alice",
-            dir.display()
-        ),
-    );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayturns", args);
+    let term = person_terminal_here(&relay, "relayturns", "{bin} attach Alice");
+    let person = |args: &[&str]| term.tmux(args);
     let rounds = 4;
     for i in 1..=rounds {
         wait_for_alices_prompt(&relay, &tmux, &alice);
