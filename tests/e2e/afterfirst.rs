@@ -9,11 +9,7 @@ use crate::support::*;
 
 /// The hand-overs `trace` shows for a message to `recipient`.
 fn delivered_events(relay: &Relay, id: &str) -> usize {
-    let trace: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"])))
-        .unwrap_or_else(|e| panic!("trace {id}: {e}"));
-    trace["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .filter(|e| e["state"] == "delivered")
         .count()

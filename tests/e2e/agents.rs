@@ -492,9 +492,7 @@ fn codex_gets_a_message_sent_while_it_starts() {
         Script::new(vec![Rule::contains("are you there", "Yes, here.")]),
     );
     wait_online(&relay, "Cody");
-    let out = relay.cli(&["send", "Cody", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Cody", body);
     wait_for(LONG, "the delivery is reported verified", || {
         delivery_status(&relay, &id) == "verified"
     });
@@ -541,13 +539,11 @@ fn logged_at(relay: &Relay, agent: &str, what: &str, id: &str) -> f64 {
 
 /// When the stored delivery trace of `id` says `state` for `recipient`, Unix ms.
 fn traced_at(relay: &Relay, id: &str, state: &str, recipient: &str) -> f64 {
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"]))).unwrap();
-    t["events"]
-        .as_array()
-        .unwrap()
+    let events = trace_events(relay, id);
+    events
         .iter()
         .find(|e| e["state"] == state && e["recipient"] == recipient)
-        .unwrap_or_else(|| panic!("no {state}@{recipient} in {t}"))["ts"]
+        .unwrap_or_else(|| panic!("no {state}@{recipient} in {events:?}"))["ts"]
         .as_f64()
         .unwrap()
 }

@@ -238,9 +238,7 @@ fn a_persons_line(backend: Backend) {
     crate::support::wait_or_dump(&relay, &tmux, "the person's text shows", || {
         pane.text().contains("> half a thought")
     });
-    let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
-    let first: Value = serde_json::from_str(&first).unwrap();
-    let first_id = first["id"].as_str().unwrap().to_owned();
+    let first_id = cli_send(&relay, "Dana", "first relayed note");
     crate::support::held_for_a_person(&relay, &tmux, "Dana", &first_id);
     let shown = pane.text();
     assert!(
@@ -308,9 +306,7 @@ fn a_persons_line(backend: Backend) {
         String::from_utf8_lossy(&out.stdout).trim() == "1"
     };
     assert!(in_mode(), "the pane is in copy mode");
-    let second = ok_stdout(&relay.cli(&["send", "Dana", "second relayed note", "--json"]));
-    let second: Value = serde_json::from_str(&second).unwrap();
-    let second_id = second["id"].as_str().unwrap().to_owned();
+    let second_id = cli_send(&relay, "Dana", "second relayed note");
     let line = format!(
         "got: Relay message from human [{}]: second relayed note",
         relay_protocol::short_id(&second_id)
@@ -493,11 +489,7 @@ fn a_restarted_wrapper(backend: Backend) {
     };
     let team = relay.data_dir().join("team/Bob");
     let read = |file: &str| std::fs::read_to_string(team.join(file)).unwrap_or_default();
-    let send = |body: &str| -> String {
-        let sent: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", body, "--json"]))).unwrap();
-        sent["id"].as_str().unwrap().to_owned()
-    };
+    let send = |body: &str| cli_send(&relay, "Bob", body);
     let status = |id: &str| delivery_status(&relay, id);
     // How many times the agent (all its lives) read `body`, and Bob relayed `body`.
     let got = |body: &str| {

@@ -478,23 +478,20 @@ fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
     assert!(!file.exists());
 }
 
-/// Real Claude Code (print mode, offline against the stand-in) with the relay's hooks
-/// installed: Alice's and Bob's sessions each write the same file, twice each, one after the
-/// other; Claude Code runs the PostToolUse hook after each Write, and each of them is told once
-/// that the other edited it too (the relay's notice). (The file is removed between sessions:
-/// Claude Code's Write of an existing file wants a Read first, and the stand-in cannot tell a
-/// Read's result from a Write's.)
-#[test]
-fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
-    claude_code_sessions_edit_one_file(false);
-}
-
-/// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the name):
-/// the hook reports through the server's hooks door (`mcp-door.sock`, the session's own
-/// processes only), on the server's connection.
-#[test]
-fn real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door() {
-    claude_code_sessions_edit_one_file(true);
+tests_of! {
+    claude_code_sessions_edit_one_file {
+        /// Real Claude Code (print mode, offline against the stand-in) with the relay's hooks
+        /// installed: Alice's and Bob's sessions each write the same file, twice each, one after
+        /// the other; Claude Code runs the PostToolUse hook after each Write, and each of them is
+        /// told once that the other edited it too (the relay's notice). (The file is removed
+        /// between sessions: Claude Code's Write of an existing file wants a Read first, and the
+        /// stand-in cannot tell a Read's result from a Write's.)
+        real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook(false);
+        /// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the
+        /// name): the hook reports through the server's hooks door (`mcp-door.sock`, the session's
+        /// own processes only), on the server's connection.
+        real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door(true);
+    }
 }
 
 /// Alice's and Bob's Claude Code sessions write one file, twice each; each is told once.

@@ -7,7 +7,6 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use relay_standin::{Rule, Script};
-use serde_json::Value;
 
 use crate::support::*;
 
@@ -83,13 +82,6 @@ fn read_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `agent-relay send TO BODY` (from `human`); returns the message's id.
-fn send(relay: &Relay, to: &str, body: &str) -> String {
-    let v: Value =
-        serde_json::from_str(&ok_stdout(&relay.cli(&["send", to, body, "--json"]))).unwrap();
-    v["id"].as_str().unwrap().to_owned()
-}
-
 fn short(id: &str) -> &str {
     relay_protocol::short_id(id)
 }
@@ -126,7 +118,7 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
     );
     let bob = Wrapped::start(&relay, "Bob", &["--delivery", "digest"], &script);
     wait_online(&relay, "Bob");
-    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, "Bob", b)).collect();
+    let ids: Vec<String> = BODIES.iter().map(|b| cli_send(&relay, "Bob", b)).collect();
     // All three wait in the wrapper (the busy marker holds them); then the agent is let go.
     wait_for(LONG, "the wrapper holds the three messages", || {
         let log = bob.log();
@@ -181,7 +173,7 @@ fn shown_while_busy(relay: &Relay, delivery: &str) -> (Wrapped, crate::support::
     let mut mcp = pipes.connect();
     wait_online(relay, "Bob");
     // Busy: the message waits in the wrapper; the tool shows it first.
-    let early = send(relay, "Bob", BODIES[0]);
+    let early = cli_send(relay, "Bob", BODIES[0]);
     wait_for(LONG, "the wrapper holds the message", || {
         logged(&bob.log(), "a message waits to be typed", &early) == 1
     });
@@ -207,7 +199,7 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
     let (bob, mut mcp, early) = shown_while_busy(&relay, "notice");
 
     let body = BODIES[1];
-    let id = send(&relay, "Bob", body);
+    let id = cli_send(&relay, "Bob", body);
     let notice = format!(
         "1 relay message from human [{}] — call relay_inbox to read it",
         short(&id)
@@ -245,7 +237,7 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
 fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
     let relay = Relay::start();
     let (bob, mut mcp, early) = shown_while_busy(&relay, "each");
-    let later = send(&relay, "Bob", BODIES[2]);
+    let later = cli_send(&relay, "Bob", BODIES[2]);
     wait_for(LONG, "the later message is typed and verified", || {
         delivery_status(&relay, &later) == "verified"
     });
@@ -278,7 +270,7 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     bob.wait_ready();
     bob.person_types("Index the repository");
     bob.wait_prompts(1);
-    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, name, b)).collect();
+    let ids: Vec<String> = BODIES.iter().map(|b| cli_send(&relay, name, b)).collect();
     // All three wait in the wrapper, none typed: the CLI is busy (a wrapper that looks at
     // the screen while it is sees it busy; Codex's busy screen animates faster than its
     // settle time, so there the wrapper does not even look). Were one typed before the
@@ -411,7 +403,7 @@ fn reads_a_noticed_message_with_relay_inbox(cli: Cli, name: &str) {
     );
     bob.wait_ready();
     let body = BODIES[1];
-    let id = send(&relay, name, body);
+    let id = cli_send(&relay, name, body);
     let notice = format!(
         "1 relay message from human [{}] — call relay_inbox to read it",
         short(&id)

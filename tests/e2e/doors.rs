@@ -61,16 +61,68 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
 }
 
 /// A 40-line indented code block: what a flattening door would mangle.
+/// Message `id`, handed to wrapped Claude Code `bob` by one of its hooks, ends verified, its
+/// trace delivered, then injected, then verified; `bob` has answered and its wrapper relayed
+/// all it printed, and its model was asked `prompts` times. Returns the wrapper's log.
+fn handed_over_by_a_hook(relay: &Relay, bob: &Agent<'_>, id: &str, prompts: usize) -> String {
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "the delivery is verified",
+        || delivery_status(relay, id) == "verified",
+    );
+    let events = trace_events(relay, id);
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let at = |s: &str| states.iter().position(|x| *x == s);
+    assert!(
+        at("delivered") < at("injected")
+            && at("injected") < at("verified")
+            && at("delivered").is_some(),
+        "{states:?}"
+    );
+    bob.wait_replies_done();
+    bob.wait_all_relayed("OK.");
+    assert_eq!(
+        bob.prompts().len(),
+        prompts,
+        "asked once: {:#?}",
+        bob.prompts()
+    );
+    bob.wrap_log()
+}
+
+/// The commands of Claude Code settings `v`'s hooks for `event`, in order.
+fn hook_commands<'a>(v: &'a Value, event: &str) -> Vec<&'a str> {
+    v["hooks"][event]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["hooks"].as_array().unwrap())
+        .map(|h| h["command"].as_str().unwrap())
+        .collect()
+}
+
+/// `head`, `count` lines `line(i)` indented by `indent` and 4 × (i mod 3) spaces, and `tail`.
+fn indented(
+    head: &str,
+    count: usize,
+    indent: usize,
+    line: fn(usize) -> String,
+    tail: &str,
+) -> String {
+    let body: String = (0..count)
+        .map(|i| format!("{}{}\n", " ".repeat(indent + 4 * (i % 3)), line(i)))
+        .collect();
+    format!("{head}{body}{tail}")
+}
+
 fn code_block() -> String {
-    let mut s = String::from("Here is the fix:\n\n```rust\nfn main() {\n");
-    for i in 0..36 {
-        s.push_str(&format!(
-            "{}let x{i} = {i}; // step\n",
-            " ".repeat(4 + 4 * (i % 3))
-        ));
-    }
-    s.push_str("}\n```");
-    s
+    indented(
+        "Here is the fix:\n\n```rust\nfn main() {\n",
+        36,
+        4,
+        |i| format!("let x{i} = {i}; // step"),
+        "}\n```",
+    )
 }
 
 #[test]
@@ -158,11 +210,7 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     // Bob reads from the start, answering PINGs: Claude Code may take longer than the
     // heartbeat's grace to start and send (as Gemini did under load, see
     // cli_sends_through_the_mcp_server_exactly_once).
-    let bob = std::thread::spawn(move || {
-        let mut bob = bob;
-        let d = bob.expect("DELIVER");
-        (bob, d)
-    });
+    let bob = bob.expect_on_a_thread("DELIVER");
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
@@ -307,9 +355,7 @@ fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     let agent = crate::support::Agent::start(&relay, cli, name, relay_standin::Script::default());
     agent.wait_ready();
     let body = code_block();
-    let out = relay.cli(&["send", name, &body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, name, &body);
     let prompts = agent.wait_prompts(1);
     let short = &id[id.len() - 8..];
     // Claude Code 2.1.328 hands a long paste to the model inside its own
@@ -328,19 +374,12 @@ fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     );
 }
 
-#[test]
-fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Claude, "Bob");
-}
-
-#[test]
-fn codex_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Codex, "Cody");
-}
-
-#[test]
-fn gemini_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Gemini, "Gemma");
+tests_of! {
+    code_block_reaches {
+        claude_code_gets_a_40_line_code_block_byte_for_byte(Cli::Claude, "Bob");
+        codex_gets_a_40_line_code_block_byte_for_byte(Cli::Codex, "Cody");
+        gemini_gets_a_40_line_code_block_byte_for_byte(Cli::Gemini, "Gemma");
+    }
 }
 
 /// The body of a directive with a 40-line indented code block under it (the continuation
@@ -348,41 +387,33 @@ fn gemini_gets_a_40_line_code_block_byte_for_byte() {
 /// paragraph's continuation, so Claude Code draws its Markdown marks (`**`, `__`) as bold
 /// text without them: the screen's copy differs from what the model wrote.
 fn directive_code_block() -> String {
-    let mut s = String::from("Here is the fix:\n    fn main() {\n");
-    for i in 0..38 {
-        s.push_str(&format!(
-            "{}let x{i} = f(\"__init__\"); // **{i}**\n",
-            " ".repeat(8 + 4 * (i % 3))
-        ));
+    indented(
+        "Here is the fix:\n    fn main() {\n",
+        38,
+        8,
+        |i| format!("let x{i} = f(\"__init__\"); // **{i}**"),
+        "    }",
+    )
+}
+
+tests_of! {
+    directive_code_block_arrives {
+        /// A directive whose body is a 40-line indented code block, written by Alice's model under
+        /// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for
+        /// byte, once. The whole reply fits Alice's screen, so the directive is read off it, but
+        /// the screen shows what Claude Code drew of the Markdown; the wrapper sends the reply's
+        /// own text from Claude Code's transcript (before, the screen's copy went: lines and marks
+        /// not as written).
+        claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Claude, "Alice");
+        /// The same from Codex CLI: its screen draws the block's lines at the directive's own
+        /// indentation, so the screen's copy ends after `Here is the fix:`; the wrapper sends the
+        /// reply's text from Codex's session rollout (before, Bob got the first line only).
+        codex_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Codex, "Cody");
+        /// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
+        /// (`__init__` shows as `init`); the wrapper sends the reply's text from Gemini's chat
+        /// recording (before, Bob got the drawn text).
+        gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Gemini, "Gemma");
     }
-    s.push_str("    }");
-    s
-}
-
-/// A directive whose body is a 40-line indented code block, written by Alice's model under
-/// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for byte,
-/// once. The whole reply fits Alice's screen, so the directive is read off it, but the screen
-/// shows what Claude Code drew of the Markdown; the wrapper sends the reply's own text from
-/// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
-#[test]
-fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Claude, "Alice");
-}
-
-/// The same from Codex CLI: its screen draws the block's lines at the directive's own
-/// indentation, so the screen's copy ends after `Here is the fix:`; the wrapper sends the
-/// reply's text from Codex's session rollout (before, Bob got the first line only).
-#[test]
-fn codex_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Codex, "Cody");
-}
-
-/// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
-/// (`__init__` shows as `init`); the wrapper sends the reply's text from Gemini's chat
-/// recording (before, Bob got the drawn text).
-#[test]
-fn gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Gemini, "Gemma");
 }
 
 /// `cli`'s agent `name` (wrapped) replies with a directive to Bob (Claude Code, wrapped) whose
@@ -465,26 +496,14 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(v["model"], "opus");
     assert_eq!(v["permissions"]["allow"][0], "Bash(ls)");
-    let commands: Vec<&str> = v["hooks"]["Stop"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["hooks"].as_array().unwrap())
-        .map(|h| h["command"].as_str().unwrap())
-        .collect();
+    let commands = hook_commands(&v, "Stop");
     assert_eq!(commands.len(), 2, "{commands:?}");
     assert_eq!(commands[0], "notify-send done");
     assert!(
         commands[1].ends_with("agent-relay' hooks stop"),
         "{commands:?}"
     );
-    let on_prompt: Vec<&str> = v["hooks"]["UserPromptSubmit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["hooks"].as_array().unwrap())
-        .map(|h| h["command"].as_str().unwrap())
-        .collect();
+    let on_prompt = hook_commands(&v, "UserPromptSubmit");
     assert_eq!(on_prompt.len(), 2, "{on_prompt:?}");
     assert_eq!(on_prompt[0], "log-prompt");
     assert!(
@@ -558,9 +577,7 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
     let relay = Relay::start();
     let bob = claude_bob_held_in_a_turn(&relay);
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let out = relay.cli(&["send", "Bob", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Bob", body);
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
         "the message waits in Bob's wrapper",
@@ -577,29 +594,7 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
         prompts[1].contains(&format!("Relay message from human [{short}]:\n{body}")),
         "{prompts:#?}"
     );
-    crate::support::wait_for(
-        std::time::Duration::from_secs(60),
-        "the delivery is verified",
-        || delivery_status(&relay, &id) == "verified",
-    );
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
-    let states: Vec<&str> = t["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
-    let at = |s: &str| states.iter().position(|x| *x == s);
-    assert!(
-        at("delivered") < at("injected")
-            && at("injected") < at("verified")
-            && at("delivered").is_some(),
-        "{states:?}"
-    );
-    bob.wait_replies_done();
-    bob.wait_all_relayed("OK.");
-    assert_eq!(bob.prompts().len(), 2, "asked once: {:#?}", bob.prompts());
-    let log = bob.wrap_log();
+    let log = handed_over_by_a_hook(&relay, &bob, &id, 2);
     assert!(
         !log.contains(&format!("typing a message id={id}")),
         "the wrapper typed it:\n{log}"
@@ -619,11 +614,7 @@ fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
     let id = bob.send("Alice", body);
     bob.expect("ACK");
     let standin = relay_standin::StandIn::start(relay_standin::Script::default()).unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
-    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    let out = claude_print_as_alice_with_hooks(&relay, &standin);
     let short = &id[id.len() - 8..];
     let want = format!("Relay message from Bob [{short}]:\n{body}");
     let main: Vec<relay_standin::Request> = standin
@@ -664,9 +655,7 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
         || bob.screen().contains("half a thought"),
     );
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let out = relay.cli(&["send", "Bob", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Bob", body);
     let queued = format!("a message waits to be typed id={id}");
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
@@ -691,29 +680,7 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
         .collect();
     let told = message_texts(&main[0].body);
     assert_eq!(told.matches(&want).count(), 1, "{told}");
-    crate::support::wait_for(
-        std::time::Duration::from_secs(60),
-        "the delivery is verified",
-        || crate::support::delivery_status(&relay, &id) == "verified",
-    );
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
-    let states: Vec<&str> = t["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
-    let at = |s: &str| states.iter().position(|x| *x == s);
-    assert!(
-        at("delivered") < at("injected")
-            && at("injected") < at("verified")
-            && at("delivered").is_some(),
-        "{states:?}"
-    );
-    bob.wait_replies_done();
-    bob.wait_all_relayed("OK.");
-    assert_eq!(bob.prompts().len(), 1, "asked once: {:#?}", bob.prompts());
-    let log = bob.wrap_log();
+    let log = handed_over_by_a_hook(&relay, &bob, &id, 1);
     assert!(
         !log.contains(&format!("typing a message id={id}"))
             && log.contains(&format!(
@@ -742,11 +709,7 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name:
     // Bob reads from the start, answering the daemon's PINGs: the CLI may take longer than
     // the heartbeat's grace (three beats) to start and send, above all on a loaded machine,
     // and a peer that reads nothing meanwhile is closed as silent.
-    let bob = std::thread::spawn(move || {
-        let mut bob = bob;
-        let d = bob.expect("DELIVER");
-        (bob, d)
-    });
+    let bob = bob.expect_on_a_thread("DELIVER");
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.")

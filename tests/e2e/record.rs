@@ -32,15 +32,9 @@ fn shown_bodies(inbox: &str) -> Vec<String> {
         .collect()
 }
 
-fn trace(relay: &Relay, id: &str) -> Value {
-    serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"]))).unwrap()
-}
-
 /// The trace events of `id` in `state`, with their details.
 fn trace_details(relay: &Relay, id: &str, state: &str) -> Vec<String> {
-    trace(relay, id)["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .filter(|e| e["state"] == state)
         .map(|e| e["detail"].as_str().unwrap_or("").to_owned())
@@ -470,9 +464,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         .collect();
     let mut ids = Vec::new();
     for b in &bodies {
-        let v: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", b, "--json"]))).unwrap();
-        ids.push(v["id"].as_str().unwrap().to_owned());
+        ids.push(cli_send(&relay, "Bob", b));
     }
     wait_for(
         Duration::from_secs(60),

@@ -11,10 +11,7 @@ use crate::support::*;
 
 /// The states in a message's trace, in order, as `state` or `state@recipient`.
 fn stages(relay: &Relay, id: &str) -> Vec<String> {
-    let t = cli_json(relay, &["trace", id]);
-    t["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .map(|e| match e["recipient"].as_str() {
             Some(r) => format!("{}@{r}", e["state"].as_str().unwrap()),

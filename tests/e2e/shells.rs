@@ -6,8 +6,6 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use crate::support::*;
 
 /// The prompt every shell here shows: a command has finished when it is printed again.
@@ -117,9 +115,7 @@ fn a_shell_runs_no_message(shell: &str, args: &[&str]) {
         agent.text().contains(PROMPT)
     });
     for (body, shown) in hostile_bodies() {
-        let sent: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", name, &body, "--json"]))).unwrap();
-        let id = sent["id"].as_str().unwrap().to_owned();
+        let id = cli_send(&relay, name, &body);
         let tag = body.split(' ').next().unwrap().to_owned();
         wait_for(
             Duration::from_secs(30),
@@ -297,9 +293,7 @@ fn a_recalled_command(backend: crate::support::Backend) {
                 .any(|l| l.ends_with(" echo hello-from-his"))
         },
     );
-    let sent = ok_stdout(&relay.cli(&["send", "Sam", "a note for the shell", "--json"]));
-    let sent: Value = serde_json::from_str(&sent).unwrap();
-    let id = sent["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Sam", "a note for the shell");
     // The wrapper has the message due and holds it (an event in its log, not a wait).
     crate::support::held_for_a_person(&relay, &tmux, "Sam", &id);
     let status = || delivery_status(&relay, &id);
@@ -322,12 +316,9 @@ fn a_recalled_command(backend: crate::support::Backend) {
     );
 }
 
-#[test]
-fn a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto() {
-    a_recalled_command(crate::support::Backend::Pty);
-}
-
-#[test]
-fn a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto() {
-    a_recalled_command(crate::support::Backend::Tmux);
+tests_of! {
+    a_recalled_command {
+        a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto(Backend::Pty);
+        a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto(Backend::Tmux);
+    }
 }

@@ -102,9 +102,7 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     );
 
     // A message typed in: busy, since then, answering it, in its thread.
-    let sent = ok_stdout(&relay.cli(&["send", "Wes", "work on it", "--json"]));
-    let sent: Value = serde_json::from_str(&sent).unwrap();
-    let id = sent["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Wes", "work on it");
     wait_for(Duration::from_secs(30), "Wes busy", || {
         row(&relay, "Wes")["state"] == "busy"
     });

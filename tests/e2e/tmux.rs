@@ -291,12 +291,7 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
         "one person's client and one control client attached to Dana's session"
     );
     let status = |id: &str| delivery_status(&relay, id);
-    let send = |body: &str| -> String {
-        let v: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Dana", body, "--json"])))
-                .unwrap();
-        v["id"].as_str().unwrap().to_owned()
-    };
+    let send = |body: &str| cli_send(&relay, "Dana", body);
     let got = |body: &str| {
         tmux.pane(&session)
             .lines()

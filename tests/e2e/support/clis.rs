@@ -591,9 +591,21 @@ pub(crate) fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> Stri
 }
 
 /// Real Claude Code in print mode as Alice, no wrapper, with the relay's hooks installed (its
-/// own settings give its hooks her name, [`claude_print`] the relay), asked "hello there":
-/// while its model works on that (the stand-in holds the answer), `meanwhile` runs, then the
-/// turn goes on. Returns what `meanwhile` returned, Claude Code's output and the stand-in.
+/// own settings give its hooks her name, [`claude_print`] the relay), asked "hello there"
+/// against `standin`; its output.
+pub(crate) fn claude_print_as_alice_with_hooks(relay: &Relay, standin: &StandIn) -> Output {
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(relay, &work, &["install", "claude"]);
+    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
+    // Code's own settings give it to its hooks).
+    let settings = json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    claude_print(relay, standin, &["--settings", &settings], "hello there")
+}
+
+/// [`claude_print_as_alice_with_hooks`] against a stand-in that holds its answer to "hello
+/// there": while its model works on that, `meanwhile` runs, then the turn goes on. Returns
+/// what `meanwhile` returned, Claude Code's output and the stand-in.
 pub(crate) fn claude_print_with_hooks<T: Send>(
     relay: &Relay,
     meanwhile: impl FnOnce() -> T + Send,
@@ -603,15 +615,8 @@ pub(crate) fn claude_print_with_hooks<T: Send>(
         relay_standin::Rule::contains("hello there", "Hello.").held(),
     ]))
     .unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(relay, &work, &["install", "claude"]);
-    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
-    // Code's own settings give it to its hooks).
-    let settings = json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
     let (got, out) = std::thread::scope(|s| {
-        let print =
-            s.spawn(|| claude_print(relay, &standin, &["--settings", &settings], "hello there"));
+        let print = s.spawn(|| claude_print_as_alice_with_hooks(relay, &standin));
         wait_for(Duration::from_secs(60), "Alice's model is asked", || {
             !standin.prompts().is_empty()
         });

@@ -99,3 +99,20 @@ pub(crate) fn find_row<'a>(rows: &'a Value, k: &str, value: &str) -> &'a Value {
         .find(|row| row[k] == value)
         .unwrap_or_else(|| panic!("no {k} = {value:?} in {rows}"))
 }
+
+/// The events of message `id`'s delivery trace (`trace ID --json`), in order.
+pub(crate) fn trace_events(relay: &Relay, id: &str) -> Vec<Value> {
+    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"])))
+        .unwrap_or_else(|e| panic!("trace {id}: {e}"));
+    t["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events in {t}"))
+        .clone()
+}
+
+/// `agent-relay send TO BODY` (from `human`); the id of the stored message.
+pub(crate) fn cli_send(relay: &Relay, to: &str, body: &str) -> String {
+    let v: Value =
+        serde_json::from_str(&ok_stdout(&relay.cli(&["send", to, body, "--json"]))).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}

@@ -424,6 +424,16 @@ impl Raw {
         }
     }
 
+    /// [`Raw::expect`] on a thread of its own (reading from now on, answering PINGs): the
+    /// connection and the frame once it came.
+    pub fn expect_on_a_thread(mut self, ty: &str) -> std::thread::JoinHandle<(Raw, Value)> {
+        let ty = ty.to_owned();
+        std::thread::spawn(move || {
+            let f = self.expect(&ty);
+            (self, f)
+        })
+    }
+
     /// True when the daemon has closed the connection (reading gives EOF), skipping frames.
     pub fn closed(&mut self) -> bool {
         for _ in 0..1000 {
