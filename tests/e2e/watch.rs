@@ -88,12 +88,8 @@ fn watch_json_follows_a_conversation() {
     let (mut bob, _) = relay.agent("Bob");
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["agent"].as_str(),
-            ev["cli"].as_str()
-        ),
-        (Some("agent_connected"), Some("Bob"), Some("test"))
+        str_fields(&ev, ["type", "agent", "cli"]),
+        [Some("agent_connected"), Some("Bob"), Some("test")]
     );
     let (mut alice, _) = relay.agent("Alice");
     assert_eq!(next()["agent"], "Alice");
@@ -116,12 +112,8 @@ fn watch_json_follows_a_conversation() {
     assert_eq!(ev["recipients"], json!(["Bob"]));
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["id"].as_str(),
-            ev["recipient"].as_str()
-        ),
-        (Some("delivered"), Some(id.as_str()), Some("Bob")),
+        str_fields(&ev, ["type", "id", "recipient"]),
+        [Some("delivered"), Some(id.as_str()), Some("Bob")],
         "{ev}"
     );
     assert_eq!(ev["seq"], 1);
@@ -130,12 +122,8 @@ fn watch_json_follows_a_conversation() {
     bob.ack(&deliver);
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["recipient"].as_str(),
-            ev["state"].as_str()
-        ),
-        (Some("acked"), Some("Bob"), Some("acked")),
+        str_fields(&ev, ["type", "recipient", "state"]),
+        [Some("acked"), Some("Bob"), Some("acked")],
         "{ev}"
     );
     assert_eq!(ev["id"], id.as_str());
@@ -145,20 +133,16 @@ fn watch_json_follows_a_conversation() {
     alice.expect("NACK");
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["from"].as_str(),
-            ev["code"].as_str()
-        ),
-        (Some("refused"), Some("Alice"), Some("unknown_target")),
+        str_fields(&ev, ["type", "from", "code"]),
+        [Some("refused"), Some("Alice"), Some("unknown_target")],
         "{ev}"
     );
 
     drop(bob);
     let ev = next();
     assert_eq!(
-        (ev["type"].as_str(), ev["agent"].as_str()),
-        (Some("agent_disconnected"), Some("Bob")),
+        str_fields(&ev, ["type", "agent"]),
+        [Some("agent_disconnected"), Some("Bob")],
         "{ev}"
     );
 }
@@ -274,8 +258,8 @@ fn watch_and_dashboard_report_expired_deliveries() {
         ev = next();
     }
     assert_eq!(
-        (ev["type"].as_str(), ev["id"].as_str()),
-        (Some("accepted"), Some(id.as_str()))
+        str_fields(&ev, ["type", "id"]),
+        [Some("accepted"), Some(id.as_str())]
     );
     let ev = next();
     assert_eq!(ev["type"], "expired", "{ev}");

@@ -116,3 +116,12 @@ pub(crate) fn cli_send(relay: &Relay, to: &str, body: &str) -> String {
         serde_json::from_str(&ok_stdout(&relay.cli(&["send", to, body, "--json"]))).unwrap();
     v["id"].as_str().unwrap().to_owned()
 }
+
+/// Fields `keys` of `v` as strings (`None` where one is missing or no string), in order: what
+/// a test compares of a JSON event in one assertion.
+pub(crate) fn str_fields<'a, const N: usize>(
+    v: &'a Value,
+    keys: [&str; N],
+) -> [Option<&'a str>; N] {
+    keys.map(|k| v[k].as_str())
+}
