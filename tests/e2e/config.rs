@@ -222,14 +222,12 @@ fn a_profile_override_in_the_config_file_reaches_the_wrapped_agent() {
         v["profiles"]["generic"]["busy"],
         json!({"value": "[]", "source": format!("file {FILE}:2")})
     );
-    relay.write(
-        "stuck.sh",
+    let agent = spawn_script(
+        &relay,
+        "Stuck",
+        PTY_GENERIC,
         "printf '* Working (esc to interrupt)\\n'\n\
          while IFS= read -r l; do echo \"got: $l\"; exit 0; done\n",
-    );
-    let agent = spawn_wrapped(
-        &relay,
-        &wrap_args("Stuck", PTY_GENERIC, &["sh", "stuck.sh"]),
     );
     wait_online(&relay, "Stuck");
     ok_stdout(&relay.cli(&["send", "Stuck", "typed despite the marker"]));

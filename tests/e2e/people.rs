@@ -18,14 +18,12 @@ use crate::support::*;
 fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     let tg = TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
-    relay.write(
-        "alice.sh",
+    let alice = spawn_script(
+        &relay,
+        "Alice",
+        &["--no-input"],
         "echo '@relay:human May I delete the build cache?'\n\
          while IFS= read -r l; do echo \"got: $l\"; case \"$l\" in *'all done'*) exit 0;; esac; done\n",
-    );
-    let alice = spawn_wrapped(
-        &relay,
-        &["wrap", "--no-input", "-n", "Alice", "--", "sh", "alice.sh"],
     );
     let question = wait_bot_sent(
         &tg,

@@ -403,8 +403,10 @@ fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
 #[test]
 fn a_busy_agent_gets_its_messages_once_idle_urgent_first() {
     let relay = Relay::start();
-    relay.write(
-        "busy.sh",
+    let agent = spawn_script(
+        &relay,
+        "Busy",
+        PTY_GENERIC,
         r#"i=0
 while [ $i -lt 15 ]; do printf '\r* Working %d (esc to interrupt)' $i; i=$((i+1)); sleep 0.1; done
 sleep 1.5
@@ -412,7 +414,6 @@ printf '\r\033[2Kdone working\n'
 while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; done
 "#,
     );
-    let agent = spawn_wrapped(&relay, &wrap_args("Busy", PTY_GENERIC, &["sh", "busy.sh"]));
     wait_online(&relay, "Busy");
     ok_stdout(&relay.cli(&["send", "Busy", "first"]));
     ok_stdout(&relay.cli(&["send", "Busy", "second"]));

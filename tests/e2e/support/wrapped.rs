@@ -55,6 +55,14 @@ pub(crate) fn spawn_wrapped(relay: &Relay, args: &[&str]) -> Child {
     relay.spawn_cli(args, Stdio::inherit())
 }
 
+/// Writes `script` to `NAME.sh` in the relay's directory and starts `sh NAME.sh` wrapped as
+/// `name` with `options` ([`spawn_wrapped`]: no terminal, its output captured).
+pub(crate) fn spawn_script(relay: &Relay, name: &str, options: &[&str], script: &str) -> Child {
+    let file = format!("{name}.sh");
+    relay.write(&file, script);
+    spawn_wrapped(relay, &wrap_args(name, options, &["sh", &file]))
+}
+
 /// `wrap` options: the PTY backend with no terminal on stdin and the generic profile.
 pub(crate) const PTY_GENERIC: &[&str] = &["--backend", "pty", "--no-input", "--profile", "generic"];
 
