@@ -374,19 +374,15 @@ fn an_agent_started_after_a_message_was_sent_for_it_still_gets_it() {
 #[test]
 fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
     let relay = Relay::start();
-    let agent = spawn_wrapped(
+    let agent = spawn_script(
         &relay,
-        &wrap_args(
-            "Ivy",
-            &["--no-input", "--max-body", "20"],
-            &["sh", "-c", r#"IFS= read -r l; echo "got: $l""#],
-        ),
+        "Ivy",
+        &["--no-input", "--max-body", "20"],
+        r#"IFS= read -r l; echo "got: $l""#,
     );
     wait_online(&relay, "Ivy");
     let long = "0123456789".repeat(10);
-    let sent: Value =
-        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Ivy", &long, "--json"]))).unwrap();
-    let id = sent["id"].as_str().unwrap();
+    let id = &cli_send(&relay, "Ivy", &long);
     let (_, out) = output_of(agent);
     assert!(
         out.contains(&format!(
@@ -438,13 +434,11 @@ while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; d
 #[test]
 fn intro_tells_the_agent_how_to_use_the_relay_and_sends_nothing() {
     let relay = Relay::start();
-    let agent = spawn_wrapped(
+    let agent = spawn_script(
         &relay,
-        &wrap_args(
-            "Ivy",
-            &["--backend", "pty", "--no-input", "--intro"],
-            &["sh", "-c", r#"IFS= read -r l; echo "got: $l"; sleep 1"#],
-        ),
+        "Ivy",
+        &["--backend", "pty", "--no-input", "--intro"],
+        r#"IFS= read -r l; echo "got: $l"; sleep 1"#,
     );
     let (code, out) = output_of(agent);
     assert_eq!(code, 0, "{out}");
