@@ -258,30 +258,6 @@ fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     assert_eq!(claims_listed(&relay), [("Bob".into(), "src/".into())]);
 }
 
-/// Agent `name` under a PTY wrapper whose agent command is its MCP server (in its session, with
-/// its door key): the wrapper, the MCP client on the server, and the server's pipes.
-pub(crate) fn pty_wrapped_mcp(
-    relay: &Relay,
-    name: &str,
-) -> (
-    std::process::Child,
-    crate::support::Mcp,
-    crate::support::SessionPipes,
-) {
-    let fifos = crate::support::SessionPipes::new(relay, name);
-    let wrapper = relay
-        .command()
-        .args(["wrap", "--no-input", "--backend", "pty", "-n", name, "--"])
-        .args(fifos.command())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mcp = fifos.connect();
-    crate::support::wait_online(relay, name);
-    (wrapper, mcp, fifos)
-}
-
 /// The MCP tool `relay_claim`: an unwrapped agent's server claims on its own connection; a
 /// wrapped agent's server claims through its wrapper's door (the wrapper's connection holds the
 /// name), lists and releases.

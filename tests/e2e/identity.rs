@@ -101,17 +101,7 @@ fn doors_refuse_outsiders_and_serve_the_agent(relay: &Relay, bob: &mut Raw, own:
 fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
     let relay = Relay::start();
     let (mut bob, _) = relay.agent("Bob");
-    let fifos = SessionPipes::new(&relay, "Alice");
-    let mut alice: Child = relay
-        .command()
-        .args(wrap_args("Alice", &["--no-input", "--backend", "pty"], &[]))
-        .args(fifos.command())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut own = fifos.connect();
-    wait_online(&relay, "Alice");
+    let (mut alice, mut own, fifos) = pty_wrapped_mcp(&relay, "Alice");
     doors_refuse_outsiders_and_serve_the_agent(&relay, &mut bob, &mut own);
     // Stored: only what Alice's own session sent.
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();

@@ -29,7 +29,7 @@ fn topic_send(relay: &Relay, topic: &str, body: &str) -> u64 {
 #[test]
 fn relay_subscribe_under_a_wrapper_subscribes_through_its_door() {
     let relay = Relay::start();
-    let (mut wrapper, mut ada, fifos) = crate::claims::pty_wrapped_mcp(&relay, "Ada");
+    let (mut wrapper, mut ada, fifos) = pty_wrapped_mcp(&relay, "Ada");
     let (err, said) = ada.tool("relay_subscribe", json!({"pattern": "build..x"}));
     assert!(err, "{said}");
     let (err, said) = ada.tool("relay_subscribe", json!({"pattern": "build.*"}));
