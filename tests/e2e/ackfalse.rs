@@ -2,34 +2,8 @@
 //! once the recipient has read it off its socket.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
-
-use serde_json::json;
 
 use crate::support::*;
-
-/// Reads frames until Bob holds `until` distinct messages (answering PINGs), counting each
-/// DELIVER by id.
-fn read_until(bob: &mut Raw, got: &mut HashMap<String, usize>, until: usize, before: usize) {
-    let end = relay_protocol::now_instant() + Duration::from_secs(120);
-    while got.len() < until {
-        assert!(
-            relay_protocol::now_instant() < end,
-            "Bob has {} of {until} messages ({before} read before he dropped); the rest were lost",
-            got.len()
-        );
-        let f = bob.read().expect("Bob's connection stays open");
-        match f["type"].as_str() {
-            Some("DELIVER") => {
-                *got.entry(f["id"].as_str().unwrap().to_owned()).or_default() += 1;
-            }
-            Some("PING") => {
-                bob.send_env("PONG", json!({}), json!({}));
-            }
-            _ => {}
-        }
-    }
-}
 
 /// 30,000 messages wait for Bob (`ack: false`); he reads a third of them and closes his
 /// connection with more written to his socket and unread. On his next connection he gets
@@ -43,12 +17,12 @@ fn an_ack_false_recipient_that_closes_mid_stream_gets_the_unread_rest_next_time(
     // Everything is stored before Bob reads: the daemon has filled his socket buffer.
     let sent = alice_sends_bob(&relay, N);
     let mut got: HashMap<String, usize> = HashMap::new();
-    read_until(&mut bob, &mut got, N / 3, 0);
+    read_deliveries_until(&mut bob, &mut got, N / 3, 0);
     // Bob goes mid-stream: whatever sits unread in his socket is thrown away by the kernel.
     drop(bob);
     let before = got.len();
     let mut bob = connect_bob(&relay);
-    read_until(&mut bob, &mut got, N, before);
+    read_deliveries_until(&mut bob, &mut got, N, before);
     let received: HashSet<String> = got.keys().cloned().collect();
     assert_eq!(received, sent);
     // The wire is at least once (a client drops a re-delivered id); what is redelivered is

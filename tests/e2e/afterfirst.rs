@@ -9,11 +9,7 @@ use crate::support::*;
 
 /// The hand-overs `trace` shows for a message to `recipient`.
 fn delivered_events(relay: &Relay, id: &str) -> usize {
-    let trace: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"])))
-        .unwrap_or_else(|e| panic!("trace {id}: {e}"));
-    trace["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .filter(|e| e["state"] == "delivered")
         .count()
@@ -67,9 +63,7 @@ fn trace_shows_each_hand_over_once_across_reconnects() {
 /// free). Before the fix the spoof was accepted and shown to Bob as from Alice.
 #[test]
 fn a_tool_cannot_speak_as_a_connected_agent() {
-    let relay = Relay::start();
-    let (alice, _) = relay.agent("Alice");
-    let (mut bob, _) = relay.agent("Bob");
+    let (relay, [alice, mut bob]) = Relay::with_agents(&[], ["Alice", "Bob"]);
     let spoof = relay.cli(&["send", "--from", "Alice", "Bob", "spoof"]);
     assert!(!spoof.status.success(), "{spoof:?}");
     let err = String::from_utf8_lossy(&spoof.stderr);
@@ -183,8 +177,8 @@ fn a_claude_agent_whose_transcript_is_not_found_is_told() {
     bob.read_timeout(std::time::Duration::from_secs(60));
     let home = relay.dir.path().join("empty-home");
     std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(
-        relay.dir.path().join("fake-claude.sh"),
+    relay.write(
+        "fake-claude.sh",
         r#"(sleep 60; kill $$) &
 printf '● @relay:Bob hello from a reply
 
@@ -195,20 +189,14 @@ while IFS= read -r line; do
   printf '❯ '
 done
 "#,
-    )
-    .unwrap();
+    );
     let out = relay
         .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "-n",
+        .args(wrap_args(
             "Alice",
-            "--profile",
-            "claude",
-            "--",
-        ])
-        .args(["sh", "fake-claude.sh"])
+            &["--no-input", "--profile", "claude"],
+            &["sh", "fake-claude.sh"],
+        ))
         .env("HOME", &home)
         .env_remove("CLAUDE_CONFIG_DIR")
         .stdin(std::process::Stdio::null())

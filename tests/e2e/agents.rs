@@ -492,9 +492,7 @@ fn codex_gets_a_message_sent_while_it_starts() {
         Script::new(vec![Rule::contains("are you there", "Yes, here.")]),
     );
     wait_online(&relay, "Cody");
-    let out = relay.cli(&["send", "Cody", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Cody", body);
     wait_for(LONG, "the delivery is reported verified", || {
         delivery_status(&relay, &id) == "verified"
     });
@@ -541,13 +539,11 @@ fn logged_at(relay: &Relay, agent: &str, what: &str, id: &str) -> f64 {
 
 /// When the stored delivery trace of `id` says `state` for `recipient`, Unix ms.
 fn traced_at(relay: &Relay, id: &str, state: &str, recipient: &str) -> f64 {
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"]))).unwrap();
-    t["events"]
-        .as_array()
-        .unwrap()
+    let events = trace_events(relay, id);
+    events
         .iter()
         .find(|e| e["state"] == state && e["recipient"] == recipient)
-        .unwrap_or_else(|| panic!("no {state}@{recipient} in {t}"))["ts"]
+        .unwrap_or_else(|| panic!("no {state}@{recipient} in {events:?}"))["ts"]
         .as_f64()
         .unwrap()
 }
@@ -567,23 +563,20 @@ fn log_timestamps_read_as_unix_ms() {
     }
 }
 
-/// For an idle recipient, the time from Alice's reply being printed to Bob's prompt being
-/// submitted, in parts, from the clocks of one machine: the stand-in's end of Alice's reply
-/// (printed), the message's `ts` (sent), its delivery's `queued_at` (stored), the trace's
-/// `delivered` (handed to Bob's wrapper), Bob's wrapper log (typing started, Enter pressed),
-/// Bob's request at his stand-in (submitted). Checks the parts come in that order (1 ms
-/// clock resolution) and the delivery is verified; prints the figures (docs/PERFORMANCE.md).
-/// More rounds:
-/// `AGENT_RELAY_LATENCY_ROUNDS=20 cargo nextest run --test e2e --no-capture -E 'test(claude_relay_latency)'`
-#[test]
-fn claude_relay_latency_in_parts() {
-    relay_latency_in_parts(Cli::Claude);
-}
-
-/// [`claude_relay_latency_in_parts`] with two Codex CLIs (`test(codex_relay_latency)`).
-#[test]
-fn codex_relay_latency_in_parts() {
-    relay_latency_in_parts(Cli::Codex);
+tests_of! {
+    relay_latency_in_parts {
+        /// For an idle recipient, the time from Alice's reply being printed to Bob's prompt being
+        /// submitted, in parts, from the clocks of one machine: the stand-in's end of Alice's reply
+        /// (printed), the message's `ts` (sent), its delivery's `queued_at` (stored), the trace's
+        /// `delivered` (handed to Bob's wrapper), Bob's wrapper log (typing started, Enter
+        /// pressed), Bob's request at his stand-in (submitted). Checks the parts come in that order
+        /// (1 ms clock resolution) and the delivery is verified; prints the figures
+        /// (docs/PERFORMANCE.md). More rounds:
+        /// `AGENT_RELAY_LATENCY_ROUNDS=20 cargo nextest run --test e2e --no-capture -E 'test(claude_relay_latency)'`
+        claude_relay_latency_in_parts(Cli::Claude);
+        /// [`claude_relay_latency_in_parts`] with two Codex CLIs (`test(codex_relay_latency)`).
+        codex_relay_latency_in_parts(Cli::Codex);
+    }
 }
 
 /// Alice and Bob, both `cli`: the rounds of [`claude_relay_latency_in_parts`].
@@ -761,18 +754,15 @@ fn claude_code_text_code_block_is_not_sent() {
     assert_eq!(bob.prompts().len(), 1);
 }
 
-/// A reply taller than the screen, arriving at once: Claude Code 2.1.328 draws only its last
-/// screenful, so its first paragraph, a directive, never reaches the terminal (issue 19.2).
-/// The wrapper reads it from Claude Code's transcript; Bob gets it once.
-#[test]
-fn claude_code_directive_above_a_tall_reply_is_sent_once() {
-    tall_reply_directive_is_sent_once("pty");
-}
-
-/// The same under the tmux backend.
-#[test]
-fn claude_code_directive_above_a_tall_reply_is_sent_once_under_tmux() {
-    tall_reply_directive_is_sent_once("tmux");
+tests_of! {
+    tall_reply_directive_is_sent_once {
+        /// A reply taller than the screen, arriving at once: Claude Code 2.1.328 draws only its
+        /// last screenful, so its first paragraph, a directive, never reaches the terminal (issue
+        /// 19.2). The wrapper reads it from Claude Code's transcript; Bob gets it once.
+        claude_code_directive_above_a_tall_reply_is_sent_once("pty");
+        /// The same under the tmux backend.
+        claude_code_directive_above_a_tall_reply_is_sent_once_under_tmux("tmux");
+    }
 }
 
 fn tall_reply_directive_is_sent_once(backend: &str) {
@@ -817,21 +807,18 @@ fn tall_reply_directive_is_sent_once(backend: &str) {
     assert_eq!(bob.prompts().len(), 1);
 }
 
-/// Gemini CLI given the same tall reply at once writes every line of it to the terminal, so
-/// the directive in its first paragraph is read from the screen, once (issue 19.2: what holds
-/// for tall replies, per CLI).
-#[test]
-fn gemini_directive_above_a_tall_reply_is_sent_once() {
-    tall_reply_from(Cli::Gemini, "Gemma");
-}
-
-/// Codex CLI, which the wrapper runs inline (`--no-alt-screen`), writes every line of the same
-/// tall reply above its input box: the directive in its first paragraph is read from the
-/// screen, once. On the alternate screen (Codex's default) that line was never drawn and the
-/// directive was lost (issue 19.2).
-#[test]
-fn codex_directive_above_a_tall_reply_is_sent_once() {
-    tall_reply_from(Cli::Codex, "Cody");
+tests_of! {
+    tall_reply_from {
+        /// Gemini CLI given the same tall reply at once writes every line of it to the terminal, so
+        /// the directive in its first paragraph is read from the screen, once (issue 19.2: what
+        /// holds for tall replies, per CLI).
+        gemini_directive_above_a_tall_reply_is_sent_once(Cli::Gemini, "Gemma");
+        /// Codex CLI, which the wrapper runs inline (`--no-alt-screen`), writes every line of the
+        /// same tall reply above its input box: the directive in its first paragraph is read from
+        /// the screen, once. On the alternate screen (Codex's default) that line was never drawn
+        /// and the directive was lost (issue 19.2).
+        codex_directive_above_a_tall_reply_is_sent_once(Cli::Codex, "Cody");
+    }
 }
 
 fn tall_reply_from(cli: Cli, name: &str) {

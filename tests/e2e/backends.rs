@@ -44,9 +44,7 @@ done
 /// `--inbox` keeps Bob's messages whole in a file, and the delivery is seen submitted.
 fn conversation(backend: Backend) {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let dir = relay.dir.path();
     // Started as on a CI machine, whose variables the agent must not see (they make agent
     // CLIs act as if no person were at the terminal; `relay_wrap::NOT_INHERITED`).
@@ -131,14 +129,11 @@ fn conversation(backend: Backend) {
     }
 }
 
-#[test]
-fn two_agents_converse_in_a_pty() {
-    conversation(Backend::Pty);
-}
-
-#[test]
-fn two_agents_converse_in_tmux_sessions() {
-    conversation(Backend::Tmux);
+tests_of! {
+    conversation {
+        two_agents_converse_in_a_pty(Backend::Pty);
+        two_agents_converse_in_tmux_sessions(Backend::Tmux);
+    }
 }
 
 /// The pane a person sees the agent in, and types into: under the PTY backend a person's
@@ -243,9 +238,7 @@ fn a_persons_line(backend: Backend) {
     crate::support::wait_or_dump(&relay, &tmux, "the person's text shows", || {
         pane.text().contains("> half a thought")
     });
-    let first = ok_stdout(&relay.cli(&["send", "Dana", "first relayed note", "--json"]));
-    let first: Value = serde_json::from_str(&first).unwrap();
-    let first_id = first["id"].as_str().unwrap().to_owned();
+    let first_id = cli_send(&relay, "Dana", "first relayed note");
     crate::support::held_for_a_person(&relay, &tmux, "Dana", &first_id);
     let shown = pane.text();
     assert!(
@@ -256,14 +249,7 @@ fn a_persons_line(backend: Backend) {
         shown.lines().any(|l| l.trim_end() == "> half a thought"),
         "the person's line changed:\n{shown}"
     );
-    let status = |id: &str| {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let status = |id: &str| delivery_status(&relay, id);
     assert_eq!(status(&first_id), "queued");
     // The dashboard says why (never what the person typed).
     let (port, token) = crate::support::dashboard(&relay);
@@ -320,9 +306,7 @@ fn a_persons_line(backend: Backend) {
         String::from_utf8_lossy(&out.stdout).trim() == "1"
     };
     assert!(in_mode(), "the pane is in copy mode");
-    let second = ok_stdout(&relay.cli(&["send", "Dana", "second relayed note", "--json"]));
-    let second: Value = serde_json::from_str(&second).unwrap();
-    let second_id = second["id"].as_str().unwrap().to_owned();
+    let second_id = cli_send(&relay, "Dana", "second relayed note");
     let line = format!(
         "got: Relay message from human [{}]: second relayed note",
         relay_protocol::short_id(&second_id)
@@ -339,14 +323,11 @@ fn a_persons_line(backend: Backend) {
     );
 }
 
-#[test]
-fn a_persons_line_in_a_pty_is_never_typed_over() {
-    a_persons_line(Backend::Pty);
-}
-
-#[test]
-fn a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected() {
-    a_persons_line(Backend::Tmux);
+tests_of! {
+    a_persons_line {
+        a_persons_line_in_a_pty_is_never_typed_over(Backend::Pty);
+        a_persons_line_and_copy_mode_in_a_tmux_pane_are_respected(Backend::Tmux);
+    }
 }
 
 /// The parser reads the agent's terminal at its width, and follows a resize: a TUI (the
@@ -445,14 +426,11 @@ while IFS= read -r line; do :; done
     assert_eq!(heard(), format!("{x} Done."), "{}", pane.text());
 }
 
-#[test]
-fn a_resized_pty_is_read_at_its_new_width() {
-    a_resized_terminal(Backend::Pty);
-}
-
-#[test]
-fn a_resized_tmux_window_is_read_at_its_new_width() {
-    a_resized_terminal(Backend::Tmux);
+tests_of! {
+    a_resized_terminal {
+        a_resized_pty_is_read_at_its_new_width(Backend::Pty);
+        a_resized_tmux_window_is_read_at_its_new_width(Backend::Tmux);
+    }
 }
 
 /// The restart scenario's agent: notes `start` in `Bob.seen` each time it starts, and every
@@ -511,19 +489,8 @@ fn a_restarted_wrapper(backend: Backend) {
     };
     let team = relay.data_dir().join("team/Bob");
     let read = |file: &str| std::fs::read_to_string(team.join(file)).unwrap_or_default();
-    let send = |body: &str| -> String {
-        let sent: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", body, "--json"]))).unwrap();
-        sent["id"].as_str().unwrap().to_owned()
-    };
-    let status = |id: &str| -> String {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let send = |body: &str| cli_send(&relay, "Bob", body);
+    let status = |id: &str| delivery_status(&relay, id);
     // How many times the agent (all its lives) read `body`, and Bob relayed `body`.
     let got = |body: &str| {
         seen(dir, "Bob")
@@ -731,14 +698,11 @@ fn backend_session(backend: Backend, relay: &Relay) -> Option<String> {
     (backend == Backend::Tmux).then(|| session_of(relay, "Bob"))
 }
 
-#[test]
-fn a_restarted_pty_wrapper_types_nothing_twice_and_misses_nothing() {
-    a_restarted_wrapper(Backend::Pty);
-}
-
-#[test]
-fn a_restarted_tmux_wrapper_picks_up_its_session_typing_nothing_twice() {
-    a_restarted_wrapper(Backend::Tmux);
+tests_of! {
+    a_restarted_wrapper {
+        a_restarted_pty_wrapper_types_nothing_twice_and_misses_nothing(Backend::Pty);
+        a_restarted_tmux_wrapper_picks_up_its_session_typing_nothing_twice(Backend::Tmux);
+    }
 }
 
 /// The relay dies (-9) and comes back: the agent keeps running, its wrapper (PTY) or relaying
@@ -766,11 +730,7 @@ fn the_relay_coming_back(backend: Backend) {
     wait_for(
         Duration::from_secs(20),
         "the first message is verified",
-        || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["read", &before, "--json"]).stdout)
-                .unwrap_or_default();
-            v["deliveries"][0]["status"] == "verified"
-        },
+        || delivery_status(&relay, &before) == "verified",
     );
     relay.kill9();
     relay.spawn();
@@ -800,12 +760,9 @@ fn the_relay_coming_back(backend: Backend) {
     }
 }
 
-#[test]
-fn a_pty_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
-    the_relay_coming_back(Backend::Pty);
-}
-
-#[test]
-fn a_tmux_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart() {
-    the_relay_coming_back(Backend::Tmux);
+tests_of! {
+    the_relay_coming_back {
+        a_pty_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart(Backend::Pty);
+        a_tmux_agent_keeps_running_when_the_relay_dies_and_hears_again_after_its_restart(Backend::Tmux);
+    }
 }

@@ -39,8 +39,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
             break s;
         }
         if relay_protocol::now_instant() > end {
-            child.kill().unwrap();
-            child.wait().unwrap();
+            kill9_child(&mut child);
             panic!(
                 "the command did not end within {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&err.join().unwrap())
@@ -72,9 +71,7 @@ fn big_body(n: usize, len: usize) -> String {
 /// logged "could not encode outbound frame" and the CLI waited forever.
 #[test]
 fn a_history_answer_over_the_frame_limit_arrives_whole() {
-    let relay = Relay::start();
-    let (_bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [_bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     let bodies: Vec<String> = (0..3).map(|n| big_body(n, 500_000)).collect();
     for b in &bodies {
         alice.send("Bob", b);
@@ -234,20 +231,13 @@ fn idle_connections_to_the_dashboard_port_do_not_lock_the_owner_out() {
     );
 }
 
-/// A relay whose person `ops` is reached by a signed webhook (the receiver stand-in).
-fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
-    let mut relay = Relay::unstarted();
-    secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
-    configure(
-        &relay,
-        &format!(
-            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\nattempts = 2\nbackoff_ms = 50\n",
-            hook.url()
-        ),
-    );
-    relay.spawn();
-    crate::support::wait_online(&relay, "ops");
-    relay
+/// A relay whose person `ops` is reached by a webhook to `hook`, agent Alice connected to it,
+/// and its dashboard's port (where the webhook's requests come in).
+fn webhook_relay_with_alice(hook: &relay_standin::people::WebhookStandIn) -> (Relay, Raw, u16) {
+    let relay = webhook_relay(hook, &two_attempts(50), &[]);
+    let (alice, _) = relay.agent("Alice");
+    let (port, _) = crate::support::dashboard(&relay);
+    (relay, alice, port)
 }
 
 /// 200 correctly signed webhook requests whose `id` the relay refuses are each answered at
@@ -257,9 +247,7 @@ fn webhook_relay(hook: &relay_standin::people::WebhookStandIn) -> Relay {
 #[test]
 fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_after_a_restart() {
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let mut relay = webhook_relay(&hook);
-    let (mut alice, _) = relay.agent("Alice");
-    let (port, _) = crate::support::dashboard(&relay);
+    let (mut relay, mut alice, port) = webhook_relay_with_alice(&hook);
     for i in 0..200 {
         let body = json!({"from": "ops", "to": "Alice", "body": "x", "id": format!("bad id {i}\u{1b}[2J")})
             .to_string();
@@ -304,9 +292,7 @@ fn signed_webhook_requests_with_a_bad_id_are_answered_and_a_replay_is_refused_af
 fn accepted_webhook_signatures_are_appended_to_the_kept_file_not_rewritten() {
     use std::os::unix::fs::MetadataExt;
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let mut relay = webhook_relay(&hook);
-    let (mut alice, _) = relay.agent("Alice");
-    let (port, _) = crate::support::dashboard(&relay);
+    let (mut relay, mut alice, port) = webhook_relay_with_alice(&hook);
     let seen = relay.data_dir().join("webhook-seen");
     let mut first = None;
     let mut inode = None;
@@ -404,33 +390,20 @@ fn a_hanging_send_message_never_holds_what_the_person_writes() {
     );
     alice.ack(&d);
     tg.hold_sends(false);
-    crate::support::wait_for(Duration::from_secs(30), "the held message is sent", || {
-        tg.sent()
-            .iter()
-            .any(|m| m.text.contains("question that hangs on the way out"))
-    });
+    wait_bot_sent(
+        &tg,
+        Duration::from_secs(30),
+        "question that hangs on the way out",
+    );
 }
 
 /// Reads frames (answering PINGs) until one of type `ty`, failing after `limit`: PINGs keep a
 /// plain read from ever timing out.
 fn expect_within(conn: &mut Raw, ty: &str, limit: Duration) -> Value {
-    let end = relay_protocol::now_instant() + limit;
     conn.read_timeout(limit);
-    loop {
-        assert!(
-            relay_protocol::now_instant() < end,
-            "no {ty} within {limit:?}"
-        );
-        let f = conn
-            .read()
-            .unwrap_or_else(|| panic!("no {ty} within {limit:?}"));
-        if f["type"] == ty {
-            return f;
-        }
-        if f["type"] == "PING" {
-            conn.send_env("PONG", json!({}), json!({}));
-        }
-    }
+    conn.next_of(ty, relay_protocol::now_instant() + limit, || {
+        format!("no {ty} within {limit:?}")
+    })
 }
 
 /// What the relay holds as dead letters.
@@ -453,25 +426,13 @@ fn telegram_flood_limits_and_the_text_limit_are_followed() {
     tg.rate_limit(5, 1);
     alice.send("human", "after the flood limit");
     alice.expect("ACK");
-    crate::support::wait_for(
-        Duration::from_secs(60),
-        "the message after five 429s",
-        || {
-            tg.sent()
-                .iter()
-                .any(|m| m.text.contains("after the flood limit"))
-        },
-    );
+    wait_bot_sent(&tg, Duration::from_secs(60), "after the flood limit");
     assert_eq!(tg.refused_sends().len(), 5, "{:?}", tg.refused_sends());
     let long: String = (0..2000).map(|i| format!("w{i} ")).collect();
     assert!(long.chars().count() > 2 * relay_standin::people::TELEGRAM_TEXT_LIMIT);
     alice.send("human", &long);
     alice.expect("ACK");
-    crate::support::wait_for(
-        Duration::from_secs(60),
-        "the long text's last piece",
-        || tg.sent().iter().any(|m| m.text.contains("w1999 ")),
-    );
+    wait_bot_sent(&tg, Duration::from_secs(60), "w1999 ");
     let pieces: Vec<String> = tg
         .sent()
         .into_iter()
@@ -505,7 +466,7 @@ fn telegram_flood_limits_and_the_text_limit_are_followed() {
 #[test]
 fn a_permanent_refusal_is_dead_lettered_at_once_with_the_peers_reason() {
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let relay = webhook_relay(&hook);
+    let relay = webhook_relay(&hook, &two_attempts(50), &[]);
     hook.answer_with(&[400, 400, 400]);
     let (mut alice, _) = relay.agent("Alice");
     alice.send("ops", "refused for good");
@@ -538,11 +499,7 @@ fn a_flood_from_the_person_makes_no_reply_storm_and_no_refusal_in_a_group() {
     crate::support::wait_for(Duration::from_secs(120), "the 300 updates handled", || {
         tg.handled(last)
     });
-    crate::support::wait_for(Duration::from_secs(60), "the summary of refusals", || {
-        tg.sent()
-            .iter()
-            .any(|m| m.text.contains("more messages were not sent"))
-    });
+    wait_bot_sent(&tg, Duration::from_secs(60), "more messages were not sent");
     let to_person: Vec<String> = tg
         .sent()
         .into_iter()

@@ -43,24 +43,12 @@ fn query(c: &mut Raw, payload: Value) -> String {
 fn claims_listed(relay: &Relay) -> Vec<(String, String)> {
     let out = ok_stdout(&relay.cli(&["claim", "--list", "--json"]));
     let v: Value = serde_json::from_str(&out).unwrap();
-    v["claims"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["agent"].as_str().unwrap().to_owned(),
-                c["path"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
+    field_pairs(&v["claims"], "agent", "path")
 }
 
 #[test]
 fn a_claim_of_a_claimed_path_is_told_to_both_once() {
-    let relay = Relay::start();
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut bob, _) = relay.agent("Bob");
+    let (relay, [mut alice, mut bob]) = Relay::with_agents(&[], ["Alice", "Bob"]);
     query(&mut alice, json!({"what": "claim", "paths": ["src/"]}));
     let (r, _) = result_and_notices(&mut alice, 0);
     assert_eq!(r["payload"]["claims"][0]["path"], "src/", "{r}");
@@ -90,12 +78,7 @@ fn a_claim_of_a_claimed_path_is_told_to_both_once() {
     // A person's claim from the command line names both holders.
     let out = ok_stdout(&relay.cli(&["claim", "--as", "carol", "src/auth.rs", "--json"]));
     let v: Value = serde_json::from_str(&out).unwrap();
-    let mut who: Vec<&str> = v["collisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["agent"].as_str().unwrap())
-        .collect();
+    let mut who: Vec<&str> = field_strs(&v["collisions"], "agent");
     who.sort();
     assert_eq!(who, ["Alice", "Bob"], "{out}");
     let told = next_deliver(&mut alice);
@@ -156,9 +139,7 @@ fn claims_survive_a_restart_and_expire() {
 
 #[test]
 fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them_until_forgotten() {
-    let relay = Relay::start();
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut carol, _) = relay.agent("Carol");
+    let (relay, [mut alice, mut carol]) = Relay::with_agents(&[], ["Alice", "Carol"]);
     query(&mut alice, json!({"what": "claim", "paths": ["a.rs"]}));
     result_and_notices(&mut alice, 0);
     query(&mut carol, json!({"what": "claim", "paths": ["c.rs"]}));
@@ -175,8 +156,7 @@ fn an_agent_that_leaves_releases_its_claims_and_a_lost_one_keeps_them_until_forg
             .any(|a| a["name"] == "Carol" && a["online"] == false)
     });
     // Alice says BYE (stopped, or exited): hers are released.
-    alice.send_env("BYE", json!({}), json!({}));
-    assert!(alice.closed());
+    alice.bye();
     wait_for(Duration::from_secs(20), "Alice's claim released", || {
         !claims_listed(&relay).iter().any(|(a, _)| a == "Alice")
     });
@@ -226,16 +206,7 @@ fn hostile_paths_are_refused_with_a_clear_error() {
 /// A stand-in agent: echoes every line it reads, and runs the shell `action` on a line that
 /// contains `trigger`.
 fn agent_script(trigger: &str, action: &str) -> String {
-    format!(
-        r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *{trigger}*) {action} ;;
-  esac
-done
-"#
-    )
+    script_agent(I_AM, true, &format!("*{trigger}*) {action} ;;"))
 }
 
 /// A wrapped agent claims from its screen with a `[[RELAY]]` block: it is told, the claim is
@@ -244,9 +215,7 @@ done
 #[test]
 fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     let relay = Relay::start();
-    let tmux = crate::support::Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     // On "please-claim", claims src/auth.rs with a `[[RELAY]]` block.
     let claimer = agent_script(
         "please-claim",
@@ -289,30 +258,6 @@ fn a_wrapped_agent_claims_from_its_screen_and_stop_releases_it() {
     assert_eq!(claims_listed(&relay), [("Bob".into(), "src/".into())]);
 }
 
-/// Agent `name` under a PTY wrapper whose agent command is its MCP server (in its session, with
-/// its door key): the wrapper, the MCP client on the server, and the server's pipes.
-pub(crate) fn pty_wrapped_mcp(
-    relay: &Relay,
-    name: &str,
-) -> (
-    std::process::Child,
-    crate::support::Mcp,
-    crate::support::SessionPipes,
-) {
-    let fifos = crate::support::SessionPipes::new(relay, name);
-    let wrapper = relay
-        .command()
-        .args(["wrap", "--no-input", "--backend", "pty", "-n", name, "--"])
-        .args(fifos.command())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mcp = fifos.connect();
-    crate::support::wait_online(relay, name);
-    (wrapper, mcp, fifos)
-}
-
 /// The MCP tool `relay_claim`: an unwrapped agent's server claims on its own connection; a
 /// wrapped agent's server claims through its wrapper's door (the wrapper's connection holds the
 /// name), lists and releases.
@@ -344,8 +289,7 @@ fn relay_claim_claims_lists_and_releases_with_and_without_a_wrapper() {
     assert!(!err && said.contains("released docs/"), "{said}");
     assert_eq!(claims_listed(&relay), [("Sam".into(), "docs/a.md".into())]);
     drop(ada);
-    ada_wrapper.kill().unwrap();
-    ada_wrapper.wait().unwrap();
+    kill9_child(&mut ada_wrapper);
 }
 
 /// What Claude Code writes on a PostToolUse hook's stdin after an edit (its hooks reference:
@@ -443,11 +387,9 @@ fn two_agents_editing_one_file_are_told_once_each_through_the_post_tool_use_hook
 #[test]
 fn wrapped_agents_hooks_report_edits_through_their_doors_and_each_is_told_once() {
     let relay = Relay::start();
-    let tmux = crate::support::Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let input = post_tool_use(relay.dir.path(), "Edit", "src/main.rs");
-    std::fs::write(relay.dir.path().join("edit.json"), &input).unwrap();
+    relay.write("edit.json", &input);
     // On "edit", runs the hook as Claude Code would, in the agent's own session.
     let editor = agent_script(
         "please-edit",
@@ -512,23 +454,20 @@ fn hooks_install_adds_the_post_tool_use_hook_for_edits() {
     assert!(!file.exists());
 }
 
-/// Real Claude Code (print mode, offline against the stand-in) with the relay's hooks
-/// installed: Alice's and Bob's sessions each write the same file, twice each, one after the
-/// other; Claude Code runs the PostToolUse hook after each Write, and each of them is told once
-/// that the other edited it too (the relay's notice). (The file is removed between sessions:
-/// Claude Code's Write of an existing file wants a Read first, and the stand-in cannot tell a
-/// Read's result from a Write's.)
-#[test]
-fn real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook() {
-    claude_code_sessions_edit_one_file(false);
-}
-
-/// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the name):
-/// the hook reports through the server's hooks door (`mcp-door.sock`, the session's own
-/// processes only), on the server's connection.
-#[test]
-fn real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door() {
-    claude_code_sessions_edit_one_file(true);
+tests_of! {
+    claude_code_sessions_edit_one_file {
+        /// Real Claude Code (print mode, offline against the stand-in) with the relay's hooks
+        /// installed: Alice's and Bob's sessions each write the same file, twice each, one after
+        /// the other; Claude Code runs the PostToolUse hook after each Write, and each of them is
+        /// told once that the other edited it too (the relay's notice). (The file is removed
+        /// between sessions: Claude Code's Write of an existing file wants a Read first, and the
+        /// stand-in cannot tell a Read's result from a Write's.)
+        real_claude_code_edits_reach_the_relay_through_its_post_tool_use_hook(false);
+        /// The same with the relay's MCP server in each session (`mcp --name NAME`, holding the
+        /// name): the hook reports through the server's hooks door (`mcp-door.sock`, the session's
+        /// own processes only), on the server's connection.
+        real_claude_code_with_the_mcp_server_reports_edits_through_its_hooks_door(true);
+    }
 }
 
 /// Alice's and Bob's Claude Code sessions write one file, twice each; each is told once.
@@ -585,9 +524,7 @@ fn claude_code_sessions_edit_one_file(with_mcp: bool) {
 #[test]
 fn agent_relay_claim_in_a_wrapped_agents_shell_claims_for_it() {
     let relay = Relay::start();
-    let tmux = crate::support::Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let script = agent_script(
         "shell-claim",
         &format!(r#"'{BIN}' claim notes.md 2>&1; echo "claim exit $?""#),
@@ -606,24 +543,11 @@ fn agent_relay_claim_in_a_wrapped_agents_shell_claims_for_it() {
 /// `agent-relay parse` names a claim block's verb (it is never a message to anyone).
 #[test]
 fn parse_shows_a_claim_block_as_a_claim() {
-    use std::io::Write;
     let relay = Relay::unstarted();
-    let mut child = relay
-        .command()
-        .arg("parse")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            b"[[RELAY]]{\"claim\": [\"src/a.rs\", \"src/b/\"], \"for\": \"2h\"}[[/RELAY]]\n\
-              [[RELAY]]{\"unclaim\": []}[[/RELAY]]\n",
-        )
-        .unwrap();
-    let out = ok_stdout(&child.wait_with_output().unwrap());
+    let out = ok_stdout(&output_with_input(
+        relay.command().arg("parse"),
+        b"[[RELAY]]{\"claim\": [\"src/a.rs\", \"src/b/\"], \"for\": \"2h\"}[[/RELAY]]\n\
+          [[RELAY]]{\"unclaim\": []}[[/RELAY]]\n",
+    ));
     assert_eq!(out, "claim src/a.rs src/b/ for 7200 s\nunclaim (all)\n");
 }

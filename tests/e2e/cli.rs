@@ -91,11 +91,10 @@ fn a_relay_of_another_data_directory_is_used_not_started_again() {
         c.env("AGENT_RELAY_DATA_DIR", &other);
         c
     };
-    std::fs::write(
-        relay.dir.path().join("say.sh"),
+    relay.write(
+        "say.sh",
         "echo '@relay:Peer from the other directory'\nsleep 30\n",
-    )
-    .unwrap();
+    );
     let mut wrapper = with_other()
         .args(["wrap", "--no-input", "-n", "Far", "--", "sh", "say.sh"])
         .stdin(Stdio::null())
@@ -177,11 +176,7 @@ fn send_read_history_agents() {
     wait_for(
         std::time::Duration::from_secs(10),
         "the delivery is recorded as acked",
-        || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                .unwrap_or_default();
-            v["deliveries"][0]["status"] == "acked"
-        },
+        || delivery_status(&relay, &id) == "acked",
     );
     let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap();
     assert_eq!(v["deliveries"][0]["recipient"], "Bob");
@@ -471,12 +466,7 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
         check(out, 50);
         let history: Value =
             serde_json::from_str(&ok_stdout(&relay.cli(&["history", "--json"]))).unwrap();
-        let ids: Vec<&str> = history
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["id"].as_str().unwrap())
-            .collect();
+        let ids: Vec<&str> = field_strs(&history, "id");
         assert_eq!(ids.len(), 50);
         for id in ids.iter().take(5) {
             let trace = ok_stdout(&relay.cli(&["trace", id, "--json"]));
@@ -491,9 +481,7 @@ fn bench_counts_every_message_once_against_a_private_or_a_given_daemon() {
 /// cannot match is refused with what to do.
 #[test]
 fn history_searches_a_time_range() {
-    let relay = Relay::start();
-    let (mut alice, _) = relay.agent("Alice");
-    let (_bob, _) = relay.agent("Bob");
+    let (relay, [mut alice, _bob]) = Relay::with_agents(&[], ["Alice", "Bob"]);
     for body in ["first", "second", "third"] {
         alice.send("Bob", body);
         alice.expect("ACK");
@@ -625,16 +613,6 @@ fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
-/// A child process killed when dropped, so a failing test leaves no wrapper running.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A wrapped stand-in agent under the PTY backend that reads lines until stopped; its script
 /// is `<relay dir>/<name>.sh`, so its processes (wrapper and agent) carry that path.
 fn idle_agent(relay: &Relay, name: &str) -> (Reaped, String) {
@@ -647,17 +625,11 @@ fn idle_agent(relay: &Relay, name: &str) -> (Reaped, String) {
     let script = script.to_str().unwrap().to_owned();
     let child = relay
         .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "--backend",
-            "pty",
-            "-n",
+        .args(wrap_args(
             name,
-            "--",
-            "sh",
-        ])
-        .arg(&script)
+            &["--no-input", "--backend", "pty"],
+            &["sh", &script],
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
@@ -781,17 +753,7 @@ fn stop_and_down_all_end_tmux_agents_and_their_sessions() {
         )
         .unwrap();
         let script = script.to_str().unwrap().to_owned();
-        let out = run(&[
-            "wrap",
-            "--backend",
-            "tmux",
-            "--detached",
-            "-n",
-            name,
-            "--",
-            "sh",
-            &script,
-        ]);
+        let out = run(&wrap_args(name, TMUX_DETACHED, &["sh", &script]));
         assert!(out.status.success(), "{out:?}");
         crate::support::wait_online(&relay, name);
         scripts.push(script);

@@ -7,14 +7,6 @@ use serde_json::json;
 
 use crate::support::*;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 async fn next_message(c: &mut Client) -> relay_client::Delivered {
     loop {
         match tokio::time::timeout(Duration::from_secs(20), c.next_event()).await {
@@ -27,9 +19,7 @@ async fn next_message(c: &mut Client) -> relay_client::Delivered {
 
 #[test]
 fn one_cumulative_ack_covers_everything_before_it() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     for i in 0..3 {
         alice.send("Bob", &format!("m{i}"));
     }
@@ -39,8 +29,7 @@ fn one_cumulative_ack_covers_everything_before_it() {
         json!({}),
         json!({"ack_id": d[2]["id"], "seq": d[2]["delivery"]["seq"], "cumulative": true}),
     );
-    bob.send_env("BYE", json!({}), json!({}));
-    assert!(bob.closed());
+    bob.bye();
     let (mut bob, _) = relay.agent("Bob");
     bob.send_env("PING", json!({}), json!({"nonce": "x"}));
     let f = bob.expect("PONG");
@@ -56,9 +45,7 @@ fn acknowledged_messages_are_not_replayed_after_close() {
     rt().block_on(async {
         let cfg = ClientConfig::agent(relay.socket.clone(), "Bob");
         let mut bob = Client::connect(cfg.clone()).await.unwrap();
-        let alice = Client::connect(ClientConfig::tool(relay.socket.clone(), "Alice"))
-            .await
-            .unwrap();
+        let alice = relay.tool_client("Alice").await;
         for i in 0..20 {
             alice
                 .send(Outgoing::new("Bob", format!("m{i}")))
@@ -84,9 +71,7 @@ fn a_message_handed_over_but_not_acknowledged_survives_a_crash_after_a_reconnect
     rt().block_on(async {
         let cfg = ClientConfig::agent(relay.socket.clone(), "Bob");
         let mut bob = Client::connect(cfg.clone()).await.unwrap();
-        let alice = Client::connect(ClientConfig::tool(relay.socket.clone(), "Alice"))
-            .await
-            .unwrap();
+        let alice = relay.tool_client("Alice").await;
         alice.send(Outgoing::new("Bob", "important")).await.unwrap();
         let m = next_message(&mut bob).await;
         assert_eq!(m.payload.body, "important");

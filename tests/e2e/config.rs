@@ -75,12 +75,7 @@ fn the_config_file_sits_between_defaults_and_the_environment_and_options_beat_bo
         json!({"value": "10", "source": "default"})
     );
     relay.spawn();
-    let s = status(&relay);
-    assert_eq!(
-        (&s["storage"], &s["settings"]["rate-limit"]),
-        (&json!("memory"), &json!("1")),
-        "{s}"
-    );
+    assert_storage_and_rate_limit(&relay, "memory", "1");
     let (_bob, _) = relay.agent("Bob");
     ok_stdout(&relay.cli(&["send", "--from", "Alice", "Bob", "one"]));
     let second = relay.cli(&["send", "--from", "Alice", "Bob", "two"]);
@@ -123,10 +118,15 @@ fn the_config_file_sits_between_defaults_and_the_environment_and_options_beat_bo
     // An option overrides the environment.
     relay.extra = vec!["--storage".into(), "memory".into()];
     relay.spawn();
-    let s = status(&relay);
+    assert_storage_and_rate_limit(&relay, "memory", "2");
+}
+
+/// The running relay's storage and rate limit are `storage` and `rate_limit` (its `status`).
+fn assert_storage_and_rate_limit(relay: &Relay, storage: &str, rate_limit: &str) {
+    let s = status(relay);
     assert_eq!(
         (&s["storage"], &s["settings"]["rate-limit"]),
-        (&json!("memory"), &json!("2")),
+        (&json!(storage), &json!(rate_limit)),
         "{s}"
     );
 }
@@ -222,27 +222,12 @@ fn a_profile_override_in_the_config_file_reaches_the_wrapped_agent() {
         v["profiles"]["generic"]["busy"],
         json!({"value": "[]", "source": format!("file {FILE}:2")})
     );
-    std::fs::write(
-        relay.dir.path().join("stuck.sh"),
+    let agent = spawn_script(
+        &relay,
+        "Stuck",
+        PTY_GENERIC,
         "printf '* Working (esc to interrupt)\\n'\n\
          while IFS= read -r l; do echo \"got: $l\"; exit 0; done\n",
-    )
-    .unwrap();
-    let agent = spawn_wrapped(
-        &relay,
-        &[
-            "wrap",
-            "--backend",
-            "pty",
-            "--no-input",
-            "--profile",
-            "generic",
-            "-n",
-            "Stuck",
-            "--",
-            "sh",
-            "stuck.sh",
-        ],
     );
     wait_online(&relay, "Stuck");
     ok_stdout(&relay.cli(&["send", "Stuck", "typed despite the marker"]));

@@ -14,9 +14,7 @@ const KILL_AT: usize = 900;
 /// Streams N messages from Alice to Bob through a daemon that is killed with -9 after
 /// `KILL_AT` sends and restarted. Returns (ids in send order, ids acknowledged before the kill).
 async fn stream_through_a_crash(relay: &mut Relay) -> (Vec<String>, Vec<String>) {
-    let alice = Client::connect(ClientConfig::agent(relay.socket.clone(), "Alice"))
-        .await
-        .unwrap();
+    let alice = relay.client("Alice").await;
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut ids = Vec::with_capacity(N);
     let mut receipts = Vec::with_capacity(N);
@@ -102,16 +100,9 @@ async fn receive(
 #[test]
 fn kill9_with_the_recipient_offline_delivers_each_message_once_in_order() {
     let mut relay = Relay::start_with(UNLIMITED);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    rt().block_on(async {
         // Bob is known (so messages queue for him) but offline during the crash.
-        let bob = Client::connect(ClientConfig::agent(relay.socket.clone(), "Bob"))
-            .await
-            .unwrap();
+        let bob = relay.client("Bob").await;
         bob.close().await;
         let (ids, before_kill) = stream_through_a_crash(&mut relay).await;
         // Receive without client-side de-duplication: the wire itself must be exactly once.
@@ -138,15 +129,8 @@ fn kill9_with_the_recipient_offline_delivers_each_message_once_in_order() {
 #[test]
 fn kill9_with_the_recipient_online_hands_each_message_over_once() {
     let mut relay = Relay::start_with(UNLIMITED);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let bob = Client::connect(ClientConfig::agent(relay.socket.clone(), "Bob"))
-            .await
-            .unwrap();
+    rt().block_on(async {
+        let bob = relay.client("Bob").await;
         let socket = relay.socket.clone();
         let recv = tokio::spawn(async move {
             // The client reconnects by itself after the crash; its de-duplication absorbs the
@@ -179,11 +163,7 @@ fn kill9_with_the_recipient_online_hands_each_message_over_once() {
 #[test]
 fn a_graceful_stop_and_restart_keeps_queued_messages() {
     let mut relay = Relay::start_with(UNLIMITED);
-    {
-        let (mut bob, _) = relay.agent("Bob");
-        bob.send_env("BYE", serde_json::json!({}), serde_json::json!({}));
-        assert!(bob.closed());
-    }
+    relay.known_offline("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let id = alice.send("Bob", "survive a restart");
     assert_eq!(alice.expect("ACK")["payload"]["status"], "queued");

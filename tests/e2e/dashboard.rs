@@ -2,10 +2,7 @@
 //! real headless Chromium (Debian's `chromium`, driven by playwright-core from
 //! `tests/browser/`).
 
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -126,12 +123,7 @@ fn dashboard_api_serves_agents_history_detail_and_metrics() {
     });
     let detail = api(port, &token, &format!("/api/messages/{}", ids[0]));
     assert_eq!(detail["message"]["body"], "note 0 about parsing");
-    let states: Vec<&str> = detail["trace"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["state"].as_str().unwrap())
-        .collect();
+    let states: Vec<&str> = field_strs(&detail["trace"], "state");
     assert_eq!(states, ["accepted", "queued", "delivered", "injected"]);
     let (status, body) = http_get(
         port,
@@ -152,19 +144,10 @@ fn dashboard_api_serves_agents_history_detail_and_metrics() {
     // must exist.
     let (status, _) = http(port, "POST", "/api/dead/1/retry", &[]);
     assert_eq!(status, 401);
-    let (status, body) = http(
-        port,
-        "POST",
-        &format!("/api/dead/1/retry?token={token}"),
-        &[],
-    );
+    let retry = format!("/api/dead/1/retry?token={token}");
+    let (status, body) = http(port, "POST", &retry, &[]);
     assert_eq!(status, 404, "{body}");
-    let (status, _) = http(
-        port,
-        "GET",
-        &format!("/api/dead/1/retry?token={token}"),
-        &[],
-    );
+    let (status, _) = http(port, "GET", &retry, &[]);
     assert_eq!(status, 405, "a GET changes nothing");
 
     let (_, metrics) = http_get(port, &format!("/metrics?token={token}"), &[]);
@@ -242,21 +225,11 @@ fn up_prints_the_dashboard_url() {
     );
 }
 
-/// Where `npm ci` put playwright-core.
-fn browser_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
 #[test]
 fn dashboard_page_in_chromium() {
-    let dir = browser_dir();
     assert!(
         std::path::Path::new("/usr/bin/chromium").exists(),
         "Debian's chromium is missing: `apt-get install chromium` (.ci/run installs it)"
-    );
-    assert!(
-        dir.join("node_modules/playwright-core").exists(),
-        "playwright-core is missing: `npm ci --prefix tests/browser` (.ci/run and scripts/test run it)"
     );
     // Long heartbeats: the raw agents below only answer PINGs when they read. Alice sends Bob
     // more than the per-pair rate limit allows in a minute: no limit here.
@@ -305,45 +278,31 @@ fn dashboard_page_in_chromium() {
     let shot = std::env::var("AGENT_RELAY_SCREENSHOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| relay.dir.path().join("dashboard.png"));
-    let mut node = Command::new("node")
-        .arg(dir.join("dashboard.mjs"))
-        .args([url.trim(), &old, "needle-7f3"])
-        .arg(&shot)
-        .arg(&failed)
-        .current_dir(&dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node is missing: install Node.js (Debian: apt-get install nodejs npm)");
-    let out = node.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let next = |what: &str| {
-        lines
-            .recv_timeout(Duration::from_secs(90))
-            .unwrap_or_else(|_| panic!("the browser script did not say {what}"))
-    };
-    assert_eq!(next("READY"), "READY");
+    let mut browser = Browser::start(
+        "dashboard.mjs",
+        &[
+            std::ffi::OsStr::new(url.trim()),
+            old.as_ref(),
+            "needle-7f3".as_ref(),
+            shot.as_os_str(),
+            failed.as_ref(),
+        ],
+    );
+    assert_eq!(browser.next("READY"), "READY");
     let id = converse(
         &mut alice,
         &mut bob,
         "a live one: does the page update by itself?",
     );
-    writeln!(node.stdin.as_mut().unwrap(), "SENT {id}").unwrap();
+    browser.say(&format!("SENT {id}"));
     // The page's Retry button puts the dead letter back: Bob gets the message again.
-    assert_eq!(next("RETRIED"), format!("RETRIED {failed}"));
+    assert_eq!(browser.next("RETRIED"), format!("RETRIED {failed}"));
     let again = bob.expect("DELIVER");
     assert_eq!(again["id"], failed.as_str());
     bob.ack(&again);
-    writeln!(node.stdin.as_mut().unwrap(), "REDELIVERED").unwrap();
-    let last = next("OK");
-    let status = node.wait().unwrap();
-    assert!(status.success(), "browser checks failed ({status})");
+    browser.say("REDELIVERED");
+    let last = browser.next("OK");
+    assert!(browser.passed(), "browser checks failed");
     assert_eq!(last, "OK");
     assert!(shot.exists(), "screenshot written");
 }

@@ -2,12 +2,6 @@
 //! across restarts, replaced by `agent-relay dashboard --rotate-token`, and a page whose token
 //! is refused says so instead of "reconnecting…" forever.
 
-use std::io::{BufRead, Write};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
 use crate::support::*;
 
 /// A free loopback port, for a dashboard that must keep its port across a restart.
@@ -54,38 +48,11 @@ fn the_dashboard_token_is_kept_across_restarts_and_rotated_by_a_command() {
 /// which command prints the URL, instead of "reconnecting…" over stale figures.
 #[test]
 fn a_dashboard_page_whose_token_is_refused_says_so() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
-    assert!(
-        dir.join("node_modules/playwright-core").exists(),
-        "playwright-core is missing: `npm ci --prefix tests/browser` (.ci/run and scripts/test run it)"
-    );
     let port = free_port();
     let mut relay = Relay::start_with_env(&[], &[("AGENT_RELAY_DASHBOARD_PORT", &port)]);
     let url = std::fs::read_to_string(relay.data_dir().join("dashboard.url")).unwrap();
-    let mut node = Command::new("node")
-        .arg(dir.join("refused.mjs"))
-        .arg(url.trim())
-        .current_dir(&dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node is missing: install Node.js (Debian: apt-get install nodejs npm)");
-    let out = node.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let next = |what: &str| {
-        lines
-            .recv_timeout(Duration::from_secs(90))
-            .unwrap_or_else(|_| panic!("the browser script did not say {what}"))
-    };
-    assert_eq!(next("READY"), "READY");
+    let mut browser = Browser::start("refused.mjs", &[url.trim()]);
+    assert_eq!(browser.next("READY"), "READY");
     ok_stdout(&relay.cli(&["dashboard", "--rotate-token"]));
     relay.stop();
     relay.spawn();
@@ -95,9 +62,8 @@ fn a_dashboard_page_whose_token_is_refused_says_so() {
         port,
         "the dashboard is on its port again"
     );
-    writeln!(node.stdin.as_mut().unwrap(), "GO").unwrap();
-    let last = next("OK");
-    let status = node.wait().unwrap();
-    assert!(status.success(), "browser checks failed ({status})");
+    browser.say("GO");
+    let last = browser.next("OK");
+    assert!(browser.passed(), "browser checks failed");
     assert_eq!(last, "OK");
 }

@@ -7,7 +7,6 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use relay_standin::{Rule, Script};
-use serde_json::Value;
 
 use crate::support::*;
 
@@ -83,13 +82,6 @@ fn read_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `agent-relay send TO BODY` (from `human`); returns the message's id.
-fn send(relay: &Relay, to: &str, body: &str) -> String {
-    let v: Value =
-        serde_json::from_str(&ok_stdout(&relay.cli(&["send", to, body, "--json"]))).unwrap();
-    v["id"].as_str().unwrap().to_owned()
-}
-
 fn short(id: &str) -> &str {
     relay_protocol::short_id(id)
 }
@@ -126,7 +118,7 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
     );
     let bob = Wrapped::start(&relay, "Bob", &["--delivery", "digest"], &script);
     wait_online(&relay, "Bob");
-    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, "Bob", b)).collect();
+    let ids: Vec<String> = BODIES.iter().map(|b| cli_send(&relay, "Bob", b)).collect();
     // All three wait in the wrapper (the busy marker holds them); then the agent is let go.
     wait_for(LONG, "the wrapper holds the three messages", || {
         let log = bob.log();
@@ -138,16 +130,13 @@ fn a_busy_scripted_agent_gets_three_waiting_messages_as_one_prompt() {
         ids.iter()
             .all(|id| delivery_status(&relay, id) == "verified")
     });
+    let [s0, s1, s2] = [0, 1, 2].map(|i| short(&ids[i]));
+    let ([b0, _, b2], id1) = (BODIES, &ids[1]);
     let expected = format!(
-        "3 relay messages: Relay message from human [{}]: {} | Relay message from human [{}]: \
-         Second:   - update the docs   - bump the version (its line breaks are shown as spaces \
-         here; exact text: agent-relay read {}) | Relay message from human [{}]: {}",
-        short(&ids[0]),
-        BODIES[0],
-        short(&ids[1]),
-        ids[1],
-        short(&ids[2]),
-        BODIES[2]
+        "3 relay messages: Relay message from human [{s0}]: {b0} | \
+         Relay message from human [{s1}]: Second:   - update the docs   - bump the version (its \
+         line breaks are shown as spaces here; exact text: agent-relay read {id1}) | \
+         Relay message from human [{s2}]: {b2}"
     );
     assert_eq!(bob.got(), [expected], "one prompt with all three");
     let log = bob.log();
@@ -184,7 +173,7 @@ fn shown_while_busy(relay: &Relay, delivery: &str) -> (Wrapped, crate::support::
     let mut mcp = pipes.connect();
     wait_online(relay, "Bob");
     // Busy: the message waits in the wrapper; the tool shows it first.
-    let early = send(relay, "Bob", BODIES[0]);
+    let early = cli_send(relay, "Bob", BODIES[0]);
     wait_for(LONG, "the wrapper holds the message", || {
         logged(&bob.log(), "a message waits to be typed", &early) == 1
     });
@@ -210,7 +199,7 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
     let (bob, mut mcp, early) = shown_while_busy(&relay, "notice");
 
     let body = BODIES[1];
-    let id = send(&relay, "Bob", body);
+    let id = cli_send(&relay, "Bob", body);
     let notice = format!(
         "1 relay message from human [{}] — call relay_inbox to read it",
         short(&id)
@@ -248,7 +237,7 @@ fn a_notice_is_typed_and_relay_inbox_hands_the_message_over_and_verifies_it() {
 fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
     let relay = Relay::start();
     let (bob, mut mcp, early) = shown_while_busy(&relay, "each");
-    let later = send(&relay, "Bob", BODIES[2]);
+    let later = cli_send(&relay, "Bob", BODIES[2]);
     wait_for(LONG, "the later message is typed and verified", || {
         delivery_status(&relay, &later) == "verified"
     });
@@ -262,30 +251,6 @@ fn relay_inbox_under_a_wrapper_takes_a_message_the_wrapper_then_never_types() {
         mcp.tool("relay_inbox", serde_json::json!({})).1,
         "No new relay messages."
     );
-}
-
-/// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
-/// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When the
-/// turn is over, Bob's next model request holds all three in one prompt (a header, then each
-/// message as usual, the multi-line one with its lines), each is reported verified and stored
-/// once. Before digests, each was a prompt of its own.
-#[test]
-fn claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Claude, "Bob");
-}
-
-/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
-/// 0.169.0 (busy: `esc to interrupt`).
-#[test]
-fn codex_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Codex, "Cody");
-}
-
-/// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
-/// 0.61.0 (busy: `esc to cancel`).
-#[test]
-fn gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy() {
-    digest_of_three_sent_while_busy(Cli::Gemini, "Gemma");
 }
 
 /// A real CLI under `--delivery digest`, kept busy by a held reply while three messages come:
@@ -305,7 +270,7 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     bob.wait_ready();
     bob.person_types("Index the repository");
     bob.wait_prompts(1);
-    let ids: Vec<String> = BODIES.iter().map(|b| send(&relay, name, b)).collect();
+    let ids: Vec<String> = BODIES.iter().map(|b| cli_send(&relay, name, b)).collect();
     // All three wait in the wrapper, none typed: the CLI is busy (a wrapper that looks at
     // the screen while it is sees it busy; Codex's busy screen animates faster than its
     // settle time, so there the wrapper does not even look). Were one typed before the
@@ -323,21 +288,13 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     );
     bob.standin().release();
     let prompts = bob.wait_prompts(2);
+    let [s0, s1, s2] = [0, 1, 2].map(|i| short(&ids[i]));
+    let [b0, b1, b2] = BODIES;
     let expected = format!(
-        "3 relay messages:\nRelay message from human [{}]: {}\nRelay message from human [{}]:\n{}\nRelay message from human [{}]: {}",
-        short(&ids[0]),
-        BODIES[0],
-        short(&ids[1]),
-        BODIES[1],
-        short(&ids[2]),
-        BODIES[2]
+        "3 relay messages:\nRelay message from human [{s0}]: {b0}\nRelay message from human [{s1}]:\n{b1}\nRelay message from human [{s2}]: {b2}"
     );
     // Claude Code may hand a paste to the model inside its own `<pasted_content>` tags.
-    let inner = prompts[1]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[1].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[1]);
     assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[1]);
     wait_for(LONG, "each message is reported verified", || {
         ids.iter()
@@ -353,29 +310,37 @@ fn digest_of_three_sent_while_busy(cli: Cli, name: &str) {
     assert_eq!(history(&relay).len(), 3);
 }
 
-/// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
-/// `--delivery notice`: the wrapper types only the one-line notice, the model calls
-/// relay_inbox (scripted by the stand-in), gets the exact multi-line body as the tool's
-/// result, and the message is reported verified, stored once, its body never typed.
-#[test]
-fn claude_code_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Claude, "Bob");
-}
-
-/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Codex CLI 0.169.0: the
-/// server given with `-c mcp_servers.relay={...}` (what `codex mcp add` writes, and its
-/// tools approved), the stand-in calling `relay_inbox` in namespace `mcp__relay`.
-#[test]
-fn codex_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Codex, "Cody");
-}
-
-/// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Gemini CLI 0.61.0: the
-/// server in the project's `.gemini/settings.json` (what `gemini mcp add` writes, with
-/// `trust: true` so that Gemini does not ask), the stand-in calling `mcp_relay_relay_inbox`.
-#[test]
-fn gemini_reads_a_noticed_message_with_relay_inbox() {
-    reads_a_noticed_message_with_relay_inbox(Cli::Gemini, "Gemma");
+tests_of! {
+    digest_of_three_sent_while_busy {
+        /// Real Claude Code 2.1.328 with `--delivery digest`: Bob works on a person's task (the
+        /// stand-in holds the reply, so Claude Code shows its spinner); three messages arrive. When
+        /// the turn is over, Bob's next model request holds all three in one prompt (a header, then
+        /// each message as usual, the multi-line one with its lines), each is reported verified and
+        /// stored once. Before digests, each was a prompt of its own.
+        claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Claude, "Bob");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Codex CLI
+        /// 0.169.0 (busy: `esc to interrupt`).
+        codex_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Codex, "Cody");
+        /// [`claude_code_gets_a_digest_of_three_messages_sent_while_it_was_busy`] with Gemini CLI
+        /// 0.61.0 (busy: `esc to cancel`).
+        gemini_gets_a_digest_of_three_messages_sent_while_it_was_busy(Cli::Gemini, "Gemma");
+    }
+    reads_a_noticed_message_with_relay_inbox {
+        /// Real Claude Code with the relay's MCP server (`--mcp-config`) under a wrapper with
+        /// `--delivery notice`: the wrapper types only the one-line notice, the model calls
+        /// relay_inbox (scripted by the stand-in), gets the exact multi-line body as the tool's
+        /// result, and the message is reported verified, stored once, its body never typed.
+        claude_code_reads_a_noticed_message_with_relay_inbox(Cli::Claude, "Bob");
+        /// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Codex CLI 0.169.0: the
+        /// server given with `-c mcp_servers.relay={...}` (what `codex mcp add` writes, and its
+        /// tools approved), the stand-in calling `relay_inbox` in namespace `mcp__relay`.
+        codex_reads_a_noticed_message_with_relay_inbox(Cli::Codex, "Cody");
+        /// [`claude_code_reads_a_noticed_message_with_relay_inbox`] with Gemini CLI 0.61.0: the
+        /// server in the project's `.gemini/settings.json` (what `gemini mcp add` writes, with
+        /// `trust: true` so that Gemini does not ask), the stand-in calling
+        /// `mcp_relay_relay_inbox`.
+        gemini_reads_a_noticed_message_with_relay_inbox(Cli::Gemini, "Gemma");
+    }
 }
 
 /// A real CLI with the relay's MCP server under a wrapper with `--delivery notice`: the
@@ -438,7 +403,7 @@ fn reads_a_noticed_message_with_relay_inbox(cli: Cli, name: &str) {
     );
     bob.wait_ready();
     let body = BODIES[1];
-    let id = send(&relay, name, body);
+    let id = cli_send(&relay, name, body);
     let notice = format!(
         "1 relay message from human [{}] — call relay_inbox to read it",
         short(&id)

@@ -1,7 +1,6 @@
 //! Issue 15, every door into an agent: directives that keep their lines, the MCP server, the
 //! automatic teaching.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -28,19 +27,10 @@ fn expected_bodies() -> Vec<(String, String)> {
 
 #[test]
 fn continuation_lines_keep_their_breaks_and_a_line_at_the_directives_indent_ends_it() {
-    let mut child = Command::new(BIN)
-        .args(["parse", "--json"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(CONTINUATIONS.replace('\n', "\r\n").as_bytes())
-        .unwrap();
-    let out = ok_stdout(&child.wait_with_output().unwrap());
+    let out = ok_stdout(&output_with_input(
+        Command::new(BIN).args(["parse", "--json"]),
+        CONTINUATIONS.replace('\n', "\r\n").as_bytes(),
+    ));
     let got: Vec<(String, String)> = out
         .lines()
         .map(|l| {
@@ -65,32 +55,74 @@ fn a_wrapped_agents_directive_ends_at_a_line_at_its_own_indentation() {
     assert!(out.status.success(), "{out:?}");
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
     // Newest first.
-    let mut got: Vec<(String, String)> = h
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["to"].as_str().unwrap().to_owned(),
-                m["body"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let mut got = field_pairs(&h, "to", "body");
     got.reverse();
     assert_eq!(got, expected_bodies());
 }
 
 /// A 40-line indented code block: what a flattening door would mangle.
+/// Message `id`, handed to wrapped Claude Code `bob` by one of its hooks, ends verified, its
+/// trace delivered, then injected, then verified; `bob` has answered and its wrapper relayed
+/// all it printed, and its model was asked `prompts` times. Returns the wrapper's log.
+fn handed_over_by_a_hook(relay: &Relay, bob: &Agent<'_>, id: &str, prompts: usize) -> String {
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "the delivery is verified",
+        || delivery_status(relay, id) == "verified",
+    );
+    let events = trace_events(relay, id);
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let at = |s: &str| states.iter().position(|x| *x == s);
+    assert!(
+        at("delivered") < at("injected")
+            && at("injected") < at("verified")
+            && at("delivered").is_some(),
+        "{states:?}"
+    );
+    bob.wait_replies_done();
+    bob.wait_all_relayed("OK.");
+    assert_eq!(
+        bob.prompts().len(),
+        prompts,
+        "asked once: {:#?}",
+        bob.prompts()
+    );
+    bob.wrap_log()
+}
+
+/// The commands of Claude Code settings `v`'s hooks for `event`, in order.
+fn hook_commands<'a>(v: &'a Value, event: &str) -> Vec<&'a str> {
+    v["hooks"][event]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["hooks"].as_array().unwrap())
+        .map(|h| h["command"].as_str().unwrap())
+        .collect()
+}
+
+/// `head`, `count` lines `line(i)` indented by `indent` and 4 × (i mod 3) spaces, and `tail`.
+fn indented(
+    head: &str,
+    count: usize,
+    indent: usize,
+    line: fn(usize) -> String,
+    tail: &str,
+) -> String {
+    let body: String = (0..count)
+        .map(|i| format!("{}{}\n", " ".repeat(indent + 4 * (i % 3)), line(i)))
+        .collect();
+    format!("{head}{body}{tail}")
+}
+
 fn code_block() -> String {
-    let mut s = String::from("Here is the fix:\n\n```rust\nfn main() {\n");
-    for i in 0..36 {
-        s.push_str(&format!(
-            "{}let x{i} = {i}; // step\n",
-            " ".repeat(4 + 4 * (i % 3))
-        ));
-    }
-    s.push_str("}\n```");
-    s
+    indented(
+        "Here is the fix:\n\n```rust\nfn main() {\n",
+        36,
+        4,
+        |i| format!("let x{i} = {i}; // step"),
+        "}\n```",
+    )
 }
 
 #[test]
@@ -99,12 +131,7 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
     let (mut bob, _) = relay.agent("Bob");
     let mut mcp = Mcp::start(&relay, "Alice");
     let tools = mcp.call("tools/list", serde_json::json!({}));
-    let mut names: Vec<&str> = tools["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    let mut names: Vec<&str> = field_strs(&tools["tools"], "name");
     names.sort_unstable();
     assert_eq!(
         names,
@@ -145,10 +172,7 @@ fn mcp_tools_send_exactly_once_read_the_inbox_and_carry_the_relays_refusals() {
 
     // Alice is a known, online agent (the MCP server holds her name), so Bob can answer.
     let (_, agents) = mcp.tool("relay_agents", serde_json::json!({}));
-    let alice = agents
-        .lines()
-        .find(|l| l.starts_with("Alice (you) — "))
-        .unwrap_or_default();
+    let alice = line_starting(&agents, "Alice (you) — ");
     assert!(
         (alice.contains("— idle since") || alice.contains("— busy since"))
             && alice.contains(", mcp"),
@@ -186,11 +210,7 @@ fn claude_code_sends_through_the_mcp_server_exactly_once() {
     // Bob reads from the start, answering PINGs: Claude Code may take longer than the
     // heartbeat's grace to start and send (as Gemini did under load, see
     // cli_sends_through_the_mcp_server_exactly_once).
-    let bob = std::thread::spawn(move || {
-        let mut bob = bob;
-        let d = bob.expect("DELIVER");
-        (bob, d)
-    });
+    let bob = bob.expect_on_a_thread("DELIVER");
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.").calling(
@@ -269,23 +289,15 @@ fn wrapped_claude_print(
         cmd.env(k, v.trim_matches('\''));
     }
     let claude = crate::support::Cli::Claude.path();
-    let out = cmd
-        .env("HOME", &home)
+    cmd.env("HOME", &home)
         .env("AGENT_RELAY_BACKEND", "pty")
         .current_dir(&work)
         .args(wrap_args)
         .args(["-n", "Alice"])
         .arg(&claude)
         .args(["-p", "hello there"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null());
+    ok_stdout(&cmd.output().unwrap());
 }
 
 /// The system prompt of the conversation turn Claude Code sent for "hello there".
@@ -343,19 +355,13 @@ fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     let agent = crate::support::Agent::start(&relay, cli, name, relay_standin::Script::default());
     agent.wait_ready();
     let body = code_block();
-    let out = relay.cli(&["send", name, &body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, name, &body);
     let prompts = agent.wait_prompts(1);
     let short = &id[id.len() - 8..];
     // Claude Code 2.1.328 hands a long paste to the model inside its own
     // `<pasted_content id="...">` tags; between them, the text is exactly what was typed.
     let expected = format!("Relay message from human [{short}]:\n{body}");
-    let inner = prompts[0]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[0]);
     assert_eq!(inner, expected, "the prompt {name} sent: {:?}", prompts[0]);
     agent.wait_replies_done();
     agent.wait_all_relayed("OK.");
@@ -368,19 +374,12 @@ fn code_block_reaches(cli: crate::support::Cli, name: &str) {
     );
 }
 
-#[test]
-fn claude_code_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Claude, "Bob");
-}
-
-#[test]
-fn codex_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Codex, "Cody");
-}
-
-#[test]
-fn gemini_gets_a_40_line_code_block_byte_for_byte() {
-    code_block_reaches(crate::support::Cli::Gemini, "Gemma");
+tests_of! {
+    code_block_reaches {
+        claude_code_gets_a_40_line_code_block_byte_for_byte(Cli::Claude, "Bob");
+        codex_gets_a_40_line_code_block_byte_for_byte(Cli::Codex, "Cody");
+        gemini_gets_a_40_line_code_block_byte_for_byte(Cli::Gemini, "Gemma");
+    }
 }
 
 /// The body of a directive with a 40-line indented code block under it (the continuation
@@ -388,41 +387,33 @@ fn gemini_gets_a_40_line_code_block_byte_for_byte() {
 /// paragraph's continuation, so Claude Code draws its Markdown marks (`**`, `__`) as bold
 /// text without them: the screen's copy differs from what the model wrote.
 fn directive_code_block() -> String {
-    let mut s = String::from("Here is the fix:\n    fn main() {\n");
-    for i in 0..38 {
-        s.push_str(&format!(
-            "{}let x{i} = f(\"__init__\"); // **{i}**\n",
-            " ".repeat(8 + 4 * (i % 3))
-        ));
+    indented(
+        "Here is the fix:\n    fn main() {\n",
+        38,
+        8,
+        |i| format!("let x{i} = f(\"__init__\"); // **{i}**"),
+        "    }",
+    )
+}
+
+tests_of! {
+    directive_code_block_arrives {
+        /// A directive whose body is a 40-line indented code block, written by Alice's model under
+        /// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for
+        /// byte, once. The whole reply fits Alice's screen, so the directive is read off it, but
+        /// the screen shows what Claude Code drew of the Markdown; the wrapper sends the reply's
+        /// own text from Claude Code's transcript (before, the screen's copy went: lines and marks
+        /// not as written).
+        claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Claude, "Alice");
+        /// The same from Codex CLI: its screen draws the block's lines at the directive's own
+        /// indentation, so the screen's copy ends after `Here is the fix:`; the wrapper sends the
+        /// reply's text from Codex's session rollout (before, Bob got the first line only).
+        codex_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Codex, "Cody");
+        /// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
+        /// (`__init__` shows as `init`); the wrapper sends the reply's text from Gemini's chat
+        /// recording (before, Bob got the drawn text).
+        gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte(Cli::Gemini, "Gemma");
     }
-    s.push_str("    }");
-    s
-}
-
-/// A directive whose body is a 40-line indented code block, written by Alice's model under
-/// real Claude Code (wrapped), reaches Bob's model (real Claude Code, wrapped) byte for byte,
-/// once. The whole reply fits Alice's screen, so the directive is read off it, but the screen
-/// shows what Claude Code drew of the Markdown; the wrapper sends the reply's own text from
-/// Claude Code's transcript (before, the screen's copy went: lines and marks not as written).
-#[test]
-fn claude_code_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Claude, "Alice");
-}
-
-/// The same from Codex CLI: its screen draws the block's lines at the directive's own
-/// indentation, so the screen's copy ends after `Here is the fix:`; the wrapper sends the
-/// reply's text from Codex's session rollout (before, Bob got the first line only).
-#[test]
-fn codex_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Codex, "Cody");
-}
-
-/// The same from Gemini CLI: its screen keeps the lines but drops the Markdown marks
-/// (`__init__` shows as `init`); the wrapper sends the reply's text from Gemini's chat
-/// recording (before, Bob got the drawn text).
-#[test]
-fn gemini_directive_with_a_40_line_code_block_arrives_byte_for_byte() {
-    directive_code_block_arrives(crate::support::Cli::Gemini, "Gemma");
 }
 
 /// `cli`'s agent `name` (wrapped) replies with a directive to Bob (Claude Code, wrapped) whose
@@ -451,11 +442,7 @@ fn directive_code_block_arrives(cli: crate::support::Cli, name: &str) {
     let id = sent["id"].as_str().unwrap();
     let short = &id[id.len() - 8..];
     let expected = format!("Relay message from {name} [{short}]:\n{body}");
-    let inner = prompts[0]
-        .split_once("<pasted_content id=")
-        .and_then(|(_, rest)| rest.split_once("\">\n"))
-        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
-        .map_or(prompts[0].as_str(), |(inner, _)| inner);
+    let inner = pasted_inner(&prompts[0]);
     assert_eq!(
         inner,
         expected,
@@ -509,26 +496,14 @@ fn hooks_install_merges_into_a_persons_settings_and_uninstall_restores_them() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(v["model"], "opus");
     assert_eq!(v["permissions"]["allow"][0], "Bash(ls)");
-    let commands: Vec<&str> = v["hooks"]["Stop"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["hooks"].as_array().unwrap())
-        .map(|h| h["command"].as_str().unwrap())
-        .collect();
+    let commands = hook_commands(&v, "Stop");
     assert_eq!(commands.len(), 2, "{commands:?}");
     assert_eq!(commands[0], "notify-send done");
     assert!(
         commands[1].ends_with("agent-relay' hooks stop"),
         "{commands:?}"
     );
-    let on_prompt: Vec<&str> = v["hooks"]["UserPromptSubmit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["hooks"].as_array().unwrap())
-        .map(|h| h["command"].as_str().unwrap())
-        .collect();
+    let on_prompt = hook_commands(&v, "UserPromptSubmit");
     assert_eq!(on_prompt.len(), 2, "{on_prompt:?}");
     assert_eq!(on_prompt[0], "log-prompt");
     assert!(
@@ -567,35 +542,15 @@ fn claude_code_gets_a_waiting_message_from_its_stop_hook() {
     // Alice is known to the relay (offline): Bob's message waits for her.
     drop(relay.agent("Alice"));
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
-        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
-        relay_standin::Rule::contains("hello there", "Hello.").held(),
-    ]))
-    .unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
-    // Code's own settings give it to its hooks), the relay from the environment claude_print
-    // sets.
-    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
     // Bob's message comes while Alice works on her prompt (after its UserPromptSubmit hook
     // found nothing): the Stop hook at the end of the turn hands it over.
-    let (id, out) = std::thread::scope(|s| {
-        let print =
-            s.spawn(|| claude_print(&relay, &standin, &["--settings", &settings], "hello there"));
-        crate::support::wait_for(
-            std::time::Duration::from_secs(60),
-            "Alice's model is asked",
-            || !standin.prompts().is_empty(),
-        );
+    let (id, out, standin) = claude_print_with_hooks(&relay, || {
         // Bob connects only now: a raw connection silent while Claude Code starts (longer
         // than the heartbeat's grace on a loaded machine) would be closed.
         let (mut bob, _) = relay.agent("Bob");
         let id = bob.send("Alice", body);
         bob.expect("ACK");
-        standin.release();
-        (id, print.join().unwrap())
+        id
     });
     let asked: Vec<String> = turns(&standin);
     let short = &id[id.len() - 8..];
@@ -622,9 +577,7 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
     let relay = Relay::start();
     let bob = claude_bob_held_in_a_turn(&relay);
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let out = relay.cli(&["send", "Bob", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Bob", body);
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
         "the message waits in Bob's wrapper",
@@ -641,33 +594,7 @@ fn a_wrapped_claude_code_gets_a_message_from_its_stop_hook_with_its_delivery_sta
         prompts[1].contains(&format!("Relay message from human [{short}]:\n{body}")),
         "{prompts:#?}"
     );
-    crate::support::wait_for(
-        std::time::Duration::from_secs(60),
-        "the delivery is verified",
-        || {
-            let r: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                .unwrap_or_default();
-            r["deliveries"][0]["status"] == "verified"
-        },
-    );
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
-    let states: Vec<&str> = t["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
-    let at = |s: &str| states.iter().position(|x| *x == s);
-    assert!(
-        at("delivered") < at("injected")
-            && at("injected") < at("verified")
-            && at("delivered").is_some(),
-        "{states:?}"
-    );
-    bob.wait_replies_done();
-    bob.wait_all_relayed("OK.");
-    assert_eq!(bob.prompts().len(), 2, "asked once: {:#?}", bob.prompts());
-    let log = bob.wrap_log();
+    let log = handed_over_by_a_hook(&relay, &bob, &id, 2);
     assert!(
         !log.contains(&format!("typing a message id={id}")),
         "the wrapper typed it:\n{log}"
@@ -687,11 +614,7 @@ fn claude_code_gets_a_waiting_message_with_a_prompt_from_its_prompt_hook() {
     let id = bob.send("Alice", body);
     bob.expect("ACK");
     let standin = relay_standin::StandIn::start(relay_standin::Script::default()).unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
-    let out = claude_print(&relay, &standin, &["--settings", &settings], "hello there");
+    let out = claude_print_as_alice_with_hooks(&relay, &standin);
     let short = &id[id.len() - 8..];
     let want = format!("Relay message from Bob [{short}]:\n{body}");
     let main: Vec<relay_standin::Request> = standin
@@ -732,9 +655,7 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
         || bob.screen().contains("half a thought"),
     );
     let body = "Please look at:\n  - auth.ts line 40\n      (the refresh path)";
-    let out = relay.cli(&["send", "Bob", body, "--json"]);
-    let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Bob", body);
     let queued = format!("a message waits to be typed id={id}");
     crate::support::wait_for(
         std::time::Duration::from_secs(60),
@@ -759,29 +680,7 @@ fn claude_code_gets_a_held_message_with_a_persons_prompt_from_its_prompt_hook() 
         .collect();
     let told = message_texts(&main[0].body);
     assert_eq!(told.matches(&want).count(), 1, "{told}");
-    crate::support::wait_for(
-        std::time::Duration::from_secs(60),
-        "the delivery is verified",
-        || crate::support::delivery_status(&relay, &id) == "verified",
-    );
-    let t: Value = serde_json::from_str(&ok_stdout(&relay.cli(&["trace", &id, "--json"]))).unwrap();
-    let states: Vec<&str> = t["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
-    let at = |s: &str| states.iter().position(|x| *x == s);
-    assert!(
-        at("delivered") < at("injected")
-            && at("injected") < at("verified")
-            && at("delivered").is_some(),
-        "{states:?}"
-    );
-    bob.wait_replies_done();
-    bob.wait_all_relayed("OK.");
-    assert_eq!(bob.prompts().len(), 1, "asked once: {:#?}", bob.prompts());
-    let log = bob.wrap_log();
+    let log = handed_over_by_a_hook(&relay, &bob, &id, 1);
     assert!(
         !log.contains(&format!("typing a message id={id}"))
             && log.contains(&format!(
@@ -810,11 +709,7 @@ fn cli_sends_through_the_mcp_server_exactly_once(cli: crate::support::Cli, name:
     // Bob reads from the start, answering the daemon's PINGs: the CLI may take longer than
     // the heartbeat's grace (three beats) to start and send, above all on a loaded machine,
     // and a peer that reads nothing meanwhile is closed as silent.
-    let bob = std::thread::spawn(move || {
-        let mut bob = bob;
-        let d = bob.expect("DELIVER");
-        (bob, d)
-    });
+    let bob = bob.expect_on_a_thread("DELIVER");
     let body = code_block();
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
         relay_standin::Rule::contains("send Bob the fix", "Sending it to Bob.")

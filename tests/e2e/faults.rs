@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use relay_client::{Client, ClientConfig, Event, Outgoing};
+use relay_client::{Event, Outgoing};
 use relay_protocol::AckStatus;
 
 use crate::support::*;
@@ -23,40 +23,25 @@ type Received = Arc<Mutex<HashMap<String, Vec<(String, String)>>>>;
 
 #[test]
 fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothing() {
-    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    // Printed so that a failure can be replayed with AGENT_RELAY_FAULT_SEED.
-    eprintln!("fault-injection seed: {seed}");
+    let seed = fault_seed("fault-injection");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // A short inbox TTL: what is sent to the agent that never comes back expires during the
     // run, so dead-lettering and the senders' notices are crossed by kills too.
     let mut args = UNLIMITED.to_vec();
     args.extend(["--inbox-ttl", "1"]);
     let mut relay = Relay::start_with(&args);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     let mut names: Vec<String> = (0..AGENTS).map(|i| format!("agent{i}")).collect();
     names.push("sleeper".into());
     let received: Received = Arc::default();
     let (accepted, statuses) = rt.block_on(async {
         // Known, then gone for good.
-        Client::connect(ClientConfig::agent(relay.socket.clone(), "sleeper"))
-            .await
-            .unwrap()
+        relay.client("sleeper").await
             .close()
             .await;
         let mut clients = Vec::new();
         for n in &names[..AGENTS] {
-            clients.push(
-                Client::connect(ClientConfig::agent(relay.socket.clone(), n.as_str()))
-                    .await
-                    .unwrap(),
-            );
+            clients.push(relay.client(n).await);
         }
         // Each agent both receives (acknowledging everything) and sends; a client is one
         // task's, so each agent's sending goes through a channel to that task.
@@ -164,16 +149,8 @@ fn kill9_at_random_moments_during_a_multi_agent_exchange_loses_and_doubles_nothi
             .stdout,
     )
     .unwrap();
-    let dead: HashSet<(String, String)> = dlq["dead_letters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| {
-            (
-                d["msg_id"].as_str().unwrap().to_owned(),
-                d["recipient"].as_str().unwrap().to_owned(),
-            )
-        })
+    let dead: HashSet<(String, String)> = field_pairs(&dlq["dead_letters"], "msg_id", "recipient")
+        .into_iter()
         .collect();
     // Notices from the relay are counted apart: one per dead letter, to its sender.
     let mut notices: HashMap<String, usize> = HashMap::new();
@@ -319,11 +296,8 @@ impl Wrappers {
     /// Starts agent `i`'s wrapper (PTY backend) around the stand-in.
     fn spawn(&mut self, relay: &Relay, i: usize) {
         let dir = &self.relay_dir;
-        let err = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("{}.wrap.log", Self::name(i))))
-            .unwrap();
+        let name = Self::name(i);
+        let err = append_log(&dir.join(format!("{name}.wrap.log")));
         let child = relay
             .command()
             .current_dir(dir)
@@ -332,15 +306,7 @@ impl Wrappers {
                 "AGENT_RELAY_LOG",
                 "relay_wrap=debug,relay_client=debug,warn",
             )
-            .args([
-                "wrap",
-                "--backend",
-                "pty",
-                "--no-input",
-                "--profile",
-                "generic",
-            ])
-            .args(["-n", &Self::name(i), "--", "sh", "torture.sh"])
+            .args(wrap_args(&name, PTY_GENERIC, &["sh", "torture.sh"]))
             .args([
                 i.to_string(),
                 TORTURE_AGENTS.to_string(),
@@ -357,8 +323,7 @@ impl Wrappers {
 
     fn kill9(&mut self, i: usize) {
         let mut c = self.procs[i].take().expect("running");
-        c.kill().unwrap();
-        c.wait().unwrap();
+        kill9_child(&mut c);
         // Each life's log ends with this line, for a failure's story.
         let mut log = std::fs::OpenOptions::new()
             .append(true)
@@ -463,11 +428,7 @@ fn chain_step(line: &str) -> Option<(u64, u32)> {
 #[test]
 fn torture_wrapped_agents_through_random_kill9_of_daemon_and_wrappers() {
     let started = relay_protocol::now_instant();
-    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::random::<u64>() | 1);
-    eprintln!("torture seed: {seed} (AGENT_RELAY_FAULT_SEED={seed} replays the moments)");
+    let seed = fault_seed("torture");
     let mut rng = XorShift(seed | 1);
     // A short inbox TTL: what goes to the sleeper is dead-lettered during the run, and its
     // senders' notices are crossed by the kills too.

@@ -88,11 +88,7 @@ impl Nats {
 
     /// Starts (or restarts) the server and waits until it accepts clients.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("nats.log"))
-            .unwrap();
+        let log = append_log(&self.dir.path().join("nats.log"));
         let child = Command::new("nats-server")
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-n", &self.name, "-js", "-sd"])
@@ -114,8 +110,7 @@ impl Nats {
     /// SIGKILL: a crash.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
+            kill9_child(&mut c);
         }
     }
 
@@ -673,20 +668,11 @@ async fn fault_agent(
 #[test]
 fn kill9_of_relays_and_nats_servers_at_random_loses_and_doubles_nothing() {
     use rand::{Rng, SeedableRng};
-    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    // Printed so that a failure can be replayed with AGENT_RELAY_FAULT_SEED.
-    eprintln!("federation fault-injection seed: {seed}");
+    let seed = fault_seed("federation fault-injection");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut servers = Nats::cluster(3);
     let mut relays = [clustered(&servers, "hostA"), clustered(&servers, "hostB")];
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt();
     // Both agents known everywhere before the exchange (the directory is not what this tests).
     let (sa, sb) = (relays[0].socket.clone(), relays[1].socket.clone());
     let (go, ready) = tokio::sync::watch::channel(false);
@@ -801,7 +787,6 @@ fn a_hop_budget_is_not_reset_by_crossing_nodes() {
 
 #[test]
 fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
-    use std::process::Stdio;
     let nats = Nats::start();
     let url = nats.url();
     let with = |n: &str| {
@@ -823,13 +808,7 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
     )
     .unwrap();
     let spawn = |relay: &Relay, name: &str, script: &str| {
-        relay
-            .command()
-            .args(["wrap", "--no-input", "-n", name, "--", "sh", script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
+        spawn_wrapped(relay, &wrap_args(name, &["--no-input"], &["sh", script]))
     };
     let mut ann = spawn(&a, "Ann", "ann.sh");
     let ben = spawn(&b, "Ben", "ben.sh");
@@ -1017,12 +996,6 @@ fn access_rules_can_name_nodes() {
 
 #[test]
 fn the_dashboard_shows_the_links_state_and_backlog() {
-    use std::io::{BufRead, Write};
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
-    assert!(
-        dir.join("node_modules/playwright-core").exists(),
-        "playwright-core is missing: `npm ci --prefix tests/browser` (.ci/run and scripts/test run it)"
-    );
     let mut nats = Nats::start();
     let a = node(&nats.url(), "hostA");
     let b = node(&nats.url(), "hostB");
@@ -1030,26 +1003,20 @@ fn the_dashboard_shows_the_links_state_and_backlog() {
     let (_bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
     let url = std::fs::read_to_string(a.data_dir().join("dashboard.url")).unwrap();
-    let mut node = Command::new("node")
-        .arg(dir.join("federation.mjs"))
-        .arg(url.trim())
-        .current_dir(&dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node is missing: install Node.js (Debian: apt-get install nodejs npm)");
-    let mut out = std::io::BufReader::new(node.stdout.take().unwrap()).lines();
-    let mut next = || out.next().and_then(Result::ok).unwrap_or_default();
-    assert_eq!(next(), "UP", "the page shows the link up");
+    let mut browser = Browser::start("federation.mjs", &[url.trim()]);
+    assert_eq!(browser.next("UP"), "UP", "the page shows the link up");
     nats.kill9();
     wait_for(Duration::from_secs(20), "hostA sees the link down", || {
         federation(&a)["link"] != "connected"
     });
     send_many(&mut alice, "Bob", 3, "while down");
-    writeln!(node.stdin.as_mut().unwrap(), "DOWN").unwrap();
-    assert_eq!(next(), "OK", "the page shows the link down and the backlog");
-    assert!(node.wait().unwrap().success());
+    browser.say("DOWN");
+    assert_eq!(
+        browser.next("OK"),
+        "OK",
+        "the page shows the link down and the backlog"
+    );
+    assert!(browser.passed());
 }
 
 /// Reads the next DELIVER on `c`, which must be a dead-letter notice from `relay` about
@@ -1374,25 +1341,14 @@ fn send_pipelined(c: &mut Raw, msgs: &[(String, String)]) -> (Vec<String>, Vec<V
 fn read_until_marker_by(c: &mut Raw, marker: &str, deadline: std::time::Instant) -> Vec<String> {
     let mut ids = Vec::new();
     loop {
-        assert!(
-            relay_protocol::now_instant() < deadline,
-            "{} delivered, then nothing before the deadline",
-            ids.len()
-        );
-        let f = c.read().expect("connection open");
-        match f["type"].as_str() {
-            Some("PING") => {
-                c.send_env("PONG", json!({}), json!({}));
-            }
-            Some("DELIVER") => {
-                c.ack(&f);
-                if f["payload"]["body"] == marker {
-                    return ids;
-                }
-                ids.push(f["id"].as_str().unwrap().to_owned());
-            }
-            _ => {}
+        let f = c.next_of("DELIVER", deadline, || {
+            format!("{} delivered, then nothing before the deadline", ids.len())
+        });
+        c.ack(&f);
+        if f["payload"]["body"] == marker {
+            return ids;
         }
+        ids.push(f["id"].as_str().unwrap().to_owned());
     }
 }
 
@@ -1620,15 +1576,7 @@ fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_re
 /// Runs `up --foreground` for `relay` with `args` and waits (bounded) for it to exit; returns
 /// its status and what it wrote. A relay that starts instead of exiting fails the test.
 fn refused_start(relay: &Relay, args: &[&str]) -> (std::process::ExitStatus, String) {
-    let mut child = relay
-        .command()
-        .args(["up", "--foreground"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = relay.spawn_cli(&[&["up", "--foreground"], args].concat(), Stdio::piped());
     let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait().unwrap() {

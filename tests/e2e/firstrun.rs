@@ -8,11 +8,6 @@ use serde_json::Value;
 
 use crate::support::*;
 
-/// Says who it is, then echoes what it reads.
-const GUS: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do echo "got: $line"; done
-"#;
-
 /// A CLI that refuses its flag at start, as `claude --bogus-flag` does.
 const BOGUS: &str = r#"echo "error: unknown option '--bogus-flag'" >&2
 echo "(Did you mean --bogus?)" >&2
@@ -59,11 +54,9 @@ fn online_now(probe: &mut crate::support::Raw, name: &str) -> bool {
 #[test]
 fn detached_returns_once_the_agent_is_connected() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let _tmux = relay.tmux();
     let (mut probe, _) = relay.agent("Probe");
-    std::fs::write(relay.dir.path().join("gus.sh"), GUS).unwrap();
+    relay.write("gus.sh", ECHOER);
     for name in ["Gus", "Gus2", "Gus3"] {
         let out = wrap_cmd(
             &relay,
@@ -104,10 +97,8 @@ fn detached_returns_once_the_agent_is_connected() {
 #[test]
 fn a_detached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    std::fs::write(relay.dir.path().join("zoe.sh"), BOGUS).unwrap();
+    let _tmux = relay.tmux();
+    relay.write("zoe.sh", BOGUS);
     let out = wrap_cmd(
         &relay,
         &[
@@ -138,28 +129,24 @@ fn a_detached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines(
 #[test]
 fn a_pty_agent_that_fails_says_its_status_and_status_3_is_not_the_relay_not_running() {
     let relay = Relay::start();
-    std::fs::write(relay.dir.path().join("zoe.sh"), BOGUS).unwrap();
-    std::fs::write(relay.dir.path().join("three.sh"), "echo bye\nexit 3\n").unwrap();
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Zoe", "--", "sh", "zoe.sh"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    relay.write("zoe.sh", BOGUS);
+    relay.write("three.sh", "echo bye\nexit 3\n");
+    // `sh SCRIPT` wrapped as `name`: its exit code and what the wrapper said.
+    let run = |name: &str, script: &str| {
+        let out = relay.cli(&wrap_args(name, &["--no-input"], &["sh", script]));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run("Zoe", "zoe.sh");
+    assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("agent-relay: Zoe exited with status 1"),
         "{err}"
     );
-    let out = relay
-        .command()
-        .args(["wrap", "--no-input", "-n", "Tri", "--", "sh", "three.sh"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
+    let (code, err) = run("Tri", "three.sh");
+    assert_eq!(code, Some(3), "{err}");
     assert!(
         err.contains("agent-relay: Tri exited with status 3"),
         "{err}"
@@ -178,9 +165,7 @@ fn a_pty_agent_that_fails_says_its_status_and_status_3_is_not_the_relay_not_runn
 #[test]
 fn a_command_that_exits_at_once_is_not_kept_as_an_agent() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let _tmux = relay.tmux();
     let out = relay.cli(&["ls"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -202,7 +187,7 @@ fn a_command_that_exits_at_once_is_not_kept_as_an_agent() {
 fn the_announcement_names_only_agents_that_are_online() {
     let relay = Relay::start();
     let dir = relay.dir.path();
-    std::fs::write(dir.join("stays.sh"), GUS).unwrap();
+    std::fs::write(dir.join("stays.sh"), ECHOER).unwrap();
     let stays = spawn_wrapped(
         &relay,
         &["wrap", "--no-input", "-n", "Stays", "--", "sh", "stays.sh"],
@@ -213,16 +198,11 @@ fn the_announcement_names_only_agents_that_are_online() {
     // Took part (sent a message), then stopped: kept, offline.
     let (code, out) = output_of(spawn_wrapped(
         &relay,
-        &[
-            "wrap",
-            "--no-input",
-            "-n",
+        &wrap_args(
             "Gone",
-            "--",
-            "sh",
-            "-c",
-            "echo '@relay:Stays hello'",
-        ],
+            &["--no-input"],
+            &["sh", "-c", "echo '@relay:Stays hello'"],
+        ),
     ));
     assert_eq!(code, 0, "{out}");
     assert!(
@@ -376,12 +356,7 @@ fn doctor_says_a_missing_agent_cli_is_missing_with_the_pinned_install() {
     };
     let out = run(true);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let claude = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["check"] == "claude")
-        .unwrap();
+    let claude = find_row(&v, "check", "claude");
     assert_eq!(claude["level"], "missing", "{claude}");
     let fix = claude["fix"].as_str().unwrap_or("");
     assert!(
@@ -402,10 +377,8 @@ fn doctor_says_a_missing_agent_cli_is_missing_with_the_pinned_install() {
 #[test]
 fn attach_with_the_wrong_case_suggests_the_agent() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    let _tmux = relay.tmux();
+    crate::support::start_tmux_agent(&relay, "Alice", ECHOER, &[]);
     let out = wrap_cmd(&relay, &["attach", "alice"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
@@ -453,10 +426,8 @@ fn down_all_does_not_warn_about_the_relays_own_person_connection() {
 #[test]
 fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    let tmux = relay.tmux();
+    crate::support::start_tmux_agent(&relay, "Alice", ECHOER, &[]);
     // Inside tmux: TMUX names the server (here the test's, with no client to switch).
     let socket = String::from_utf8_lossy(&tmux.run(&["display", "-p", "#{socket_path}"]).stdout)
         .trim()
@@ -477,39 +448,18 @@ fn attach_inside_tmux_says_how_to_go_back_without_detaching() {
 #[test]
 fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    crate::support::start_tmux_agent(&relay, "Alice", GUS, &[]);
+    let _tmux = relay.tmux();
+    crate::support::start_tmux_agent(&relay, "Alice", ECHOER, &[]);
     // The person's terminal (a tmux pane of its own server) attaches to Alice's session.
-    let _term = crate::support::person_terminal(
+    let term = person_terminal_here(
         &relay,
         "person",
-        &format!(
-            "cd '{}' && env -u TMUX {{bin}} attach Alice; echo \"attach ended: $?\"",
-            relay.dir.path().display()
-        ),
+        "{bin} attach Alice; echo \"attach ended: $?\"",
     );
-    let screen = || {
-        let out =
-            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let deadline = relay_protocol::now_instant() + Duration::from_secs(20);
-    while !screen().contains("I am Alice") {
-        assert!(
-            relay_protocol::now_instant() < deadline,
-            "the person does not see Alice:\n{}",
-            screen()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    term.wait_shows(Duration::from_secs(20), "I am Alice");
     let out = wrap_cmd(&relay, &["stop", "Alice"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    wait_for(Duration::from_secs(20), "the attach command ends", || {
-        screen().contains("attach ended:")
-    });
-    let s = screen();
+    let s = term.wait_shows(Duration::from_secs(20), "attach ended:");
     assert!(
         s.contains("Alice was stopped by `agent-relay stop Alice`"),
         "{s}"
@@ -522,13 +472,10 @@ fn a_person_attached_to_a_stopped_agent_is_told_who_stopped_it() {
 #[test]
 fn config_keys_may_use_dashes_or_underscores() {
     let relay = Relay::unstarted();
-    let dir = relay.dir.path().join(".agent-relay");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("config.toml"),
+    configure(
+        &relay,
         "[up]\ninbox_ttl = 600\nmax-hops = 4\n\n[profiles.generic]\nquiet-ms = 50\nsettle_ms = 300\n",
-    )
-    .unwrap();
+    );
     let out = relay.cli(&["config", "--json"]);
     let s: Value = serde_json::from_str(&crate::support::ok_stdout(&out)).unwrap();
     assert_eq!(s["up"]["inbox-ttl"]["value"], "600", "{s:#}");
@@ -545,8 +492,6 @@ fn config_keys_may_use_dashes_or_underscores() {
 #[test]
 fn config_says_when_the_running_relay_uses_another_value() {
     let relay = Relay::start();
-    let dir = relay.dir.path().join(".agent-relay");
-    std::fs::create_dir_all(&dir).unwrap();
     let before: Value = serde_json::from_str(&crate::support::ok_stdout(
         &relay.cli(&["config", "--json"]),
     ))
@@ -559,7 +504,7 @@ fn config_says_when_the_running_relay_uses_another_value() {
         before["up"]["max-hops"].get("running").is_none(),
         "{before:#}"
     );
-    std::fs::write(dir.join("config.toml"), "[up]\nmax-hops = 3\n").unwrap();
+    configure(&relay, "[up]\nmax-hops = 3\n");
     let v: Value = serde_json::from_str(&crate::support::ok_stdout(
         &relay.cli(&["config", "--json"]),
     ))
@@ -582,33 +527,14 @@ fn config_says_when_the_running_relay_uses_another_value() {
 #[test]
 fn an_attached_agent_that_fails_at_start_is_shown_with_its_status_and_last_lines() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    std::fs::write(relay.dir.path().join("zoe.sh"), BOGUS).unwrap();
-    let _term = crate::support::person_terminal(
+    let _tmux = relay.tmux();
+    relay.write("zoe.sh", BOGUS);
+    let term = person_terminal_here(
         &relay,
         "person",
-        &format!(
-            "cd '{}' && env -u TMUX {{bin}} --backend tmux -n Zoe -- sh zoe.sh; echo \"ended: $?\"",
-            relay.dir.path().display()
-        ),
+        "{bin} --backend tmux -n Zoe -- sh zoe.sh; echo \"ended: $?\"",
     );
-    let screen = || {
-        let out =
-            crate::support::tmux_in(relay.dir.path(), "person", &["capture-pane", "-p", "-J"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let deadline = relay_protocol::now_instant() + Duration::from_secs(30);
-    while !screen().contains("ended:") {
-        assert!(
-            relay_protocol::now_instant() < deadline,
-            "the command did not end:\n{}",
-            screen()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let s = screen();
+    let s = term.wait_shows(Duration::from_secs(30), "ended:");
     assert!(s.contains("Zoe exited with status 1"), "{s}");
     assert!(s.contains("unknown option '--bogus-flag'"), "{s}");
     assert!(s.contains("ended: 1"), "{s}");
@@ -622,15 +548,14 @@ while IFS= read -r line; do echo "got: $line"; done
 "#;
 
 /// Bob answers Alice's review request and the person's question, each to its sender.
-const WALK_BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"Relay message from Alice"*) echo "@relay:Alice Reviewed auth.ts: looks good"; echo;;
-    *"Relay message from human"*) echo "@relay:human All good"; echo;;
-  esac
-done
-"#;
+fn walk_bob() -> String {
+    script_agent(
+        I_AM,
+        true,
+        r#"    *"Relay message from Alice"*) echo "@relay:Alice Reviewed auth.ts: looks good"; echo;;
+    *"Relay message from human"*) echo "@relay:human All good"; echo;;"#,
+    )
+}
 
 /// README's walk-through (issue 24, Done means), in README's order, with scripted agents under
 /// tmux: the relay is up; Alice starts and asks Bob, who has not run yet (the message waits,
@@ -640,9 +565,7 @@ done
 #[test]
 fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let _tmux = relay.tmux();
     crate::support::start_tmux_agent(&relay, "Alice", WALK_ALICE, &["--profile", "generic"]);
     // Alice's question waits for Bob, who has not connected yet.
     wait_for(
@@ -654,7 +577,7 @@ fn readme_walk_through_two_agents_and_a_person_all_verified_with_no_refusal() {
                 .any(|m| m.from == "Alice" && m.to == "Bob")
         },
     );
-    crate::support::start_tmux_agent(&relay, "Bob", WALK_BOB, &["--profile", "generic"]);
+    crate::support::start_tmux_agent(&relay, "Bob", &walk_bob(), &["--profile", "generic"]);
     wait_for(Duration::from_secs(60), "Bob answers Alice", || {
         history(&relay)
             .iter()

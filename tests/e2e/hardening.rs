@@ -43,6 +43,13 @@ fn spawn_up(socket: &Path, data: &Path, extra: &[&str]) -> std::process::Child {
         .unwrap()
 }
 
+/// `up` with its socket at `socket` and its data in `data` fails; what it said.
+fn refused_up(socket: &Path, data: &Path, extra: &[&str]) -> String {
+    let out = up_with_socket(socket, data, extra);
+    assert!(!out.status.success());
+    stderr(&out)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -57,9 +64,7 @@ fn a_symlinked_socket_directory_is_refused() {
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
     let link = tmp.path().join("relay-dir");
     std::os::unix::fs::symlink(&theirs, &link).unwrap();
-    let out = up_with_socket(&link.join("r.sock"), &tmp.path().join("data"), &[]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = refused_up(&link.join("r.sock"), &tmp.path().join("data"), &[]);
     assert!(
         err.contains("not a plain directory") && err.contains("remove it"),
         "{err}"
@@ -75,9 +80,8 @@ fn a_symlinked_socket_directory_is_refused() {
     let target = tmp.path().join("victim");
     std::fs::write(&target, "keep me").unwrap();
     std::os::unix::fs::symlink(&target, dir.join("r.sock")).unwrap();
-    let out = up_with_socket(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    let err = refused_up(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
+    assert!(err.contains("not a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
 }
 
@@ -90,9 +94,7 @@ fn a_socket_directory_owned_by_another_user_is_refused() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     // nobody:nogroup
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
-    let out = up_with_socket(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = refused_up(&dir.join("r.sock"), &tmp.path().join("data"), &[]);
     assert!(
         err.contains("owned by another user") && err.contains("AGENT_RELAY_SOCKET"),
         "{err}"
@@ -151,9 +153,7 @@ fn an_existing_socket_directory_is_used_as_it_is_and_never_changed() {
     let open = tmp.path().join("open");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = up_with_socket(&open.join("r.sock"), &tmp.path().join("data-open"), &[]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = refused_up(&open.join("r.sock"), &tmp.path().join("data-open"), &[]);
     assert!(
         err.contains("can be written by other users") && err.contains("AGENT_RELAY_SOCKET"),
         "{err}"
@@ -349,9 +349,7 @@ fn hostile_names_are_refused_wherever_a_name_goes() {
 
 #[test]
 fn escape_sequences_never_reach_the_terminal_from_trace_or_the_dead_letter_queue() {
-    let relay = Relay::start_with(&["--rate-limit", "1"]);
-    let (_bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [_bob, mut alice]) = Relay::with_agents(&["--rate-limit", "1"], ["Bob", "Alice"]);
     let hostile = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
     alice.send("Bob", "first");
     assert_eq!(alice.expect("ACK")["type"], "ACK");

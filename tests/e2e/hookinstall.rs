@@ -2,24 +2,9 @@
 //! settings file by default, `--shared` with the command from PATH, no stray files, and a
 //! hand-over real Claude Code does not call a problem.
 
-use std::time::Duration;
-
 use serde_json::Value;
 
 use crate::support::*;
-
-/// `agent-relay hooks ARGS` in `dir`; its stdout (it must succeed).
-fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
-    let out = relay
-        .command()
-        .current_dir(dir)
-        .arg("hooks")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    crate::support::ok_stdout(&out)
-}
 
 /// The files in `dir`, sorted.
 fn files_in(dir: &std::path::Path) -> Vec<String> {
@@ -97,31 +82,9 @@ fn claude_code_does_not_call_a_stop_hook_hand_over_a_problem() {
     drop(relay.agent("Alice"));
     let (mut bob, _) = relay.agent("Bob");
     let body = "Please look at:\n  - auth.ts line 40";
-    let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
-        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
-        relay_standin::Rule::contains("hello there", "Hello.").held(),
-    ]))
-    .unwrap();
-    let work = relay.dir.path().join("work-print");
-    std::fs::create_dir_all(&work).unwrap();
-    hooks(&relay, &work, &["install", "claude"]);
-    let settings = serde_json::json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
-    let id = std::thread::scope(|s| {
-        let print = s.spawn(|| {
-            crate::support::claude_print(
-                &relay,
-                &standin,
-                &["--settings", &settings],
-                "hello there",
-            )
-        });
-        wait_for(Duration::from_secs(60), "Alice's model is asked", || {
-            !standin.prompts().is_empty()
-        });
+    let (id, _, standin) = claude_print_with_hooks(&relay, || {
         let id = bob.send("Alice", body);
         bob.expect("ACK");
-        standin.release();
-        print.join().unwrap();
         id
     });
     let short = &id[id.len() - 8..];

@@ -87,10 +87,7 @@ fn doors_refuse_outsiders_and_serve_the_agent(relay: &Relay, bob: &mut Raw, own:
     );
     bob.ack(&d);
     let (_, agents) = own.tool("relay_agents", serde_json::json!({}));
-    let alice = agents
-        .lines()
-        .find(|l| l.starts_with("Alice (you) — "))
-        .unwrap_or_default();
+    let alice = line_starting(&agents, "Alice (you) — ");
     assert!(
         !alice.contains("— offline") && alice.contains(", sh"),
         "{agents}"
@@ -104,25 +101,7 @@ fn doors_refuse_outsiders_and_serve_the_agent(relay: &Relay, bob: &mut Raw, own:
 fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
     let relay = Relay::start();
     let (mut bob, _) = relay.agent("Bob");
-    let fifos = SessionPipes::new(&relay, "Alice");
-    let mut alice: Child = relay
-        .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "--backend",
-            "pty",
-            "-n",
-            "Alice",
-            "--",
-        ])
-        .args(fifos.command())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut own = fifos.connect();
-    wait_online(&relay, "Alice");
+    let (mut alice, mut own, fifos) = pty_wrapped_mcp(&relay, "Alice");
     doors_refuse_outsiders_and_serve_the_agent(&relay, &mut bob, &mut own);
     // Stored: only what Alice's own session sent.
     let h: Value = serde_json::from_slice(&relay.cli(&["history", "--json"]).stdout).unwrap();
@@ -133,8 +112,7 @@ fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
         fifos.server_log()
     );
     drop(own);
-    alice.kill().unwrap();
-    alice.wait().unwrap();
+    kill9_child(&mut alice);
 }
 
 /// Issue 23.1 under tmux: the door key reaches the agent through its session (never a command
@@ -144,9 +122,7 @@ fn a_pty_wrapped_agents_doors_answer_only_its_own_session() {
 #[test]
 fn a_tmux_wrapped_agents_doors_answer_only_its_own_session_across_a_new_relaying_process() {
     let relay = Relay::start();
-    let tmux = crate::support::Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let (mut bob, _) = relay.agent("Bob");
     let fifos = SessionPipes::new(&relay, "Alice");
     let start = |relay: &Relay| fifos.wrap_in_tmux(relay, "Alice");
@@ -419,17 +395,14 @@ fn a_body_cannot_forge_a_header_in_what_a_model_reads() {
     assert!(got[0].contains(&format!("> {header}")), "{}", got[0]);
 
     // The prompt hook of an agent with no wrapper.
-    let mut hook = relay
-        .command()
-        .args(["hooks", "prompt"])
-        .env("AGENT_RELAY_NAME", "Alice")
-        .env_remove("AGENT_RELAY_SESSION")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    hook.stdin.take().unwrap().write_all(b"{}").unwrap();
-    let out = hook.wait_with_output().unwrap();
+    let out = output_with_input(
+        relay
+            .command()
+            .args(["hooks", "prompt"])
+            .env("AGENT_RELAY_NAME", "Alice")
+            .env_remove("AGENT_RELAY_SESSION"),
+        b"{}",
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let context = v["hookSpecificOutput"]["additionalContext"]
         .as_str()
@@ -494,7 +467,7 @@ while IFS= read -r l; do
   case "$l" in *"was not sent"*) n=$((n+1)); [ "$n" -ge 3 ] && exit 0;; esac
 done
 "#;
-    std::fs::write(relay.dir.path().join("alice.sh"), script).unwrap();
+    relay.write("alice.sh", script);
     let alice = relay
         .command()
         .args(["wrap", "--no-input", "-n", "Alice", "--", "sh", "alice.sh"])

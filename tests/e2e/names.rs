@@ -33,18 +33,8 @@ fn hello_refusal(relay: &Relay, name: &str) -> Option<(String, String)> {
 #[test]
 fn a_persons_names_are_not_taken_by_any_agent_connection() {
     let hook = relay_standin::people::WebhookStandIn::start().unwrap();
-    let mut relay = Relay::unstarted();
-    secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
-    configure(
-        &relay,
-        &format!(
-            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\n",
-            hook.url()
-        ),
-    );
-    relay.spawn();
     // The relay's own adapter connection holds the declared person's name.
-    wait_online(&relay, "ops");
+    let relay = webhook_relay(&hook, "", &[]);
     let (mut bob, _) = relay.agent("Bob");
     for name in ["human", "Human", "OPS"] {
         let (code, message) =
@@ -94,8 +84,7 @@ fn names_that_differ_only_by_case_are_one_name() {
     let (code, message) = hello_refusal(&relay, "alice").expect("alice was taken beside Alice");
     assert_eq!(code, "bad_name", "{message}");
     assert!(message.contains("same name as \"Alice\""), "{message}");
-    alice.send_env("BYE", json!({}), json!({}));
-    assert!(alice.closed());
+    alice.bye();
     let (code, message) = hello_refusal(&relay, "ALICE").expect("ALICE was taken");
     assert_eq!(code, "bad_name", "{message}");
     // Alice herself comes back.
@@ -116,11 +105,9 @@ fn names_that_differ_only_by_case_are_one_name() {
 #[test]
 fn a_message_to_an_agent_not_started_yet_waits_for_it_and_a_typo_is_refused() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    std::fs::write(
-        relay.dir.path().join("alice.sh"),
+    let tmux = relay.tmux();
+    relay.write(
+        "alice.sh",
         r#"echo "@relay:Bob first, before you started"
 while IFS= read -r line; do
   echo "got: $line"
@@ -131,8 +118,7 @@ while IFS= read -r line; do
   esac
 done
 "#,
-    )
-    .unwrap();
+    );
     let alice = spawn_wrapped(
         &relay,
         &["wrap", "--no-input", "-n", "Alice", "--", "sh", "alice.sh"],
@@ -203,9 +189,7 @@ done
 #[test]
 fn a_restarted_agent_gets_new_short_ids_and_a_full_id_always_resolves() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let (mut bob, _) = relay.agent("Bob");
     let script = r#"echo "@relay:Bob the very same words"
 while IFS= read -r line; do
@@ -243,18 +227,10 @@ done
     // `trace`; sent again with its own id, the second message is stored. Before the fix both
     // were stored and `read same-id-0001` said "matches 2 messages".
     let (mut carol, _) = relay.agent("Carol");
-    carol.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Carol's words"}),
-    );
+    carol.send_as_id("same-id-0001", "Bob", "Carol's words");
     carol.expect("ACK");
     let (mut dave, _) = relay.agent("Dave");
-    dave.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Dave's words"}),
-    );
+    dave.send_as_id("same-id-0001", "Bob", "Dave's words");
     let nack = dave.expect("NACK");
     assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
     let reason = nack["payload"]["reason"].as_str().unwrap();
@@ -270,17 +246,9 @@ done
     let out = ok_stdout(&relay.cli(&["trace", "same-id-0001"]));
     assert!(out.contains("Carol"), "{out}");
     // The same sender sending its id again is a duplicate, as before.
-    carol.send_env(
-        "SEND",
-        json!({"id": "same-id-0001", "to": "Bob"}),
-        json!({"body": "Carol's words"}),
-    );
+    carol.send_as_id("same-id-0001", "Bob", "Carol's words");
     assert_eq!(carol.expect("ACK")["payload"]["status"], "duplicate");
-    dave.send_env(
-        "SEND",
-        json!({"id": "same-id-0002", "to": "Bob"}),
-        json!({"body": "Dave's words"}),
-    );
+    dave.send_as_id("same-id-0002", "Bob", "Dave's words");
     dave.expect("ACK");
     let out = ok_stdout(&relay.cli(&["read", "same-id-0002"]));
     assert!(out.contains("Dave's words"), "{out}");

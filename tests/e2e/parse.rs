@@ -26,16 +26,7 @@ fn parse_a_recorded_shell_session_from_a_file() {
 #[test]
 fn parse_a_recorded_python_repl_from_stdin_and_print_it_readably() {
     let bytes = std::fs::read(format!("{FIXTURES}/generic-python-repl.bin")).unwrap();
-    let run = |args: &[&str]| {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&bytes).unwrap();
-        ok_stdout(&child.wait_with_output().unwrap())
-    };
+    let run = |args: &[&str]| ok_stdout(&output_with_input(Command::new(BIN).args(args), &bytes));
     assert_eq!(run(&["parse", "--json"]), expected("generic-python-repl"));
     let readable = run(&["parse"]);
     let first: serde_json::Value =

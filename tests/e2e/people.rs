@@ -18,30 +18,18 @@ use crate::support::*;
 fn an_agent_asks_a_person_on_telegram_and_gets_the_reply_typed_once() {
     let tg = TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "");
-    std::fs::write(
-        relay.dir.path().join("alice.sh"),
+    let alice = spawn_script(
+        &relay,
+        "Alice",
+        &["--no-input"],
         "echo '@relay:human May I delete the build cache?'\n\
          while IFS= read -r l; do echo \"got: $l\"; case \"$l\" in *'all done'*) exit 0;; esac; done\n",
-    )
-    .unwrap();
-    let alice = spawn_wrapped(
-        &relay,
-        &["wrap", "--no-input", "-n", "Alice", "--", "sh", "alice.sh"],
     );
-    wait_for(
+    let question = wait_bot_sent(
+        &tg,
         Duration::from_secs(30),
-        "the bot relays Alice's question",
-        || {
-            tg.sent()
-                .iter()
-                .any(|m| m.text.contains("May I delete the build cache?"))
-        },
+        "May I delete the build cache?",
     );
-    let question = tg
-        .sent()
-        .into_iter()
-        .find(|m| m.text.contains("build cache"))
-        .unwrap();
     assert_eq!(question.chat_id, PERSON_TG);
     assert!(question.text.starts_with("Alice ["), "{}", question.text);
     // The person answers once the bot has it (its send answered, the question's delivery to
@@ -179,13 +167,7 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
     let tg = TelegramStandIn::start(TOKEN).unwrap();
     let relay = telegram_relay(&tg, "blocked_after_s = 1\nwaiting_after_s = 2\n");
     let dir = relay.dir.path();
-    let profiles = dir.join("profiles");
-    std::fs::create_dir_all(&profiles).unwrap();
-    std::fs::write(
-        profiles.join("generic.toml"),
-        "dialogs = [\"allow command?\"]\n",
-    )
-    .unwrap();
+    let profiles = dialog_profiles(&relay);
     std::fs::write(
         dir.join("dialog.sh"),
         "printf 'Allow command? [y/n] '\nread -r answer\necho \"answered: $answer\"\n",
@@ -194,22 +176,17 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
     let dora = relay
         .command()
         .env("AGENT_RELAY_PROFILE_DIR", &profiles)
-        .args([
-            "wrap",
-            "--no-input",
-            "-n",
+        .args(wrap_args(
             "Dora",
-            "--profile",
-            "generic",
-            "--",
-            "sh",
-            "dialog.sh",
-        ])
+            &["--no-input", "--profile", "generic"],
+            &["sh", "dialog.sh"],
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let _dora = KillOnDrop(dora);
+    // It never ends by itself: killed when the test ends (passed or not).
+    let _dora = Reaped(dora);
     wait_online(&relay, "Dora");
     ok_stdout(&relay.cli(&["send", "--from", "Carol", "Dora", "please run the tests"]));
     let blocked = |tg: &TelegramStandIn| {
@@ -221,11 +198,7 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
     wait_for(Duration::from_secs(30), "the blocked notice", || {
         blocked(&tg) >= 1
     });
-    let notice = tg
-        .sent()
-        .into_iter()
-        .find(|m| m.text.contains("Dora has been blocked"))
-        .unwrap();
+    let notice = bot_sent(&tg, "Dora has been blocked").unwrap();
     assert_eq!(notice.chat_id, PERSON_TG);
     assert!(
         notice.text.contains("dialog open: allow command?"),
@@ -241,16 +214,6 @@ fn an_agent_blocked_on_a_dialog_produces_exactly_one_notice() {
     assert_eq!(blocked(&tg), 1, "{:?}", tg.sent());
 }
 
-/// A wrapped agent that never ends by itself, killed when the test ends (passed or not).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Outbound: a message to the person is POSTed signed over its timestamp and body; a
 /// receiver that keeps failing gets it retried, then it is dead-lettered. Inbound: a signed
 /// POST is a message from the person, in reply to the agent's; a forged signature, a replayed
@@ -258,17 +221,7 @@ impl Drop for KillOnDrop {
 #[test]
 fn a_webhook_round_trip_is_signed_both_ways_and_forgeries_store_nothing() {
     let hook = WebhookStandIn::start().unwrap();
-    let mut relay = Relay::unstarted();
-    secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
-    configure(
-        &relay,
-        &format!(
-            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\nattempts = 2\nbackoff_ms = 50\n",
-            hook.url()
-        ),
-    );
-    relay.spawn();
-    wait_online(&relay, "ops");
+    let relay = webhook_relay(&hook, &two_attempts(50), &[]);
     let (mut alice, _) = relay.agent("Alice");
     let asked = alice.send("ops", "deploy to staging?");
     alice.expect("ACK");
@@ -368,18 +321,11 @@ fn a_webhook_round_trip_is_signed_both_ways_and_forgeries_store_nothing() {
 fn a_webhook_that_keeps_failing_opens_the_circuit_and_messages_wait() {
     let hook = WebhookStandIn::start().unwrap();
     hook.answer_with(&[500, 500, 500, 500]);
-    let mut relay = Relay::unstarted();
-    relay.set_args(&["--breaker-failures", "2", "--breaker-cooldown-ms", "60000"]);
-    secret(&relay, "hook.secret", WEBHOOK_SECRET, 0o600);
-    configure(
-        &relay,
-        &format!(
-            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\nattempts = 2\nbackoff_ms = 10\n",
-            hook.url()
-        ),
+    let relay = webhook_relay(
+        &hook,
+        &two_attempts(10),
+        &["--breaker-failures", "2", "--breaker-cooldown-ms", "60000"],
     );
-    relay.spawn();
-    wait_online(&relay, "ops");
     let (mut alice, _) = relay.agent("Alice");
     for i in 0..2 {
         alice.send("ops", &format!("will fail {i}"));

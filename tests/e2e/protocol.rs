@@ -20,9 +20,7 @@ fn handshake_gives_welcome_with_server_limits() {
 
 #[test]
 fn thousand_messages_exactly_once_in_order_with_gapless_seq() {
-    let relay = Relay::start_with(UNLIMITED);
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (_relay, [mut bob, mut alice]) = Relay::with_agents(UNLIMITED, ["Bob", "Alice"]);
     let ids: Vec<String> = (0..1000)
         .map(|i| alice.send("Bob", &format!("message {i}")))
         .collect();
@@ -50,10 +48,8 @@ fn thousand_messages_exactly_once_in_order_with_gapless_seq() {
 
 #[test]
 fn broadcast_reaches_everyone_but_the_sender() {
-    let relay = Relay::start();
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut carol, _) = relay.agent("Carol");
+    let (_relay, [mut alice, mut bob, mut carol]) =
+        Relay::with_agents(&[], ["Alice", "Bob", "Carol"]);
     let id = alice.send("*", "hello all");
     let ack = alice.expect("ACK");
     assert_eq!(ack["payload"]["recipients"], 2);
@@ -168,11 +164,7 @@ fn a_topic_seq_counts_per_topic_and_sender() {
 #[test]
 fn offline_agent_gets_its_inbox_on_reconnect() {
     let relay = Relay::start();
-    {
-        let (mut bob, _) = relay.agent("Bob");
-        bob.send_env("BYE", json!({}), json!({}));
-        assert!(bob.closed());
-    }
+    relay.known_offline("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let id = alice.send("Bob", "while you were out");
     let ack = alice.expect("ACK");
@@ -186,9 +178,7 @@ fn offline_agent_gets_its_inbox_on_reconnect() {
 
 #[test]
 fn unacked_deliveries_are_replayed_after_a_dropped_connection() {
-    let relay = Relay::start();
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut bob, _) = relay.agent("Bob");
+    let (relay, [mut alice, mut bob]) = Relay::with_agents(&[], ["Alice", "Bob"]);
     let first = alice.send("Bob", "one");
     let second = alice.send("Bob", "two");
     let d1 = bob.expect("DELIVER");
@@ -253,15 +243,9 @@ fn second_connection_with_a_live_name_needs_the_resume_token() {
 
 #[test]
 fn a_resent_send_id_is_stored_and_delivered_once() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     for _ in 0..3 {
-        alice.send_env(
-            "SEND",
-            json!({"id": "same-id-1", "to": "Bob"}),
-            json!({"body": "once"}),
-        );
+        alice.send_as_id("same-id-1", "Bob", "once");
     }
     let statuses: Vec<String> = (0..3)
         .map(|_| {
@@ -284,9 +268,7 @@ fn a_resent_send_id_is_stored_and_delivered_once() {
 
 #[test]
 fn a_client_cannot_speak_as_another_agent() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (_relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     alice.send_env(
         "SEND",
         json!({"to": "Bob", "from": "Carol"}),
@@ -298,9 +280,7 @@ fn a_client_cannot_speak_as_another_agent() {
 
 #[test]
 fn unknown_target_and_oversize_body_are_refused_with_reasons() {
-    let relay = Relay::start();
-    let (_bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (_relay, [_bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     let id = alice.send("Bobb", "typo");
     let nack = alice.expect("NACK");
     assert_eq!(nack["payload"]["ack_id"], id.as_str());
@@ -525,11 +505,7 @@ fn agents_json_follows_membership() {
 #[test]
 fn a_message_waiting_for_an_offline_agent_expires_after_the_inbox_ttl() {
     let relay = Relay::start_with(&["--inbox-ttl", "1"]);
-    {
-        let (mut bob, _) = relay.agent("Bob");
-        bob.send_env("BYE", json!({}), json!({}));
-        assert!(bob.closed());
-    }
+    relay.known_offline("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let id = alice.send("Bob", "too late");
     assert_eq!(alice.expect("ACK")["payload"]["status"], "queued");
@@ -581,11 +557,6 @@ fn unsubscribe_stops_topic_deliveries() {
     assert_eq!(send(&mut alice), 0);
     let v: serde_json::Value =
         serde_json::from_slice(&relay.cli(&["agents", "--json"]).stdout).unwrap();
-    let bob_info = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == "Bob")
-        .unwrap();
+    let bob_info = find_row(&v, "name", "Bob");
     assert_eq!(bob_info["topics"], json!([]));
 }

@@ -8,17 +8,6 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// `name` has connected once and is offline now: messages to it wait in the store.
-fn known_offline(relay: &Relay, name: &str) {
-    let (agent, _) = relay.agent(name);
-    drop(agent);
-    wait_for(
-        Duration::from_secs(20),
-        &format!("{name} is offline"),
-        || !crate::support::is_online(relay, name),
-    );
-}
-
 /// Bob sends `bodies` to `to`, each stored before the next.
 fn bob_sends(relay: &Relay, to: &str, bodies: &[String]) -> Vec<String> {
     let (mut bob, _) = relay.agent("Bob");
@@ -43,15 +32,9 @@ fn shown_bodies(inbox: &str) -> Vec<String> {
         .collect()
 }
 
-fn trace(relay: &Relay, id: &str) -> Value {
-    serde_json::from_str(&ok_stdout(&relay.cli(&["trace", id, "--json"]))).unwrap()
-}
-
 /// The trace events of `id` in `state`, with their details.
 fn trace_details(relay: &Relay, id: &str, state: &str) -> Vec<String> {
-    trace(relay, id)["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .filter(|e| e["state"] == state)
         .map(|e| e["detail"].as_str().unwrap_or("").to_owned())
@@ -66,7 +49,7 @@ fn trace_details(relay: &Relay, id: &str, state: &str) -> Vec<String> {
 #[test]
 fn relay_inbox_pages_oldest_first_and_a_new_server_resumes_from_the_store() {
     let mut relay = Relay::start();
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let bodies: Vec<String> = (0..25).map(|i| format!("msg {i:02}")).collect();
     let ids = bob_sends(&relay, "Alice", &bodies);
 
@@ -111,7 +94,7 @@ fn relay_inbox_pages_oldest_first_and_a_new_server_resumes_from_the_store() {
 #[test]
 fn an_mcp_server_holding_an_offline_agents_name_leaves_what_it_did_not_show() {
     let relay = Relay::start();
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let bodies: Vec<String> = (1..=3).map(|i| format!("msg {i}")).collect();
     let ids = bob_sends(&relay, "Alice", &bodies);
 
@@ -206,7 +189,7 @@ fn answers_through_mcp_are_replies_and_count_in_the_hop_budget() {
 #[test]
 fn two_claude_code_runs_in_a_row_get_a_waiting_message_once() {
     let mut relay = Relay::start();
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let body = "please run the database migration once";
     bob_sends(&relay, "Alice", &[body.to_owned()]);
     let standin = relay_standin::StandIn::start(relay_standin::Script::new(vec![
@@ -335,8 +318,7 @@ fn the_persons_mailbox_keeps_an_answer_and_reply_is_threaded() {
         (v["body"].as_str(), v["unread"].as_bool()),
         (Some("one more thing"), Some(true))
     );
-    follow.kill().unwrap();
-    follow.wait().unwrap();
+    kill9_child(&mut follow);
 }
 
 /// Issue 24.1: a declared person needs no adapter: `[people.Kim]` alone is accepted, Kim can
@@ -421,7 +403,7 @@ fn stop_hook_said(relay: &Relay, name: &str) -> (String, String) {
 #[test]
 fn the_unwrapped_hook_hands_over_everything_once_oldest_first_within_its_bound() {
     let mut relay = Relay::start_with(crate::support::UNLIMITED);
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let mut bodies: Vec<String> = (0..3)
         .map(|i| format!("<<large {i}>> {}", "x".repeat(4000)))
         .collect();
@@ -482,9 +464,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         .collect();
     let mut ids = Vec::new();
     for b in &bodies {
-        let v: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Bob", b, "--json"]))).unwrap();
-        ids.push(v["id"].as_str().unwrap().to_owned());
+        ids.push(cli_send(&relay, "Bob", b));
     }
     wait_for(
         Duration::from_secs(60),
@@ -515,11 +495,8 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
         std::thread::sleep(Duration::from_millis(100));
     }
     wait_for(Duration::from_secs(60), "every message is verified", || {
-        ids.iter().all(|id| {
-            let r: Value = serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout)
-                .unwrap_or_default();
-            r["deliveries"][0]["status"] == "verified"
-        })
+        ids.iter()
+            .all(|id| delivery_status(&relay, id) == "verified")
     });
     let log = bob.wrap_log();
     let hooked = ids
@@ -549,7 +526,7 @@ fn a_wrapped_claude_codes_stop_hook_hands_over_a_bounded_page_and_nothing_is_los
 #[test]
 fn the_mcp_servers_hook_door_answers_only_its_own_agents_session() {
     let relay = Relay::start();
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let dir = relay.dir.path();
     let go = dir.join("go");
     let fifo = |p: &std::path::Path| {
@@ -656,7 +633,7 @@ done
 #[test]
 fn the_hook_and_the_mcp_server_of_one_agent_never_hand_a_message_over_twice() {
     let relay = Relay::start();
-    known_offline(&relay, "Alice");
+    relay.known_offline("Alice");
     let mut mcp = Mcp::start(&relay, "Alice");
     crate::support::wait_online(&relay, "Alice");
     let bodies: Vec<String> = (1..=2).map(|i| format!("msg {i}")).collect();

@@ -11,10 +11,7 @@ use crate::support::*;
 
 /// The states in a message's trace, in order, as `state` or `state@recipient`.
 fn stages(relay: &Relay, id: &str) -> Vec<String> {
-    let t = cli_json(relay, &["trace", id]);
-    t["events"]
-        .as_array()
-        .unwrap()
+    trace_events(relay, id)
         .iter()
         .map(|e| match e["recipient"].as_str() {
             Some(r) => format!("{}@{r}", e["state"].as_str().unwrap()),
@@ -76,11 +73,7 @@ fn answer(c: &mut Raw) -> Value {
 fn trace_shows_every_stage_and_dead_letters_are_listed_retried_and_purged() {
     let relay = Relay::start_with(&["--inbox-ttl", "1"]);
     // Carol is known but offline: what is sent to her expires.
-    {
-        let (mut carol, _) = relay.agent("Carol");
-        carol.send_env("BYE", json!({}), json!({}));
-        assert!(carol.closed());
-    }
+    relay.known_offline("Carol");
     let (mut bob, _) = relay.agent("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let mut notices = Vec::new();
@@ -222,13 +215,7 @@ fn trace_shows_every_stage_and_dead_letters_are_listed_retried_and_purged() {
     );
 
     // Nothing dropped silently: everything acknowledged, or waiting in the DLQ.
-    wait_for(Duration::from_secs(20), "acks recorded", || {
-        cli_json(&relay, &["agents"])
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|a| a["pending"] == 0)
-    });
+    wait_no_pending(&relay);
     let (acked, dead) = assert_nothing_dropped(&relay, &[], &[]);
     assert_eq!(acked, 4, "ok, the retried one and the two notices");
     assert_eq!(dead, 1, "the failed one");
@@ -245,12 +232,7 @@ fn trace_shows_every_stage_and_dead_letters_are_listed_retried_and_purged() {
     // Status has the aggregate figures.
     let st = cli_json(&relay, &["status"]);
     assert_eq!(st["delivery"]["by_state"]["failed"], 1, "{st}");
-    let stage_names: Vec<&str> = st["delivery"]["latency"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["stage"].as_str().unwrap())
-        .collect();
+    let stage_names: Vec<&str> = field_strs(&st["delivery"]["latency"], "stage");
     assert_eq!(
         stage_names,
         [
@@ -312,9 +294,7 @@ fn answer_everything(
 
 #[test]
 fn two_agents_answering_each_other_are_stopped_by_the_hop_budget() {
-    let relay = Relay::start_with(&["--max-hops", "4"]);
-    let (mut a, _) = relay.agent("Ann");
-    let (mut b, _) = relay.agent("Ben");
+    let (relay, [mut a, mut b]) = Relay::with_agents(&["--max-hops", "4"], ["Ann", "Ben"]);
     // Hang bounds only: the one not refused stops at the person's closing word.
     a.read_timeout(Duration::from_secs(20));
     b.read_timeout(Duration::from_secs(20));
@@ -397,10 +377,10 @@ fn two_agents_answering_each_other_are_stopped_by_the_hop_budget() {
 
 #[test]
 fn a_flood_from_one_agent_is_limited_without_affecting_another() {
-    let relay = Relay::start_with(&["--rate-limit", "20", "--pair-rate-limit", "0"]);
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut flood, _) = relay.agent("Flood");
-    let (mut carol, _) = relay.agent("Carol");
+    let (relay, [mut bob, mut flood, mut carol]) = Relay::with_agents(
+        &["--rate-limit", "20", "--pair-rate-limit", "0"],
+        ["Bob", "Flood", "Carol"],
+    );
     let mut accepted = Vec::new();
     let mut refused = Vec::new();
     for i in 0..50 {
@@ -432,23 +412,15 @@ fn a_flood_from_one_agent_is_limited_without_affecting_another() {
     let dl = cli_json(&relay, &["dlq", "list", "--limit", "100"]);
     assert_eq!(dl["dead_letters"].as_array().unwrap().len(), 30);
     assert_eq!(cli_json(&relay, &["status"])["delivery"]["rejected"], 30);
-    wait_for(Duration::from_secs(20), "acks recorded", || {
-        cli_json(&relay, &["agents"])
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|a| a["pending"] == 0)
-    });
+    wait_no_pending(&relay);
     let (acked, _) = assert_nothing_dropped(&relay, &[], &refused);
     assert_eq!(acked, 25);
 }
 
 #[test]
 fn a_pair_trading_messages_is_limited_while_the_sender_can_still_reach_others() {
-    let relay = Relay::start_with(&["--pair-rate-limit", "5"]);
-    let (_bob, _) = relay.agent("Bob");
-    let (_carol, _) = relay.agent("Carol");
-    let (mut alice, _) = relay.agent("Alice");
+    let (_relay, [_bob, _carol, mut alice]) =
+        Relay::with_agents(&["--pair-rate-limit", "5"], ["Bob", "Carol", "Alice"]);
     let mut codes = Vec::new();
     for i in 0..8 {
         alice.send("Bob", &format!("ok {i}"));
@@ -463,10 +435,8 @@ fn a_pair_trading_messages_is_limited_while_the_sender_can_still_reach_others() 
 
 #[test]
 fn a_denied_pair_never_gets_through_and_a_malformed_rules_file_keeps_the_previous_rules() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut carol, _) = relay.agent("Carol");
-    let (mut mallory, _) = relay.agent("Mallory");
+    let (relay, [mut bob, mut carol, mut mallory]) =
+        Relay::with_agents(&[], ["Bob", "Carol", "Mallory"]);
     ok_stdout(&relay.cli(&[
         "rules",
         "add",
@@ -555,9 +525,10 @@ fn a_denied_pair_never_gets_through_and_a_malformed_rules_file_keeps_the_previou
 
 #[test]
 fn a_recipient_that_keeps_failing_is_paused_then_probed_and_nothing_is_lost() {
-    let relay = Relay::start_with(&["--breaker-failures", "2", "--breaker-cooldown-ms", "300"]);
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut alice]) = Relay::with_agents(
+        &["--breaker-failures", "2", "--breaker-cooldown-ms", "300"],
+        ["Bob", "Alice"],
+    );
     let fail = |bob: &mut Raw, d: &Value| {
         bob.send_env(
             "ACK",
@@ -619,11 +590,7 @@ fn a_recipient_that_keeps_failing_is_paused_then_probed_and_nothing_is_lost() {
 #[test]
 fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
     let relay = Relay::start_with(&["--busy-high-water", "5"]);
-    {
-        let (mut bob, _) = relay.agent("Bob");
-        bob.send_env("BYE", json!({}), json!({}));
-        assert!(bob.closed());
-    }
+    relay.known_offline("Bob");
     let (mut alice, _) = relay.agent("Alice");
     let mut busy = Vec::new();
     // A BUSY follows the ACK of the message that crossed the mark, in the same router step:
@@ -654,18 +621,11 @@ fn an_offline_inbox_past_its_high_water_mark_warns_and_tells_the_sender() {
 
 #[test]
 fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
-    use std::process::Stdio;
     let relay = Relay::start_with(&["--max-hops", "3"]);
-    std::fs::write(relay.dir.path().join("ann.sh"), answering_agent("Ben")).unwrap();
-    std::fs::write(relay.dir.path().join("ben.sh"), answering_agent("Ann")).unwrap();
+    relay.write("ann.sh", answering_agent("Ben"));
+    relay.write("ben.sh", answering_agent("Ann"));
     let spawn = |name: &str, script: &str| {
-        relay
-            .command()
-            .args(["wrap", "--no-input", "-n", name, "--", "sh", script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
+        spawn_wrapped(&relay, &wrap_args(name, &["--no-input"], &["sh", script]))
     };
     let ann = spawn("Ann", "ann.sh");
     let ben = spawn("Ben", "ben.sh");
@@ -711,9 +671,7 @@ fn two_wrapped_agents_answering_each_other_are_stopped_and_the_agent_is_told() {
 /// again. A number that is not a rule gets an error saying how rules are numbered.
 #[test]
 fn a_removed_rule_no_longer_applies() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut mallory, _) = relay.agent("Mallory");
+    let (relay, [mut bob, mut mallory]) = Relay::with_agents(&[], ["Bob", "Mallory"]);
     ok_stdout(&relay.cli(&[
         "rules", "add", "--from", "Mallory", "--to", "Bob", "--action", "deny",
     ]));

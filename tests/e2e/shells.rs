@@ -6,8 +6,6 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use crate::support::*;
 
 /// The prompt every shell here shows: a command has finished when it is printed again.
@@ -117,9 +115,7 @@ fn a_shell_runs_no_message(shell: &str, args: &[&str]) {
         agent.text().contains(PROMPT)
     });
     for (body, shown) in hostile_bodies() {
-        let sent: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", name, &body, "--json"]))).unwrap();
-        let id = sent["id"].as_str().unwrap().to_owned();
+        let id = cli_send(&relay, name, &body);
         let tag = body.split(' ').next().unwrap().to_owned();
         wait_for(
             Duration::from_secs(30),
@@ -144,9 +140,7 @@ fn a_shell_runs_no_message(shell: &str, args: &[&str]) {
         );
         // And the wrapper saw it submitted.
         wait_for(Duration::from_secs(20), "the delivery is verified", || {
-            let v: Value = serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout)
-                .unwrap_or_default();
-            v["deliveries"][0]["status"] == "verified"
+            delivery_status(&relay, &id) == "verified"
         });
     }
     signal_pid(agent.child.id() as i32, rustix::process::Signal::Term);
@@ -257,19 +251,11 @@ fn a_recalled_command(backend: crate::support::Backend) {
         crate::support::Backend::Tmux => {
             let out = crate::support::wrap_cmd(
                 &relay,
-                &[
-                    "wrap",
-                    "--backend",
-                    "tmux",
-                    "--detached",
-                    "-n",
+                &crate::support::wrap_args(
                     "Sam",
-                    "--",
-                    "bash",
-                    "--norc",
-                    "--noprofile",
-                    "-i",
-                ],
+                    crate::support::TMUX_DETACHED,
+                    &["bash", "--norc", "--noprofile", "-i"],
+                ),
             )
             .output()
             .unwrap();
@@ -307,19 +293,10 @@ fn a_recalled_command(backend: crate::support::Backend) {
                 .any(|l| l.ends_with(" echo hello-from-his"))
         },
     );
-    let sent = ok_stdout(&relay.cli(&["send", "Sam", "a note for the shell", "--json"]));
-    let sent: Value = serde_json::from_str(&sent).unwrap();
-    let id = sent["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Sam", "a note for the shell");
     // The wrapper has the message due and holds it (an event in its log, not a wait).
     crate::support::held_for_a_person(&relay, &tmux, "Sam", &id);
-    let status = || {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", &id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let status = || delivery_status(&relay, &id);
     assert_eq!(status(), "queued", "{}", dump("not queued"));
     // The person clears the line: the message goes in on its own, and is verified.
     pane.keys(&["C-u"]);
@@ -339,12 +316,9 @@ fn a_recalled_command(backend: crate::support::Backend) {
     );
 }
 
-#[test]
-fn a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto() {
-    a_recalled_command(crate::support::Backend::Pty);
-}
-
-#[test]
-fn a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto() {
-    a_recalled_command(crate::support::Backend::Tmux);
+tests_of! {
+    a_recalled_command {
+        a_recalled_command_on_a_shells_line_in_a_pty_is_not_typed_onto(Backend::Pty);
+        a_recalled_command_on_a_shells_line_in_a_tmux_pane_is_not_typed_onto(Backend::Tmux);
+    }
 }

@@ -360,19 +360,19 @@ fn worktrees_are_made_and_removed_when_clean_and_notify_idle_tells_once_per_turn
 /// A worker that, on "delegate", spawns a worker of its own from its shell (`agent-relay
 /// spawn` with no `--from`: asked through its wrapper, as itself) and tells Lead what came of
 /// it.
-const DELEGATE: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  case "$line" in
-    *delegate*)
+fn delegate() -> String {
+    script_agent(
+        I_AM,
+        false,
+        r#"    *delegate*)
       if out=$("$BIN" spawn --task "delegate further" -- sh "$SCRIPT" 2>"err-$AGENT_RELAY_NAME"); then
         echo "@relay:Lead $AGENT_RELAY_NAME spawned $out"
       else
         echo "@relay:Lead $AGENT_RELAY_NAME could not: $(tail -n 1 "err-$AGENT_RELAY_NAME")"
       fi
-      echo ;;
-  esac
-done
-"#;
+      echo ;;"#,
+    )
+}
 
 /// A worker spawns from its own shell, through its wrapper, as itself: its worker is at depth
 /// 2 with it as the parent (Lead may not release it); that worker's own spawn would be at
@@ -388,7 +388,7 @@ fn a_worker_spawns_as_itself_through_its_wrapper_and_depth_three_is_refused() {
     let script = dir.join("delegate.sh");
     std::fs::write(
         &script,
-        DELEGATE
+        delegate()
             .replace("$BIN", crate::support::BIN)
             .replace("$SCRIPT", script.to_str().unwrap()),
     )
@@ -480,15 +480,15 @@ fn a_wrapped_lead_spawns_and_releases_through_its_mcp_server() {
 
 /// A lead that uses the directive form: on "kickoff" it prints a spawn block, on its worker's
 /// answer a release block, on "twin" a spawn block under its own (taken) name.
-const LEAD: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  case "$line" in
-    *kickoff*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "task": "part one"}}[[/RELAY]]' ;;
+fn lead() -> String {
+    script_agent(
+        I_AM,
+        false,
+        r#"    *kickoff*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "task": "part one"}}[[/RELAY]]' ;;
     *"finished: part one"*) echo '[[RELAY]]{"release": "Lead-w1"}[[/RELAY]]' ;;
-    *twin*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "name": "Lead"}}[[/RELAY]]' ;;
-  esac
-done
-"#;
+    *twin*) echo '[[RELAY]]{"spawn": {"command": ["sh", "WORKER"], "name": "Lead"}}[[/RELAY]]' ;;"#,
+    )
+}
 
 /// The directive form (docs/PARSING.md): a wrapped lead prints `[[RELAY]]{"spawn": ...}` and
 /// its worker starts with the task from it (the answer threads back), the lead is told
@@ -505,7 +505,7 @@ fn a_lead_spawns_and_releases_with_relay_blocks_and_is_told_how_it_went() {
     let lead = crate::support::start_tmux_agent(
         &relay,
         "Lead",
-        &LEAD.replace("WORKER", worker.to_str().unwrap()),
+        &lead().replace("WORKER", worker.to_str().unwrap()),
         &[],
     );
     crate::support::wait_online(&relay, "Lead");

@@ -48,15 +48,7 @@ fn tool_line(mcp: &mut Mcp, name: &str) -> String {
 /// Starts `agent-relay wait ARGS` and returns once it said it waits (its first look found the
 /// agents not there yet).
 fn waiting(relay: &Relay, args: &[&str]) -> Child {
-    let mut child = relay
-        .command()
-        .arg("wait")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = relay.spawn_cli(&[&["wait"], args].concat(), Stdio::piped());
     let mut first = String::new();
     BufReader::new(child.stderr.as_mut().unwrap())
         .read_line(&mut first)
@@ -83,9 +75,7 @@ fn finish(child: Child) -> (Option<i32>, String) {
 #[test]
 fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let _tmux = relay.tmux();
     start_tmux_agent(&relay, "Wes", WORKER, &[]);
     let mut mcp = Mcp::start(&relay, "Lead");
 
@@ -112,9 +102,7 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     );
 
     // A message typed in: busy, since then, answering it, in its thread.
-    let sent = ok_stdout(&relay.cli(&["send", "Wes", "work on it", "--json"]));
-    let sent: Value = serde_json::from_str(&sent).unwrap();
-    let id = sent["id"].as_str().unwrap().to_owned();
+    let id = cli_send(&relay, "Wes", "work on it");
     wait_for(Duration::from_secs(30), "Wes busy", || {
         row(&relay, "Wes")["state"] == "busy"
     });
@@ -131,7 +119,7 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
 
     // `wait --until idle` waits while it works, and returns once it is done.
     let wait = waiting(&relay, &["Wes", "--until", "idle", "--timeout", "120"]);
-    std::fs::write(relay.dir.path().join("gate"), "").unwrap();
+    relay.write("gate", "");
     let (code, stdout) = finish(wait);
     assert_eq!(code, Some(0), "{stdout}");
     assert_eq!(stdout.trim(), "Wes: idle", "{stdout}");
@@ -150,7 +138,7 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     });
     let for_idle = waiting(&relay, &["Wes", "--until", "idle", "--timeout", "120"]);
     let for_exit = waiting(&relay, &["Wes", "--until", "exit", "--timeout", "120"]);
-    std::fs::write(relay.dir.path().join("quit"), "").unwrap();
+    relay.write("quit", "");
     let (code, stdout) = finish(for_exit);
     assert_eq!(code, Some(0), "{stdout}");
     assert_eq!(stdout.trim(), "Wes: offline");
@@ -170,19 +158,14 @@ fn state_follows_busy_idle_offline_and_wait_returns_on_idle_and_on_exit() {
     assert_eq!(out.status.code(), Some(4), "{out:?}");
 }
 
-/// Says who it is, then echoes what it reads.
-const ECHO: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do echo "got: $line"; done
-"#;
-
 /// On "announce", sends to the topic `build.linux` from its screen.
-const ANNOUNCER: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  case "$line" in
-    *announce*) echo "@relay:#build.linux from-pat" ;;
-  esac
-done
-"#;
+fn announcer() -> String {
+    script_agent(
+        I_AM,
+        false,
+        r#"*announce*) echo "@relay:#build.linux from-pat" ;;"#,
+    )
+}
 
 /// A wrapped agent started with `--subscribe 'build.*'` gets a message sent to `build.linux`
 /// exactly once, again after the relay restarted (the wrapper subscribes on every connection);
@@ -195,9 +178,9 @@ fn a_wrapped_agent_subscribed_to_a_topic_gets_its_messages_once_across_a_restart
     let mut relay = Relay::start();
     let dir = relay.dir.path().to_path_buf();
     let tmux = Tmux { dir: &dir };
-    let tia = start_tmux_agent(&relay, "Tia", ECHO, &["--subscribe", "build.*"]);
-    let ned = start_tmux_agent(&relay, "Ned", ECHO, &[]);
-    start_tmux_agent(&relay, "Pat", ANNOUNCER, &[]);
+    let tia = start_tmux_agent(&relay, "Tia", ECHOER, &["--subscribe", "build.*"]);
+    let ned = start_tmux_agent(&relay, "Ned", ECHOER, &[]);
+    start_tmux_agent(&relay, "Pat", &announcer(), &[]);
     let shown = |session: &str, text: &str| {
         tmux.pane(session)
             .lines()
@@ -289,14 +272,13 @@ fn an_mcp_agent_subscribes_with_relay_subscribe_and_reads_topic_messages_once() 
 }
 
 /// On "join", subscribes to `build.*` with a `[[RELAY]]` block; echoes everything.
-const JOINER: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *join*) echo '[[RELAY]]{"subscribe": "build.*"}[[/RELAY]]' ;;
-  esac
-done
-"#;
+fn joiner() -> String {
+    script_agent(
+        I_AM,
+        true,
+        r#"*join*) echo '[[RELAY]]{"subscribe": "build.*"}[[/RELAY]]' ;;"#,
+    )
+}
 
 /// A wrapped agent subscribes from its screen with a `[[RELAY]]` block `{"subscribe": ...}`:
 /// it is told it is subscribed, gets a topic message once, and no message goes to anyone for
@@ -304,10 +286,8 @@ done
 #[test]
 fn a_wrapped_agent_subscribes_from_its_screen_with_a_relay_block() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let joy = start_tmux_agent(&relay, "Joy", JOINER, &[]);
+    let tmux = relay.tmux();
+    let joy = start_tmux_agent(&relay, "Joy", &joiner(), &[]);
     relay.cli(&["send", "Joy", "please join"]);
     wait_for(
         Duration::from_secs(30),

@@ -10,29 +10,21 @@ use serde_json::Value;
 use crate::support::*;
 
 /// Replies to every relayed message, and to a person's `person:` lines, on a line of its own.
-const ECHO_AGENT: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"Relay message from"*) echo "@relay:Carol ack ${line##*: }"; echo;;
-    person:*) echo "@relay:Carol ack ${line#person:}"; echo;;
-  esac
-done
-"#;
+fn echo_agent() -> String {
+    script_agent(
+        I_AM,
+        true,
+        r#"    *"Relay message from"*) echo "@relay:Carol ack ${line##*: }"; echo;;
+    person:*) echo "@relay:Carol ack ${line#person:}"; echo;;"#,
+    )
+}
 
 /// `wrap --backend tmux --detached -n NAME -- sh ARGS...`.
 fn tmux_wrap(relay: &Relay, name: &str, script_args: &[&str]) -> std::process::Output {
-    let args = [
-        "wrap",
-        "--backend",
-        "tmux",
-        "--detached",
-        "-n",
-        name,
-        "--",
-        "sh",
-    ];
-    wrap_cmd(relay, &args).args(script_args).output().unwrap()
+    wrap_cmd(relay, &wrap_args(name, TMUX_DETACHED, &["sh"]))
+        .args(script_args)
+        .output()
+        .unwrap()
 }
 
 /// Runs the wrapper again for agent `name`, whose session exists (the command is not run).
@@ -47,25 +39,17 @@ fn count(hay: &str, needle: &str) -> usize {
 #[test]
 fn agents_on_different_backends_talk_both_ways() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    start_tmux_agent(&relay, "Bob", crate::support::BOB, &[]);
+    let tmux = relay.tmux();
+    start_tmux_agent(&relay, "Bob", &bob_script(), &[]);
     wait_online(&relay, "Bob");
-    std::fs::write(relay.dir.path().join("alice.sh"), crate::support::ALICE).unwrap();
+    relay.write("alice.sh", alice_script());
     let alice = wrap_cmd(
         &relay,
-        &[
-            "wrap",
-            "--backend",
-            "pty",
-            "--no-input",
-            "-n",
+        &wrap_args(
             "Alice",
-            "--",
-            "sh",
-            "alice.sh",
-        ],
+            &["--backend", "pty", "--no-input"],
+            &["sh", "alice.sh"],
+        ),
     )
     .stdout(Stdio::piped())
     .spawn()
@@ -93,9 +77,7 @@ fn agents_on_different_backends_talk_both_ways() {
 #[test]
 fn attach_names_a_missing_session_clearly() {
     let relay = Relay::start();
-    let _tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let _tmux = relay.tmux();
     let out = wrap_cmd(&relay, &["attach", "Nobody"]).output().unwrap();
     assert_eq!(out.status.code(), Some(4));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -125,12 +107,7 @@ fn the_wrapper_latency_bench_runs_on_both_backends() {
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: Value = serde_json::from_str(&ok_stdout(&out)).unwrap();
         assert_eq!(v["backend"], backend);
         assert_eq!(v["messages"], 5, "{v}");
         assert!(v["p99_us"].as_u64().unwrap() >= v["p50_us"].as_u64().unwrap());
@@ -138,17 +115,15 @@ fn the_wrapper_latency_bench_runs_on_both_backends() {
 }
 
 /// Passes a token along A → B → C → A: `cK N` becomes `cK N+1` until 5.
-const RING_AGENT: &str = r#"next="$1"
-echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"Relay message from"*)
+fn ring_agent() -> String {
+    script_agent(
+        &format!("next=\"$1\"\n{I_AM}"),
+        true,
+        r#"    *"Relay message from"*)
       body="${line##*: }"; chain="${body% *}"; n="${body##* }"
-      if [ "$n" -lt 5 ]; then echo "@relay:$next $chain $((n+1))"; echo; fi;;
-  esac
-done
-"#;
+      if [ "$n" -lt 5 ]; then echo "@relay:$next $chain $((n+1))"; echo; fi;;"#,
+    )
+}
 
 /// Fault injection on the wrapper side: during an exchange among three tmux agents, the
 /// relaying process of a random agent is killed (-9) at random moments and started again,
@@ -157,20 +132,8 @@ done
 #[test]
 fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothing() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let seed: u64 = std::env::var("AGENT_RELAY_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("wrapper fault seed {seed} (AGENT_RELAY_FAULT_SEED={seed} replays the moments)");
-    let mut rng = seed;
+    let tmux = relay.tmux();
+    let mut rng = fault_seed("wrapper fault");
     let mut next = move |n: u64| {
         rng = rng
             .wrapping_mul(6364136223846793005)
@@ -181,7 +144,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
     let mut sessions = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let file = relay.dir.path().join("ring.sh");
-        std::fs::write(&file, RING_AGENT).unwrap();
+        std::fs::write(&file, ring_agent()).unwrap();
         let to = names[(i + 1) % 3];
         let out = tmux_wrap(&relay, name, &[file.to_str().unwrap(), to]);
         assert!(
@@ -281,9 +244,7 @@ fn wrappers_killed_at_random_during_a_multi_agent_exchange_lose_and_double_nothi
 #[test]
 fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let profiles = prompt_profile(&relay);
     let session = start_tmux_agent_with(
         &relay,
@@ -296,20 +257,15 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
     wait_or_dump(&relay, &tmux, "Dana starts", || {
         tmux.pane(&session).contains("I am Dana")
     });
-    let dir = relay.dir.path();
     // Attach, and once detached attach again after the person presses Enter.
-    let _terminal = crate::support::person_terminal(
+    let term = person_terminal_here(
         &relay,
         "relayattach",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} attach Dana\necho \"attach exit $?\"\nread again\n\
-             {{bin}} attach Dana\necho \"attach exit $?\"",
-            dir.display()
-        ),
+        "{bin} attach Dana\necho \"attach exit $?\"\nread again\n\
+         {bin} attach Dana\necho \"attach exit $?\"",
     );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayattach", args);
-    let screen =
-        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    let person = |args: &[&str]| term.tmux(args);
+    let screen = || term.screen();
     wait_or_dump(&relay, &tmux, "the person sees Dana's session", || {
         screen().contains("I am Dana")
     });
@@ -334,20 +290,8 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
         ["0", "1"],
         "one person's client and one control client attached to Dana's session"
     );
-    let status = |id: &str| -> String {
-        let v: Value =
-            serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-        v["deliveries"][0]["status"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
-    let send = |body: &str| -> String {
-        let v: Value =
-            serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Dana", body, "--json"])))
-                .unwrap();
-        v["id"].as_str().unwrap().to_owned()
-    };
+    let status = |id: &str| delivery_status(&relay, id);
+    let send = |body: &str| cli_send(&relay, "Dana", body);
     let got = |body: &str| {
         tmux.pane(&session)
             .lines()
@@ -454,22 +398,14 @@ fn a_person_attaches_detaches_and_reattaches_while_the_agent_keeps_relaying() {
 #[test]
 fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let dir = relay.dir.path();
-    std::fs::write(dir.join("Erin.sh"), ECHO_AGENT).unwrap();
-    let _terminal = crate::support::person_terminal(
+    let tmux = relay.tmux();
+    relay.write("Erin.sh", echo_agent());
+    let term = person_terminal_here(
         &relay,
         "relaykilled",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} wrap --backend tmux -n Erin -- sh Erin.sh\necho \"wrap exit $?\"",
-            dir.display()
-        ),
+        "{bin} wrap --backend tmux -n Erin -- sh Erin.sh\necho \"wrap exit $?\"",
     );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relaykilled", args);
-    let screen =
-        || String::from_utf8_lossy(&person(&["capture-pane", "-p", "-J"]).stdout).into_owned();
+    let screen = || term.screen();
     wait_for(Duration::from_secs(20), "the person sees Erin", || {
         screen().contains("I am Erin")
     });
@@ -505,9 +441,7 @@ fn a_killed_session_is_a_failure_with_a_reason_not_a_success() {
 #[test]
 fn the_environment_reaches_a_tmux_agent_without_passing_through_any_command_line() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -623,9 +557,7 @@ fn dead_letters(relay: &Relay) -> Vec<Value> {
 #[test]
 fn a_person_prompting_a_tmux_agent_starts_a_new_reply_chain_each_time() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let profiles = prompt_profile(&relay);
     let profile = [("AGENT_RELAY_PROFILE_DIR", profiles.as_path())];
     let alice = start_ping_pong(&relay, &profile);
@@ -717,20 +649,10 @@ fn assert_each_ping_starts_a_chain(relay: &Relay, rounds: usize) {
 #[test]
 fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
     let relay = Relay::start_with(&["--max-hops", "3"]);
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let alice = start_ping_pong(&relay, &[]);
-    let dir = relay.dir.path();
-    let _terminal = crate::support::person_terminal(
-        &relay,
-        "relayturns",
-        &format!(
-            "cd '{}' && unset TMUX && {{bin}} attach Alice",
-            dir.display()
-        ),
-    );
-    let person = |args: &[&str]| crate::support::tmux_in(dir, "relayturns", args);
+    let term = person_terminal_here(&relay, "relayturns", "{bin} attach Alice");
+    let person = |args: &[&str]| term.tmux(args);
     let rounds = 4;
     for i in 1..=rounds {
         wait_for_alices_prompt(&relay, &tmux, &alice);
@@ -761,9 +683,7 @@ fn a_person_typing_into_an_attached_generic_agent_starts_a_new_reply_chain() {
 #[test]
 fn tmux_agents_answering_each_other_are_stopped_by_the_hop_budget() {
     let relay = Relay::start_with(&["--max-hops", "3"]);
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     let profiles = prompt_profile(&relay);
     let profile = [("AGENT_RELAY_PROFILE_DIR", profiles.as_path())];
     let answering = |peer: &str| {
@@ -829,11 +749,9 @@ done
 #[test]
 fn a_killed_control_client_is_replaced_and_nothing_is_lost_or_doubled() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     drop(relay.agent("Carol"));
-    let bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
+    let bob = start_tmux_agent(&relay, "Bob", &echo_agent(), &[]);
     wait_online(&relay, "Bob");
     let control_clients = || -> Vec<i32> {
         let out = tmux.run(&[
@@ -902,10 +820,8 @@ fn a_killed_control_client_is_replaced_and_nothing_is_lost_or_doubled() {
 #[test]
 fn a_dead_tmux_server_ends_the_relaying_process_with_a_reason() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let _bob = start_tmux_agent(&relay, "Bob", ECHO_AGENT, &[]);
+    let tmux = relay.tmux();
+    let _bob = start_tmux_agent(&relay, "Bob", &echo_agent(), &[]);
     wait_online(&relay, "Bob");
     let killed = tmux.run(&["kill-server"]);
     assert!(killed.status.success(), "{killed:?}");
@@ -926,14 +842,17 @@ fn a_dead_tmux_server_ends_the_relaying_process_with_a_reason() {
 /// together on one tmux server, each attached by its relaying process, must leave it running:
 /// a person's own session on it included. (Without the guard this crashed tmux 3.3a here in 2
 /// of 4 runs, 6 of 6 passed with it; plain tmux commands doing the same crash it every time.)
+/// A person's own session `mine` on the test's tmux server, beside the agents'.
+fn a_persons_own_session(tmux: &Tmux<'_>) {
+    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
+    assert!(mine.status.success(), "{mine:?}");
+}
+
 #[test]
 fn agents_started_and_stopped_together_leave_the_tmux_server_running() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
-    assert!(mine.status.success(), "{mine:?}");
+    let tmux = relay.tmux();
+    a_persons_own_session(&tmux);
     let agent = "echo \"I am $AGENT_RELAY_NAME\"\nexec sleep 1000\n";
     let start = |names: &[String]| {
         std::thread::scope(|s| {
@@ -1080,11 +999,8 @@ fn hold_tmux_lock(tmux: &Tmux<'_>) -> std::fs::File {
 #[test]
 fn a_relaying_process_stopped_while_a_control_client_identifies_leaves_the_tmux_server_running() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
-    let mine = tmux.run(&["new-session", "-d", "-s", "mine", "--", "sleep", "1000"]);
-    assert!(mine.status.success(), "{mine:?}");
+    let tmux = relay.tmux();
+    a_persons_own_session(&tmux);
     let session = start_tmux_agent(&relay, "Ada", "echo \"I am Ada\"\nexec sleep 1000\n", &[]);
     wait_online(&relay, "Ada");
     // Its control client is attached (the relaying process attaches it once connected).
@@ -1156,9 +1072,7 @@ fn a_relaying_process_stopped_while_a_control_client_identifies_leaves_the_tmux_
 #[test]
 fn a_directive_printed_across_a_restarted_wrappers_capture_is_relayed_once() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     drop(relay.agent("Carol"));
     let dir = relay.dir.path().display().to_string();
     let agent = format!(
@@ -1187,7 +1101,7 @@ done
     wait_for(Duration::from_secs(20), "Bob is seen offline", || {
         !is_online(&relay, "Bob")
     });
-    std::fs::write(relay.dir.path().join("one"), "").unwrap();
+    relay.write("one", "");
     wait_or_dump(
         &relay,
         &tmux,
@@ -1198,17 +1112,7 @@ done
     let gate = relay.dir.path().join("capture-gate");
     let out = wrap_cmd(
         &relay,
-        &[
-            "wrap",
-            "--backend",
-            "tmux",
-            "--detached",
-            "-n",
-            "Bob",
-            "--",
-            "sh",
-            "unused.sh",
-        ],
+        &wrap_args("Bob", TMUX_DETACHED, &["sh", "unused.sh"]),
     )
     .env("AGENT_RELAY_LOG", "relay_wrap=debug")
     .env("AGENT_RELAY_TEST_PAUSE_AFTER_CAPTURE", &gate)
@@ -1228,7 +1132,7 @@ done
     );
     // The directive's end printed after tmux answered the capture and before the wrapper reads
     // what its control client passed on meanwhile: the window in which it was lost.
-    std::fs::write(relay.dir.path().join("two"), "").unwrap();
+    relay.write("two", "");
     wait_or_dump(&relay, &tmux, "Bob printed the directive's end", || {
         tmux.pane(&bob)
             .contains("@relay:Carol split across the capture")
@@ -1258,9 +1162,7 @@ done
 #[test]
 fn a_codex_agent_saying_the_same_line_in_three_turns_is_relayed_three_times() {
     let relay = Relay::start();
-    let tmux = Tmux {
-        dir: relay.dir.path(),
-    };
+    let tmux = relay.tmux();
     drop(relay.agent("Bob"));
     let codex_home = relay.dir.path().join("codex-home");
     std::fs::create_dir_all(&codex_home).unwrap();

@@ -29,7 +29,7 @@ fn topic_send(relay: &Relay, topic: &str, body: &str) -> u64 {
 #[test]
 fn relay_subscribe_under_a_wrapper_subscribes_through_its_door() {
     let relay = Relay::start();
-    let (mut wrapper, mut ada, fifos) = crate::claims::pty_wrapped_mcp(&relay, "Ada");
+    let (mut wrapper, mut ada, fifos) = pty_wrapped_mcp(&relay, "Ada");
     let (err, said) = ada.tool("relay_subscribe", json!({"pattern": "build..x"}));
     assert!(err, "{said}");
     let (err, said) = ada.tool("relay_subscribe", json!({"pattern": "build.*"}));
@@ -38,8 +38,7 @@ fn relay_subscribe_under_a_wrapper_subscribes_through_its_door() {
     assert_eq!(topics_of(&relay, "Ada"), ["build.*"]);
     assert_eq!(topic_send(&relay, "build.linux", "green"), 1);
     drop(ada);
-    wrapper.kill().unwrap();
-    wrapper.wait().unwrap();
+    kill9_child(&mut wrapper);
 }
 
 /// `agent-relay -n NAME --subscribe PATTERN <cli>`: the shorthand subscribes like `wrap
@@ -74,6 +73,5 @@ fn the_name_shorthand_takes_subscribe() {
         topics_of(&relay, "Joe") == ["build.*"]
     });
     assert_eq!(topic_send(&relay, "build.linux", "green"), 1);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill9_child(&mut child);
 }

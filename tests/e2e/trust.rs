@@ -39,9 +39,7 @@ fn answer(c: &mut Raw) -> Value {
 
 #[test]
 fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut alice]) = Relay::with_agents(&[], ["Bob", "Alice"]);
     let hostile = [
         "q\rtouch FILE\r#",
         "\u{1b}]0;pwned\u{7}",
@@ -53,11 +51,7 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
     ];
     let long = "x".repeat(129);
     for id in hostile.iter().copied().chain([long.as_str()]) {
-        alice.send_env(
-            "SEND",
-            json!({"id": id, "to": "Bob"}),
-            json!({"body": "hi"}),
-        );
+        alice.send_as_id(id, "Bob", "hi");
         let nack = alice.expect("NACK");
         assert_eq!(nack["payload"]["code"], "invalid", "{id:?}: {nack}");
         // The echo of a hostile id carries no control character.
@@ -65,22 +59,13 @@ fn message_ids_outside_the_safe_alphabet_are_refused_and_nothing_is_stored() {
         assert!(!echoed.chars().any(char::is_control), "{echoed:?}");
     }
     // A safe id still goes through, and it is the only message Bob ever gets.
-    let ok = alice.send_env(
-        "SEND",
-        json!({"id": "01JB2K7Q-ok.1:x_y", "to": "Bob"}),
-        json!({"body": "fine"}),
-    );
+    let ok = alice.send_as_id("01JB2K7Q-ok.1:x_y", "Bob", "fine");
     assert_eq!(alice.expect("ACK")["payload"]["ack_id"], ok);
     let d = bob.expect("DELIVER");
     assert_eq!(d["id"], ok);
     let history = ok_stdout(&relay.cli(&["history", "--json"]));
     let rows: Value = serde_json::from_str(&history).unwrap();
-    let ids: Vec<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = field_strs(&rows, "id");
     assert_eq!(ids, [ok.as_str()], "{history}");
 }
 
@@ -109,32 +94,16 @@ fn an_ack_false_recipient_that_stops_reading_and_drops_loses_nothing() {
         }
     }
     drop(bob);
-    let mut got: std::collections::HashSet<String> = frames(&buffered)
+    let mut got: std::collections::HashMap<String, usize> = frames(&buffered)
         .into_iter()
         .filter(|f| f["type"] == "DELIVER")
-        .map(|f| f["id"].as_str().unwrap().to_owned())
+        .map(|f| (f["id"].as_str().unwrap().to_owned(), 1))
         .collect();
     let before = got.len();
     // Bob comes back (the daemon may still be closing his first connection: retry the name).
     let mut bob = crate::support::connect_bob(&relay);
-    let end = relay_protocol::now_instant() + Duration::from_secs(120);
-    while got.len() < N {
-        assert!(
-            relay_protocol::now_instant() < end,
-            "Bob got {} of {N} messages ({before} before he dropped); the rest were lost",
-            got.len()
-        );
-        let f = bob.read().expect("Bob's second connection stays open");
-        match f["type"].as_str() {
-            Some("DELIVER") => {
-                got.insert(f["id"].as_str().unwrap().to_owned());
-            }
-            Some("PING") => {
-                bob.send_env("PONG", json!({}), json!({}));
-            }
-            _ => {}
-        }
-    }
+    read_deliveries_until(&mut bob, &mut got, N, before);
+    let got: std::collections::HashSet<String> = got.into_keys().collect();
     assert_eq!(got, sent);
     println!("ack:false recipient: {before} read before dropping, all {N} after reconnecting");
 }
@@ -567,15 +536,7 @@ struct RawWatch {
 
 impl RawWatch {
     fn start(relay: &Relay, args: &[&str]) -> Self {
-        let mut child = relay
-            .command()
-            .arg("watch")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = relay.spawn_cli(&[&["watch"], args].concat(), Stdio::piped());
         let out = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
         let mut stdout = child.stdout.take().unwrap();
         let mut stderr = child.stderr.take().unwrap();
@@ -615,9 +576,8 @@ impl RawWatch {
 /// `read`, `agents` and ambiguity errors printed names, ids, data and `cli` raw.
 #[test]
 fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
-    let relay = Relay::start_with(&["--rate-override", "Flood=1"]);
-    let (mut probe, _) = relay.agent("Probe");
-    let (_sink, _) = relay.agent("Sink");
+    let (relay, [mut probe, _sink]) =
+        Relay::with_agents(&["--rate-override", "Flood=1"], ["Probe", "Sink"]);
     let watches = [
         RawWatch::start(&relay, &[]),
         RawWatch::start(&relay, &["--json"]),
@@ -657,17 +617,9 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     );
     // A refused message (over Flood's rate limit): a dead letter and a `refused` event.
     let (mut flood, _) = relay.agent("Flood");
-    flood.send_env(
-        "SEND",
-        json!({"id": "flood-1", "to": "Bob"}),
-        json!({"body": "ok"}),
-    );
+    flood.send_as_id("flood-1", "Bob", "ok");
     flood.expect("ACK");
-    flood.send_env(
-        "SEND",
-        json!({"id": "flood-2", "to": "Bob"}),
-        json!({"body": HOSTILE}),
-    );
+    flood.send_as_id("flood-2", "Bob", HOSTILE);
     assert_eq!(flood.expect("NACK")["payload"]["code"], "rate_limited");
     // Ids a terminal would act on: the daemon refuses them (issue 11) or, if it stores them,
     // an ambiguous prefix must not print them raw.
@@ -675,11 +627,7 @@ fn relay_supplied_text_reaches_no_terminal_raw_from_any_command() {
     let (mut carol, _) = relay.agent("Carol");
     let mut stored_hostile_ids = 0;
     for id in ["ambiguous-1\u{9b}31m", "ambiguous-1\u{9d}0;t\u{9c}"] {
-        carol.send_env(
-            "SEND",
-            json!({"id": id, "to": "Sink"}),
-            json!({"body": "b"}),
-        );
+        carol.send_as_id(id, "Sink", "b");
         let f = carol.read().unwrap();
         match f["type"].as_str() {
             Some("ACK") => stored_hostile_ids += 1,

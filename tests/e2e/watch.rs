@@ -18,15 +18,7 @@ struct Watcher {
 
 impl Watcher {
     fn start(relay: &Relay, args: &[&str]) -> Self {
-        let mut child = relay
-            .command()
-            .arg("watch")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let mut child = relay.spawn_cli(&[&["watch"], args].concat(), Stdio::inherit());
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -96,12 +88,8 @@ fn watch_json_follows_a_conversation() {
     let (mut bob, _) = relay.agent("Bob");
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["agent"].as_str(),
-            ev["cli"].as_str()
-        ),
-        (Some("agent_connected"), Some("Bob"), Some("test"))
+        str_fields(&ev, ["type", "agent", "cli"]),
+        [Some("agent_connected"), Some("Bob"), Some("test")]
     );
     let (mut alice, _) = relay.agent("Alice");
     assert_eq!(next()["agent"], "Alice");
@@ -124,12 +112,8 @@ fn watch_json_follows_a_conversation() {
     assert_eq!(ev["recipients"], json!(["Bob"]));
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["id"].as_str(),
-            ev["recipient"].as_str()
-        ),
-        (Some("delivered"), Some(id.as_str()), Some("Bob")),
+        str_fields(&ev, ["type", "id", "recipient"]),
+        [Some("delivered"), Some(id.as_str()), Some("Bob")],
         "{ev}"
     );
     assert_eq!(ev["seq"], 1);
@@ -138,12 +122,8 @@ fn watch_json_follows_a_conversation() {
     bob.ack(&deliver);
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["recipient"].as_str(),
-            ev["state"].as_str()
-        ),
-        (Some("acked"), Some("Bob"), Some("acked")),
+        str_fields(&ev, ["type", "recipient", "state"]),
+        [Some("acked"), Some("Bob"), Some("acked")],
         "{ev}"
     );
     assert_eq!(ev["id"], id.as_str());
@@ -153,30 +133,24 @@ fn watch_json_follows_a_conversation() {
     alice.expect("NACK");
     let ev = next();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["from"].as_str(),
-            ev["code"].as_str()
-        ),
-        (Some("refused"), Some("Alice"), Some("unknown_target")),
+        str_fields(&ev, ["type", "from", "code"]),
+        [Some("refused"), Some("Alice"), Some("unknown_target")],
         "{ev}"
     );
 
     drop(bob);
     let ev = next();
     assert_eq!(
-        (ev["type"].as_str(), ev["agent"].as_str()),
-        (Some("agent_disconnected"), Some("Bob")),
+        str_fields(&ev, ["type", "agent"]),
+        [Some("agent_disconnected"), Some("Bob")],
         "{ev}"
     );
 }
 
 #[test]
 fn watch_filters_by_sender_and_prints_clean_lines() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut alice, _) = relay.agent("Alice");
-    let (mut carol, _) = relay.agent("Carol");
+    let (relay, [mut bob, mut alice, mut carol]) =
+        Relay::with_agents(&[], ["Bob", "Alice", "Carol"]);
     // Probes go to an agent of their own, so that however many it takes, Bob gets none and
     // every line about them names Sink.
     let (_sink, _) = relay.agent("Sink");
@@ -190,11 +164,7 @@ fn watch_filters_by_sender_and_prints_clean_lines() {
     alice.expect("ACK");
     // Carol cannot reuse Alice's id (an id names one message, issue 24.7): refused, nothing
     // stored. Her own message to Bob, whose delivery and acknowledgement must not show.
-    carol.send_env(
-        "SEND",
-        json!({"id": id, "to": "Bob"}),
-        json!({"body": "carol speaking"}),
-    );
+    carol.send_as_id(&id, "Bob", "carol speaking");
     let nack = carol.expect("NACK");
     assert_eq!(nack["payload"]["code"], "invalid", "{nack}");
     carol.send("Bob", "carol speaking");
@@ -288,8 +258,8 @@ fn watch_and_dashboard_report_expired_deliveries() {
         ev = next();
     }
     assert_eq!(
-        (ev["type"].as_str(), ev["id"].as_str()),
-        (Some("accepted"), Some(id.as_str()))
+        str_fields(&ev, ["type", "id"]),
+        [Some("accepted"), Some(id.as_str())]
     );
     let ev = next();
     assert_eq!(ev["type"], "expired", "{ev}");
@@ -307,10 +277,8 @@ fn watch_and_dashboard_report_expired_deliveries() {
 /// (with their deliveries); neither shows the rest.
 #[test]
 fn watch_filters_by_recipient_and_by_topic() {
-    let relay = Relay::start();
-    let (mut bob, _) = relay.agent("Bob");
-    let (mut carol, _) = relay.agent("Carol");
-    let (mut alice, _) = relay.agent("Alice");
+    let (relay, [mut bob, mut carol, mut alice]) =
+        Relay::with_agents(&[], ["Bob", "Carol", "Alice"]);
     let to_bob = Watcher::start(&relay, &["--json", "--to", "Bob"]);
     to_bob.wait_subscribed(&mut alice, |a| {
         a.send("Bob", "probe");

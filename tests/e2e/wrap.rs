@@ -219,13 +219,7 @@ done
 fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
     let relay = Relay::start();
     let dir = relay.dir.path();
-    let profiles = dir.join("profiles");
-    std::fs::create_dir_all(&profiles).unwrap();
-    std::fs::write(
-        profiles.join("generic.toml"),
-        "dialogs = [\"allow command?\"]\n",
-    )
-    .unwrap();
+    let profiles = dialog_profiles(&relay);
     let script = dir.join("dialog.sh");
     // Like a TUI, it redraws the screen once the dialog is answered (here: clears it).
     std::fs::write(
@@ -292,25 +286,16 @@ fn an_agent_showing_a_dialog_is_blocked_until_a_person_answers() {
 #[test]
 fn an_agent_that_enabled_bracketed_paste_gets_the_message_as_a_paste() {
     let relay = Relay::start();
-    std::fs::write(
-        relay.dir.path().join("paste.py"),
+    relay.write(
+        "paste.py",
         "import sys\n\
          sys.stdout.write('\\x1b[?2004hready\\r\\n'); sys.stdout.flush()\n\
          line = sys.stdin.readline()\n\
          print('raw:', repr(line)); sys.stdout.flush()\n",
-    )
-    .unwrap();
+    );
     let mut agent = spawn_wrapped(
         &relay,
-        &[
-            "wrap",
-            "--no-input",
-            "-n",
-            "Paula",
-            "--",
-            "python3",
-            "paste.py",
-        ],
+        &wrap_args("Paula", &["--no-input"], &["python3", "paste.py"]),
     );
     wait_online(&relay, "Paula");
     // The premise: the agent has turned bracketed paste on. Under load Python may start after
@@ -339,16 +324,11 @@ fn a_broadcast_reaches_three_wrapped_agents_once_each() {
     }
     let alice = relay
         .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "-n",
+        .args(wrap_args(
             "Alice",
-            "--",
-            "sh",
-            "-c",
-            "echo '@relay:* all hands at noon'",
-        ])
+            &["--no-input"],
+            &["sh", "-c", "echo '@relay:* all hands at noon'"],
+        ))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -373,12 +353,8 @@ fn a_broadcast_reaches_three_wrapped_agents_once_each() {
 #[test]
 fn an_agent_started_after_a_message_was_sent_for_it_still_gets_it() {
     let relay = Relay::start();
-    {
-        // Hank has been here before, so messages for him are kept while he is away.
-        let (mut hank, _) = relay.agent("Hank");
-        hank.send_env("BYE", serde_json::json!({}), serde_json::json!({}));
-        assert!(hank.closed());
-    }
+    // Hank has been here before, so messages for him are kept while he is away.
+    relay.known_offline("Hank");
     let sent: Value = serde_json::from_str(&ok_stdout(&relay.cli(&[
         "send",
         "Hank",
@@ -398,29 +374,15 @@ fn an_agent_started_after_a_message_was_sent_for_it_still_gets_it() {
 #[test]
 fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
     let relay = Relay::start();
-    let agent = relay
-        .command()
-        .args([
-            "wrap",
-            "--no-input",
-            "--max-body",
-            "20",
-            "-n",
-            "Ivy",
-            "--",
-            "sh",
-            "-c",
-        ])
-        .arg(r#"IFS= read -r l; echo "got: $l""#)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let agent = spawn_script(
+        &relay,
+        "Ivy",
+        &["--no-input", "--max-body", "20"],
+        r#"IFS= read -r l; echo "got: $l""#,
+    );
     wait_online(&relay, "Ivy");
     let long = "0123456789".repeat(10);
-    let sent: Value =
-        serde_json::from_str(&ok_stdout(&relay.cli(&["send", "Ivy", &long, "--json"]))).unwrap();
-    let id = sent["id"].as_str().unwrap();
+    let id = &cli_send(&relay, "Ivy", &long);
     let (_, out) = output_of(agent);
     assert!(
         out.contains(&format!(
@@ -437,31 +399,16 @@ fn a_long_body_is_cut_with_a_hint_to_read_the_rest() {
 #[test]
 fn a_busy_agent_gets_its_messages_once_idle_urgent_first() {
     let relay = Relay::start();
-    std::fs::write(
-        relay.dir.path().join("busy.sh"),
+    let agent = spawn_script(
+        &relay,
+        "Busy",
+        PTY_GENERIC,
         r#"i=0
 while [ $i -lt 15 ]; do printf '\r* Working %d (esc to interrupt)' $i; i=$((i+1)); sleep 0.1; done
 sleep 1.5
 printf '\r\033[2Kdone working\n'
 while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; done
 "#,
-    )
-    .unwrap();
-    let agent = spawn_wrapped(
-        &relay,
-        &[
-            "wrap",
-            "--backend",
-            "pty",
-            "--no-input",
-            "--profile",
-            "generic",
-            "-n",
-            "Busy",
-            "--",
-            "sh",
-            "busy.sh",
-        ],
     );
     wait_online(&relay, "Busy");
     ok_stdout(&relay.cli(&["send", "Busy", "first"]));
@@ -487,23 +434,12 @@ while IFS= read -r l; do echo "got: $l"; case "$l" in *second*) exit 0;; esac; d
 #[test]
 fn intro_tells_the_agent_how_to_use_the_relay_and_sends_nothing() {
     let relay = Relay::start();
-    let agent = relay
-        .command()
-        .args([
-            "wrap",
-            "--backend",
-            "pty",
-            "--no-input",
-            "--intro",
-            "-n",
-            "Ivy",
-            "--",
-        ])
-        .args(["sh", "-c", r#"IFS= read -r l; echo "got: $l"; sleep 1"#])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let agent = spawn_script(
+        &relay,
+        "Ivy",
+        &["--backend", "pty", "--no-input", "--intro"],
+        r#"IFS= read -r l; echo "got: $l"; sleep 1"#,
+    );
     let (code, out) = output_of(agent);
     assert_eq!(code, 0, "{out}");
     assert!(

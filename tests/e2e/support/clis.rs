@@ -157,6 +157,17 @@ pub(crate) struct Agent<'r> {
     _terminal: PersonTerminal,
 }
 
+/// Where and how an [`Agent`] runs: its backend, its HOME and working directory (folders under
+/// the relay's directory), and more options for `wrap` and for the CLI (pieces of shell
+/// command line).
+struct Place<'a> {
+    backend: &'a str,
+    home: &'a str,
+    work: &'a str,
+    wrap_args: &'a str,
+    cli_args: &'a str,
+}
+
 impl<'r> Agent<'r> {
     /// Claude Code under the relay.
     pub(crate) fn claude(relay: &'r Relay, name: &str, script: Script) -> Self {
@@ -198,7 +209,14 @@ impl<'r> Agent<'r> {
         backend: &str,
         (home, work): (&str, &str),
     ) -> Self {
-        Self::start_args(relay, cli, name, script, backend, (home, work), ("", ""))
+        let place = Place {
+            backend,
+            home,
+            work,
+            wrap_args: "",
+            cli_args: "",
+        };
+        Self::start_args(relay, cli, name, script, place)
     }
 
     /// [`Agent::start`] (PTY backend) with more options for `wrap` and for the CLI, each a
@@ -211,15 +229,14 @@ impl<'r> Agent<'r> {
         (wrap_args, cli_args): (&str, &str),
     ) -> Self {
         let (home, work) = (format!("home-{name}"), format!("work-{name}"));
-        Self::start_args(
-            relay,
-            cli,
-            name,
-            script,
-            "pty",
-            (&home, &work),
-            (wrap_args, cli_args),
-        )
+        let place = Place {
+            backend: "pty",
+            home: &home,
+            work: &work,
+            wrap_args,
+            cli_args,
+        };
+        Self::start_args(relay, cli, name, script, place)
     }
 
     fn start_args(
@@ -227,10 +244,15 @@ impl<'r> Agent<'r> {
         cli: Cli,
         name: &str,
         script: Script,
-        backend: &str,
-        (home, work): (&str, &str),
-        (wrap_args, cli_args): (&str, &str),
+        place: Place<'_>,
     ) -> Self {
+        let Place {
+            backend,
+            home,
+            work,
+            wrap_args,
+            cli_args,
+        } = place;
         let exe = cli.path();
         let standin = StandIn::start(script).unwrap();
         let dir = relay.dir.path();
@@ -468,16 +490,6 @@ pub(crate) fn kill_leftovers(home: &Path) {
     }
 }
 
-/// The delivery status of message `id` to its (one) recipient.
-pub(crate) fn delivery_status(relay: &Relay, id: &str) -> String {
-    let v: Value =
-        serde_json::from_slice(&relay.cli(&["read", id, "--json"]).stdout).unwrap_or_default();
-    v["deliveries"][0]["status"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Claude Code in print mode (`claude -p PROMPT`), in a fresh HOME under `dir`, talking to
 /// `standin`, with `args` before the prompt; waits for it to exit and returns its output.
 pub(crate) fn claude_print(
@@ -496,22 +508,15 @@ pub(crate) fn claude_print(
         let (k, v) = pair.split_once('=').unwrap();
         cmd.env(k, v.trim_matches('\''));
     }
-    let out = cmd
-        .env("HOME", &home)
+    cmd.env("HOME", &home)
         .env("AGENT_RELAY_SOCKET", &relay.socket)
         .env("AGENT_RELAY_DATA_DIR", relay.data_dir())
         .current_dir(&work)
         .args(args)
         .args(["-p", prompt])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "claude -p failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null());
+    let out = cmd.output().unwrap();
+    ok_stdout(&out);
     out
 }
 
@@ -572,6 +577,7 @@ pub(crate) fn tool_results(standin: &relay_standin::StandIn, from: usize) -> Vec
         .collect()
 }
 
+/// `agent-relay hooks ARGS` in `dir`; its stdout (it must succeed).
 pub(crate) fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> String {
     let out = relay
         .command()
@@ -582,6 +588,43 @@ pub(crate) fn hooks(relay: &Relay, dir: &std::path::Path, args: &[&str]) -> Stri
         .output()
         .unwrap();
     ok_stdout(&out)
+}
+
+/// Real Claude Code in print mode as Alice, no wrapper, with the relay's hooks installed (its
+/// own settings give its hooks her name, [`claude_print`] the relay), asked "hello there"
+/// against `standin`; its output.
+pub(crate) fn claude_print_as_alice_with_hooks(relay: &Relay, standin: &StandIn) -> Output {
+    let work = relay.dir.path().join("work-print");
+    std::fs::create_dir_all(&work).unwrap();
+    hooks(relay, &work, &["install", "claude"]);
+    // The hook learns the agent's name from AGENT_RELAY_NAME (a wrapper sets it; here Claude
+    // Code's own settings give it to its hooks).
+    let settings = json!({"env": {"AGENT_RELAY_NAME": "Alice"}}).to_string();
+    claude_print(relay, standin, &["--settings", &settings], "hello there")
+}
+
+/// [`claude_print_as_alice_with_hooks`] against a stand-in that holds its answer to "hello
+/// there": while its model works on that, `meanwhile` runs, then the turn goes on. Returns
+/// what `meanwhile` returned, Claude Code's output and the stand-in.
+pub(crate) fn claude_print_with_hooks<T: Send>(
+    relay: &Relay,
+    meanwhile: impl FnOnce() -> T + Send,
+) -> (T, Output, StandIn) {
+    let standin = StandIn::start(Script::new(vec![
+        relay_standin::Rule::contains("Relay message from Bob", "Looked at it."),
+        relay_standin::Rule::contains("hello there", "Hello.").held(),
+    ]))
+    .unwrap();
+    let (got, out) = std::thread::scope(|s| {
+        let print = s.spawn(|| claude_print_as_alice_with_hooks(relay, &standin));
+        wait_for(Duration::from_secs(60), "Alice's model is asked", || {
+            !standin.prompts().is_empty()
+        });
+        let got = meanwhile();
+        standin.release();
+        (got, print.join().unwrap())
+    });
+    (got, out, standin)
 }
 
 /// Every text of a Messages API request's messages, reminders and all. Claude Code 2.1.328
@@ -619,4 +662,14 @@ pub(crate) fn run_hook(relay: &Relay, name: &str, event: &str, input: &[u8]) -> 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The text of a prompt Claude Code sent, inside its own `<pasted_content id="...">` tags when
+/// it handed the model a paste (the whole prompt otherwise).
+pub(crate) fn pasted_inner(prompt: &str) -> &str {
+    prompt
+        .split_once("<pasted_content id=")
+        .and_then(|(_, rest)| rest.split_once("\">\n"))
+        .and_then(|(_, rest)| rest.rsplit_once("\n</pasted_content"))
+        .map_or(prompt, |(inner, _)| inner)
 }

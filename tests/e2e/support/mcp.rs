@@ -2,6 +2,37 @@
 
 use super::*;
 
+/// Agent `name` under a PTY wrapper whose agent command is its MCP server (in its session, with
+/// its door key): the wrapper, the MCP client on the server, and the server's pipes; returns
+/// once the relay has the agent online.
+pub(crate) fn pty_wrapped_mcp(relay: &Relay, name: &str) -> (Child, Mcp, SessionPipes) {
+    let fifos = SessionPipes::new(relay, name);
+    let command = fifos.command();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    let wrapper = relay
+        .command()
+        .args(wrap_args(
+            name,
+            &["--no-input", "--backend", "pty"],
+            &command,
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mcp = fifos.connect();
+    wait_online(relay, name);
+    (wrapper, mcp, fifos)
+}
+
+/// The line of `text` that starts with `prefix` ("" when none does): an agent's row in
+/// `relay_agents`' answer, say.
+pub(crate) fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_default()
+}
+
 /// An MCP client on `agent-relay mcp`'s stdio: JSON-RPC, one message per line.
 pub(crate) struct Mcp {
     /// The server, when this test started it (else it runs inside a wrapped agent).
@@ -140,10 +171,11 @@ impl SessionPipes {
     /// Starts agent `name` detached in tmux (`wrap --backend tmux --detached`), its command
     /// [`SessionPipes::command`]: a wrapped agent whose MCP server the test speaks to.
     pub(crate) fn wrap_in_tmux(&self, relay: &Relay, name: &str) {
-        let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name, "--"];
         let command = self.command();
-        args.extend(command.iter().map(String::as_str));
-        let out = wrap_cmd(relay, &args).output().unwrap();
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let out = wrap_cmd(relay, &wrap_args(name, TMUX_DETACHED, &command))
+            .output()
+            .unwrap();
         assert!(
             out.status.success(),
             "{}",

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+mod browser;
 mod clis;
 mod history;
 mod mcp;
@@ -19,6 +20,7 @@ mod raw;
 mod terminals;
 mod wrapped;
 
+pub(crate) use browser::*;
 pub(crate) use clis::*;
 pub(crate) use history::*;
 pub(crate) use mcp::*;
@@ -67,6 +69,14 @@ impl Relay {
         relay
     }
 
+    /// A daemon started with extra `up --foreground` arguments, and raw agents `names`
+    /// connected to it in that order (their WELCOMEs read).
+    pub fn with_agents<const N: usize>(extra: &[&str], names: [&str; N]) -> (Self, [Raw; N]) {
+        let relay = Self::start_with(extra);
+        let agents = names.map(|name| relay.agent(name).0);
+        (relay, agents)
+    }
+
     /// A relay's directory (the project: files written there before [`Relay::spawn`] are
     /// there when the daemon starts), with no daemon yet.
     pub fn unstarted() -> Self {
@@ -79,6 +89,12 @@ impl Relay {
             extra: Vec::new(),
             env: Vec::new(),
         }
+    }
+
+    /// Writes `text` to `file` in the relay's directory (where agents' scripts and the project
+    /// live).
+    pub fn write(&self, file: impl AsRef<Path>, text: impl AsRef<[u8]>) {
+        std::fs::write(self.dir.path().join(file), text).unwrap();
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -101,11 +117,7 @@ impl Relay {
 
     /// (Re)starts the daemon process and waits until it accepts connections.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("daemon-test.log"))
-            .unwrap();
+        let log = append_log(&self.dir.path().join("daemon-test.log"));
         let child = self
             .command()
             .args(["up", "--foreground"])
@@ -132,8 +144,7 @@ impl Relay {
     /// SIGKILL, no cleanup: what a crash looks like.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
+            kill9_child(&mut c);
         }
     }
 
@@ -148,7 +159,6 @@ impl Relay {
         c.wait().unwrap()
     }
 
-    /// Runs the CLI with `args` against this relay.
     /// Runs `script` (shell text, saved as `file`) wrapped as agent `name` on a PTY with no
     /// input, to its end: the stand-in agent decides when the test has seen enough.
     pub fn run_wrapped(&self, name: &str, file: &str, script: &str) -> Output {
@@ -160,6 +170,19 @@ impl Relay {
             .unwrap()
     }
 
+    /// Starts the CLI with `args` against this relay, with no input and its stdout piped to
+    /// the test; `stderr` says where its stderr goes (a wrapper with no terminal logs there).
+    pub fn spawn_cli(&self, args: &[&str], stderr: Stdio) -> Child {
+        self.command()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Runs the CLI with `args` against this relay.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.command()
             .args(args)
@@ -174,6 +197,30 @@ impl Relay {
 
     pub fn connect(&self) -> Raw {
         Raw::connect(&self.socket)
+    }
+
+    /// Makes agent `name` known to the relay and leaves it offline: what is sent to it is
+    /// kept for it (or expires) instead of being refused as sent to nobody.
+    pub fn known_offline(&self, name: &str) {
+        self.agent(name).0.bye();
+        wait_for(
+            Duration::from_secs(20),
+            &format!("{name} is offline"),
+            || !is_online(self, name),
+        );
+    }
+
+    /// A client-crate connection to this relay as agent `name`.
+    pub async fn client(&self, name: &str) -> relay_client::Client {
+        let config = relay_client::ClientConfig::agent(self.socket.clone(), name);
+        relay_client::Client::connect(config).await.unwrap()
+    }
+
+    /// A client-crate connection to this relay as tool `name` (it may send, and is handed
+    /// nothing).
+    pub async fn tool_client(&self, name: &str) -> relay_client::Client {
+        let config = relay_client::ClientConfig::tool(self.socket.clone(), name);
+        relay_client::Client::connect(config).await.unwrap()
     }
 
     /// A raw connection that completed HELLO/WELCOME as agent `name`.
@@ -196,6 +243,52 @@ impl Drop for Relay {
     }
 }
 
+/// A multi-threaded tokio runtime for a test that drives the client crate.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The seed of a fault-injection test's random moments: `AGENT_RELAY_FAULT_SEED`, or a random
+/// one; printed (naming `what`) so that a failure can be replayed with it.
+pub fn fault_seed(what: &str) -> u64 {
+    let seed = std::env::var("AGENT_RELAY_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("{what} seed: {seed} (AGENT_RELAY_FAULT_SEED={seed} replays the moments)");
+    seed
+}
+
+/// SIGKILL to `child`, and waits for it: what a crash looks like.
+pub fn kill9_child(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A child process killed (and waited for) when dropped, so a failing test leaves no wrapper
+/// or agent running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `path` opened to append to (made when missing): a log a process writes across restarts.
+pub fn append_log(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
 /// Fails the test unless it runs as root: a test that acts as another user must never pass
 /// without running. CI runs as root; elsewhere `scripts/test` leaves these tests out by name
 /// and says so (add the test's name to `ROOT_TESTS` there).
@@ -207,6 +300,22 @@ pub fn require_root(to: &str) {
         rustix::process::getuid().as_raw()
     );
 }
+
+/// One `#[test]` per case, each calling its `body` with the case's arguments: one test body
+/// for each backend or each CLI, under the names the tests are run by. A case's doc comment
+/// goes with it; one invocation may list several bodies.
+macro_rules! tests_of {
+    ($($body:path { $($(#[$attr:meta])* $name:ident($($arg:expr),* $(,)?);)+ })+) => {
+        $($(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                $body($($arg),*);
+            }
+        )+)+
+    };
+}
+pub(crate) use tests_of;
 
 /// Polls `cond` until it holds or `limit` passes (then panics naming `what`). Deadlines here
 /// only bound a hang; no test asserts how fast anything is.
@@ -315,6 +424,16 @@ impl Raw {
         }
     }
 
+    /// [`Raw::expect`] on a thread of its own (reading from now on, answering PINGs): the
+    /// connection and the frame once it came.
+    pub fn expect_on_a_thread(mut self, ty: &str) -> std::thread::JoinHandle<(Raw, Value)> {
+        let ty = ty.to_owned();
+        std::thread::spawn(move || {
+            let f = self.expect(&ty);
+            (self, f)
+        })
+    }
+
     /// True when the daemon has closed the connection (reading gives EOF), skipping frames.
     pub fn closed(&mut self) -> bool {
         for _ in 0..1000 {
@@ -336,6 +455,17 @@ impl Raw {
         self.expect("WELCOME")
     }
 
+    /// Says BYE and waits until the daemon has closed the connection.
+    pub fn bye(&mut self) {
+        self.send_env("BYE", json!({}), json!({}));
+        assert!(self.closed(), "the connection stays open after BYE");
+    }
+
+    /// SEND `body` to `to` under the message id `id` (a test's own, to resend or to refuse).
+    pub fn send_as_id(&mut self, id: &str, to: &str, body: &str) -> String {
+        self.send_env("SEND", json!({"id": id, "to": to}), json!({"body": body}))
+    }
+
     /// SEND `body` to `to`; returns the id.
     pub fn send(&mut self, to: &str, body: &str) -> String {
         self.send_env(
@@ -353,6 +483,17 @@ impl Raw {
             json!({"ack_id": deliver["id"], "seq": seq}),
         );
     }
+}
+
+/// Runs `cmd` with `input` on its stdin (closed after it) and its stdout captured, to its end.
+pub fn output_with_input(cmd: &mut Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// stdout of a successful CLI run.

@@ -2,7 +2,7 @@
 //! signed webhook requests.
 
 use super::*;
-use relay_standin::people::TelegramStandIn;
+use relay_standin::people::{BotMessage, TelegramStandIn, WebhookStandIn};
 use std::os::unix::fs::PermissionsExt;
 
 pub(crate) const TOKEN: &str = "4242:SECRET-bot-token-never-logged";
@@ -25,20 +25,68 @@ pub(crate) fn configure(relay: &Relay, text: &str) {
     std::fs::write(dir.join("config.toml"), text).unwrap();
 }
 
+/// A relay started with `args`, the private secret file `file` holding `text` and `config` as
+/// its configuration file, once its adapters connection holds `person`'s name.
+pub(crate) fn configured_relay(
+    args: &[&str],
+    (file, text): (&str, &str),
+    config: &str,
+    person: &str,
+) -> Relay {
+    let mut relay = Relay::unstarted();
+    relay.set_args(args);
+    secret(&relay, file, text, 0o600);
+    configure(&relay, config);
+    relay.spawn();
+    wait_online(&relay, person);
+    relay
+}
+
 /// A relay whose person `human` is Telegram user 42 on the stand-in's bot.
 pub(crate) fn telegram_relay(tg: &TelegramStandIn, extra: &str) -> Relay {
-    let mut relay = Relay::unstarted();
-    secret(&relay, "tg.token", TOKEN, 0o600);
-    configure(
-        &relay,
+    configured_relay(
+        &[],
+        ("tg.token", TOKEN),
         &format!(
             "[people.human]\ntelegram = {PERSON_TG}\n{extra}\n[adapters.telegram]\ntoken_file = \"tg.token\"\napi = \"{}\"\npoll_timeout_s = 2\nengage = \"mention-sticky\"\n",
             tg.base_url()
         ),
-    );
-    relay.spawn();
-    wait_online(&relay, "human");
-    relay
+        "human",
+    )
+}
+
+/// A relay started with `args` whose person `ops` is reached by a webhook to `hook` signed
+/// with [`WEBHOOK_SECRET`]; `tuning` is more lines of `[adapters.webhook]` (attempts,
+/// backoff).
+pub(crate) fn webhook_relay(hook: &WebhookStandIn, tuning: &str, args: &[&str]) -> Relay {
+    configured_relay(
+        args,
+        ("hook.secret", WEBHOOK_SECRET),
+        &format!(
+            "[people.ops]\nwebhook = true\n\n[adapters.webhook]\nurl = \"{}\"\nsecret_file = \"hook.secret\"\n{tuning}",
+            hook.url()
+        ),
+        "ops",
+    )
+}
+
+/// `attempts` and `backoff_ms` for [`webhook_relay`]: two tries, `backoff_ms` apart.
+pub(crate) fn two_attempts(backoff_ms: u64) -> String {
+    format!("attempts = 2\nbackoff_ms = {backoff_ms}\n")
+}
+
+/// The first message the stand-in's bot sent whose text contains `text`.
+pub(crate) fn bot_sent(tg: &TelegramStandIn, text: &str) -> Option<BotMessage> {
+    tg.sent().into_iter().find(|m| m.text.contains(text))
+}
+
+/// Waits (at most `limit`) until the stand-in's bot has sent a message containing `text`;
+/// returns the first such.
+pub(crate) fn wait_bot_sent(tg: &TelegramStandIn, limit: Duration, text: &str) -> BotMessage {
+    wait_for(limit, &format!("the bot sends {text:?}"), || {
+        bot_sent(tg, text).is_some()
+    });
+    bot_sent(tg, text).unwrap()
 }
 
 pub(crate) fn adapter(relay: &Relay, name: &str) -> Value {

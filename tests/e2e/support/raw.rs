@@ -1,7 +1,7 @@
 //! Raw-frame agents and the accounting that proves nothing was dropped.
 
 use super::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Connects as `Bob` with `ack: false` (the daemon may still be closing his previous
 /// connection: the name is tried again until it is free).
@@ -18,6 +18,30 @@ pub(crate) fn connect_bob(relay: &Relay) -> Raw {
             return c;
         }
         assert_eq!(f["payload"]["code"], "name_in_use", "{f}");
+    }
+}
+
+impl Raw {
+    /// Reads frames, answering PINGs and passing over the rest, until one of type `ty`; fails
+    /// once `deadline` has passed, saying `why()`.
+    pub(crate) fn next_of(
+        &mut self,
+        ty: &str,
+        deadline: std::time::Instant,
+        why: impl Fn() -> String,
+    ) -> Value {
+        loop {
+            assert!(relay_protocol::now_instant() < deadline, "{}", why());
+            let f = self
+                .read()
+                .unwrap_or_else(|| panic!("the connection closed: {}", why()));
+            if f["type"] == ty {
+                return f;
+            }
+            if f["type"] == "PING" {
+                self.send_env("PONG", json!({}), json!({}));
+            }
+        }
     }
 }
 
@@ -48,6 +72,38 @@ pub(crate) fn alice_sends_bob(relay: &Relay, n: usize) -> HashSet<String> {
     sent
 }
 
+/// Waits until no agent has a delivery pending: every acknowledgement is recorded.
+pub(crate) fn wait_no_pending(relay: &Relay) {
+    wait_for(Duration::from_secs(20), "acks recorded", || {
+        cli_json(relay, &["agents"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["pending"] == 0)
+    });
+}
+
+/// Reads frames until Bob holds `until` distinct messages (answering PINGs), counting each
+/// DELIVER by id in `got`; `before` (how many he had read before he dropped) is for the
+/// failure's message.
+pub(crate) fn read_deliveries_until(
+    bob: &mut Raw,
+    got: &mut HashMap<String, usize>,
+    until: usize,
+    before: usize,
+) {
+    let end = relay_protocol::now_instant() + Duration::from_secs(120);
+    while got.len() < until {
+        let f = bob.next_of("DELIVER", end, || {
+            format!(
+                "Bob has {} of {until} messages ({before} read before he dropped); the rest were lost",
+                got.len()
+            )
+        });
+        *got.entry(f["id"].as_str().unwrap().to_owned()).or_default() += 1;
+    }
+}
+
 /// The invariant that catches a silent drop anywhere: every (message, recipient) stored ended
 /// acknowledged (acked/verified), or is in the dead-letter queue with a reason, or is still
 /// queued for a recipient in `may_wait`; and every refusal the senders were told about (`nacked`
@@ -61,15 +117,10 @@ pub fn assert_nothing_dropped(relay: &Relay, may_wait: &[&str], nacked: &[String
             "a dead letter without a reason: {d}"
         );
     }
-    let in_dlq: HashSet<(String, String)> = dead
-        .iter()
-        .map(|d| {
-            (
-                d["msg_id"].as_str().unwrap().to_owned(),
-                d["recipient"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let in_dlq: HashSet<(String, String)> =
+        field_pairs(&dlq["dead_letters"], "msg_id", "recipient")
+            .into_iter()
+            .collect();
     let refused_ids: HashSet<&str> = dead
         .iter()
         .filter(|d| d["pos"].is_null())

@@ -39,6 +39,15 @@ impl Tmux<'_> {
     }
 }
 
+impl Relay {
+    /// The test's tmux server for this relay's agents (its sockets in the relay's directory).
+    pub(crate) fn tmux(&self) -> Tmux<'_> {
+        Tmux {
+            dir: self.dir.path(),
+        }
+    }
+}
+
 impl Drop for Tmux<'_> {
     fn drop(&mut self) {
         let _ = self.run(&["kill-server"]);
@@ -75,13 +84,14 @@ pub(crate) fn start_tmux_agent_with(
 ) -> String {
     let file = relay.dir.path().join(format!("{name}.sh"));
     std::fs::write(&file, script).unwrap();
-    let mut args = vec!["wrap", "--backend", "tmux", "--detached", "-n", name];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "sh", file.to_str().unwrap()]);
-    let out = wrap_cmd(relay, &args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let options = [TMUX_DETACHED, extra].concat();
+    let out = wrap_cmd(
+        relay,
+        &wrap_args(name, &options, &["sh", file.to_str().unwrap()]),
+    )
+    .envs(env.iter().copied())
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -197,10 +207,49 @@ pub(crate) struct PersonTerminal {
     server: String,
 }
 
+impl PersonTerminal {
+    /// A tmux command on the terminal's server (keys the person types, say).
+    pub(crate) fn tmux(&self, args: &[&str]) -> std::process::Output {
+        tmux_in(&self.dir, &self.server, args)
+    }
+
+    /// What the person's terminal shows now (wrapped lines joined).
+    pub(crate) fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p", "-J"]).stdout).into_owned()
+    }
+
+    /// Waits (at most `limit`) until the terminal shows `text`; returns what it shows then.
+    pub(crate) fn wait_shows(&self, limit: Duration, text: &str) -> String {
+        let deadline = relay_protocol::now_instant() + limit;
+        loop {
+            let screen = self.screen();
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(
+                relay_protocol::now_instant() < deadline,
+                "the person's terminal does not show {text:?}:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for PersonTerminal {
     fn drop(&mut self) {
         let _ = tmux_in(&self.dir, &self.server, &["kill-server"]);
     }
+}
+
+/// [`person_terminal`] in the relay's directory, outside the test's tmux (as a person in the
+/// project's folder): `commands`' first line runs with `TMUX` unset.
+pub(crate) fn person_terminal_here(relay: &Relay, server: &str, commands: &str) -> PersonTerminal {
+    let dir = relay.dir.path().display();
+    person_terminal(
+        relay,
+        server,
+        &format!("cd '{dir}' && unset TMUX && {commands}"),
+    )
 }
 
 /// Starts a private tmux server `server` whose one window runs `commands` (shell lines) with

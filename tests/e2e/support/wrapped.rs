@@ -3,33 +3,83 @@
 
 use super::*;
 
-pub(crate) const BOB: &str = r#"echo "I am $AGENT_RELAY_NAME"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in
-    *"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; exit 0;;
-  esac
-done
+/// The line most script agents start with: their name, which a test can wait for.
+pub(crate) const I_AM: &str = r#"echo "I am $AGENT_RELAY_NAME""#;
+
+/// A profile directory in the relay's directory whose `generic` profile knows the dialog
+/// "allow command?" (for `AGENT_RELAY_PROFILE_DIR`).
+pub(crate) fn dialog_profiles(relay: &Relay) -> PathBuf {
+    let profiles = relay.dir.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    relay.write("profiles/generic.toml", "dialogs = [\"allow command?\"]\n");
+    profiles
+}
+
+/// Says who it is, then echoes what it reads.
+pub(crate) const ECHOER: &str = r#"echo "I am $AGENT_RELAY_NAME"
+while IFS= read -r line; do echo "got: $line"; done
 "#;
 
-pub(crate) const ALICE: &str = r#"echo "@relay:Bob hello from alice"
-while IFS= read -r line; do
-  echo "got: $line"
-  case "$line" in *"Relay message from Bob"*) exit 7;; esac
-done
-"#;
+/// A shell-script agent: runs `start`, then reads its terminal a line at a time, printing each
+/// as `got: LINE` when `echo`, and runs the `case` arms `arms` (`PATTERN) COMMANDS;;` lines) on
+/// it.
+pub(crate) fn script_agent(start: &str, echo: bool, arms: &str) -> String {
+    let echo = if echo { "  echo \"got: $line\"\n" } else { "" };
+    format!(
+        "{start}\nwhile IFS= read -r line; do\n{echo}  case \"$line\" in\n{arms}\n  esac\ndone\n"
+    )
+}
+
+/// Bob: thanks Alice for her message and exits 0.
+pub(crate) fn bob_script() -> String {
+    script_agent(
+        I_AM,
+        true,
+        r#"*"Relay message from Alice"*) echo "@relay:Alice thanks for the hello"; exit 0;;"#,
+    )
+}
+
+/// Alice: says hello to Bob and exits 7 once he answers.
+pub(crate) fn alice_script() -> String {
+    script_agent(
+        r#"echo "@relay:Bob hello from alice""#,
+        true,
+        r#"*"Relay message from Bob"*) exit 7;;"#,
+    )
+}
 
 /// Starts `agent-relay ARGS` in the relay's directory (the agent scripts live there), with no
-/// terminal and its output captured: a wrapped agent for [`output_of`].
+/// terminal and its output captured: a wrapped agent for [`output_of`]. Its log (stderr) goes
+/// to the test's.
 pub(crate) fn spawn_wrapped(relay: &Relay, args: &[&str]) -> Child {
-    relay
-        .command()
-        .current_dir(relay.dir.path())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap()
+    relay.spawn_cli(args, Stdio::inherit())
+}
+
+/// Writes `script` to `NAME.sh` in the relay's directory and starts `sh NAME.sh` wrapped as
+/// `name` with `options` ([`spawn_wrapped`]: no terminal, its output captured).
+pub(crate) fn spawn_script(relay: &Relay, name: &str, options: &[&str], script: &str) -> Child {
+    let file = format!("{name}.sh");
+    relay.write(&file, script);
+    spawn_wrapped(relay, &wrap_args(name, options, &["sh", &file]))
+}
+
+/// `wrap` options: the PTY backend with no terminal on stdin and the generic profile.
+pub(crate) const PTY_GENERIC: &[&str] = &["--backend", "pty", "--no-input", "--profile", "generic"];
+
+/// `wrap` options: the tmux backend, returning once the agent runs in its session.
+pub(crate) const TMUX_DETACHED: &[&str] = &["--backend", "tmux", "--detached"];
+
+/// `wrap OPTIONS -n NAME -- COMMAND...`: the arguments that run `command` as agent `name`.
+pub(crate) fn wrap_args<'a>(
+    name: &'a str,
+    options: &[&'a str],
+    command: &[&'a str],
+) -> Vec<&'a str> {
+    let mut all = vec!["wrap"];
+    all.extend_from_slice(options);
+    all.extend(["-n", name, "--"]);
+    all.extend_from_slice(command);
+    all
 }
 
 /// Waits for a wrapped agent to exit (killing it after 90 s, so a lost message fails the test
@@ -200,11 +250,7 @@ impl Backend {
                     // wrapper with no terminal logs to stderr), for the scenarios to wait on.
                     let team = relay.data_dir().join(format!("team/{name}"));
                     std::fs::create_dir_all(&team).unwrap();
-                    let log = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(team.join("wrap.log"))
-                        .unwrap();
+                    let log = append_log(&team.join("wrap.log"));
                     cmd.stdout(std::process::Stdio::piped())
                         .stderr(log)
                         .spawn()
@@ -261,8 +307,7 @@ impl ScriptAgent {
     pub(crate) fn kill9(&mut self, relay: &Relay) {
         match self.child.take() {
             Some(mut child) => {
-                child.kill().unwrap();
-                child.wait().unwrap();
+                kill9_child(&mut child);
             }
             None => {
                 let lock = relay
