@@ -213,8 +213,19 @@ fn table_counts(relay: &Relay) -> (u64, u64, std::collections::BTreeMap<String, 
         .unwrap();
     let mut by_state = std::collections::BTreeMap::new();
     let names = ["queued", "acked", "verified", "failed", "expired"];
+    // Each row's state as schema v9 keeps it: its own, or (a plain row at or below its
+    // recipient's watermark) that of the acknowledgement range covering it; 5 is queued again.
     let mut stmt = db
-        .prepare("SELECT status, count(*) FROM deliveries GROUP BY status")
+        .prepare(
+            "SELECT CASE
+                 WHEN d.status = 5 THEN 0
+                 WHEN d.status = 0 AND d.msg <= coalesce(
+                     (SELECT w.through FROM watermarks w WHERE w.recipient = d.recipient), 0)
+                 THEN (SELECT a.state FROM acks a WHERE a.through >= d.msg
+                       AND a.recipient = d.recipient ORDER BY a.through LIMIT 1)
+                 ELSE d.status END AS s, count(*)
+             FROM deliveries d GROUP BY s",
+        )
         .unwrap();
     let rows = stmt
         .query_map([], |r| Ok((r.get::<_, usize>(0)?, r.get::<_, i64>(1)?)))

@@ -19,6 +19,7 @@ mod names;
 mod sqlite;
 #[cfg(test)]
 mod tests;
+mod watermark;
 
 use std::sync::Arc;
 

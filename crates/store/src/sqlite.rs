@@ -12,7 +12,6 @@
 //! turns ack-through, hand-outs, expiry and replay into primary-key lookups and pending counts
 //! into list lengths.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -32,6 +31,7 @@ mod dlq;
 
 use crate::common::{earlier_duplicate, history_limit, prefix_upper_bound, record, to_i64, to_u64};
 use crate::names::{FxHashMap, FxHashSet, Names};
+use crate::watermark::{Runs, Stream, Waiting};
 use crate::{
     AppendOutcome, KnownAgent, NewMessage, PendingDelivery, Stats, Store, StoreError,
     StoredMessage, WriteOp, WriteResult,
@@ -304,6 +304,31 @@ CREATE TABLE claims (
 ",
     // v8: the federation node a message came from (a stand-in's SEND; NULL for local senders).
     "ALTER TABLE messages ADD COLUMN origin TEXT;",
+    // v9: acknowledgements as a watermark per recipient plus exceptions (issue 26;
+    // `watermark.rs`). A delivery row whose status is 0 and whose position is at or below its
+    // recipient's watermark is in the state of the `acks` range that covers it, since that
+    // range's `at`; above the watermark it is queued. An in-order run of acknowledgements in
+    // one commit is one `acks` row instead of an update of every delivery row. `acks` is keyed
+    // by `through` first so that a commit's rows go to the end of its b-tree (positions only
+    // grow), not to one page per recipient; finding a delivery's range is a short walk from
+    // its position. Exceptions stay in the delivery rows (status 5: queued again below the
+    // watermark). Every existing database starts with its watermarks at 0: its rows with
+    // status 0 are exactly its queued deliveries, as before.
+    r"
+CREATE TABLE acks (
+    through INTEGER NOT NULL,
+    recipient INTEGER NOT NULL,
+    after INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    detail TEXT,
+    PRIMARY KEY (through, recipient)
+) WITHOUT ROWID;
+CREATE TABLE watermarks (
+    recipient INTEGER PRIMARY KEY,
+    through INTEGER NOT NULL
+) WITHOUT ROWID;
+",
 ];
 
 /// The delivery states counted in `counters` (`deliveries.<name>`), indexed by their code.
@@ -371,23 +396,80 @@ const INSERT_MESSAGE: &str = "INSERT INTO messages (id, ts, sender, recipient, t
 /// re-inserting it in the b-tree (measured ~0.5 µs per message).
 const INSERT_DELIVERY: &str = "INSERT INTO deliveries (recipient, msg, seq, status, attempts,
     queued_at, updated_at) VALUES (?1, ?2, ?3, 0, ?4, ?5, -1 - ?5)";
-/// One delivery, found by primary key from the recipient's queued positions (which are all
-/// queued; the status test keeps the state counters exact even if one were not).
+/// A delivery queued again below its recipient's watermark, acknowledged by an ack-through
+/// (an exception: the range under it does not apply to it).
 const ACK_ONE: &str = "UPDATE deliveries SET status = 1, updated_at = ?1
-    WHERE msg = ?2 AND recipient = ?3 AND status = 0";
+    WHERE msg = ?2 AND recipient = ?3 AND status = 5";
 
-/// A queued delivery, as [`Queued`] lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Waiting {
-    /// Message position.
-    pos: i64,
-    /// Kept so that expiry needs no table scan.
-    queued_at: i64,
+/// The row code of a delivery queued again at or below its recipient's watermark: it reads as
+/// queued, where a plain row (0) there would read through the range that covers it. Never
+/// leaves the store (`DeliveryStatus` has no such state).
+pub(crate) const QUEUED_BELOW: i64 = 5;
+
+/// One range of a recipient's acknowledgements ([`watermark::Run`], written).
+const INSERT_RANGE: &str = "INSERT INTO acks (through, recipient, after, state, at, detail)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+/// The range of recipient `?2` that covers position `?1` (the first of its ranges that ends
+/// at or after it: ranges follow each other without gaps).
+const RANGE_AT: &str = "SELECT after, state, at, detail FROM acks
+    WHERE through >= ?1 AND recipient = ?2 ORDER BY through LIMIT 1";
+
+/// Each recipient id's acknowledgement state: its queued deliveries (exactly those that read
+/// as queued) and its watermark.
+type Queued = FxHashMap<i64, Stream>;
+
+/// A delivery's state as readers see it: its row's own, or its range's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Effective {
+    /// The state.
+    pub(crate) status: DeliveryStatus,
+    /// When it was last changed, as stored (negative: never; see `INSERT_DELIVERY`).
+    pub(crate) updated_at: i64,
+    /// A range's detail (a verified delivery's door), when the state is the range's.
+    pub(crate) detail: Option<String>,
+    /// Whether the state comes from a range (the row itself says nothing).
+    pub(crate) from_range: bool,
 }
 
-/// Queued deliveries per recipient id, by ascending position: exactly the deliveries whose
-/// status is queued.
-type Queued = FxHashMap<i64, VecDeque<Waiting>>;
+/// The state of `rid`'s delivery at `pos` whose row has status `code` and `updated_at`.
+pub(crate) fn effective(
+    conn: &Connection,
+    queued: &Queued,
+    rid: i64,
+    pos: i64,
+    code: i64,
+    updated_at: i64,
+) -> Result<Effective, StoreError> {
+    let plain = |status| Effective {
+        status,
+        updated_at,
+        detail: None,
+        from_range: false,
+    };
+    if code == QUEUED_BELOW {
+        return Ok(plain(DeliveryStatus::Queued));
+    }
+    if code != QUEUED || !queued.get(&rid).is_some_and(|s| s.covers(pos)) {
+        return Ok(plain(decode_status(code)?));
+    }
+    let range: Option<(i64, i64, i64, Option<String>)> = conn
+        .prepare_cached(RANGE_AT)?
+        .query_row(params![pos, rid], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    match range {
+        Some((after, state, at, detail)) if after < pos => Ok(Effective {
+            status: decode_status(state)?,
+            updated_at: at,
+            detail,
+            from_range: true,
+        }),
+        _ => Err(StoreError::Corrupt(format!(
+            "delivery {pos} to name {rid} is below its watermark but no range covers it"
+        ))),
+    }
+}
 
 /// SQLite-backed [`Store`].
 ///
@@ -557,7 +639,7 @@ impl SqliteStore {
         self.names
             .get(recipient)
             .and_then(|rid| self.queued.get(&rid))
-            .map_or(0, |q| q.len() as u64)
+            .map_or(0, |q| q.queued.len() as u64)
     }
 
     /// Reloads [`SqliteStore::queued`] if a failed batch left it out of date.
@@ -600,16 +682,25 @@ impl SqliteStore {
                 })
                 .optional()?;
             // A direct message whose recipient was not resolved has no delivery row.
-            let Some((seq, status, queued_at, updated_at)) = row else {
+            let Some((seq, code, queued_at, updated_at)) = row else {
                 continue;
             };
+            // NULL only in rows a v1 database left (v2 made them negative).
+            let state = effective(
+                &self.conn,
+                &self.queued,
+                id,
+                m.pos,
+                code,
+                updated_at.unwrap_or(-1),
+            )?;
             out.push(DeliveryRecord {
                 recipient: name.clone(),
                 seq: to_u64(seq),
-                status: decode_status(status)?,
+                status: state.status,
                 queued_at: to_u64(queued_at),
                 // Negative: never updated (see INSERT_DELIVERY).
-                updated_at: updated_at.filter(|t| *t >= 0).map(to_u64),
+                updated_at: Some(state.updated_at).filter(|t| *t >= 0).map(to_u64),
             });
         }
         Ok(out)
@@ -743,8 +834,8 @@ fn replay_streams(
     Ok(())
 }
 
-/// Every queued delivery (in position order, so each recipient's list comes out sorted), and
-/// `meta.queued_from`, where the scan for them starts.
+/// Every recipient's watermark and queued deliveries (in position order, so each recipient's
+/// list comes out sorted), and `meta.queued_from`, where the scan for them starts.
 fn load_queued(conn: &Connection) -> Result<(Queued, i64), StoreError> {
     let from: i64 = conn.query_row(
         "SELECT value FROM meta WHERE key = 'queued_from'",
@@ -752,9 +843,16 @@ fn load_queued(conn: &Connection) -> Result<(Queued, i64), StoreError> {
         |r| r.get(0),
     )?;
     let mut queued = Queued::default();
+    {
+        let mut stmt = conn.prepare("SELECT recipient, through FROM watermarks")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            queued.entry(r.get(0)?).or_default().through = r.get(1)?;
+        }
+    }
     let mut stmt = conn.prepare(
-        "SELECT msg, recipient, queued_at FROM deliveries WHERE msg >= ?1 AND status = 0
-         ORDER BY msg",
+        "SELECT msg, recipient, queued_at, status FROM deliveries
+         WHERE msg >= ?1 AND status IN (0, 5) ORDER BY msg",
     )?;
     let mut rows = stmt.query([from])?;
     while let Some(r) = rows.next()? {
@@ -762,10 +860,11 @@ fn load_queued(conn: &Connection) -> Result<(Queued, i64), StoreError> {
             pos: r.get(0)?,
             queued_at: r.get(2)?,
         };
-        queued
-            .entry(r.get::<_, i64>(1)?)
-            .or_insert_with(VecDeque::new)
-            .push_back(waiting);
+        let stream = queued.entry(r.get::<_, i64>(1)?).or_default();
+        // A plain row at or below the watermark is acknowledged (its range says how).
+        if r.get::<_, i64>(3)? == QUEUED_BELOW || !stream.covers(waiting.pos) {
+            stream.push(waiting);
+        }
     }
     Ok((queued, from))
 }
@@ -775,7 +874,7 @@ fn load_queued(conn: &Connection) -> Result<(Queued, i64), StoreError> {
 fn lowest_queued(queued: &Queued) -> i64 {
     queued
         .values()
-        .filter_map(|q| q.front())
+        .filter_map(|q| q.queued.front())
         .map(|w| w.pos)
         .min()
         .unwrap_or(i64::MAX)
@@ -906,9 +1005,12 @@ struct Batch<'a> {
     insert_message: CachedStatement<'a>,
     insert_delivery: CachedStatement<'a>,
     ack_one: CachedStatement<'a>,
+    insert_range: CachedStatement<'a>,
     now: i64,
     names: &'a mut Names,
     queued: &'a mut Queued,
+    /// The ranges this batch is building.
+    runs: Runs,
     committed_streams: &'a FxHashMap<StreamKey, u64>,
     streams: FxHashMap<StreamKey, u64>,
     /// Messages stored by this batch (not duplicates).
@@ -967,17 +1069,16 @@ impl Batch<'_> {
                 else {
                     return Ok(WriteResult::Done);
                 };
-                // The queued positions up to `through`, oldest first; each is one primary-key
-                // update near the end of the table.
-                while let Some(&w) = q.front() {
-                    if w.pos > *through {
-                        break;
+                // The queued positions up to `through`: those above the watermark move it (one
+                // range), those queued again below it are rows of their own.
+                let (moved, rows) = q.settle_through(*through);
+                for pos in rows {
+                    if self.ack_one.execute(params![now, pos, rid])? == 1 {
+                        self.moved(QUEUED, DeliveryStatus::Acked.code());
                     }
-                    if self.ack_one.execute(params![now, w.pos, rid])? == 1 {
-                        self.by_state[0] -= 1;
-                        self.by_state[1] += 1;
-                    }
-                    q.pop_front();
+                }
+                if let Some(m) = moved {
+                    self.settled(rid, m, DeliveryStatus::Acked, None)?;
                 }
                 Ok(WriteResult::Done)
             }
@@ -993,6 +1094,7 @@ impl Batch<'_> {
                 else {
                     return Ok(WriteResult::Done);
                 };
+                let q = &q.queued;
                 let lo = q.partition_point(|w| w.pos <= *after);
                 let hi = q.partition_point(|w| w.pos <= *through);
                 if lo < hi {
@@ -1057,9 +1159,11 @@ impl Batch<'_> {
             } => {
                 let except: Vec<i64> = except.iter().filter_map(|e| self.names.get(e)).collect();
                 let cutoff = to_i64(*queued_before);
+                // Each expired delivery is an exception: its row says so. (Queued rows are
+                // plain above the watermark, marked below it.)
                 let mut stmt = tx.prepare_cached(
                     "UPDATE deliveries SET status = 4, updated_at = ?1
-                     WHERE msg = ?2 AND recipient = ?3 AND status = 0",
+                     WHERE msg = ?2 AND recipient = ?3 AND status IN (0, 5)",
                 )?;
                 let mut due: Vec<(i64, i64)> = Vec::new();
                 let mut expired = 0i64;
@@ -1067,14 +1171,10 @@ impl Batch<'_> {
                     if except.contains(rid) {
                         continue;
                     }
-                    let before = due.len();
-                    for w in q.iter().filter(|w| w.queued_at < cutoff) {
+                    for pos in q.expire(cutoff) {
                         // One row or none: the count always fits.
-                        expired += i64::from(stmt.execute(params![now, w.pos, rid])? > 0);
-                        due.push((w.pos, *rid));
-                    }
-                    if due.len() > before {
-                        q.retain(|w| w.queued_at >= cutoff);
+                        expired += i64::from(stmt.execute(params![now, pos, rid])? > 0);
+                        due.push((pos, *rid));
                     }
                 }
                 drop(stmt);
@@ -1221,49 +1321,122 @@ impl Batch<'_> {
         let Some(rid) = self.names.get(recipient) else {
             return Ok(WriteResult::Done);
         };
-        let old: Option<(i64, i64)> = tx
+        // The common case: the next queued delivery acknowledged (acked or verified) moves
+        // the watermark, and the batch writes one range for the whole run.
+        if matches!(status, DeliveryStatus::Acked | DeliveryStatus::Verified)
+            && let Some(m) = self.queued.get_mut(&rid).and_then(|q| q.settle(pos))
+        {
+            // The router passes a reason for failures and verified deliveries only.
+            let detail = reason.filter(|_| status == DeliveryStatus::Verified);
+            self.settled(rid, m, status, detail)?;
+            return Ok(WriteResult::Done);
+        }
+        // Anything else is written in the delivery's row, so the ranges under it are final.
+        self.close_run(rid)?;
+        let row: Option<(i64, i64)> = tx
             .prepare_cached(
                 "SELECT status, updated_at FROM deliveries WHERE msg = ?1 AND recipient = ?2",
             )?
             .query_row(params![pos, rid], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
+        let old = match row {
+            Some((code, updated_at)) => {
+                Some(effective(tx, self.queued, rid, pos, code, updated_at)?)
+            }
+            None => None,
+        };
         // A state already recorded is not recorded again: a report that comes twice
         // (a federation's failure from another node, redelivered) is one dead letter.
-        if status != DeliveryStatus::Queued && old.is_some_and(|(s, _)| s == status.code()) {
+        if status != DeliveryStatus::Queued && old.as_ref().is_some_and(|o| o.status == status) {
             return Ok(WriteResult::Done);
         }
         // An acknowledgement only acknowledges what waits: it never overwrites a
         // later state (or the time of an earlier acknowledgement).
         if status == DeliveryStatus::Acked
-            && old.is_some_and(|(s, _)| s != DeliveryStatus::Queued.code())
+            && old
+                .as_ref()
+                .is_some_and(|o| o.status != DeliveryStatus::Queued)
         {
             return Ok(WriteResult::Done);
         }
+        let stream = self.queued.entry(rid).or_default();
+        // Queued again at or below the watermark: the row must say so (a plain one there
+        // reads through its range).
+        let code = if status == DeliveryStatus::Queued && stream.covers(pos) {
+            QUEUED_BELOW
+        } else {
+            status.code()
+        };
         let queued_at: Option<i64> = tx
             .prepare_cached(
                 "UPDATE deliveries SET status = ?1, updated_at = ?2
                          WHERE msg = ?3 AND recipient = ?4 RETURNING queued_at",
             )?
-            .query_row(params![status.code(), now, pos, rid], |r| r.get(0))
+            .query_row(params![code, now, pos, rid], |r| r.get(0))
             .optional()?;
-        let mut result = WriteResult::Done;
-        if let (Some(old), Some(_)) = (old, queued_at) {
-            self.moved(old.0, status.code());
-            result = self.status_changed(pos, rid, recipient, old, status, reason)?;
-        }
         if let Some(queued_at) = queued_at {
-            let q = self.queued.entry(rid).or_default();
-            let i = q.partition_point(|w| w.pos < pos);
-            let listed = q.get(i).is_some_and(|w| w.pos == pos);
             if status == DeliveryStatus::Queued {
-                if !listed {
-                    q.insert(i, Waiting { pos, queued_at });
-                }
-            } else if listed {
-                q.remove(i);
+                stream.requeue(Waiting { pos, queued_at });
+            } else {
+                stream.take(pos);
             }
         }
+        let mut result = WriteResult::Done;
+        if let (Some(old), Some(_)) = (old, queued_at) {
+            self.moved(old.status.code(), status.code());
+            result = self.status_changed(pos, rid, recipient, &old, status, reason)?;
+        }
         Ok(result)
+    }
+
+    /// `rid`'s watermark moved over `m.count` queued deliveries, now `state`: added to the
+    /// batch's open run (one range row for the run, written when it closes).
+    fn settled(
+        &mut self,
+        rid: i64,
+        m: crate::watermark::Moved,
+        state: DeliveryStatus,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let n = i64::try_from(m.count).unwrap_or(i64::MAX);
+        self.by_state[0] -= n;
+        if let Some(i) = usize::try_from(state.code())
+            .ok()
+            .and_then(|i| self.by_state.get_mut(i))
+        {
+            *i += n;
+        }
+        if let Some(run) = self.runs.add(rid, m, state, detail) {
+            self.write_run(&run)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `rid`'s open run, if any.
+    fn close_run(&mut self, rid: i64) -> Result<(), StoreError> {
+        if let Some(run) = self.runs.close(rid) {
+            self.write_run(&run)?;
+        }
+        Ok(())
+    }
+
+    /// One range row, and the recipient's watermark.
+    fn write_run(&mut self, run: &crate::watermark::Run) -> Result<(), StoreError> {
+        self.insert_range.execute(params![
+            run.through,
+            run.rid,
+            run.after,
+            run.state.code(),
+            self.now,
+            run.detail
+        ])?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO watermarks (recipient, through) VALUES (?1, ?2)
+                 ON CONFLICT (recipient) DO UPDATE SET through = excluded.through",
+            )?
+            .execute(params![run.rid, run.through])?;
+        Ok(())
     }
 
     fn append(&mut self, m: &NewMessage) -> Result<AppendOutcome, StoreError> {
@@ -1348,7 +1521,7 @@ impl Batch<'_> {
             self.queued
                 .entry(rid)
                 .or_default()
-                .push_back(Waiting { pos, queued_at });
+                .push(Waiting { pos, queued_at });
             seqs.push(seq);
         }
         let message = Arc::new(StoredMessage {
@@ -1433,11 +1606,12 @@ impl Store for SqliteStore {
         else {
             return Ok(Vec::new());
         };
+        let q = &q.queued;
         let start = q.partition_point(|w| w.pos <= after_pos);
         let sql = format!(
             "SELECT {MSG_COLS}, d.seq, d.attempts FROM deliveries d
              JOIN messages m ON m.pos = d.msg
-             WHERE d.msg = ?1 AND d.recipient = ?2 AND d.status = {QUEUED}"
+             WHERE d.msg = ?1 AND d.recipient = ?2 AND d.status IN ({QUEUED}, {QUEUED_BELOW})"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut out = Vec::new();
@@ -1514,6 +1688,7 @@ impl Store for SqliteStore {
     }
 
     fn find(&mut self, id_or_prefix: &str, limit: usize) -> Result<Vec<MessageRecord>, StoreError> {
+        self.fresh_queued()?;
         let limit = Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX));
         let exact = self.records(
             &format!(
@@ -1539,6 +1714,7 @@ impl Store for SqliteStore {
     }
 
     fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<MessageRecord>, StoreError> {
+        self.fresh_queued()?;
         let mut sql = format!("SELECT {MSG_COLS} FROM messages m WHERE 1");
         let mut args: Vec<Value> = Vec::new();
         // Appends a bind value and returns its `?N` placeholder.
@@ -1588,7 +1764,11 @@ impl Store for SqliteStore {
 
     fn stats(&mut self) -> Result<Stats, StoreError> {
         // Both kept as the batches commit: no table is counted (status at 10 million messages).
-        let pending = self.fresh_queued()?.values().map(|q| q.len() as u64).sum();
+        let pending = self
+            .fresh_queued()?
+            .values()
+            .map(|q| q.queued.len() as u64)
+            .sum();
         Ok(Stats {
             messages: self.messages,
             pending,
@@ -1605,7 +1785,8 @@ impl Store for SqliteStore {
         msg_id: &str,
         from: &str,
     ) -> Result<Vec<relay_protocol::query::TraceEvent>, StoreError> {
-        dlq::events(&self.conn, pos, msg_id, from)
+        self.fresh_queued()?;
+        dlq::events(&self.conn, &self.queued, pos, msg_id, from)
     }
 
     fn find_rejected(
@@ -1635,7 +1816,8 @@ impl Store for SqliteStore {
         &mut self,
         sample: usize,
     ) -> Result<relay_protocol::query::DeliveryFigures, StoreError> {
-        dlq::delivery_figures(&self.conn, sample)
+        self.fresh_queued()?;
+        dlq::delivery_figures(&self.conn, &self.queued, sample)
     }
 
     fn recent_hops(&mut self, limit: usize) -> Result<Vec<(String, u32)>, StoreError> {
@@ -1740,9 +1922,11 @@ impl SqliteStore {
             insert_message: tx.prepare_cached(INSERT_MESSAGE)?,
             insert_delivery: tx.prepare_cached(INSERT_DELIVERY)?,
             ack_one: tx.prepare_cached(ACK_ONE)?,
+            insert_range: tx.prepare_cached(INSERT_RANGE)?,
             now: to_i64(now_ms),
             names: &mut self.names,
             queued: &mut self.queued,
+            runs: Runs::default(),
             committed_streams: &self.streams,
             streams: FxHashMap::default(),
             appended: 0,
@@ -1752,6 +1936,9 @@ impl SqliteStore {
         for op in ops {
             // On error `tx` is dropped, which rolls back, and the scratch maps are discarded.
             results.push(batch.apply(op)?);
+        }
+        for run in batch.runs.close_all() {
+            batch.write_run(&run)?;
         }
         let queued_from = lowest_queued(batch.queued);
         if self.queued_from != Some(queued_from) {
@@ -1834,18 +2021,23 @@ mod tests {
                 .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
                 .unwrap();
             assert_eq!(s.stats().unwrap().messages, to_u64(counted), "{when}");
+            // Each row's state as readers see it: its own, or its watermark range's.
             let mut by_state = std::collections::BTreeMap::new();
+            s.fresh_queued().unwrap();
             let mut stmt = s
                 .conn
-                .prepare("SELECT status, count(*) FROM deliveries GROUP BY status")
+                .prepare("SELECT recipient, msg, status, updated_at FROM deliveries")
                 .unwrap();
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+            let rows: Vec<(i64, i64, i64, i64)> = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
                 .unwrap();
-            for row in rows {
-                let (code, n) = row.unwrap();
-                let name = DeliveryStatus::from_code(code).unwrap().as_str().to_owned();
-                by_state.insert(name, to_u64(n));
+            for (rid, pos, code, at) in rows {
+                let state = effective(&s.conn, &s.queued, rid, pos, code, at).unwrap();
+                *by_state
+                    .entry(state.status.as_str().to_owned())
+                    .or_insert(0u64) += 1;
             }
             drop(stmt);
             assert_eq!(s.delivery_figures(10).unwrap().by_state, by_state, "{when}");
@@ -2090,6 +2282,90 @@ mod tests {
         assert_eq!(status(&mut s, "m3"), (DeliveryStatus::Acked, Some(20)));
         assert!(s.take_pending("bob", 0, 10).unwrap().is_empty());
         assert_eq!(s.stats().unwrap().pending, 0);
+    }
+
+    /// A database written by v8 (a row per delivery's state, no watermarks) opens with every
+    /// delivery's state and time as it was; new acknowledgements then go to watermarks, and the
+    /// old rows still read the same after a reopen.
+    #[test]
+    fn migrates_v8_database_keeping_every_state() {
+        let mut b = SqliteBackend::new();
+        std::fs::create_dir_all(b.path().parent().unwrap()).unwrap();
+        {
+            let c = Connection::open(b.path()).unwrap();
+            for step in &MIGRATIONS[..8] {
+                c.execute_batch(step).unwrap();
+            }
+            c.pragma_update(None, "user_version", 8).unwrap();
+            c.execute_batch(
+                "INSERT INTO names (id, name) VALUES (1, 'alice'), (2, 'bob');
+                 INSERT INTO messages (pos, id, ts, sender, recipient, kind, body)
+                     VALUES (1, 'm1', 10, 1, 'bob', 'message', 'one'),
+                            (2, 'm2', 11, 1, 'bob', 'message', 'two'),
+                            (3, 'm3', 12, 1, 'bob', 'message', 'three'),
+                            (4, 'm4', 13, 1, 'bob', 'message', 'four'),
+                            (5, 'm5', 14, 1, 'bob', 'message', 'five');
+                 INSERT INTO deliveries VALUES (2, 1, 1, 1, 0, 10, 20),
+                                               (2, 2, 2, 2, 0, 11, 21),
+                                               (2, 3, 3, 0, 1, 12, -13),
+                                               (2, 4, 4, 3, 0, 13, 23),
+                                               (2, 5, 5, 0, 0, 14, -15);
+                 UPDATE meta SET value = 5 WHERE key = 'streams_through';
+                 UPDATE meta SET value = 3 WHERE key = 'queued_from';
+                 UPDATE counters SET value = 5 WHERE key = 'messages';
+                 UPDATE counters SET value = 2 WHERE key = 'deliveries.queued';
+                 UPDATE counters SET value = 1 WHERE key = 'deliveries.acked';
+                 UPDATE counters SET value = 1 WHERE key = 'deliveries.verified';
+                 UPDATE counters SET value = 1 WHERE key = 'deliveries.failed';",
+            )
+            .unwrap();
+        }
+        let states = |s: &mut SqliteStore| -> Vec<(String, DeliveryStatus, Option<u64>)> {
+            let mut h = s.history(&HistoryFilter::default()).unwrap();
+            h.reverse();
+            h.into_iter()
+                .map(|m| (m.id, m.deliveries[0].status, m.deliveries[0].updated_at))
+                .collect()
+        };
+        let before = vec![
+            ("m1".to_owned(), DeliveryStatus::Acked, Some(20)),
+            ("m2".to_owned(), DeliveryStatus::Verified, Some(21)),
+            ("m3".to_owned(), DeliveryStatus::Queued, None),
+            ("m4".to_owned(), DeliveryStatus::Failed, Some(23)),
+            ("m5".to_owned(), DeliveryStatus::Queued, None),
+        ];
+        let mut s = b.open();
+        assert_eq!(states(&mut s), before);
+        assert_eq!(s.stats().unwrap().pending, 2);
+        let pending: Vec<(i64, u32)> = s
+            .take_pending("bob", 0, 10)
+            .unwrap()
+            .iter()
+            .map(|p| (p.message.pos, p.attempt))
+            .collect();
+        assert_eq!(pending, vec![(3, 2), (5, 1)]);
+        // Verified in order: the watermark takes both.
+        let verified = |pos| WriteOp::SetStatus {
+            recipient: "bob".into(),
+            pos,
+            status: DeliveryStatus::Verified,
+            reason: None,
+        };
+        s.write_batch(&[verified(3), verified(5)], 30).unwrap();
+        let ranges: i64 = s
+            .conn
+            .query_row("SELECT count(*) FROM acks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ranges, 1, "an in-order run is one range");
+        let mut s = b.reopen(s);
+        let mut after = before;
+        after[2] = ("m3".to_owned(), DeliveryStatus::Verified, Some(30));
+        after[4] = ("m5".to_owned(), DeliveryStatus::Verified, Some(30));
+        assert_eq!(states(&mut s), after);
+        assert_eq!(s.stats().unwrap().pending, 0);
+        let by_state = s.delivery_figures(10).unwrap().by_state;
+        assert_eq!(by_state.get("verified"), Some(&3));
+        assert_eq!(by_state.get("acked"), Some(&1));
     }
 
     /// A database written by v1 (text keys, ack cursors) opens with its messages, deliveries,

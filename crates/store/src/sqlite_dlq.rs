@@ -9,8 +9,9 @@ use relay_protocol::Send;
 use relay_protocol::query::{DeadLetter, DeliveryFigures, DeliveryStatus, TraceEvent, TraceState};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{Batch, MSG_COLS, MSG_NCOLS, RawMessage, Waiting};
+use super::{Batch, Effective, MSG_COLS, MSG_NCOLS, QUEUED_BELOW, Queued, RawMessage, effective};
 use crate::common::{prefix_upper_bound, to_i64, to_u64};
+use crate::watermark::Waiting;
 use crate::{
     DeadNotice, NewMessage, PendingDelivery, RetryOutcome, StoreError, WriteResult, retried, stage,
 };
@@ -118,22 +119,27 @@ impl Batch<'_> {
         pos: i64,
         rid: i64,
         recipient: &str,
-        old: (i64, i64),
+        old: &Effective,
         status: DeliveryStatus,
         reason: Option<&str>,
     ) -> Result<WriteResult, StoreError> {
-        let (old_status, old_updated) = old;
-        if old_status == DeliveryStatus::Acked.code()
+        if old.status == DeliveryStatus::Acked
             && status != DeliveryStatus::Acked
-            && old_updated >= 0
+            && old.updated_at >= 0
         {
             self.event(
                 pos,
                 rid,
-                old_updated,
+                old.updated_at,
                 TraceState::Injected,
                 "acknowledged by the recipient",
             )?;
+        }
+        // A verified state its range held is read from the range; once the row has a state of
+        // its own the range no longer applies to it, so its event is kept as a row.
+        if old.from_range && old.status == DeliveryStatus::Verified && status != old.status {
+            let (state, detail) = verified_event(old.detail.as_deref());
+            self.event(pos, rid, old.updated_at, state, detail)?;
         }
         let Some((state, detail)) = crate::common::status_event(status) else {
             return Ok(WriteResult::Done);
@@ -239,15 +245,23 @@ impl Batch<'_> {
         let Some(rid) = self.names.get(&entry.recipient) else {
             return Ok(retried(RetryOutcome::NotFound));
         };
-        // The state it leaves, for the state counters.
+        // The state it leaves, for the state counters (failed and expired are always the
+        // row's own).
         let old: Option<i64> = self
             .tx
             .prepare_cached("SELECT status FROM deliveries WHERE msg = ?1 AND recipient = ?2")?
             .query_row(params![pos, rid], |r| r.get(0))
             .optional()?;
-        // Back to queued with a fresh time to live; the attempt count stays.
+        // Back to queued with a fresh time to live; the attempt count stays. At or below the
+        // watermark the row says "queued" explicitly (a plain row there reads as its range).
+        let below = self.queued.get(&rid).is_some_and(|q| q.covers(pos));
+        let code = if below {
+            QUEUED_BELOW
+        } else {
+            DeliveryStatus::Queued.code()
+        };
         let sql = format!(
-            "UPDATE deliveries SET status = 0, queued_at = ?1, updated_at = -1 - ?1
+            "UPDATE deliveries SET status = ?4, queued_at = ?1, updated_at = -1 - ?1
              WHERE msg = ?2 AND recipient = ?3 AND status IN ({}, {})",
             DeliveryStatus::Failed.code(),
             DeliveryStatus::Expired.code()
@@ -255,24 +269,17 @@ impl Batch<'_> {
         let changed = self
             .tx
             .prepare_cached(&sql)?
-            .execute(params![self.now, pos, rid])?;
+            .execute(params![self.now, pos, rid, code])?;
         if changed == 0 {
             return Ok(retried(RetryOutcome::AlreadyRetried(entry)));
         }
         if let Some(old) = old {
             self.moved(old, DeliveryStatus::Queued.code());
         }
-        let q = self.queued.entry(rid).or_default();
-        let i = q.partition_point(|w| w.pos < pos);
-        if q.get(i).is_none_or(|w| w.pos != pos) {
-            q.insert(
-                i,
-                Waiting {
-                    pos,
-                    queued_at: self.now,
-                },
-            );
-        }
+        self.queued.entry(rid).or_default().requeue(Waiting {
+            pos,
+            queued_at: self.now,
+        });
         self.event(
             pos,
             rid,
@@ -316,9 +323,17 @@ impl Batch<'_> {
     }
 }
 
+/// The trace event of a verified delivery, with the door that showed it when one was named.
+fn verified_event(detail: Option<&str>) -> (TraceState, &str) {
+    let (state, default) = crate::common::status_event(DeliveryStatus::Verified)
+        .unwrap_or((TraceState::Verified, "verified"));
+    (state, detail.unwrap_or(default))
+}
+
 /// [`crate::Store::events`] for SQLite.
 pub(super) fn events(
     conn: &Connection,
+    queued: &Queued,
     pos: Option<i64>,
     msg_id: &str,
     from: &str,
@@ -347,19 +362,34 @@ pub(super) fn events(
             });
         }
         // Handed over: every range of a recipient's sessions that covers the position.
-        let recipients: Vec<(i64, String)> = {
+        let recipients: Vec<(i64, String, i64, i64)> = {
             let mut stmt = conn.prepare_cached(
-                "SELECT d.recipient, (SELECT n.name FROM names n WHERE n.id = d.recipient)
+                "SELECT d.recipient, (SELECT n.name FROM names n WHERE n.id = d.recipient),
+                        d.status, coalesce(d.updated_at, -1)
                  FROM deliveries d WHERE d.msg = ?1",
             )?;
-            let rows = stmt.query_map([pos], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let rows =
+                stmt.query_map([pos], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
             rows.collect::<Result<_, _>>()?
         };
+        // Verified as part of a range: the range holds what an event row would.
+        for (rid, name, code, updated_at) in &recipients {
+            let state = effective(conn, queued, *rid, pos, *code, *updated_at)?;
+            if state.from_range && state.status == DeliveryStatus::Verified {
+                let (st, detail) = verified_event(state.detail.as_deref());
+                out.push(TraceEvent {
+                    ts: to_u64(state.updated_at),
+                    recipient: Some(name.clone()),
+                    state: st,
+                    detail: Some(detail.to_owned()),
+                });
+            }
+        }
         let mut stmt = conn.prepare_cached(
             "SELECT session_id, at FROM sent WHERE recipient = ?1 AND through >= ?2 AND after < ?2
              ORDER BY id",
         )?;
-        for (rid, name) in recipients {
+        for (rid, name, _, _) in recipients {
             let rows = stmt.query_map(params![rid, pos], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
             })?;
@@ -442,6 +472,7 @@ pub(super) fn dead_letter(
 /// [`crate::Store::delivery_figures`] for SQLite.
 pub(super) fn delivery_figures(
     conn: &Connection,
+    queued: &Queued,
     sample: usize,
 ) -> Result<DeliveryFigures, StoreError> {
     let mut figures = DeliveryFigures::default();
@@ -469,23 +500,37 @@ pub(super) fn delivery_figures(
         [],
         |r| r.get(0),
     )?);
-    // The newest acknowledged deliveries, each with the time its range was handed over.
-    let mut stmt = conn.prepare_cached(
-        "SELECT d.queued_at, d.updated_at,
-                (SELECT s.at FROM sent s WHERE s.recipient = d.recipient AND s.through >= d.msg
-                 AND s.after < d.msg ORDER BY s.id DESC LIMIT 1)
-         FROM deliveries d WHERE d.status IN (1, 2) ORDER BY d.msg DESC LIMIT ?1",
+    // The newest acknowledged deliveries (their own state or their range's: newest first,
+    // past those still queued), each with the time its range was handed over.
+    let mut acked_rows: Vec<(i64, i64, i64, i64)> = Vec::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT d.recipient, d.msg, d.status, d.queued_at, d.updated_at
+             FROM deliveries d WHERE d.status IN (0, 1, 2) ORDER BY d.msg DESC",
+        )?;
+        let mut rows = stmt.query([])?;
+        while acked_rows.len() < sample {
+            let Some(r) = rows.next()? else { break };
+            let (rid, pos, code, queued_at): (i64, i64, i64, i64) =
+                (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+            let state = effective(conn, queued, rid, pos, code, r.get(4)?)?;
+            if matches!(
+                state.status,
+                DeliveryStatus::Acked | DeliveryStatus::Verified
+            ) {
+                acked_rows.push((rid, pos, queued_at, state.updated_at));
+            }
+        }
+    }
+    let mut sent_at = conn.prepare_cached(
+        "SELECT s.at FROM sent s WHERE s.recipient = ?1 AND s.through >= ?2
+         AND s.after < ?2 ORDER BY s.id DESC LIMIT 1",
     )?;
-    let rows = stmt.query_map([to_i64(sample as u64)], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, Option<i64>>(2)?,
-        ))
-    })?;
     let (mut to_sent, mut to_ack, mut total) = (Vec::new(), Vec::new(), Vec::new());
-    for row in rows {
-        let (queued, acked, sent) = row?;
+    for (rid, pos, queued, acked) in acked_rows {
+        let sent: Option<i64> = sent_at
+            .query_row(params![rid, pos], |r| r.get(0))
+            .optional()?;
         total.push(to_u64(acked - queued));
         if let Some(sent) = sent {
             to_sent.push(to_u64(sent - queued));

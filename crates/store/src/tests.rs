@@ -1425,6 +1425,9 @@ fn status_codes_match_sql() {
     assert_eq!(DeliveryStatus::Queued.code(), 0);
     assert_eq!(DeliveryStatus::Acked.code(), 1);
     assert_eq!(DeliveryStatus::Expired.code(), 4);
+    // The row code of a delivery queued again below its watermark is no state's.
+    assert!(DeliveryStatus::from_code(crate::sqlite::QUEUED_BELOW).is_none());
+    assert_eq!(crate::sqlite::QUEUED_BELOW, 5);
 }
 
 // --- SQLite only ------------------------------------------------------------------------------
@@ -1583,6 +1586,15 @@ mod prop {
         Take { rcpt: usize, limit: usize },
         /// A session ended holding positions (through - back, through].
         HandOut { rcpt: usize, back: i64, delta: i64 },
+        /// The `nth` delivery of a recipient (in position order) reported as acked (0),
+        /// verified (1) or failed (2): in order, out of order, twice, after another state.
+        Set {
+            rcpt: usize,
+            nth: usize,
+            state: usize,
+        },
+        /// Deliveries queued more than `back` batches ago expire (except to `keep`).
+        Expire { back: u64, keep: Option<usize> },
         /// Ends the current batch.
         Commit,
         /// Reopen (SQLite) between batches.
@@ -1605,12 +1617,17 @@ mod prop {
             3 => (0..3usize, -3..3i64).prop_map(|(rcpt, delta)| Step::Ack { rcpt, delta }),
             2 => (0..3usize, 0..5i64, -3..2i64)
                 .prop_map(|(rcpt, back, delta)| Step::HandOut { rcpt, back, delta }),
+            4 => (0..3usize, 0..8usize, 0..3usize)
+                .prop_map(|(rcpt, nth, state)| Step::Set { rcpt, nth, state }),
+            1 => (0..4u64, proptest::option::of(0..3usize))
+                .prop_map(|(back, keep)| Step::Expire { back, keep }),
             2 => Just(Step::Commit),
             1 => Just(Step::Reopen),
         ]
     }
 
-    type ModelDelivery = (String, u64, bool, u32);
+    /// (id, seq, no longer queued, times handed out, state, queued at).
+    type ModelDelivery = (String, u64, bool, u32, DeliveryStatus, u64);
 
     /// The expected state, kept by a model that knows nothing of cursors or SQL.
     #[derive(Default)]
@@ -1622,17 +1639,40 @@ mod prop {
         max_pos: i64,
     }
 
+    /// The dead letter the model expects for `recipient`'s copy of the message at `pos` (the
+    /// comparison ignores its number and reason).
+    fn notice(
+        ids: &BTreeMap<(String, String), i64>,
+        pos: i64,
+        recipient: &str,
+        code: &str,
+    ) -> crate::DeadNotice {
+        let ((msg_id, from), _) = ids.iter().find(|(_, p)| **p == pos).unwrap();
+        crate::DeadNotice {
+            dlq_id: 0,
+            msg_id: msg_id.clone(),
+            from: from.clone(),
+            recipient: recipient.to_owned(),
+            code: code.to_owned(),
+            reason: String::new(),
+        }
+    }
+
     fn run<B: Backend>(mut b: B, steps: &[Step]) -> Result<(), TestCaseError> {
         let mut s = Some(b.open());
         let mut model = Model::default();
         let mut batch: Vec<WriteOp> = Vec::new();
         // Model effects of the pending batch are applied as ops are queued (batches never fail).
         let mut expected: Vec<WriteResult> = Vec::new();
+        // Each batch is a tick later, so that expiry has ages to tell apart.
+        let mut now = 10u64;
         let flush = |s: &mut B::S,
                      batch: &mut Vec<WriteOp>,
-                     expected: &mut Vec<WriteResult>|
+                     expected: &mut Vec<WriteResult>,
+                     now: &mut u64|
          -> Result<(), TestCaseError> {
-            let got = s.write_batch(batch, 7).unwrap();
+            let got = s.write_batch(batch, *now).unwrap();
+            *now += 1;
             prop_assert_eq!(got.len(), expected.len());
             for (g, e) in got.iter().zip(expected.iter()) {
                 match (g, e) {
@@ -1648,6 +1688,19 @@ mod prop {
                     ) => {
                         prop_assert_eq!(gm.pos, em.pos);
                         prop_assert_eq!(gs, es);
+                    }
+                    // Dead letters: which copies, not their numbers or wording.
+                    (WriteResult::DeadLettered(gn), WriteResult::DeadLettered(en))
+                    | (WriteResult::Expired(gn), WriteResult::Expired(en)) => {
+                        let key = |n: &Vec<crate::DeadNotice>| {
+                            let mut k: Vec<(String, String, String)> = n
+                                .iter()
+                                .map(|d| (d.msg_id.clone(), d.recipient.clone(), d.code.clone()))
+                                .collect();
+                            k.sort();
+                            k
+                        };
+                        prop_assert_eq!(key(gn), key(en));
                     }
                     _ => prop_assert_eq!(g, e),
                 }
@@ -1706,11 +1759,10 @@ mod prop {
                             );
                             let seq = model.streams.entry(k).or_insert(0);
                             *seq += 1;
-                            model
-                                .deliveries
-                                .entry(r.to_string())
-                                .or_default()
-                                .insert(pos, (m.id.clone(), *seq, false, 0));
+                            model.deliveries.entry(r.to_string()).or_default().insert(
+                                pos,
+                                (m.id.clone(), *seq, false, 0, DeliveryStatus::Queued, now),
+                            );
                             seqs.push(*seq);
                             done.push(r);
                         }
@@ -1735,11 +1787,73 @@ mod prop {
                     let through = model.max_pos + delta;
                     if let Some(ds) = model.deliveries.get_mut(r) {
                         for (_, d) in ds.range_mut(..=through) {
+                            if !d.2 {
+                                d.4 = DeliveryStatus::Acked;
+                            }
                             d.2 = true;
                         }
                     }
                     batch.push(ack(r, through));
                     expected.push(WriteResult::Done);
+                }
+                Step::Set { rcpt, nth, state } => {
+                    let r = NAMES[*rcpt];
+                    let status = [
+                        DeliveryStatus::Acked,
+                        DeliveryStatus::Verified,
+                        DeliveryStatus::Failed,
+                    ][*state];
+                    let Some(ds) = model.deliveries.get_mut(r).filter(|ds| !ds.is_empty()) else {
+                        continue;
+                    };
+                    let n = ds.len();
+                    let Some((&pos, d)) = ds.iter_mut().nth(*nth % n) else {
+                        continue;
+                    };
+                    // The stores' rules: a state is recorded once, and an acknowledgement
+                    // only acknowledges what waits.
+                    let changes = d.4 != status
+                        && (status != DeliveryStatus::Acked || d.4 == DeliveryStatus::Queued);
+                    let mut res = WriteResult::Done;
+                    if changes {
+                        d.4 = status;
+                        d.2 = true;
+                        if status == DeliveryStatus::Failed {
+                            res = WriteResult::DeadLettered(vec![notice(
+                                &model.ids, pos, r, "failed",
+                            )]);
+                        }
+                    }
+                    batch.push(WriteOp::SetStatus {
+                        recipient: r.into(),
+                        pos,
+                        status,
+                        reason: None,
+                    });
+                    expected.push(res);
+                }
+                Step::Expire { back, keep } => {
+                    let cutoff = now.saturating_sub(*back);
+                    let keep: Vec<String> = keep.iter().map(|k| NAMES[*k].to_owned()).collect();
+                    let mut notices = Vec::new();
+                    for (r, ds) in &mut model.deliveries {
+                        if keep.contains(r) {
+                            continue;
+                        }
+                        for (&pos, d) in ds.iter_mut() {
+                            if d.2 || d.5 >= cutoff {
+                                continue;
+                            }
+                            d.2 = true;
+                            d.4 = DeliveryStatus::Expired;
+                            notices.push(notice(&model.ids, pos, r, "expired"));
+                        }
+                    }
+                    batch.push(WriteOp::Expire {
+                        queued_before: cutoff,
+                        except: keep,
+                    });
+                    expected.push(WriteResult::Expired(notices));
                 }
                 Step::HandOut { rcpt, back, delta } => {
                     let r = NAMES[*rcpt];
@@ -1759,10 +1873,10 @@ mod prop {
                     });
                     expected.push(WriteResult::Done);
                 }
-                Step::Commit => flush(s.as_mut().unwrap(), &mut batch, &mut expected)?,
+                Step::Commit => flush(s.as_mut().unwrap(), &mut batch, &mut expected, &mut now)?,
                 Step::Take { rcpt, limit } => {
                     let st = s.as_mut().unwrap();
-                    flush(st, &mut batch, &mut expected)?;
+                    flush(st, &mut batch, &mut expected, &mut now)?;
                     let r = NAMES[*rcpt];
                     let mut want = Vec::new();
                     if let Some(ds) = model.deliveries.get_mut(r) {
@@ -1779,14 +1893,14 @@ mod prop {
                     prop_assert_eq!(got, want, "take {} from {}", limit, r);
                 }
                 Step::Reopen => {
-                    flush(s.as_mut().unwrap(), &mut batch, &mut expected)?;
+                    flush(s.as_mut().unwrap(), &mut batch, &mut expected, &mut now)?;
                     let old = s.take().unwrap();
                     s = Some(b.reopen(old));
                 }
             }
         }
         let s = s.as_mut().unwrap();
-        flush(s, &mut batch, &mut expected)?;
+        flush(s, &mut batch, &mut expected, &mut now)?;
         // Gapless: each stream's seqs are exactly 1..=n (checked via the model, which the store
         // matched op by op), and take_pending returns exactly the non-acked deliveries.
         for r in NAMES {
@@ -1809,6 +1923,7 @@ mod prop {
             prop_assert_eq!(got, want, "recipient {}", r);
         }
         let mut per_stream: BTreeMap<(String, String, String), BTreeSet<u64>> = BTreeMap::new();
+        let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
         for m in s
             .history(&HistoryFilter {
                 limit: Some(1000),
@@ -1817,6 +1932,12 @@ mod prop {
             .unwrap()
         {
             for d in m.deliveries {
+                // Every delivery's state as the model says, whether the watermark or its row
+                // holds it.
+                let want = model.deliveries[&d.recipient][&m.pos].4;
+                prop_assert_eq!(d.status, want, "{} to {}", m.id, d.recipient);
+                prop_assert_eq!(d.updated_at.is_some(), want != DeliveryStatus::Queued);
+                *by_state.entry(want.as_str().to_owned()).or_default() += 1;
                 let k = (
                     d.recipient,
                     m.topic.clone().unwrap_or_default(),
@@ -1828,6 +1949,7 @@ mod prop {
                 );
             }
         }
+        prop_assert_eq!(s.delivery_figures(10).unwrap().by_state, by_state);
         for (k, seqs) in per_stream {
             let n = seqs.len() as u64;
             prop_assert_eq!(
