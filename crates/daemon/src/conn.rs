@@ -591,10 +591,18 @@ impl Reader {
                 }
                 Flow::Continue
             }
-            Some(Err((_, reason))) => {
+            Some(Err((code, reason))) => {
+                // A name in use may be this link's own session of it that is still ending
+                // (the connection it was on closed a moment ago): the link tries again. Any
+                // other refusal is for good.
+                let code = if code == ErrorCode::NameInUse {
+                    NackCode::Unavailable
+                } else {
+                    NackCode::Forbidden
+                };
                 let nack = Nack {
                     ack_id: hello_id,
-                    code: NackCode::Forbidden,
+                    code,
                     reason,
                 };
                 self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))

@@ -1874,6 +1874,12 @@ async fn standin(
                 refused(&sh, &name, &node, "forbidden", &message, inbound).await;
                 return;
             }
+            Err(link::AttachError::InUse(why)) => {
+                // Its messages go back to JetStream (given again later); the next directory
+                // pass starts the stand-in again, or not if the name is local now.
+                tracing::debug!(%name, %node, %why, "federation: name in use here; the stand-in is started again later");
+                return;
+            }
             Err(link::AttachError::Closed) => {
                 tracing::debug!(%name, %node, "federation: the link closed while taking a name; retried");
                 return;

@@ -80,8 +80,11 @@ enum Cmd {
 /// Why a name could not be taken.
 #[derive(Debug)]
 pub(crate) enum AttachError {
-    /// The relay refuses it (an agent of this node holds it, it is reserved...): the reason.
+    /// The relay refuses it for good (a person's name, reserved...): the reason.
     Refused(String),
+    /// The name is in use (a session of it that is ending, or a local agent that a directory
+    /// pass will see): tried again later.
+    InUse(String),
     /// The link's connection is gone.
     Closed,
 }
@@ -210,7 +213,11 @@ impl LinkConn {
             Ok(Answer::Welcome) => Ok(rx),
             Ok(Answer::Nack(n)) => {
                 self.forget(name, generation);
-                Err(AttachError::Refused(n.reason))
+                if n.code == NackCode::Unavailable {
+                    Err(AttachError::InUse(n.reason))
+                } else {
+                    Err(AttachError::Refused(n.reason))
+                }
             }
             Ok(other) => {
                 self.forget(name, generation);
