@@ -467,6 +467,7 @@ async fn read_loop(
     state: Arc<Mutex<State>>,
     cmds: mpsc::Sender<Cmd>,
 ) {
+    let mut parts: HashMap<String, relay_protocol::parts::Joiner> = HashMap::new();
     let why = loop {
         let env = match frame_len(&buf, MAX_FRAME) {
             Ok(Some(n)) => {
@@ -530,6 +531,30 @@ async fn read_loop(
             }
             Payload::Ack(a) => answer(&state, &a.ack_id, Answer::Ack),
             Payload::Nack(n) => answer(&state, &n.ack_id.clone(), Answer::Nack(n)),
+            // A large answer (the agent list of a big federation) comes in parts: joined.
+            Payload::Result(QueryResult::Part {
+                part,
+                parts: of,
+                data,
+            }) => {
+                match parts
+                    .entry(env.id.clone())
+                    .or_default()
+                    .push(part, of, &data)
+                {
+                    Ok(None) => {}
+                    Ok(Some(r)) => {
+                        parts.remove(&env.id);
+                        answer(&state, &env.id, Answer::Result(Box::new(r)));
+                    }
+                    Err(e) => {
+                        // Its asker gets no answer (`Closed`) and tries again later.
+                        parts.remove(&env.id);
+                        tracing::warn!(error = %e, "federation: an answer in parts could not be joined");
+                        lock(&state).pending.remove(&env.id);
+                    }
+                }
+            }
             Payload::Result(r) => answer(&state, &env.id, Answer::Result(Box::new(r))),
             Payload::Ping(p) => {
                 let pong = Envelope::new("link-pong", relay_protocol::now_ms(), Payload::Pong(p));
