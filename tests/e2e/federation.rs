@@ -4,7 +4,7 @@
 //! delivered exactly once, through NATS outages, a server of a three-server cluster killed
 //! mid-flow, and kill -9 of relays and NATS servers at random.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -1953,4 +1953,80 @@ fn a_large_message_behind_small_ones_still_reaches_another_node() {
     nats.spawn();
     bob.read_timeout(Duration::from_secs(120));
     assert_eq!(read_until_marker(&mut bob, "large end"), ids);
+}
+
+/// Unix sockets the process `pid` holds open (both ends of a connection to itself count).
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Issue 28.8: a relay speaks for every agent of another node over one connection to itself
+/// (a link session), not a connection per remote agent. 40 agents join hostB: hostA's relay
+/// (which runs its link in its own process, so both ends of each connection are its sockets)
+/// holds no more sockets than before they came; every one of them is reached by a broadcast
+/// from hostA and reaches hostA's Alice under its own name. A local client that asks for a
+/// link session (to speak for several names) is refused.
+#[test]
+fn one_link_per_node_carries_every_remote_agent_and_no_local_client_opens_one() {
+    let nats = Nats::start();
+    let a = node(&nats.url(), "hostA");
+    let b = node(&nats.url(), "hostB");
+    let (mut alice, _) = a.agent("Alice");
+    let (_first, _) = b.agent("Agent00");
+    wait_listed(&a, "Agent00", "hostB");
+    let pid = a.child.as_ref().unwrap().id();
+    let before = sockets_of(pid);
+    let names: Vec<String> = (1..=40).map(|i| format!("Agent{i:02}")).collect();
+    let mut far: Vec<Raw> = names.iter().map(|n| b.agent(n).0).collect();
+    for n in &names {
+        wait_listed(&a, n, "hostB");
+    }
+    let after = sockets_of(pid);
+    assert!(
+        after < before + 10,
+        "hostA holds {before} sockets with one remote agent and {after} with 41: a connection per remote agent"
+    );
+    // Out: one broadcast from hostA reaches each of them once.
+    let id = alice.send("*", "to everyone");
+    alice.expect("ACK");
+    for (c, n) in far.iter_mut().zip(&names) {
+        let d = next_deliver(c);
+        assert_eq!(d["id"], id.as_str(), "{n}: {d}");
+        assert_eq!(d["from"], "Alice", "{n}: {d}");
+    }
+    // In: each of them reaches Alice under its own name, from its node.
+    for c in far.iter_mut() {
+        c.send("Alice", "hello from hostB");
+        c.expect("ACK");
+    }
+    let mut from = BTreeSet::new();
+    for _ in &names {
+        let d = next_deliver(&mut alice);
+        assert_eq!(d["payload"]["origin"], "hostB", "{d}");
+        assert!(
+            from.insert(d["from"].as_str().unwrap().to_owned()),
+            "twice: {d}"
+        );
+    }
+    assert_eq!(from, names.iter().cloned().collect::<BTreeSet<_>>());
+    // A local client cannot open a link session: it would speak for any name.
+    let mut mallory = a.connect();
+    mallory.send_env(
+        "HELLO",
+        json!({}),
+        json!({"agent": "Mallory", "role": "link", "cli": "remote@hostB"}),
+    );
+    let err = mallory.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "forbidden", "{err}");
+    assert!(mallory.closed(), "the refused link connection stays open");
+    // Nor does an agent connection take a second name.
+    let (mut eve, _) = a.agent("Eve");
+    eve.send_env("HELLO", json!({}), json!({"agent": "Agent05"}));
+    let err = eve.expect("ERROR");
+    assert_eq!(err["payload"]["code"], "bad_state", "{err}");
+    assert_eq!(agents(&a)["Agent05"]["node"], "hostB");
 }

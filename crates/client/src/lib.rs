@@ -261,6 +261,26 @@ pub struct Delivered {
 }
 
 impl Delivered {
+    /// The message a DELIVER carries: its envelope's id, sender, addressee, topic and time,
+    /// its delivery header and payload.
+    pub fn of_deliver(
+        env: (String, String, Option<String>, Option<String>, u64),
+        delivery: &relay_protocol::Delivery,
+        payload: Send,
+    ) -> Self {
+        let (id, from, to, topic, ts) = env;
+        Self {
+            id,
+            from,
+            to: to.unwrap_or_default(),
+            topic,
+            ts,
+            seq: delivery.seq,
+            attempt: delivery.attempt,
+            payload,
+        }
+    }
+
     /// The message as the relay's query records show it (`read`, `history`): what a door that
     /// hands it to a model shows (no store position or deliveries: it came on a connection).
     pub fn record(&self) -> relay_protocol::query::MessageRecord {
@@ -1256,15 +1276,7 @@ impl Driver {
             .iter()
             .position(|u| u.state == AckState::Waiting && u.id == id && u.seq == seq);
         if state.is_some() || at != Some(0) {
-            let ack = Ack {
-                ack_id: id,
-                seq: Some(seq),
-                status: None,
-                recipients: None,
-                state,
-                cumulative: false,
-                reason,
-            };
+            let ack = Ack::of_delivery(id, seq, state, false, reason);
             Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
             if let Some(u) = at.and_then(|i| self.unacked.get_mut(i)) {
                 u.state = AckState::Reported;
@@ -1289,15 +1301,7 @@ impl Driver {
     /// Adds the cumulative ACK for the acknowledged prefix, if one is due.
     fn flush_acks(&mut self, out: &mut Vec<u8>) {
         if let Some((id, seq)) = self.ack_due.take() {
-            let ack = Ack {
-                ack_id: id,
-                seq: Some(seq),
-                status: None,
-                recipients: None,
-                state: None,
-                cumulative: true,
-                reason: None,
-            };
+            let ack = Ack::of_delivery(id, seq, None, true, None);
             Self::encode(out, &Envelope::new(new_id(), now_ms(), Payload::Ack(ack)));
         }
     }
@@ -1390,16 +1394,11 @@ impl Driver {
                     seq: delivery.seq,
                     state: AckState::Waiting,
                 });
-                let msg = Delivered {
-                    id: env.id,
-                    from,
-                    to: env.to.unwrap_or_default(),
-                    topic: env.topic,
-                    ts: env.ts,
-                    seq: delivery.seq,
-                    attempt: delivery.attempt,
+                let msg = Delivered::of_deliver(
+                    (env.id, from, env.to, env.topic, env.ts),
+                    &delivery,
                     payload,
-                };
+                );
                 if self.events.send(Event::Message(msg)).await.is_err() {
                     return Err("client dropped".into());
                 }

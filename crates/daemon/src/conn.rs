@@ -31,7 +31,15 @@ pub(crate) async fn serve(
     in_process: bool,
 ) {
     let (rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel(cfg.outbound_queue);
+    // The relay's own process may open a federation link, which carries the deliveries of
+    // every name of another node (each its own window): room for many windows (the channel
+    // allocates as it fills, not up front).
+    let queue = if in_process {
+        cfg.outbound_queue.saturating_mul(LINK_QUEUE_FACTOR)
+    } else {
+        cfg.outbound_queue
+    };
+    let (tx, rx) = mpsc::channel(queue);
     let killer = Killer::default();
     let writer = tokio::spawn(write_loop(
         wr,
@@ -58,8 +66,26 @@ pub(crate) async fn serve(
         registered: false,
         in_process,
         said_bye: false,
+        link: None,
     };
     let exit = reader.run(rd, shutdown).await;
+    // A link's names end with it (their sessions' deliveries stay pending for the next).
+    if exit != Exit::Shutdown
+        && let Some(link) = reader.link.take()
+    {
+        for (_, id) in link.names {
+            if router
+                .send(RouterMsg::Unregister {
+                    conn_id: id,
+                    bye: false,
+                })
+                .await
+                .is_err()
+            {
+                tracing::debug!(conn = id, "router gone before a link's name was released");
+            }
+        }
+    }
     // On shutdown the router says BYE to every registered connection and closes it; an
     // Unregister now could race ahead of that and leave the peer without its BYE.
     if reader.registered
@@ -84,6 +110,24 @@ pub(crate) async fn serve(
     if let Err(e) = writer.await {
         tracing::error!(conn = conn_id, error = %e, "connection writer task failed");
     }
+}
+
+/// How many times the usual outbound queue a connection of the relay's own process gets (a
+/// federation link carries every remote name's window).
+const LINK_QUEUE_FACTOR: usize = 16;
+
+/// Connection ids of the names a federation link takes (issue 28.8): each is a session of
+/// its own in the router, far above the accepted connections' ids (counted from 1).
+static NEXT_LINK_NAME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 62);
+
+/// A federation link's connection: the names it speaks for, each a session of its own in the
+/// router under its own connection id, sharing this connection's socket.
+#[derive(Debug)]
+struct Link {
+    /// The `cli` of the link's HELLO (`remote@<node>`), given to each of its names.
+    cli: Option<String>,
+    /// Name -> the connection id of its session.
+    names: std::collections::HashMap<String, u64>,
 }
 
 /// The read buffer a connection starts with (it grows with the frames that arrive).
@@ -119,6 +163,8 @@ struct Reader {
     in_process: bool,
     /// The peer said BYE: it left on purpose (an agent's claims are released).
     said_bye: bool,
+    /// Set once a federation link's HELLO is accepted.
+    link: Option<Link>,
 }
 
 /// Why the reader stopped.
@@ -354,6 +400,27 @@ impl Reader {
                 return Flow::Stop;
             }
         };
+        // A link's BYE for one of its names ends that name's session, not the connection.
+        if let (Some(link), Payload::Bye(_), Some(name)) =
+            (&mut self.link, &env.payload, env.from.as_deref())
+        {
+            self.session.heard(relay_protocol::now_instant());
+            if let Some(id) = link.names.remove(name)
+                && self
+                    .router
+                    .send(RouterMsg::Unregister {
+                        conn_id: id,
+                        bye: true,
+                    })
+                    .await
+                    .is_err()
+            {
+                self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
+                    .await;
+                return Flow::Stop;
+            }
+            return Flow::Continue;
+        }
         if let Verdict::Fatal(code, message) = self
             .session
             .on_frame(env.message_type(), relay_protocol::now_instant())
@@ -371,9 +438,15 @@ impl Reader {
             self.fatal(code, message).await;
             return Flow::Stop;
         }
-        let conn_id = self.conn_id;
+        let conn_id = match self.link_conn(&env).await {
+            Some(id) => id,
+            None => return Flow::Continue,
+        };
         let ty = env.message_type();
         let msg = match env.payload {
+            Payload::Hello(hello) if self.link.is_some() => {
+                return self.attach(env.id, hello).await;
+            }
             Payload::Hello(hello) => return self.on_hello(hello).await,
             Payload::Send(payload) => RouterMsg::Send {
                 conn_id,
@@ -430,41 +503,167 @@ impl Reader {
         Flow::Continue
     }
 
+    /// The session a frame is for: this connection's, or on a federation link the one of the
+    /// name in its `from` (SEND, ACK, NACK, SUBSCRIBE). `None`: refused here (told to the
+    /// peer), nothing more to do.
+    async fn link_conn(&mut self, env: &Envelope) -> Option<u64> {
+        let Some(link) = &self.link else {
+            return Some(self.conn_id);
+        };
+        let for_a_name = matches!(
+            env.payload,
+            Payload::Send(_)
+                | Payload::Ack(_)
+                | Payload::Nack(_)
+                | Payload::Subscribe(_)
+                | Payload::Unsubscribe(_)
+        );
+        if !for_a_name {
+            return Some(self.conn_id);
+        }
+        if let Some(id) = env.from.as_deref().and_then(|n| link.names.get(n)) {
+            return Some(*id);
+        }
+        let why = match env.from.as_deref() {
+            Some(name) => format!(
+                "this link does not speak for {:?}: take the name with a HELLO first",
+                relay_protocol::text::one_line(name, 64)
+            ),
+            None => "a link speaks for the names it took: say which one in `from`".to_owned(),
+        };
+        if env.message_type() == MessageType::Send {
+            let nack = Nack {
+                ack_id: env.id.clone(),
+                code: NackCode::Forbidden,
+                reason: why,
+            };
+            self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))
+                .await;
+        } else {
+            self.error(ErrorCode::Forbidden, why, false).await;
+        }
+        None
+    }
+
+    /// A HELLO on a federation link: one more name it speaks for, a session of its own in the
+    /// router (the names decision applies as to any agent: a name held here is refused). The
+    /// WELCOME names it; a refusal is a NACK of the HELLO's envelope id, and the link goes on.
+    async fn attach(&mut self, hello_id: String, mut hello: relay_protocol::Hello) -> Flow {
+        let Some(link) = &self.link else {
+            return Flow::Continue;
+        };
+        let refused = if let Verdict::Fatal(_, message) = self.session.check_hello(&hello) {
+            Some(message)
+        } else if link.names.contains_key(&hello.agent) {
+            Some(format!("this link speaks for {:?} already", hello.agent))
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            let nack = Nack {
+                ack_id: hello_id,
+                code: NackCode::Invalid,
+                reason,
+            };
+            self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))
+                .await;
+            return Flow::Continue;
+        }
+        // Every name is an agent of the link's node, acknowledging each delivery.
+        hello.role = relay_protocol::Role::Agent;
+        hello.cli.clone_from(&link.cli);
+        hello.capabilities.ack = true;
+        hello.resume_token = None;
+        let name = hello.agent.clone();
+        let id = NEXT_LINK_NAME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let conn = ConnHandle {
+            id,
+            tx: self.tx.clone(),
+            killer: self.killer.clone(),
+            in_process: self.in_process,
+            attach: true,
+        };
+        match self.register(conn, hello).await {
+            None => Flow::Stop,
+            Some(Ok(())) => {
+                if let Some(link) = &mut self.link {
+                    link.names.insert(name, id);
+                }
+                Flow::Continue
+            }
+            Some(Err((code, reason))) => {
+                // A name in use may be this link's own session of it that is still ending
+                // (the connection it was on closed a moment ago): the link tries again. Any
+                // other refusal is for good.
+                let code = if code == ErrorCode::NameInUse {
+                    NackCode::Unavailable
+                } else {
+                    NackCode::Forbidden
+                };
+                let nack = Nack {
+                    ack_id: hello_id,
+                    code,
+                    reason,
+                };
+                self.queue(Outbound::Control(Box::new(Payload::Nack(nack))))
+                    .await;
+                Flow::Continue
+            }
+        }
+    }
+
+    /// Hands a HELLO to the router and waits for its decision; `None` when the daemon is
+    /// shutting down (the peer is told, fatally).
+    async fn register(
+        &mut self,
+        conn: ConnHandle,
+        hello: relay_protocol::Hello,
+    ) -> Option<Result<(), (ErrorCode, String)>> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self
+            .router
+            .send(RouterMsg::Register { conn, hello, reply })
+            .await;
+        match (sent, answer.await) {
+            (Ok(()), Ok(decision)) => Some(decision),
+            _ => {
+                self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
+                    .await;
+                None
+            }
+        }
+    }
+
     async fn on_hello(&mut self, hello: relay_protocol::Hello) -> Flow {
         if let Verdict::Fatal(code, message) = self.session.check_hello(&hello) {
             self.fatal(code, message).await;
             return Flow::Stop;
         }
-        let (reply, answer) = oneshot::channel();
         let conn = ConnHandle {
             id: self.conn_id,
             tx: self.tx.clone(),
             killer: self.killer.clone(),
             in_process: self.in_process,
+            attach: false,
         };
-        if self
-            .router
-            .send(RouterMsg::Register { conn, hello, reply })
-            .await
-            .is_err()
-        {
-            self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
-                .await;
-            return Flow::Stop;
-        }
-        match answer.await {
-            Ok(Ok(())) => {
+        let link = (hello.role == relay_protocol::Role::Link).then(|| Link {
+            cli: hello.cli.clone(),
+            names: std::collections::HashMap::new(),
+        });
+        match self.register(conn, hello).await {
+            None => Flow::Stop,
+            Some(Ok(())) => {
                 self.registered = true;
-                self.session.activate();
+                if link.is_some() {
+                    self.session.activate_link();
+                    self.link = link;
+                } else {
+                    self.session.activate();
+                }
                 Flow::Continue
             }
-            Ok(Err((code, message))) => {
+            Some(Err((code, message))) => {
                 self.fatal(code, message).await;
-                Flow::Stop
-            }
-            Err(_) => {
-                self.fatal(ErrorCode::ShuttingDown, "daemon shutting down".into())
-                    .await;
                 Flow::Stop
             }
         }

@@ -93,6 +93,9 @@ pub(crate) struct ConnHandle {
     /// The peer is this daemon's own process (its people adapters, its federation link):
     /// only such a connection takes a person's name as an agent (`routing/names.rs`).
     pub(crate) in_process: bool,
+    /// A name taken on a federation link's connection (a HELLO on a `link` connection,
+    /// `conn.rs`): its WELCOME names it, since the link speaks for many.
+    pub(crate) attach: bool,
 }
 
 /// Messages to the router.

@@ -62,6 +62,8 @@ pub(crate) struct Session {
     opened: Instant,
     last_heard: Instant,
     last_ping: Instant,
+    /// A federation link's connection: a HELLO once active takes one more name.
+    link: bool,
 }
 
 impl Session {
@@ -73,6 +75,7 @@ impl Session {
             opened: now,
             last_heard: now,
             last_ping: now,
+            link: false,
         }
     }
 
@@ -94,6 +97,7 @@ impl Session {
                     other.as_str()
                 ),
             ),
+            (State::Active, MessageType::Hello) if self.link => Verdict::Accept,
             (State::Active, MessageType::Hello) => {
                 Verdict::Fatal(ErrorCode::BadState, "HELLO on an active connection".into())
             }
@@ -116,6 +120,12 @@ impl Session {
         }
     }
 
+    /// A frame the shell handles itself arrived at `now` (a link's BYE for one of its names,
+    /// which ends that name's session, not the connection): the peer is alive.
+    pub(crate) fn heard(&mut self, now: Instant) {
+        self.last_heard = now;
+    }
+
     /// Validates a HELLO's content.
     pub(crate) fn check_hello(&self, hello: &Hello) -> Verdict {
         match validate_agent_name(&hello.agent) {
@@ -129,6 +139,13 @@ impl Session {
         if self.state == State::Handshaking {
             self.state = State::Active;
         }
+    }
+
+    /// The daemon accepted the HELLO of a federation link ([`relay_protocol::Role::Link`]):
+    /// each further HELLO takes one more name on this connection.
+    pub(crate) fn activate_link(&mut self) {
+        self.activate();
+        self.link = true;
     }
 
     /// The connection is closing (fatal error sent, BYE, shutdown).
@@ -204,6 +221,20 @@ mod tests {
             s.on_frame(MessageType::Hello, t0),
             Verdict::Fatal(..)
         ));
+    }
+
+    #[test]
+    fn a_link_takes_more_names_with_hello_and_any_other_connection_does_not() {
+        let t0 = relay_protocol::now_instant();
+        let mut s = Session::new(timing(), t0);
+        s.on_frame(MessageType::Hello, t0);
+        s.activate_link();
+        assert_eq!(s.on_frame(MessageType::Hello, t0), Verdict::Accept);
+        assert_eq!(s.on_frame(MessageType::Hello, t0), Verdict::Accept);
+        assert_eq!(s.state(), State::Active);
+        // A BYE without a name still closes the link.
+        assert_eq!(s.on_frame(MessageType::Bye, t0), Verdict::Accept);
+        assert_eq!(s.state(), State::Closing);
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! adds, over the daemon's own socket and protocol:
 //!
 //! - **the directory**: every local agent is claimed in a JetStream KV bucket (the first node to
-//!   claim a name keeps it), and every agent of another node gets a *stand-in* here: an agent
-//!   connection under its name (`cli: remote@<node>`, its topics subscribed). The stand-in
-//!   holds the name, so a local HELLO under it is refused `name_in_use`, and `agents` lists it
-//!   with its node;
+//!   claim a name keeps it), and every agent of another node gets a *stand-in* here: a
+//!   session under its name (`cli: remote@<node>`, its topics subscribed) on the one link
+//!   connection this process keeps to its relay for that node ([`link`], issue 28.8). The
+//!   stand-in holds the name, so a local HELLO under it is refused `name_in_use`, and `agents`
+//!   lists it with its node;
 //! - **out**: the local store delivers a message for a remote agent to its stand-in, like to any
 //!   agent, once committed (the sender's ACK already meant durable: the store is the outbox).
 //!   The stand-in publishes it to the target node's subject with `Nats-Msg-Id` derived from
@@ -23,6 +24,7 @@
 //! has the design, the guarantees and their limits.
 
 pub mod core;
+mod link;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -144,6 +146,11 @@ struct Shared {
     pubacks: Mutex<PubAcks>,
     /// Each far node's publisher ([`batcher`]).
     batchers: Mutex<Batchers>,
+    /// The local relay's socket.
+    socket: PathBuf,
+    /// Each far node's link: one connection to the local relay speaking for all its agents
+    /// (issue 28.8; made again when it ends).
+    links: tokio::sync::Mutex<HashMap<String, Arc<link::LinkConn>>>,
 }
 
 /// What a directory pass decided, as every task of the link reads it.
@@ -209,6 +216,29 @@ impl Shared {
         let task = tokio::spawn(batcher(self.clone(), node.to_owned(), rx));
         map.insert(node.to_owned(), (tx.clone(), task.abort_handle()));
         tx
+    }
+
+    /// The connection to the local relay that speaks for `node`'s agents, made if there is
+    /// none (or it ended).
+    async fn link(&self, node: &str) -> Result<Arc<link::LinkConn>, String> {
+        let mut links = self.links.lock().await;
+        if let Some(l) = links.get(node)
+            && !l.is_closed()
+        {
+            return Ok(l.clone());
+        }
+        let l = link::LinkConn::connect(&self.socket, node).await?;
+        links.insert(node.to_owned(), l.clone());
+        Ok(l)
+    }
+
+    /// Gives `name` up on `node`'s link, if it has one (a stand-in stopped or restarted: the
+    /// BYE goes before the next HELLO for it).
+    async fn detach(&self, node: &str, name: &str) {
+        let l = self.links.lock().await.get(node).cloned();
+        if let Some(l) = l {
+            l.detach(name).await;
+        }
     }
 
     /// Stops every node's publisher (the link stops: another relay holds this node name).
@@ -330,6 +360,8 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         inbox_ttl: opts.inbox_ttl,
         pubacks: Mutex::new(PubAcks::default()),
         batchers: Mutex::new(HashMap::new()),
+        socket: opts.socket.clone(),
+        links: tokio::sync::Mutex::new(HashMap::new()),
     });
     tokio::spawn(answer_traces(shared.clone(), traces));
     let mut resume_from = None;
@@ -1528,8 +1560,10 @@ async fn sync(
         .collect();
     let plan = core::plan_standins(&wanted, &running, directory, &local_names);
     for name in &plan.stop {
-        // Dropped, a stand-in's task is aborted.
-        standins.remove(name);
+        // Dropped, a stand-in's task is aborted; its name is given up on its node's link.
+        if let Some(old) = standins.remove(name) {
+            sh.detach(&old.node, name).await;
+        }
     }
     for name in &plan.start {
         if let Some(e) = wanted.get(name.as_str()) {
@@ -1675,6 +1709,115 @@ fn spawn_standin(
     }
 }
 
+/// A stand-in's connection to the local relay: one name on its node's link, or, for a tool of
+/// another node, a client connection of its own (which never holds the name).
+enum StandinConn {
+    Name {
+        link: Arc<link::LinkConn>,
+        name: String,
+        events: mpsc::Receiver<Delivered>,
+    },
+    Tool(Client),
+}
+
+impl StandinConn {
+    /// The next delivery (`Some(None)`: something else happened); `None` once it ended.
+    async fn next_delivery(&mut self) -> Option<Option<Delivered>> {
+        match self {
+            Self::Name { events, .. } => events.recv().await.map(Some),
+            Self::Tool(c) => c.next_event().await.map(|ev| match ev {
+                Event::Message(d) => Some(d),
+                _ => None,
+            }),
+        }
+    }
+
+    async fn subscribe(&self, pattern: &str) -> Result<(), ClientError> {
+        match self {
+            Self::Name { link, name, .. } => link.subscribe(name, pattern).await,
+            Self::Tool(c) => c.subscribe(pattern.to_owned()).await,
+        }
+    }
+
+    async fn ack(&self, d: &Delivered, state: Option<DeliveryState>) -> Result<(), ClientError> {
+        match self {
+            Self::Name { link, name, .. } => link.ack(name, d, state).await,
+            Self::Tool(c) => c.ack(d, state).await,
+        }
+    }
+
+    async fn ack_failed(&self, d: &Delivered, reason: &str) -> Result<(), ClientError> {
+        match self {
+            Self::Name { link, name, .. } => link.ack_failed(name, d, reason).await,
+            Self::Tool(c) => c.ack_failed(d, reason).await,
+        }
+    }
+
+    async fn fail(&self, id: &str, reason: &str) -> Result<(), ClientError> {
+        match self {
+            Self::Name { link, name, .. } => link.fail(name, id, reason).await,
+            Self::Tool(c) => c.fail(id, reason).await,
+        }
+    }
+
+    /// A query, answered after what this connection sent before it.
+    async fn query(&self, req: QueryRequest) -> Result<QueryResult, ClientError> {
+        match self {
+            Self::Name { link, .. } => link.query(req).await,
+            Self::Tool(c) => c.query(req).await,
+        }
+    }
+
+    /// SENDs a message from another node (pipelined); the future is its receipt.
+    async fn send(
+        &self,
+        out: Outgoing,
+    ) -> Result<futures_util::future::BoxFuture<'static, Result<(), ClientError>>, ClientError>
+    {
+        match self {
+            Self::Name { link, name, .. } => {
+                let id = out.id.unwrap_or_default();
+                link.send(name, id, out.to, out.topic, out.payload).await
+            }
+            Self::Tool(c) => {
+                let (_, receipt) = c.send_nowait(out).await?;
+                Ok(Box::pin(async move { receipt.wait().await.map(|_| ()) }))
+            }
+        }
+    }
+}
+
+/// A stand-in whose name the relay will not let anyone of another node speak as (an agent of
+/// this node holds it, or it is reserved here): every message sent through it ends, told to
+/// its sender's node, until it is stopped.
+async fn refused(
+    sh: &Arc<Shared>,
+    name: &str,
+    node: &str,
+    code: &str,
+    message: &str,
+    mut inbound: mpsc::Receiver<ToStandin>,
+) {
+    tracing::warn!(%name, %node, code, %message, "federation: no stand-in can take this name here; its messages are dead-lettered");
+    let why = format!(
+        "node {} refuses the name {name} to other nodes: {message}",
+        sh.me
+    );
+    while let Some(m) = inbound.recv().await {
+        match m {
+            ToStandin::Send(m) => dead_letter_inbound(sh, m, code, &why).await,
+            ToStandin::Fail(f, msg) => {
+                // A failure of a message sent from here to `name` of `node`: the name is local
+                // here now, so no stand-in's delivery is left to fail.
+                tracing::warn!(id = %f.id, reason = %f.reason, "federation: a failure on another node for a message whose stand-in cannot run here; acknowledged");
+                if let Err(e) = msg.double_ack().await {
+                    tracing::debug!(error = %e, "federation: ack to JetStream lost");
+                }
+            }
+        }
+    }
+}
+
 /// The stand-in of `name`, an agent of `node`: an agent connection to the local relay under
 /// that name. Deliveries to it are published to `node`; messages `name` sent from `node` are
 /// sent through it.
@@ -1687,57 +1830,66 @@ async fn standin(
     tool: bool,
     mut inbound: mpsc::Receiver<ToStandin>,
 ) {
-    let mut cfg = if tool {
+    let mut client = if tool {
         // A tool of another node: a client connection, which never holds the name.
-        let mut c = ClientConfig::tool(&socket, &name);
-        c.reconnect = true;
-        c
-    } else {
-        ClientConfig::agent(&socket, &name)
-    };
-    cfg.cli = Some(core::standin_cli(&node));
-    // Every re-delivery must reach the publisher: after a crash it is re-published (and
-    // deduplicated by JetStream), never assumed done.
-    cfg.dedupe = false;
-    let mut client = match Client::connect(cfg).await {
-        Ok(c) => c,
-        Err(ClientError::Refused { code, message }) => {
-            // The relay will not let anyone of another node speak as this name (an agent of
-            // this node holds it, or it is reserved here): every message sent through this
-            // stand-in ends, told to its sender's node, until it is stopped.
-            tracing::warn!(%name, %node, ?code, %message, "federation: no stand-in can take this name here; its messages are dead-lettered");
-            let why = format!(
-                "node {} refuses the name {name} to other nodes: {message}",
-                sh.me
-            );
-            let code = serde_json::to_value(code)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_else(|| "refused".into());
-            while let Some(m) = inbound.recv().await {
-                match m {
-                    ToStandin::Send(m) => dead_letter_inbound(&sh, m, &code, &why).await,
-                    ToStandin::Fail(f, msg) => {
-                        // A failure of a message sent from here to `name` of `node`: the name
-                        // is local here now, so no stand-in's delivery is left to fail.
-                        tracing::warn!(id = %f.id, reason = %f.reason, "federation: a failure on another node for a message whose stand-in cannot run here; acknowledged");
-                        if let Err(e) = msg.double_ack().await {
-                            tracing::debug!(error = %e, "federation: ack to JetStream lost");
-                        }
-                    }
-                }
+        let mut cfg = ClientConfig::tool(&socket, &name);
+        cfg.reconnect = true;
+        cfg.cli = Some(core::standin_cli(&node));
+        // Every re-delivery must reach the publisher: after a crash it is re-published (and
+        // deduplicated by JetStream), never assumed done.
+        cfg.dedupe = false;
+        match Client::connect(cfg).await {
+            Ok(c) => StandinConn::Tool(c),
+            Err(ClientError::Refused { code, message }) => {
+                let code = serde_json::to_value(code)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "refused".into());
+                refused(&sh, &name, &node, &code, &message, inbound).await;
+                return;
             }
-            return;
+            Err(e) => {
+                tracing::warn!(%name, %node, error = %e, "federation: stand-in cannot connect; retried");
+                return;
+            }
         }
-        Err(e) => {
-            tracing::warn!(%name, %node, error = %e, "federation: stand-in cannot connect; retried");
-            return;
+    } else {
+        // An agent of another node: one more name on that node's link (issue 28.8).
+        let link = match sh.link(&node).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(%name, %node, error = %e, "federation: no link to the local relay; retried");
+                return;
+            }
+        };
+        // A session of this name the link still holds (its stand-in ended) is given up first.
+        link.detach(&name).await;
+        match link.attach(&name).await {
+            Ok(events) => StandinConn::Name {
+                link,
+                name: name.clone(),
+                events,
+            },
+            Err(link::AttachError::Refused(message)) => {
+                refused(&sh, &name, &node, "forbidden", &message, inbound).await;
+                return;
+            }
+            Err(link::AttachError::InUse(why)) => {
+                // Its messages go back to JetStream (given again later); the next directory
+                // pass starts the stand-in again, or not if the name is local now.
+                tracing::debug!(%name, %node, %why, "federation: name in use here; the stand-in is started again later");
+                return;
+            }
+            Err(link::AttachError::Closed) => {
+                tracing::debug!(%name, %node, "federation: the link closed while taking a name; retried");
+                return;
+            }
         }
     };
-    // Subscribed here (the client keeps them for its reconnections): the daemon routes a
-    // topic message to this node's stand-in as to the agent itself.
+    // Subscribed here (a tool's client keeps them for its reconnections): the daemon routes
+    // a topic message to this node's stand-in as to the agent itself.
     for t in topics {
-        if let Err(e) = client.subscribe(t.clone()).await {
+        if let Err(e) = client.subscribe(&t).await {
             tracing::warn!(%name, topic = %t, error = %e, "federation: stand-in cannot subscribe; restarted");
             return;
         }
@@ -1784,9 +1936,9 @@ async fn standin(
                 starting.pop_front();
                 inflight.push_back(written);
             }
-            ev = client.next_event(), if inflight.len() + starting.len() < PUBLISH_WINDOW => {
+            ev = client.next_delivery(), if inflight.len() + starting.len() < PUBLISH_WINDOW => {
                 let Some(ev) = ev else { return };
-                if let Event::Message(d) = ev {
+                if let Some(d) = ev {
                     // A dead letter here of a message this stand-in's agent sent from its
                     // node: the relay's notice goes back to that node as a failure.
                     let notice = core::Delivered {
@@ -1907,13 +2059,13 @@ async fn standin(
                     topic: m.wire.topic.clone(),
                     payload: m.wire.send_payload(),
                 };
-                match client.send_nowait(out).await {
-                    Ok((_, receipt)) => {
+                match client.send(out).await {
+                    Ok(receipt) => {
                         let sh = sh.clone();
                         // In order on the socket; the receipts are awaited apart, so the
                         // next SEND does not wait for this one's commit.
                         tokio::spawn(async move {
-                            match receipt.wait().await {
+                            match receipt.await {
                                 Ok(_) => {
                                     sh.received.fetch_add(1, Ordering::Relaxed);
                                     m.msg.end(End::Ack, "stored").await;
@@ -2003,7 +2155,7 @@ fn publish_failure(
 /// Stores here a failure on another node: the stand-in `name` (its recipient) reports the
 /// delivery failed, with the far node's reason; true once the local store has it (the trace
 /// asked after the report is answered after it is committed, and shows it).
-async fn fail_here(client: &Client, name: &str, f: &core::Failure) -> bool {
+async fn fail_here(client: &StandinConn, name: &str, f: &core::Failure) -> bool {
     if let Err(e) = client.fail(&f.id, &f.reason_here()).await {
         tracing::debug!(error = %e, "federation: cannot report a failure");
         return false;

@@ -99,6 +99,13 @@ pub enum Role {
     Agent,
     /// A short-lived tool connection: can send and query, is never a recipient.
     Client,
+    /// A federation link (issue 28.8): one connection that speaks for several names, the
+    /// agents of one other node. Each name is taken by a further HELLO on the connection
+    /// (answered by a WELCOME naming it in `agent`, or a NACK of that HELLO's id), and every
+    /// SEND, ACK, NACK, SUBSCRIBE or BYE after names the one it is for in the envelope's
+    /// `from`. Only the relay's own process may open one (its peer credentials): a local
+    /// client cannot claim to speak for several names.
+    Link,
 }
 
 /// What a client says it can do (HELLO `capabilities`).
@@ -179,6 +186,10 @@ pub struct Welcome {
     /// Extension: true when the HELLO's resume token took over an existing session.
     #[serde(default)]
     pub resumed: bool,
+    /// Extension: on a link connection ([`Role::Link`]), the name this session is for (each
+    /// name it speaks for has a session of its own; its DELIVERs carry that `session_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// The semantic kind of a message.
@@ -332,6 +343,28 @@ pub struct Ack {
     /// handed to the agent (kept as the dead letter's reason, told to its sender).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+impl Ack {
+    /// A recipient's acknowledgement of the DELIVER `ack_id` (its `seq`), with a state and a
+    /// reason if any; `cumulative`: of every DELIVER before it on the session too.
+    pub fn of_delivery(
+        ack_id: String,
+        seq: u64,
+        state: Option<DeliveryState>,
+        cumulative: bool,
+        reason: Option<String>,
+    ) -> Self {
+        Self {
+            ack_id,
+            seq: Some(seq),
+            status: None,
+            recipients: None,
+            state,
+            cumulative,
+            reason,
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {

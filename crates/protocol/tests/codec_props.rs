@@ -107,6 +107,7 @@ fn payload() -> impl Strategy<Value = Payload> {
                         heartbeat_ms: h,
                     },
                     resumed,
+                    agent: None,
                 })
             }
         ),

@@ -207,6 +207,7 @@ impl World {
             tx,
             killer: killer.clone(),
             in_process: false,
+            attach: false,
         };
         let session: Arc<str> = format!("session-{id}").into();
         let token = format!("token-{id}");

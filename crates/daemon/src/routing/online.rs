@@ -19,6 +19,14 @@ impl Core {
         now: Now,
     ) -> Result<(), (ErrorCode, String)> {
         self.now = now;
+        // A federation link speaks for several names (issue 28.8): only the relay's own
+        // process opens one, never a local client (which could then speak as anyone).
+        if hello.role == Role::Link && !conn.in_process {
+            return Err((
+                ErrorCode::Forbidden,
+                "only this relay's own federation link may open a link connection (one connection speaking for several names); connect as an agent under one name".into(),
+            ));
+        }
         let mut resumed = false;
         let person_door = hello.cli.as_deref() == Some(relay_protocol::PERSON_CLI);
         self.may_take(&hello.agent, hello.role, conn.in_process, person_door)?;
@@ -63,9 +71,11 @@ impl Core {
                 heartbeat_ms: u64::try_from(self.cfg.heartbeat.as_millis()).unwrap_or(u64::MAX),
             },
             resumed,
+            agent: conn.attach.then(|| hello.agent.clone()),
         });
-        // A tool connection is welcomed at once; an agent once it is stored as known (below).
-        if hello.role == Role::Client
+        // A tool connection (or a link's own) is welcomed at once; an agent once it is stored
+        // as known (below).
+        if hello.role != Role::Agent
             && conn
                 .tx
                 .try_send(Outbound::Control(Box::new(welcome.clone())))
@@ -84,7 +94,7 @@ impl Core {
                 watch: None,
             },
         );
-        if hello.role == Role::Client {
+        if hello.role != Role::Agent {
             return Ok(());
         }
         let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
@@ -154,7 +164,7 @@ impl Core {
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
-        if conn.role == Role::Client {
+        if conn.role != Role::Agent {
             return;
         }
         let Some(agent) = self.agents.get_mut(&conn.name) else {
