@@ -1240,7 +1240,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         ("AGENT_RELAY_NAME".to_owned(), cfg.name.clone()),
         (door::KEY_ENV.to_owned(), key.clone()),
     ];
-    let (pty, output) = pty::spawn(&cfg.command, &env, rows, cols)?;
+    let pty = pty::spawn(&cfg.command, &env, rows, cols)?;
     let _raw = if interactive {
         Some(RawMode::enter()?)
     } else {
@@ -1264,7 +1264,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     } else {
         drop(keys_tx);
     }
-    let mut term = pty::PtyTerminal::new(pty, output, keys)?;
+    let mut term = pty::PtyTerminal::new(pty, keys)?;
     let gate = shell::transcript_gate(&cfg);
     let mut core = Core::new(cfg, gate, rows, now())?;
     // The width tells a row Claude Code (or Codex, Gemini) wrapped from a line it wrote.
