@@ -174,7 +174,16 @@ impl Pty {
                 }
             };
             match guard.try_io(|fd| read_once(fd.get_ref(), &mut self.buf)) {
-                Ok(Ok(Read::Bytes(n))) => return Some(self.buf[..n].to_vec()),
+                Ok(Ok(Read::Bytes(n))) => {
+                    if n < self.buf.len() {
+                        // A short read emptied the PTY: the next read waits for new output
+                        // instead of finding nothing (one syscall less per chunk, before the
+                        // loop gets to relay it). Cleared only if no newer event came, as
+                        // tokio's own sockets do.
+                        guard.clear_ready();
+                    }
+                    return Some(self.buf[..n].to_vec());
+                }
                 Ok(Ok(Read::Closed) | Err(_)) => return None,
                 // Nothing there after all (the readiness was stale): cleared, wait again.
                 Err(_would_block) => {}
