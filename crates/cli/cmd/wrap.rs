@@ -237,7 +237,7 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
             // Held for the wrapper's life: how `stop NAME` and `down --all` find it.
             let _lock = pty_lock(&cfg);
             let name = cfg.name.clone();
-            let code = runtime()?.block_on(relay_wrap::run_pty(cfg))?;
+            let code = pty_runtime()?.block_on(relay_wrap::run_pty(cfg))?;
             // The agent's output was on this terminal; its status is said.
             agent_exited(&name, code, Vec::new())
         }
@@ -252,6 +252,18 @@ pub(crate) fn wrap(paths: &Paths, args: WrapArgs, dashdash: bool) -> anyhow::Res
         }
         (Backend::Tmux, None) => tmux_front(paths, &args, &cfg, &profile_name),
     }
+}
+
+/// The PTY wrapper's runtime: one thread. Its loop, its relay connection's driver and the
+/// PTY all wake on that thread's epoll, so a directive read from the agent's terminal goes out
+/// on the socket, and a DELIVER read from it is typed into the terminal, without waking another
+/// thread (issue 26 point 4; docs/PERFORMANCE.md). Only `wait` for the agent's exit uses the
+/// blocking pool. (tmux's relaying process keeps the multi-threaded runtime: its control
+/// client's commands block in place.)
+fn pty_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -311,7 +311,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
         ("AGENT_RELAY_NAME".to_owned(), cfg.name.clone()),
         (door::KEY_ENV.to_owned(), key.clone()),
     ];
-    let (pty, output) = pty::spawn(&cfg.command, &env, rows, cols)?;
+    let pty = pty::spawn(&cfg.command, &env, rows, cols)?;
     let _raw = if interactive {
         Some(RawMode::enter()?)
     } else {
@@ -335,7 +335,7 @@ pub async fn run_pty(cfg: WrapConfig) -> Result<i32, WrapError> {
     } else {
         drop(keys_tx);
     }
-    let mut term = pty::PtyTerminal::new(pty, output, keys)?;
+    let mut term = pty::PtyTerminal::new(pty, keys)?;
     let gate = shell::transcript_gate(&cfg);
     let ledger = load_ledger(&cfg)?;
     let mut core = Core::new(cfg, ledger, gate, rows, now());
