@@ -262,8 +262,7 @@ fn send_marker(c: &mut Raw, to: &str, marker: &str) {
 #[test]
 fn two_relays_exchange_messages_both_ways_each_delivered_once() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let (mut bob, _) = b.agent("Bob");
     // The directory: each relay lists the other's agent with its node.
@@ -304,13 +303,17 @@ fn two_relays_exchange_messages_both_ways_each_delivered_once() {
 /// Nodes hostA (agent Alice) and hostB (agent Bob) through `nats`, each listing the other's
 /// agent.
 fn alice_and_bob(nats: &Nats) -> (Relay, Relay, Raw, Raw) {
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(nats);
     let (alice, _) = a.agent("Alice");
     let (bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
     wait_listed(&b, "Alice", "hostA");
     (a, b, alice, bob)
+}
+
+/// Two relays, hostA and hostB, federated through `nats`.
+fn host_a_and_b(nats: &Nats) -> (Relay, Relay) {
+    (node(&nats.url(), "hostA"), node(&nats.url(), "hostB"))
 }
 
 /// Kills `nats` and waits until `a` sees its link down.
@@ -455,8 +458,7 @@ fn three_relays_broadcasts_and_topics_reach_every_node_once() {
 #[test]
 fn the_same_name_on_two_nodes_is_refused_never_merged() {
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (_bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
     // Bob is hostB's: a HELLO as Bob on hostA is refused like any name in use.
@@ -859,8 +861,7 @@ fn two_wrapped_agents_on_two_nodes_converse_and_the_budget_stops_them() {
 #[test]
 fn a_persons_send_reaches_another_node_and_both_people_keep_sending() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let (mut bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
@@ -917,8 +918,7 @@ fn json_of(r: &Relay, args: &[&str]) -> Value {
 #[test]
 fn access_rules_can_name_nodes() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let (mut carol, _) = a.agent("Carol");
     let (mut dave, _) = a.agent("Dave");
@@ -997,8 +997,7 @@ fn access_rules_can_name_nodes() {
 #[test]
 fn the_dashboard_shows_the_links_state_and_backlog() {
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let (_bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
@@ -1364,8 +1363,7 @@ fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() 
     const AGENTS: usize = 64;
     const EACH: usize = 320;
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let names: Vec<String> = (0..AGENTS).map(|i| format!("r{i}")).collect();
     let mut receivers: Vec<Raw> = names.iter().map(|n| b.agent(n).0).collect();
@@ -1433,8 +1431,7 @@ fn an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on() 
 fn messages_that_cannot_be_handed_over_are_dead_letters_at_the_sender_and_the_rest_flows() {
     const POISON: usize = 4200;
     let mut nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (_alice, _) = a.agent("Alice");
     let (bob, _) = b.agent("Bob");
     wait_listed(&a, "Bob", "hostB");
@@ -1973,8 +1970,7 @@ fn sockets_of(pid: u32) -> usize {
 #[test]
 fn one_link_per_node_carries_every_remote_agent_and_no_local_client_opens_one() {
     let nats = Nats::start();
-    let a = node(&nats.url(), "hostA");
-    let b = node(&nats.url(), "hostB");
+    let (a, b) = host_a_and_b(&nats);
     let (mut alice, _) = a.agent("Alice");
     let (_first, _) = b.agent("Agent00");
     wait_listed(&a, "Agent00", "hostB");
