@@ -1768,18 +1768,22 @@ impl StandinConn {
         }
     }
 
-    /// SENDs a message from another node (pipelined); the future is its receipt.
+    /// SENDs a message from another node under its own id (pipelined); the future is its
+    /// receipt. The id is an argument, not `out.id`, so that no path can send one without it:
+    /// the far store's (from, id) dedupe is what keeps a redelivered message from being stored
+    /// twice.
     async fn send(
         &self,
-        out: Outgoing,
+        id: String,
+        mut out: Outgoing,
     ) -> Result<futures_util::future::BoxFuture<'static, Result<(), ClientError>>, ClientError>
     {
         match self {
             Self::Name { link, name, .. } => {
-                let id = out.id.unwrap_or_default();
                 link.send(name, id, out.to, out.topic, out.payload).await
             }
             Self::Tool(c) => {
+                out.id = Some(id);
                 let (_, receipt) = c.send_nowait(out).await?;
                 Ok(Box::pin(async move { receipt.wait().await.map(|_| ()) }))
             }
@@ -2054,12 +2058,12 @@ async fn standin(
                     }
                 };
                 let out = Outgoing {
-                    id: Some(m.wire.id.clone()),
+                    id: None,
                     to: m.wire.to.clone(),
                     topic: m.wire.topic.clone(),
                     payload: m.wire.send_payload(),
                 };
-                match client.send(out).await {
+                match client.send(m.wire.id.clone(), out).await {
                     Ok(receipt) => {
                         let sh = sh.clone();
                         // In order on the socket; the receipts are awaited apart, so the
