@@ -1756,10 +1756,11 @@ fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
 /// stand-ins publishing at once) delivers all of its 50,000 messages (before, the link stopped
 /// after ~17,000 in a release build). Bounded by the bench's own timeout. Checked against the
 /// code before the fix (2ca0716, 916b844's parent) with this test's command: a release build hung in
-/// 1 run of 3 (31,052 of 50,000 delivered, then nothing until the timeout; "backlog 23948, 26052
-/// published" frozen), a debug build (what this test runs) passed 3 of 3, so this test catches
-/// the deadlock only when the race is lost; `an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on`
-/// is the other trigger's test. After the fix: 5 of 5 release runs delivered 50,000.
+/// 2 runs of 6 (31,052 and 17,224 of 50,000 delivered, then nothing until the timeout, `status`
+/// frozen at "backlog 23948, 26052 published"); a debug build (what this test runs) passed 6 of 6,
+/// and this test itself 3 of 3. So it catches the deadlock only when the race is lost;
+/// `an_outage_backlog_for_many_remote_agents_is_delivered_and_the_link_goes_on` is the other
+/// trigger's test. After the fix: 8 of 8 runs (5 release, 3 debug) delivered 50,000.
 #[test]
 fn bench_cluster_64_by_64_delivers_everything() {
     let nats = Nats::start();
