@@ -1666,14 +1666,7 @@ fn a_second_relay_under_a_held_node_name_is_refused() {
 fn bench_cluster_leaves_no_receivers_in_the_directory() {
     let nats = Nats::start();
     let url = nats.url();
-    let home = Relay::unstarted();
-    let out = home
-        .command()
-        .args(["bench", "--cluster", url.as_str()])
-        .args(["-s", "2", "-r", "3", "-n", "60", "--timeout", "120"])
-        .output()
-        .unwrap();
-    let text = ok_stdout(&out);
+    let text = bench_cluster(&nats, &["-s", "2", "-r", "3", "-n", "60"], None);
     assert!(text.contains("delivered   60/60"), "{text}");
     // Issue 28.9: beside its own figure, what JetStream alone sustains there, and the ratio.
     assert!(
@@ -1764,19 +1757,46 @@ fn up_says_it_joins_a_federation_and_warns_when_the_link_is_exposed() {
 #[test]
 fn bench_cluster_64_by_64_delivers_everything() {
     let nats = Nats::start();
-    let url = nats.url();
-    let home = Relay::unstarted();
-    let out = home
-        .command()
-        .args(["bench", "--cluster", url.as_str()])
-        .args(["-s", "64", "-r", "64", "-n", "50000", "--timeout", "240"])
-        .output()
-        .unwrap();
-    let text = ok_stdout(&out);
+    let text = bench_cluster(&nats, &["-s", "64", "-r", "64", "-n", "50000"], None);
     assert!(
         text.contains("delivered   50000/50000 accepted (lost 0, duplicated 0"),
         "{text}"
     );
+}
+
+/// Issue 28.1 at its root, reached every time: the link's publishes wait for one of the
+/// JetStream context's in-flight slots, and only a polled PubAck future frees one. With four
+/// slots instead of 5,000 a backlog for 8 remote agents holds more publishes than there are
+/// slots, so a publisher that waits for a slot while holding its own PubAcks unpolled stops
+/// for good (the stand-ins before 916b844 did at once; the per-node batcher did, with 32
+/// batches in flight, until it too polled them while it waited).
+#[test]
+fn a_backlog_larger_than_the_links_publish_slots_is_delivered_whole() {
+    let nats = Nats::start();
+    let text = bench_cluster(
+        &nats,
+        &["-s", "8", "-r", "8", "-n", "4000"],
+        Some(("AGENT_RELAY_TEST_PUBLISH_SLOTS", "4")),
+    );
+    assert!(
+        text.contains("delivered   4000/4000 accepted (lost 0, duplicated 0"),
+        "{text}"
+    );
+}
+
+/// Runs `bench --cluster` against `nats` with `args` (bounded at 240 s) and one optional
+/// variable for its relays; its standard output, once it succeeded.
+fn bench_cluster(nats: &Nats, args: &[&str], env: Option<(&str, &str)>) -> String {
+    let url = nats.url();
+    let home = Relay::unstarted();
+    let mut cmd = home.command();
+    cmd.args(["bench", "--cluster", url.as_str()])
+        .args(args)
+        .args(["--timeout", "240"]);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    ok_stdout(&cmd.output().unwrap())
 }
 
 /// Publishes `record` (a message between nodes, as JSON) on `subject` straight to NATS over

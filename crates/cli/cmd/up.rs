@@ -779,7 +779,27 @@ fn federation_options(
             .unwrap_or_else(|_| "unknown".into()),
         data_dir: paths.data_dir.display().to_string(),
         node_from_host,
+        publish_slots: test_publish_slots()?,
     }))
+}
+
+/// A test hook: `AGENT_RELAY_TEST_PUBLISH_SLOTS=N` gives the federation link N JetStream
+/// publishes in flight instead of [`relay_federation::PUBLISH_SLOTS`], so that a test reaches
+/// the wait for a free slot with a few thousand messages (issue 28.1's deadlock needed 64
+/// remote agents' backlogs to fill 5,000).
+fn test_publish_slots() -> anyhow::Result<usize> {
+    match std::env::var("AGENT_RELAY_TEST_PUBLISH_SLOTS") {
+        Err(std::env::VarError::NotPresent) => Ok(relay_federation::PUBLISH_SLOTS),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                anyhow::anyhow!("AGENT_RELAY_TEST_PUBLISH_SLOTS={v}: expected a number above 0")
+            }),
+        Err(e) => Err(anyhow::anyhow!("AGENT_RELAY_TEST_PUBLISH_SLOTS: {e}")),
+    }
 }
 
 /// This relay's identity in the federation: a random id kept in its data directory, made

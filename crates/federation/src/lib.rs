@@ -84,7 +84,14 @@ pub struct Options {
     pub data_dir: String,
     /// The node name was not given and is the host name: a refusal says so.
     pub node_from_host: bool,
+    /// JetStream publishes this link may have written and not yet seen the PubAck of, across
+    /// every far node ([`PUBLISH_SLOTS`] unless a test lowers it to reach the wait for a slot
+    /// with few messages: `AGENT_RELAY_TEST_PUBLISH_SLOTS`).
+    pub publish_slots: usize,
 }
+
+/// JetStream publishes in flight on one link by default (async-nats's own default).
+pub const PUBLISH_SLOTS: usize = 5_000;
 
 /// Why the link cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -346,7 +353,11 @@ pub async fn run(opts: Options, cell: Cell, traces: TraceRequests) -> Result<(),
         .connect(servers)
         .await
         .map_err(|e| FederationError::Connect(e.to_string()))?;
-    let js = jetstream::new(client.clone());
+    // Publishing waits for a slot (backpressure), never fails for want of one.
+    let js = jetstream::ContextBuilder::new()
+        .max_ack_inflight(opts.publish_slots.max(1))
+        .backpressure_on_inflight(true)
+        .build(client.clone());
     let shared = Arc::new(Shared {
         me: opts.node.clone(),
         cluster: opts.cluster.clone(),
@@ -2397,7 +2408,20 @@ async fn batcher(sh: Arc<Shared>, node: String, mut rx: mpsc::Receiver<Out>) {
                 bytes::Bytes::from(core::batch_body(many.iter().map(|o| &o.body[..]))),
             ),
         };
-        let first_try = start_publish(&sh, &subject, &id, body.clone()).await;
+        // Writing the publish waits for one of the context's in-flight slots, and only a
+        // polled PubAck future frees one: the batches already written are polled while it
+        // waits, or a batcher holding every slot itself waits for ever (issue 28.1, as the
+        // stand-ins did before 916b844).
+        let first_try = {
+            let start = start_publish(&sh, &subject, &id, body.clone());
+            tokio::pin!(start);
+            loop {
+                tokio::select! {
+                    r = &mut start => break r,
+                    Some(()) = inflight.next(), if !inflight.is_empty() => {}
+                }
+            }
+        };
         let (sh, subject) = (sh.clone(), subject.clone());
         inflight.push(Box::pin(async move {
             let seq = publish(&sh, &subject, &id, body, first_try).await;
