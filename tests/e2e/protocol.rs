@@ -467,6 +467,70 @@ fn busy_is_signalled_while_a_slow_recipient_loses_nothing() {
     }
 }
 
+/// Issue 26 point 2: the store thread queues each committed DELIVER on its recipient's writer
+/// itself; when that queue is full, the router takes the message back (here the slow-consumer
+/// rule closes the connection, the messages stay queued). Bob watches the live feed and reads
+/// nothing, so the feed's frames fill his queue while Alice talks to Carol; Alice's messages to
+/// Bob then find it full. Bob connects again and reads: every message once, in order.
+#[test]
+fn a_reader_whose_queue_filled_gets_every_message_once_and_in_order_when_it_reads_again() {
+    let relay = Relay::start_with(&["--rate-limit", "0", "--pair-rate-limit", "0"]);
+    let mut slow = relay.connect();
+    slow.hello(
+        "Bob",
+        json!({"capabilities": {"ack": true, "max_inflight": 1024}}),
+    );
+    slow.send_env("QUERY", json!({}), json!({"what": "watch"}));
+    let (mut carol, _) = relay.agent("Carol");
+    let carol = std::thread::spawn(move || {
+        loop {
+            let d = carol.expect("DELIVER");
+            carol.ack(&d);
+            if d["payload"]["body"] == "stop" {
+                break;
+            }
+        }
+    });
+    let (mut alice, _) = relay.agent("Alice");
+    // Traffic to Carol (three feed events each) until a message to Bob finds his queue full
+    // and the relay closes his connection; bounded, so a relay that never does fails here.
+    let mut to_bob = Vec::new();
+    let mut rounds = 0;
+    while is_online(&relay, "Bob") {
+        rounds += 1;
+        assert!(
+            rounds <= 100,
+            "Bob's connection was never closed as a slow reader"
+        );
+        for i in 0..200 {
+            alice.send("Carol", &format!("filler {rounds}.{i}"));
+        }
+        for _ in 0..200 {
+            alice.expect("ACK");
+        }
+        to_bob.push(alice.send("Bob", &format!("to Bob {}", to_bob.len())));
+        alice.expect("ACK");
+    }
+    // And some while he is away.
+    for _ in 0..5 {
+        to_bob.push(alice.send("Bob", &format!("to Bob {}", to_bob.len())));
+        alice.expect("ACK");
+    }
+    alice.send("Carol", "stop");
+    carol.join().unwrap();
+    drop(slow);
+    let (mut bob, _) = relay.agent("Bob");
+    for (i, id) in to_bob.iter().enumerate() {
+        let d = bob.expect("DELIVER");
+        assert_eq!(d["id"], id.as_str(), "message {i} of {}", to_bob.len());
+        assert_eq!(d["delivery"]["seq"], i as u64 + 1);
+        bob.ack(&d);
+    }
+    // Nothing after them: a PING answered proves the queue is empty.
+    bob.send_env("PING", json!({}), json!({"nonce": "end"}));
+    assert_eq!(bob.expect("PONG")["payload"]["nonce"], "end");
+}
+
 #[test]
 fn agents_json_follows_membership() {
     let relay = Relay::start();

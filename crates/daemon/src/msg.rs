@@ -182,7 +182,38 @@ pub(crate) enum WriteCtx {
         env_id: String,
         recipients: Vec<String>,
         raw: Option<Raw>,
+        /// One per recipient that was online when the router sent the append (issue 26
+        /// point 2): those with a writer were pre-approved for the store thread to hand the
+        /// DELIVER to themselves right after the commit (`store_actor.rs`). A boxed slice, not
+        /// a `Vec`: every store command is as large as its largest kind.
+        online: Box<[Handover]>,
     },
+}
+
+/// An online recipient of an append, as the router saw it when it sent the append. With a
+/// `writer`, the router pre-approved it (live, window room, nothing of it waiting for the
+/// router: `routing/delivery.rs` `handover`): the store thread queues the DELIVER on the
+/// writer itself right after the commit and sets `handed`; the router then records it as sent
+/// without sending it again. Without one, the router delivers as before.
+#[derive(Debug)]
+pub(crate) struct Handover {
+    /// The recipient's index in the append's recipients (and in the stored seqs).
+    pub(crate) index: usize,
+    /// The connection it was online on.
+    pub(crate) conn_id: u64,
+    /// Where the store thread may queue its DELIVER.
+    pub(crate) writer: Option<Writer>,
+    /// Set by the store thread once the DELIVER is queued.
+    pub(crate) handed: bool,
+}
+
+/// What the store thread needs to queue a DELIVER on a connection.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) tx: mpsc::Sender<Outbound>,
+    pub(crate) session_id: Arc<str>,
+    /// As [`DeliverItem::confirm`].
+    pub(crate) confirm: bool,
 }
 
 /// Context carried through the store with a query.
@@ -221,6 +252,11 @@ pub(crate) enum StoreCmd {
     },
     /// A read-only query; answered with [`StoreEvent::Query`].
     Query(QueryRequest, QueryCtx),
+    /// The store thread may hand DELIVERs to connection `conn_id` again: the router has
+    /// processed every append it pre-approved for it since one could not be handed (or the
+    /// connection is gone). Until then the store thread hands that connection nothing, so a
+    /// later DELIVER cannot overtake one the router sends.
+    Reopen { conn_id: u64 },
 }
 
 /// What the store thread reports to the router.

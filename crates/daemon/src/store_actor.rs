@@ -5,16 +5,23 @@
 //! channel, in command order. The router relies on that order: a pending-load answer always
 //! comes after the results of every write committed before it, which is what lets a recipient
 //! switch from "catching up from the store" to "live" without a gap or a duplicate.
+//!
+//! Right after a commit returns, it queues the DELIVER of each committed message on the
+//! writer of every recipient the router pre-approved ([`Handover`], issue 26 point 2), before
+//! telling the router: the message goes out without waiting for the router task to wake up.
+//! A queue it cannot put a DELIVER on (full or closed) is *closed* to it: it hands that
+//! connection nothing more until the router, having sent the rest itself in order, reopens it
+//! ([`StoreCmd::Reopen`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::thread::JoinHandle;
 
 use relay_protocol::query::{QueryRequest, QueryResult};
-use relay_store::{Store, WriteOp, WriteResult};
+use relay_store::{AppendOutcome, Store, WriteOp, WriteResult};
 use tokio::sync::mpsc;
 
 use crate::clock::now_ms;
-use crate::msg::{StoreCmd, StoreEvent, WriteCtx};
+use crate::msg::{DeliverItem, Handover, Outbound, StoreCmd, StoreEvent, WriteCtx};
 
 /// Acknowledged deliveries the `status` latency percentiles are computed over.
 const LATENCY_SAMPLE: usize = 1000;
@@ -39,6 +46,12 @@ fn drain(rx: &mut mpsc::Receiver<StoreCmd>, cmds: &mut Vec<StoreCmd>) {
     }
 }
 
+/// Connections the store thread hands no DELIVER to until the router reopens them: one of
+/// their DELIVERs could not be queued, and the router sends it (and everything after it until
+/// it reopens the connection), so one handed here would overtake it.
+#[derive(Debug, Default)]
+pub(crate) struct Closed(HashSet<u64>);
+
 /// Starts the store thread.
 pub(crate) fn spawn(
     mut store: Box<dyn Store>,
@@ -50,6 +63,7 @@ pub(crate) fn spawn(
         .spawn(move || {
             let mut cmds: Vec<StoreCmd> = Vec::with_capacity(MAX_BATCH);
             let mut last_batch = 0usize;
+            let mut closed = Closed::default();
             while let Some(first) = rx.blocking_recv() {
                 cmds.push(first);
                 drain(&mut rx, &mut cmds);
@@ -62,7 +76,7 @@ pub(crate) fn spawn(
                     drain(&mut rx, &mut cmds);
                 }
                 last_batch = cmds.len();
-                run_commands(store.as_mut(), &mut cmds, &events);
+                run_commands(store.as_mut(), &mut cmds, &events, &mut closed);
             }
             tracing::debug!("store actor: channel closed, exiting");
         })
@@ -73,6 +87,7 @@ pub(crate) fn run_commands(
     store: &mut dyn Store,
     cmds: &mut Vec<StoreCmd>,
     events: &mpsc::UnboundedSender<StoreEvent>,
+    closed: &mut Closed,
 ) {
     let mut ops: Vec<WriteOp> = Vec::new();
     let mut ctxs: Vec<WriteCtx> = Vec::new();
@@ -88,7 +103,7 @@ pub(crate) fn run_commands(
                 after,
                 limit,
             } => {
-                flush(store, &mut ops, &mut ctxs, events);
+                flush(store, &mut ops, &mut ctxs, events, closed);
                 let deliveries = store
                     .take_pending(&recipient, after, limit)
                     .map_err(|e| e.to_string());
@@ -103,7 +118,7 @@ pub(crate) fn run_commands(
                 );
             }
             StoreCmd::Query(req, ctx) => {
-                flush(store, &mut ops, &mut ctxs, events);
+                flush(store, &mut ops, &mut ctxs, events, closed);
                 let (result, stats) = answer(store, &req);
                 // The status figures scan the deliveries: only for `status`.
                 let figures = matches!(req, QueryRequest::Status)
@@ -115,9 +130,15 @@ pub(crate) fn run_commands(
                     StoreEvent::Query(Box::new(ctx), result.map(Box::new), stats, figures),
                 );
             }
+            // After the writes before it (rare: a slow reader, or a session that ended with
+            // pre-approved DELIVERs outstanding), so that none of those is handed over.
+            StoreCmd::Reopen { conn_id } => {
+                flush(store, &mut ops, &mut ctxs, events, closed);
+                closed.0.remove(&conn_id);
+            }
         }
     }
-    flush(store, &mut ops, &mut ctxs, events);
+    flush(store, &mut ops, &mut ctxs, events, closed);
 }
 
 /// Commits the gathered writes as one batch. Acknowledgement cursors of the same recipient are
@@ -128,6 +149,7 @@ fn flush(
     ops: &mut Vec<WriteOp>,
     ctxs: &mut Vec<WriteCtx>,
     events: &mpsc::UnboundedSender<StoreEvent>,
+    closed: &mut Closed,
 ) {
     if ops.is_empty() {
         return;
@@ -163,6 +185,15 @@ fn flush(
                     );
                 }
             }
+            // Every DELIVER first, then the router's events: the messages go out while the
+            // router task wakes up.
+            for (ctx, res) in batch_ctx.iter_mut().zip(&results) {
+                if let WriteCtx::Send { online, raw, .. } = ctx
+                    && let WriteResult::Appended(AppendOutcome::Stored { message, seqs }) = res
+                {
+                    hand_over(online, message, seqs, raw.as_ref(), closed);
+                }
+            }
             for (ctx, res) in batch_ctx.into_iter().zip(results) {
                 if !matches!(ctx, WriteCtx::None) {
                     send_event(events, StoreEvent::Written(ctx, Ok(res)));
@@ -175,6 +206,38 @@ fn flush(
             for ctx in batch_ctx {
                 send_event(events, StoreEvent::Written(ctx, Err(msg.clone())));
             }
+        }
+    }
+}
+
+/// Queues a committed message's DELIVER on the writer of each pre-approved recipient whose
+/// connection is not closed; a queue that refuses it closes its connection (see [`Closed`]).
+fn hand_over(
+    online: &mut [Handover],
+    message: &std::sync::Arc<relay_store::StoredMessage>,
+    seqs: &[u64],
+    raw: Option<&crate::msg::Raw>,
+    closed: &mut Closed,
+) {
+    for h in online {
+        let (Some(w), Some(&seq)) = (&h.writer, seqs.get(h.index)) else {
+            continue;
+        };
+        if closed.0.contains(&h.conn_id) {
+            continue;
+        }
+        let item = DeliverItem {
+            msg: message.clone(),
+            seq,
+            attempt: 1,
+            session_id: w.session_id.clone(),
+            raw: raw.cloned(),
+            confirm: w.confirm,
+        };
+        if w.tx.try_send(Outbound::Deliver(item)).is_ok() {
+            h.handed = true;
+        } else {
+            closed.0.insert(h.conn_id);
         }
     }
 }

@@ -19,6 +19,92 @@ impl Core {
         now: Now,
     ) {
         self.now = now;
+        let ack = Held::Ack {
+            ack_id: ack_id.to_owned(),
+            seq,
+            state,
+            cumulative,
+            reason,
+            until: 0,
+        };
+        self.apply(conn_id, ack, true);
+    }
+
+    /// Applies an acknowledgement ([`Held::Ack`] or [`Held::Written`]) from connection
+    /// `conn_id`; `may_hold`: one about nothing in flight is held while pre-approved DELIVERs
+    /// are outstanding (see [`Held`]).
+    fn apply(&mut self, conn_id: u64, held: Held, may_hold: bool) {
+        if may_hold
+            && let Some((_, on)) = online_mut(&self.conns, &mut self.agents, conn_id)
+            && on.tickets > 0
+        {
+            let early = match &held {
+                Held::Ack { ack_id, seq, .. } => on.find(ack_id, *seq).is_none(),
+                Held::Written { pos, .. } => !on.inflight.contains_key(pos),
+            };
+            if early {
+                let mut held = held;
+                let (Held::Ack { until, .. } | Held::Written { until, .. }) = &mut held;
+                *until = on.issued;
+                on.held.push(held);
+                return;
+            }
+        }
+        match held {
+            Held::Ack {
+                ack_id,
+                seq,
+                state,
+                cumulative,
+                reason,
+                ..
+            } => self.ack(conn_id, &ack_id, seq, state, cumulative, reason),
+            Held::Written { pos, .. } => self.written(conn_id, &[pos]),
+        }
+    }
+
+    /// Applies the acknowledgements held for recipient `name` whose DELIVER is now recorded as
+    /// sent, or which waited for every pre-approval outstanding when they came.
+    pub(super) fn release_held(&mut self, name: &str) {
+        let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+            return;
+        };
+        if on.held.is_empty() {
+            return;
+        }
+        let conn_id = on.conn_id;
+        let resolved = on.resolved;
+        let mut keep = Vec::new();
+        for h in std::mem::take(&mut on.held) {
+            let Some((_, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
+                return;
+            };
+            let due = match &h {
+                Held::Ack {
+                    ack_id, seq, until, ..
+                } => on.find(ack_id, *seq).is_some() || resolved >= *until,
+                Held::Written { pos, until } => on.inflight.contains_key(pos) || resolved >= *until,
+            };
+            if due {
+                self.apply(conn_id, h, false);
+            } else {
+                keep.push(h);
+            }
+        }
+        if let Some((_, on)) = online_mut(&self.conns, &mut self.agents, conn_id) {
+            on.held.extend(keep);
+        }
+    }
+
+    fn ack(
+        &mut self,
+        conn_id: u64,
+        ack_id: &str,
+        seq: Option<u64>,
+        state: Option<DeliveryState>,
+        cumulative: bool,
+        reason: Option<String>,
+    ) {
         // A federation's stand-in reports failures on another node (a dead letter there), not
         // a recipient that cannot take messages: they never pause its deliveries.
         let standin = self
@@ -140,6 +226,19 @@ impl Core {
     /// `end_session` leaves it pending for the next connection.)
     pub(crate) fn on_written(&mut self, conn_id: u64, positions: &[i64], now: Now) {
         self.now = now;
+        let early = online_mut(&self.conns, &mut self.agents, conn_id)
+            .is_some_and(|(_, on)| on.tickets > 0 && !on.ack_required);
+        if early {
+            // Some may have been handed over by the store thread and not yet recorded.
+            for &pos in positions {
+                self.apply(conn_id, Held::Written { pos, until: 0 }, true);
+            }
+        } else {
+            self.written(conn_id, positions);
+        }
+    }
+
+    fn written(&mut self, conn_id: u64, positions: &[i64]) {
         let Some((name, on)) = online_mut(&self.conns, &mut self.agents, conn_id) else {
             return;
         };
@@ -195,16 +294,17 @@ impl Core {
             self.dirty.insert(name.to_owned());
         }
         let room = on.room_limit();
+        let in_use = on.in_use();
         if on.mode == (Mode::CatchUp { loading: false })
-            && on.inflight.len() < room
-            && (room < on.window || on.inflight.len() <= on.window / 2)
+            && in_use < room
+            && (room < on.window || in_use <= on.window / 2)
         {
             on.mode = Mode::CatchUp { loading: true };
             let cmd = StoreCmd::TakePending {
                 recipient: name.to_owned(),
                 conn_id: on.conn_id,
                 after: on.last_sent,
-                limit: room - on.inflight.len(),
+                limit: room - in_use,
             };
             self.store(cmd);
         }
@@ -306,13 +406,16 @@ impl Core {
             recipients: vec![Recipient { name: to.clone() }],
             queued_at: None,
         };
+        let recipients = vec![to];
+        let online = self.handovers(&recipients);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
                 conn_id: NO_CONN,
                 env_id: id,
-                recipients: vec![to],
+                recipients,
                 raw: None,
+                online,
             },
         ));
     }

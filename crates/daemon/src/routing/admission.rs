@@ -373,6 +373,7 @@ impl Core {
             ));
             return;
         }
+        let online = self.handovers(&names);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
@@ -380,6 +381,7 @@ impl Core {
                 env_id: id,
                 recipients: names,
                 raw,
+                online,
             },
         ));
     }

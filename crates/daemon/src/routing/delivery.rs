@@ -5,14 +5,147 @@
 use super::*;
 
 impl Core {
+    /// The online recipients of an append about to be sent to the store (issue 26 point 2):
+    /// each pre-approved for the store thread to hand its DELIVER over right after the commit
+    /// ([`Online::may_hand_over`]), or counted as one the router will deliver.
+    pub(super) fn handovers(&mut self, recipients: &[String]) -> Box<[Handover]> {
+        let mut out = Vec::new();
+        for (index, name) in recipients.iter().enumerate() {
+            let Some(on) = self.agents.get_mut(name).and_then(|a| a.online.as_mut()) else {
+                continue;
+            };
+            let writer = if on.may_hand_over() {
+                on.tickets += 1;
+                on.issued += 1;
+                Some(Writer {
+                    tx: on.tx.clone(),
+                    session_id: on.session_id.clone(),
+                    confirm: !on.ack_required,
+                })
+            } else {
+                on.unapproved += 1;
+                None
+            };
+            out.push(Handover {
+                index,
+                conn_id: on.conn_id,
+                writer,
+                handed: false,
+            });
+        }
+        out.into_boxed_slice()
+    }
+
+    /// The router has processed the append `h` was given for: its pre-approval (or its count
+    /// as unapproved) ends, on the session it was given in. `stored`: the store committed it
+    /// (a pre-approved DELIVER it did not hand over closed the connection to the store
+    /// thread).
+    fn settle_handover(&mut self, name: &str, h: &Handover, stored: Option<(&StoredMessage, u64)>) {
+        let Some(on) = session_on(&mut self.agents, name, h.conn_id) else {
+            self.orphan_settled(name, h, stored);
+            return;
+        };
+        let stored = stored.is_some();
+        if h.writer.is_some() {
+            on.tickets = on.tickets.saturating_sub(1);
+            on.resolved += 1;
+            if stored && !h.handed {
+                on.fallback = true;
+            }
+        } else {
+            on.unapproved = on.unapproved.saturating_sub(1);
+        }
+    }
+
+    /// [`Core::settle_handover`] for a session that has ended: an acknowledgement held for the
+    /// DELIVER handed to it is written to the store now that its position is known.
+    fn orphan_settled(&mut self, name: &str, h: &Handover, stored: Option<(&StoredMessage, u64)>) {
+        let Some(orphan) = self.orphans.get_mut(&h.conn_id) else {
+            return;
+        };
+        if h.writer.is_some() {
+            orphan.tickets = orphan.tickets.saturating_sub(1);
+        }
+        let mut writes = Vec::new();
+        if let (true, Some((msg, seq))) = (h.handed, stored) {
+            orphan.held.retain(|held| {
+                let write = match held {
+                    Held::Ack {
+                        ack_id,
+                        seq: s,
+                        state,
+                        cumulative,
+                        reason,
+                        ..
+                    } if *ack_id == msg.id && s.is_none_or(|s| s == seq) => Some(orphan_ack(
+                        name,
+                        msg.pos,
+                        *state,
+                        *cumulative,
+                        reason.clone(),
+                    )),
+                    Held::Written { pos, .. } if *pos == msg.pos => Some((
+                        WriteOp::SetStatus {
+                            recipient: name.to_owned(),
+                            pos: *pos,
+                            status: DeliveryStatus::Acked,
+                            reason: None,
+                        },
+                        WriteCtx::None,
+                    )),
+                    _ => None,
+                };
+                let hit = write.is_some();
+                writes.extend(write);
+                !hit
+            });
+        }
+        if orphan.tickets == 0 {
+            self.orphans.remove(&h.conn_id);
+        }
+        for (op, ctx) in writes {
+            self.store(StoreCmd::Write(op, ctx));
+        }
+    }
+
+    /// After an append's result: a connection whose pre-approved DELIVERs have all been
+    /// processed since one came back not handed over is reopened to the store thread, and
+    /// acknowledgements held for DELIVERs now recorded are applied.
+    fn after_handovers(&mut self, recipients: &[String], online: &[Handover]) {
+        for h in online {
+            let Some(name) = recipients.get(h.index) else {
+                continue;
+            };
+            let Some(on) = session_on(&mut self.agents, name, h.conn_id) else {
+                continue;
+            };
+            if on.fallback && on.tickets == 0 {
+                on.fallback = false;
+                let conn_id = on.conn_id;
+                self.store(StoreCmd::Reopen { conn_id });
+            }
+            self.release_held(name);
+        }
+    }
+
     pub(super) fn on_appended(
         &mut self,
         conn_id: u64,
         env_id: String,
         recipients: Vec<String>,
         raw: Option<Raw>,
+        online: Box<[Handover]>,
         res: Result<WriteResult, String>,
     ) {
+        let stored = matches!(res, Ok(WriteResult::Appended(AppendOutcome::Stored { .. })));
+        if !stored {
+            for h in &online {
+                if let Some(name) = recipients.get(h.index) {
+                    self.settle_handover(name, h, None);
+                }
+            }
+            self.after_handovers(&recipients, &online);
+        }
         let outcome = match res {
             Ok(WriteResult::Appended(o)) => o,
             Ok(other) => {
@@ -102,7 +235,12 @@ impl Core {
         let mut any_online = false;
         let mut busy: Vec<(String, u64)> = Vec::new();
         let mut slow: Vec<String> = Vec::new();
-        for (name, seq) in recipients.iter().zip(seqs) {
+        let mut handovers = online.iter().peekable();
+        for (index, (name, seq)) in recipients.iter().zip(seqs).enumerate() {
+            let handover = handovers.next_if(|h| h.index == index);
+            if let Some(h) = handover {
+                self.settle_handover(name, h, Some((&message, seq)));
+            }
             let Some(agent) = self.agents.get_mut(name) else {
                 continue;
             };
@@ -124,6 +262,18 @@ impl Core {
                 continue;
             };
             any_online = true;
+            if handover.is_some_and(|h| h.handed && h.conn_id == on.conn_id) {
+                // The store thread queued it on this session's writer: recorded, not sent.
+                if on.sent(message.pos, message.id.clone(), seq, self.now.ms) {
+                    self.dirty.insert(name.clone());
+                }
+                self.feed.counters.delivered.add(1);
+                self.feed
+                    .emit(|| delivered_event(&message, name, seq, 1, self.now.ms));
+                continue;
+            }
+            // Not handed over (or handed to a session that has since ended: that one is
+            // gone with it, and the message waits as any other): delivered as before.
             if on.can_send_live() {
                 match on.dispatch(message.clone(), seq, 1, raw.clone(), self.now.ms) {
                     Err(SlowConsumer) => slow.push(name.clone()),
@@ -179,6 +329,7 @@ impl Core {
                 }),
             );
         }
+        self.after_handovers(&recipients, &online);
         for name in slow {
             self.drop_slow(&name);
         }
@@ -215,7 +366,7 @@ impl Core {
             if d.message.pos <= on.last_sent {
                 continue;
             }
-            if on.inflight.len() >= on.room_limit() {
+            if on.in_use() >= on.room_limit() {
                 held = true;
                 break;
             }
@@ -354,5 +505,54 @@ impl Core {
             tracing::info!(agent = %name, "circuit half open: trying one message");
             self.advance_watermark(&name);
         }
+    }
+}
+
+/// The store write for an acknowledgement held for a DELIVER handed to a session that has
+/// ended, once the DELIVER's position is known: its state, or for a cumulative one everything
+/// the session was handed up to it (deliveries to one session go out in position order).
+fn orphan_ack(
+    name: &str,
+    pos: i64,
+    state: Option<DeliveryState>,
+    cumulative: bool,
+    reason: Option<String>,
+) -> (WriteOp, WriteCtx) {
+    let recipient = name.to_owned();
+    match state {
+        Some(DeliveryState::Failed) => (
+            WriteOp::SetStatus {
+                recipient,
+                pos,
+                status: DeliveryStatus::Failed,
+                reason,
+            },
+            WriteCtx::Notify,
+        ),
+        Some(DeliveryState::Verified) => (
+            WriteOp::SetStatus {
+                recipient,
+                pos,
+                status: DeliveryStatus::Verified,
+                reason,
+            },
+            WriteCtx::Notify,
+        ),
+        Some(DeliveryState::Injected) | None if cumulative => (
+            WriteOp::AckThrough {
+                recipient,
+                through: pos,
+            },
+            WriteCtx::None,
+        ),
+        Some(DeliveryState::Injected) | None => (
+            WriteOp::SetStatus {
+                recipient,
+                pos,
+                status: DeliveryStatus::Acked,
+                reason: None,
+            },
+            WriteCtx::None,
+        ),
     }
 }

@@ -65,6 +65,8 @@ pub(super) struct World {
     events_rx: mpsc::UnboundedReceiver<StoreEvent>,
     /// Frames queued per connection before it counts as not reading.
     pub(super) queue: usize,
+    /// The store thread's connections closed to handing over.
+    closed: crate::store_actor::Closed,
 }
 
 /// A configuration with no rate limits unless a test sets them.
@@ -122,6 +124,7 @@ impl World {
             events_tx,
             events_rx,
             queue: 8192,
+            closed: crate::store_actor::Closed::default(),
         }
     }
 
@@ -140,16 +143,36 @@ impl World {
     /// left (the store thread and the router's event loop, in one).
     pub(super) fn settle(&mut self) {
         loop {
-            let mut cmds: Vec<StoreCmd> = self.core.take_commands().collect();
-            if cmds.is_empty() {
+            self.router_wakes();
+            if !self.store_runs() {
                 break;
             }
-            crate::store_actor::run_commands(&mut self.store, &mut cmds, &self.events_tx);
-            while let Ok(ev) = self.events_rx.try_recv() {
-                let now = self.now();
-                // Operator answers and queries are the shell's; none are asked here.
-                assert!(self.core.on_store_event(ev, now).is_none());
-            }
+        }
+    }
+
+    /// The store thread runs what the core asked of it (committing, and handing the
+    /// pre-approved DELIVERs to the connections), and the router has not yet seen its results
+    /// (they wait for the next [`World::settle`]). False when nothing was asked.
+    pub(super) fn store_runs(&mut self) -> bool {
+        let mut cmds: Vec<StoreCmd> = self.core.take_commands().collect();
+        if cmds.is_empty() {
+            return false;
+        }
+        crate::store_actor::run_commands(
+            &mut self.store,
+            &mut cmds,
+            &self.events_tx,
+            &mut self.closed,
+        );
+        true
+    }
+
+    /// The router handles the store's results waiting for it, in order.
+    pub(super) fn router_wakes(&mut self) {
+        while let Ok(ev) = self.events_rx.try_recv() {
+            let now = self.now();
+            // Operator answers and queries are the shell's; none are asked here.
+            assert!(self.core.on_store_event(ev, now).is_none());
         }
     }
 
@@ -284,6 +307,12 @@ impl World {
         self.settle();
     }
 
+    /// An ACK the router handles before the store's results waiting for it.
+    pub(super) fn ack_unsettled(&mut self, conn: u64, id: &str) {
+        let now = self.now();
+        self.core.on_ack(conn, id, None, None, false, None, now);
+    }
+
     pub(super) fn ack_through(&mut self, conn: u64, id: &str) {
         let now = self.now();
         self.core.on_ack(conn, id, None, None, true, None, now);
@@ -352,6 +381,7 @@ impl World {
         drop(self.core.take_commands().collect::<Vec<_>>());
         while self.events_rx.try_recv().is_ok() {}
         self.conns.clear();
+        self.closed = crate::store_actor::Closed::default();
         let known = self.store.known_agents().expect("known agents");
         let hops = self
             .store

@@ -50,7 +50,8 @@ use crate::Config;
 use crate::feed::Feed;
 use crate::limits::{Hops, RateLimiter};
 use crate::msg::{
-    ConnHandle, DeliverItem, Killer, LiveAgent, Outbound, Raw, StoreCmd, StoreEvent, WriteCtx,
+    ConnHandle, DeliverItem, Handover, Killer, LiveAgent, Outbound, Raw, StoreCmd, StoreEvent,
+    WriteCtx, Writer,
 };
 use crate::rules::Rules;
 
@@ -141,6 +142,19 @@ fn online_mut<'a>(
     Some((name, on))
 }
 
+/// The live record of agent `name` if its session is still the one on connection `conn_id`.
+fn session_on<'a>(
+    agents: &'a mut HashMap<String, Agent>,
+    name: &str,
+    conn_id: u64,
+) -> Option<&'a mut Online> {
+    agents
+        .get_mut(name)?
+        .online
+        .as_mut()
+        .filter(|o| o.conn_id == conn_id)
+}
+
 /// A SEND as a connection submitted it.
 #[derive(Debug)]
 pub(crate) struct Submitted {
@@ -228,6 +242,56 @@ struct Online {
     failures: u32,
     /// The circuit breaker.
     circuit: Circuit,
+    /// Appends sent to the store with this connection pre-approved for the store thread to
+    /// hand their DELIVER over (issue 26 point 2) whose result the router has not processed:
+    /// each may be in the writer's queue already, so each takes a place in the window.
+    tickets: usize,
+    /// Pre-approvals given in this session, and how many of them the router has processed
+    /// (the store answers in command order, so they are processed in the order given).
+    issued: u64,
+    resolved: u64,
+    /// Appends sent to the store for this session without a pre-approval whose result the
+    /// router has not processed: the router delivers those, so none is given until they are
+    /// done (a DELIVER the store thread handed over would overtake them).
+    unapproved: u32,
+    /// A pre-approved DELIVER came back not handed over: the store thread hands this
+    /// connection nothing more until the router reopens it, once `tickets` is 0; no
+    /// pre-approval is given meanwhile.
+    fallback: bool,
+    /// Acknowledgements that came before the store's event saying their DELIVER was handed
+    /// over (see [`Held`]).
+    held: Vec<Held>,
+}
+
+/// What is left of a session that ended while pre-approved DELIVERs were outstanding and
+/// acknowledgements were held for them: the client may have acknowledged a DELIVER the store
+/// thread handed over just before the connection went, and that acknowledgement must not be
+/// lost with the session (the message would be delivered again).
+#[derive(Debug)]
+struct Orphan {
+    /// Pre-approvals whose result the router has not yet processed.
+    tickets: usize,
+    held: Vec<Held>,
+}
+
+/// An acknowledgement of nothing in flight that came while pre-approved DELIVERs were
+/// outstanding: the store thread may have handed that DELIVER over and the client acknowledged
+/// it before the router processed the store's event. It is applied once the DELIVER is
+/// recorded as sent, or once every pre-approval outstanding when it came is processed (then it
+/// was about something else, and is applied as any such acknowledgement is).
+#[derive(Debug, Clone)]
+enum Held {
+    /// An ACK or a NACK ([`Core::on_ack`]'s arguments).
+    Ack {
+        ack_id: String,
+        seq: Option<u64>,
+        state: Option<DeliveryState>,
+        cumulative: bool,
+        reason: Option<String>,
+        until: u64,
+    },
+    /// A DELIVER read off the socket by an `ack: false` connection ([`Core::on_written`]).
+    Written { pos: i64, until: u64 },
 }
 
 /// A recipient's circuit breaker: after repeated failure reports its messages wait in the
@@ -328,7 +392,20 @@ impl Online {
     }
 
     fn can_send_live(&self) -> bool {
-        self.mode == Mode::Live && self.inflight.len() < self.room_limit()
+        self.mode == Mode::Live && self.in_use() < self.room_limit()
+    }
+
+    /// Places of the window taken: DELIVERs in flight and pre-approvals outstanding.
+    fn in_use(&self) -> usize {
+        self.inflight.len() + self.tickets
+    }
+
+    /// Whether the store thread may hand this connection the DELIVER of an append sent now:
+    /// live with room in the window, and nothing before it that the router will send (an
+    /// append without pre-approval outstanding, or a pre-approved one that came back not
+    /// handed over), so that it cannot overtake anything.
+    fn may_hand_over(&self) -> bool {
+        self.can_send_live() && self.unapproved == 0 && !self.fallback
     }
 
     /// How many DELIVERs may be unacknowledged: the window, or none while the circuit is
@@ -391,6 +468,13 @@ impl Online {
         if self.tx.try_send(Outbound::Deliver(item)).is_err() {
             return Err(SlowConsumer);
         }
+        Ok(self.sent(pos, id, seq, now_ms))
+    }
+
+    /// Records a DELIVER as handed to the connection (by [`Online::dispatch`], or by the
+    /// store thread). True when it is the first since the trace was last written (the caller
+    /// marks the recipient for the next flush).
+    fn sent(&mut self, pos: i64, id: String, seq: u64, now_ms: u64) -> bool {
         if pos > self.last_sent && self.traced_through == self.last_sent {
             // The next trace range starts at what is really handed over now: a session's
             // first range would otherwise start at 0 and claim every earlier message as
@@ -407,7 +491,7 @@ impl Online {
         if first {
             self.trace_since = Some(now_ms);
         }
-        Ok(first)
+        first
     }
 
     /// The trace range for what was handed out since the last one, if anything was.
@@ -469,6 +553,10 @@ pub(crate) struct Core {
     claim_writes: Vec<WriteOp>,
     /// Recipients whose acknowledgement watermark moved since the last flush to the store.
     dirty: HashSet<String>,
+    /// Sessions that ended with pre-approved DELIVERs outstanding and acknowledgements held
+    /// for them, by connection: a held acknowledgement is written to the store once the
+    /// store's event says its DELIVER was handed to that session ([`Orphan`]).
+    orphans: HashMap<u64, Orphan>,
     /// Membership changed since `agents.json` was last written (the shell writes it at most
     /// once a second: rewriting it on every connect cost O(agents) each, and made connecting
     /// 10,000 agents quadratic).
@@ -539,6 +627,7 @@ impl Core {
             claims: claims::ClaimBook::default(),
             claim_writes: Vec::new(),
             dirty: HashSet::new(),
+            orphans: HashMap::new(),
             agents_changed: false,
             limiter,
             hops,
@@ -623,10 +712,11 @@ impl Core {
                     env_id,
                     recipients,
                     raw,
+                    online,
                 },
                 res,
             ) => {
-                self.on_appended(conn_id, env_id, recipients, raw, res);
+                self.on_appended(conn_id, env_id, recipients, raw, online, res);
             }
             StoreEvent::Written(WriteCtx::None | WriteCtx::Notify, Err(e)) => {
                 tracing::warn!(error = %e, "store write failed");

@@ -127,6 +127,12 @@ impl Core {
             trace_since: None,
             failures: 0,
             circuit: Circuit::Closed,
+            tickets: 0,
+            issued: 0,
+            resolved: 0,
+            unapproved: 0,
+            fallback: false,
+            held: Vec::new(),
         });
         tracing::info!(agent = %hello.agent, cli = ?hello.cli, resumed, "agent connected");
         self.feed.counters.connects.add(1);
@@ -206,6 +212,25 @@ impl Core {
             agent: name.to_owned(),
         });
         self.dirty.remove(name);
+        // The store thread may hold the connection closed, or still hand it DELIVERs
+        // pre-approved before it ended: those reach a connection that is gone, and the
+        // messages wait in the store as the rest of what it held (the DELIVERs it handed are
+        // above `last_sent`, which is all the store counts as handed out). After them in
+        // command order, the store forgets the connection.
+        if on.tickets > 0 || on.fallback {
+            self.store(StoreCmd::Reopen {
+                conn_id: on.conn_id,
+            });
+        }
+        if on.tickets > 0 && !on.held.is_empty() {
+            self.orphans.insert(
+                on.conn_id,
+                Orphan {
+                    tickets: on.tickets,
+                    held: on.held.clone(),
+                },
+            );
+        }
         if let Some(at) = on.trace_since
             && on.last_sent > on.traced_through
         {

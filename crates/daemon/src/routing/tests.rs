@@ -707,3 +707,189 @@ fn a_wrappers_report_decides_the_state_blocked_wins_and_handing_over_is_busy() {
     assert_eq!(why.as_deref(), Some("1 message being handed over"));
     assert_eq!(super::team_state(None).0, AgentState::Offline);
 }
+
+// ---- DELIVERs handed over by the store thread (issue 26 point 2) ----
+
+fn online<'a>(w: &'a World, name: &str) -> &'a super::Online {
+    w.core.agents[name].online.as_ref().expect("online")
+}
+
+#[test]
+fn a_live_recipient_with_room_gets_its_deliver_from_the_store_thread_recorded_once() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 8);
+    w.send_unsettled(alice, "m1", "Bob");
+    assert_eq!(online(&w, "Bob").tickets, 1);
+    assert!(w.store_runs());
+    // On Bob's queue before the router has seen the commit.
+    let got = w.frames(bob).delivers;
+    assert_eq!((got[0].id.as_str(), got[0].attempt), ("m1", 1));
+    w.settle();
+    // Recorded as sent, not sent again.
+    assert!(w.delivered(bob).is_empty());
+    let on = online(&w, "Bob");
+    assert_eq!((on.tickets, on.inflight.len()), (0, 1));
+    assert_eq!(on.last_sent, got[0].pos);
+    assert_eq!(w.feed.counters.delivered.get(), 1);
+    w.ack(bob, "m1", None);
+    assert!(online(&w, "Bob").inflight.is_empty());
+}
+
+#[test]
+fn no_preapproval_beyond_the_window_nor_behind_a_message_the_router_sends() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 1);
+    w.send(alice, "m1", "Bob");
+    assert_eq!(w.delivered(bob), ["m1"]);
+    // The window is full: the router sends m2 once there is room.
+    w.send_unsettled(alice, "m2", "Bob");
+    assert_eq!(
+        (online(&w, "Bob").tickets, online(&w, "Bob").unapproved),
+        (0, 1)
+    );
+    // Room again before m2's commit is processed: m3 is still not pre-approved, or the store
+    // thread would hand it over before the router sends m2.
+    let now = w.now();
+    w.core.on_ack(bob, "m1", None, None, false, None, now);
+    w.send_unsettled(alice, "m3", "Bob");
+    assert_eq!(online(&w, "Bob").tickets, 0);
+    w.settle();
+    assert_eq!(w.delivered(bob), ["m2"]);
+    w.ack(bob, "m2", None);
+    w.idle();
+    assert_eq!(w.delivered(bob), ["m3"]);
+}
+
+#[test]
+fn after_a_hand_over_fails_the_router_sends_the_rest_in_order_until_it_reopens() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 64);
+    w.queue = 3;
+    let bob = w.agent("Bob", 64);
+    // One batch: three fit in Bob's queue, m4 does not, and m5 must not overtake it.
+    for i in 1..=5 {
+        w.send_unsettled(alice, &format!("m{i}"), "Bob");
+    }
+    assert!(w.store_runs());
+    assert_eq!(w.delivered(bob), ["m1", "m2", "m3"]);
+    // Pre-approved before the router learns of the failure: a later batch, still closed.
+    w.send_unsettled(alice, "m6", "Bob");
+    assert!(w.store_runs());
+    assert!(w.delivered(bob).is_empty());
+    w.router_wakes();
+    assert_eq!(w.delivered(bob), ["m4", "m5", "m6"]);
+    assert_eq!(w.killed(bob), None);
+    let on = online(&w, "Bob");
+    assert_eq!((on.tickets, on.fallback, on.inflight.len()), (0, false, 6));
+    // Reopened: the store thread hands the next one over again.
+    w.send_unsettled(alice, "m7", "Bob");
+    assert!(w.store_runs());
+    assert_eq!(w.delivered(bob), ["m7"]);
+    w.settle();
+    assert!(w.delivered(bob).is_empty());
+}
+
+#[test]
+fn an_ack_before_the_stores_event_is_held_and_applied_after_it() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 8);
+    w.send_unsettled(alice, "m1", "Bob");
+    assert!(w.store_runs());
+    assert_eq!(w.delivered(bob), ["m1"]);
+    // Bob acknowledges before the router has processed the commit.
+    let now = w.now();
+    w.core.on_ack(bob, "m1", None, None, false, None, now);
+    assert_eq!(online(&w, "Bob").held.len(), 1);
+    w.settle();
+    let on = online(&w, "Bob");
+    assert!(on.held.is_empty() && on.inflight.is_empty());
+    w.idle();
+    w.disconnect(bob);
+    let bob = w.agent("Bob", 8);
+    assert!(w.delivered(bob).is_empty(), "m1 delivered again");
+}
+
+#[test]
+fn a_deliver_read_before_the_stores_event_counts_once_it_is_recorded() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let (bob, _) = w
+        .open("Bob", Role::Agent, 8, false, None)
+        .expect("connects");
+    w.send_unsettled(alice, "m1", "Bob");
+    w.send_unsettled(alice, "m2", "Bob");
+    assert!(w.store_runs());
+    let got = w.frames(bob).delivers;
+    assert_eq!(got.len(), 2);
+    // m1 read off the socket before the router has processed the commits.
+    let now = w.now();
+    w.core.on_written(bob, &[got[0].pos], now);
+    w.settle();
+    assert_eq!(online(&w, "Bob").inflight.len(), 1);
+    w.idle();
+    w.disconnect(bob);
+    let bob = w.agent("Bob", 8);
+    assert_eq!(w.delivered(bob), ["m2"]);
+}
+
+#[test]
+fn an_ack_of_nothing_held_meanwhile_is_applied_once_the_preapprovals_are_processed() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 8);
+    w.send(alice, "m1", "Bob");
+    assert_eq!(w.delivered(bob), ["m1"]);
+    w.ack(bob, "m1", None);
+    w.send_unsettled(alice, "m2", "Bob");
+    // A later state of m1, while m2's pre-approval is outstanding: held, then applied as a
+    // verified state of a message already acknowledged.
+    let now = w.now();
+    w.core.on_ack(
+        bob,
+        "m1",
+        None,
+        Some(DeliveryState::Verified),
+        false,
+        None,
+        now,
+    );
+    assert_eq!(online(&w, "Bob").held.len(), 1);
+    w.idle();
+    assert!(online(&w, "Bob").held.is_empty());
+    assert_eq!(w.delivered(bob), ["m2"]);
+}
+
+#[test]
+fn a_deliver_handed_to_a_session_that_ended_goes_to_the_next_one() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let old = w.agent("Bob", 8);
+    w.send_unsettled(alice, "m1", "Bob");
+    // Bob's connection goes before the commit; its queue still takes what the store hands.
+    let now = w.now();
+    w.core.unregister(old, now);
+    let bob = w.agent("Bob", 8);
+    assert_eq!(w.delivered(old), ["m1"]);
+    let got = w.frames(bob).delivers;
+    assert_eq!((got[0].id.as_str(), got[0].attempt), ("m1", 1));
+    assert_eq!(got.len(), 1);
+}
+
+#[test]
+fn an_ack_held_when_the_session_ends_is_written_once_the_deliver_is_known() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 8);
+    w.send_unsettled(alice, "m1", "Bob");
+    assert!(w.store_runs());
+    assert_eq!(w.delivered(bob), ["m1"]);
+    // Bob acknowledges and leaves, both before the router has processed the commit.
+    let now = w.now();
+    w.core.on_ack(bob, "m1", None, None, false, None, now);
+    w.disconnect(bob);
+    let bob = w.agent("Bob", 8);
+    assert!(w.delivered(bob).is_empty(), "m1 delivered again");
+}
