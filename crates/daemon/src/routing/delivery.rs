@@ -190,9 +190,7 @@ impl Core {
             }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
         };
-        if let Some(b) = &message.payload.budget {
-            self.hops.record(&message.id, b.hops);
-        }
+        // (Its hop count was recorded at admission: `admission.rs`.)
         self.feed.counters.accepted.add(1);
         self.feed.emit(|| {
             let (body, truncated) = excerpt(&message.payload.body);

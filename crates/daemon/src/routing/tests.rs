@@ -736,6 +736,65 @@ fn a_live_recipient_with_room_gets_its_deliver_from_the_store_thread_recorded_on
     assert!(online(&w, "Bob").inflight.is_empty());
 }
 
+/// The recipient of a DELIVER the store thread handed over can answer it before the router
+/// has processed the append's result: the reply still counts one hop more than its parent, or
+/// two agents answering each other at once would never reach the budget (the e2e
+/// `safety::two_agents_answering_each_other_are_stopped_by_the_hop_budget` saw replies at
+/// hop 1 again and again).
+#[test]
+fn a_reply_to_a_deliver_the_router_has_not_yet_seen_counts_its_hops() {
+    let mut cfg = config();
+    cfg.max_hops = 2;
+    let mut w = World::new(cfg);
+    let alice = w.agent("Alice", 8);
+    let bob = w.agent("Bob", 8);
+    w.send(alice, "m1", "Bob");
+    let mut reply = payload("re");
+    reply.in_reply_to = Some("m1".into());
+    w.send_full(bob, "m2", Some("Alice"), None, reply);
+    assert_eq!(w.delivered(alice), ["m2"]);
+    // Bob answers again; the store thread hands Alice m3 before the router sees its commit.
+    let mut again = payload("re re");
+    again.in_reply_to = Some("m2".into());
+    let now = w.now();
+    w.core.on_send(
+        bob,
+        super::Submitted {
+            id: "m3".into(),
+            to: Some("Alice".into()),
+            topic: None,
+            payload: again,
+            raw: None,
+        },
+        now,
+    );
+    assert!(w.store_runs());
+    assert!(
+        w.frames(bob).nacks.is_empty(),
+        "m3 is hop 2 and the limit is 2"
+    );
+    // Alice answers m3 before the router has processed m3's result: hop 3, refused.
+    let mut answer = payload("re re re");
+    answer.in_reply_to = Some("m3".into());
+    let now = w.now();
+    w.core.on_send(
+        alice,
+        super::Submitted {
+            id: "m4".into(),
+            to: Some("Bob".into()),
+            topic: None,
+            payload: answer,
+            raw: None,
+        },
+        now,
+    );
+    w.settle();
+    assert_eq!(
+        nack_code(&mut w, alice),
+        [("m4".to_owned(), NackCode::BudgetExceeded)]
+    );
+}
+
 #[test]
 fn no_preapproval_beyond_the_window_nor_behind_a_message_the_router_sends() {
     let mut w = World::new(config());
