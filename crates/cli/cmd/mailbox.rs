@@ -184,6 +184,9 @@ impl Mailbox {
         for m in &taken {
             self.shown(m, door).await;
         }
+        if let Some(last) = taken.last() {
+            self.committed(last).await;
+        }
         let more = left.max(expected.saturating_sub(taken.len()));
         Ok((taken, more))
     }
@@ -196,6 +199,7 @@ impl Mailbox {
             let first = self.held.lock().pop_front();
             if let Some(m) = first {
                 self.shown(&m, door).await;
+                self.committed(&m).await;
                 return Some(m);
             }
             if self.reader.is_finished() {
@@ -220,6 +224,7 @@ impl Mailbox {
         };
         if let Some(m) = taken {
             self.shown(&m, door).await;
+            self.committed(&m).await;
         }
     }
 
@@ -229,6 +234,22 @@ impl Mailbox {
         self.held.acked.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.client.ack_shown(m, door).await {
             tracing::warn!(error = %e, id = %m.id, "cannot acknowledge a message that was shown; the relay will hand it over again");
+        }
+    }
+
+    /// Waits until the relay has committed the acknowledgements this door sent, the last of
+    /// them for `last`, before the caller shows what they acknowledge: a door's process may be
+    /// killed the moment its answer is out (a CLI stopping its MCP servers), and a message
+    /// shown whose acknowledgement had not reached the store would be shown again. A query on
+    /// the same connection is the barrier: the relay handles a connection's frames in order,
+    /// and the store thread commits the writes decided before a query before answering it.
+    async fn committed(&self, last: &Delivered) {
+        let req = QueryRequest::Read {
+            id: last.id.clone(),
+            from: Some(last.from.clone()),
+        };
+        if let Err(e) = self.client.query(req).await {
+            tracing::warn!(error = %e, id = %last.id, "cannot confirm that the relay recorded what was shown; it may be shown again");
         }
     }
 
