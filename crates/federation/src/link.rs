@@ -502,7 +502,13 @@ async fn read_loop(
                 };
                 // A session given up: its unacknowledged messages go to the next one.
                 let Some(tx) = tx else { continue };
-                let from = env.from.unwrap_or_default();
+                // The relay names the sender of every DELIVER; one without is forwarded all
+                // the same, so that the far node answers it (a dead letter with its reason)
+                // rather than the relay offering it to the link again and again.
+                let from = env.from.unwrap_or_else(|| {
+                    tracing::warn!(id = %env.id, "federation: a DELIVER without its sender");
+                    String::new()
+                });
                 let d = Delivered::of_deliver(
                     (env.id, from, env.to, env.topic, env.ts),
                     &delivery,
