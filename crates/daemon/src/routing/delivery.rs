@@ -100,11 +100,17 @@ impl Core {
                 !hit
             });
         }
-        if orphan.tickets == 0 {
+        let done = orphan.tickets == 0;
+        if done {
             self.orphans.remove(&h.conn_id);
         }
         for (op, ctx) in writes {
             self.store(StoreCmd::Write(op, ctx));
+        }
+        // A new session of the name waited for these writes before loading what waits for
+        // it (`register`): loaded now, after them in command order.
+        if done && !self.orphans.values().any(|o| o.name == name) {
+            self.advance_watermark(name);
         }
     }
 

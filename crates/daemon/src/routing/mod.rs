@@ -266,9 +266,14 @@ struct Online {
 /// What is left of a session that ended while pre-approved DELIVERs were outstanding and
 /// acknowledgements were held for them: the client may have acknowledged a DELIVER the store
 /// thread handed over just before the connection went, and that acknowledgement must not be
-/// lost with the session (the message would be delivered again).
+/// lost with the session (the message would be delivered again). While one is outstanding, a
+/// new session of the same name does not load its waiting messages: the page would be read
+/// before the held acknowledgements are written, and would hand over again what they
+/// acknowledge (`online.rs` `register`; loaded once the last orphan of the name is settled).
 #[derive(Debug)]
 struct Orphan {
+    /// The agent whose session it was.
+    name: String,
     /// Pre-approvals whose result the router has not yet processed.
     tickets: usize,
     held: Vec<Held>,

@@ -98,6 +98,9 @@ impl Core {
             return Ok(());
         }
         let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
+        // Acknowledgements of an ended session of this name still wait for their positions
+        // ([`Orphan`]): what waits is loaded once they are written, not before.
+        let after_orphans = self.orphans.values().any(|o| o.name == hello.agent);
         self.fold_in(&hello.agent);
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();
@@ -117,7 +120,9 @@ impl Core {
             resume_token,
             ack_required: hello.capabilities.ack,
             window,
-            mode: Mode::CatchUp { loading: true },
+            mode: Mode::CatchUp {
+                loading: !after_orphans,
+            },
             last_sent: 0,
             inflight: BTreeMap::new(),
             acked_through: 0,
@@ -154,12 +159,14 @@ impl Core {
             },
         ));
         // Replay whatever waits for it (offline inbox, unacknowledged deliveries).
-        self.store(StoreCmd::TakePending {
-            recipient: hello.agent,
-            conn_id: conn.id,
-            after: 0,
-            limit: window,
-        });
+        if !after_orphans {
+            self.store(StoreCmd::TakePending {
+                recipient: hello.agent,
+                conn_id: conn.id,
+                after: 0,
+                limit: window,
+            });
+        }
         self.agents_changed = true;
         Ok(())
     }
@@ -226,6 +233,7 @@ impl Core {
             self.orphans.insert(
                 on.conn_id,
                 Orphan {
+                    name: name.to_owned(),
                     tickets: on.tickets,
                     held: on.held.clone(),
                 },

@@ -952,3 +952,31 @@ fn an_ack_held_when_the_session_ends_is_written_once_the_deliver_is_known() {
     let bob = w.agent("Bob", 8);
     assert!(w.delivered(bob).is_empty(), "m1 delivered again");
 }
+
+/// The same, but Bob is back before the router has processed the commit: the new session
+/// must not load its waiting messages before the held acknowledgement is written, or the
+/// page read from the store still has m1 and hands it over again (helper review of 13d14c0).
+#[test]
+fn a_session_back_before_a_held_ack_is_written_does_not_get_the_message_again() {
+    for state in [None, Some(DeliveryState::Failed)] {
+        let mut w = World::new(config());
+        let alice = w.agent("Alice", 8);
+        let bob = w.agent("Bob", 8);
+        w.send_unsettled(alice, "m1", "Bob");
+        assert!(w.store_runs());
+        assert_eq!(w.delivered(bob), ["m1"]);
+        // Bob acknowledges, leaves and comes back, all before the router sees the commit.
+        let now = w.now();
+        w.core.on_ack(bob, "m1", None, state, false, None, now);
+        w.core.unregister(bob, now);
+        let bob = w.agent("Bob", 8);
+        w.idle();
+        assert!(
+            w.delivered(bob).is_empty(),
+            "m1 delivered again ({state:?})"
+        );
+        // What comes next still arrives.
+        w.send(alice, "m2", "Bob");
+        assert_eq!(w.delivered(bob), ["m2"], "{state:?}");
+    }
+}
