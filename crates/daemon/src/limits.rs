@@ -179,6 +179,12 @@ pub struct Hops {
     by_id: HashMap<String, u32>,
     order: VecDeque<String>,
     cap: usize,
+    /// Counts of messages admitted whose append the store has not answered yet, by id: a
+    /// DELIVER the store thread hands over can be answered before the router sees the
+    /// commit, and the reply must count from its parent already. Kept apart from `by_id`
+    /// until the store says the message was stored, so that a SEND it refuses (an id another
+    /// sender holds) leaves no count behind.
+    pending: HashMap<String, Vec<u32>>,
 }
 
 impl Hops {
@@ -193,11 +199,41 @@ impl Hops {
     /// The hop count of a reply to `parent`: the parent's plus one (a message nobody replied
     /// to, or one forgotten, has 0).
     pub fn reply_hops(&self, parent: &str) -> u32 {
+        let pending = self
+            .pending
+            .get(parent)
+            .and_then(|p| p.iter().max().copied());
         self.by_id
             .get(parent)
             .copied()
+            .max(pending)
             .unwrap_or(0)
             .saturating_add(1)
+    }
+
+    /// A message admitted with `hops`, its append sent to the store: replies count from it
+    /// from now on, until [`Hops::settled`].
+    pub fn admitted(&mut self, id: &str, hops: u32) {
+        if hops == 0 || self.cap == 0 {
+            return;
+        }
+        self.pending.entry(id.to_owned()).or_default().push(hops);
+    }
+
+    /// The store answered the append of a message admitted with `hops`: remembered if it was
+    /// `stored`, forgotten otherwise.
+    pub fn settled(&mut self, id: &str, hops: u32, stored: bool) {
+        if let Some(p) = self.pending.get_mut(id) {
+            if let Some(at) = p.iter().position(|h| *h == hops) {
+                p.swap_remove(at);
+            }
+            if p.is_empty() {
+                self.pending.remove(id);
+            }
+        }
+        if stored {
+            self.record(id, hops);
+        }
     }
 
     /// Remembers a stored message's hop count (only replies are worth remembering).
@@ -299,5 +335,29 @@ mod tests {
         // m1 was the oldest: forgotten.
         assert_eq!(h.reply_hops("m1"), 1);
         assert_eq!(h.reply_hops("m3"), 4);
+    }
+
+    #[test]
+    fn an_admitted_count_holds_until_the_store_answers_and_a_refused_one_is_forgotten() {
+        let mut h = Hops::new(8);
+        // Stored: counted from admission on, and after.
+        h.admitted("m1", 3);
+        assert_eq!(h.reply_hops("m1"), 4);
+        h.settled("m1", 3, true);
+        assert_eq!(h.reply_hops("m1"), 4);
+        // Refused by the store (the id is another sender's, whose message has no count):
+        // nothing is left of it.
+        h.admitted("x", 9);
+        assert_eq!(h.reply_hops("x"), 10);
+        h.settled("x", 9, false);
+        assert_eq!(h.reply_hops("x"), 1);
+        // Two admitted under one id: each answer settles its own.
+        h.admitted("y", 2);
+        h.admitted("y", 5);
+        h.settled("y", 5, false);
+        assert_eq!(h.reply_hops("y"), 3);
+        h.settled("y", 2, true);
+        assert_eq!(h.reply_hops("y"), 3);
+        assert!(h.pending.is_empty());
     }
 }

@@ -408,14 +408,16 @@ impl Core {
         };
         let recipients = vec![to];
         let online = self.handovers(&recipients);
+        self.hops.admitted(&id, hops);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
                 conn_id: NO_CONN,
                 env_id: id,
-                recipients,
+                recipients: recipients.into_boxed_slice(),
                 raw: None,
                 online,
+                hops,
             },
         ));
     }

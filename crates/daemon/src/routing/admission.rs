@@ -375,20 +375,20 @@ impl Core {
         }
         // Known before the store commits it: with a DELIVER handed over by the store thread
         // (issue 26 point 2), the recipient's reply can reach the router before the append's
-        // result does, and a parent not yet recorded would start the reply a fresh chain
-        // (two agents answering each other would never reach the budget). A write that then
-        // fails leaves a count nobody replies to; ids are per sender, and `record` keeps the
-        // larger count, so it can only make a chain reach its budget sooner.
-        self.hops.record(&id, hops);
+        // result does, and a parent not yet counted would start the reply a fresh chain (two
+        // agents answering each other would never reach the budget). Settled in
+        // `on_appended`.
+        self.hops.admitted(&id, hops);
         let online = self.handovers(&names);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
                 conn_id,
                 env_id: id,
-                recipients: names,
+                recipients: names.into_boxed_slice(),
                 raw,
                 online,
+                hops,
             },
         ));
     }
