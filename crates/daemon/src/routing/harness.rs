@@ -319,6 +319,14 @@ impl World {
         self.settle();
     }
 
+    /// The connection goes before the router has seen the store's results waiting for it
+    /// (nothing settles; what was queued on it is lost with it).
+    pub(super) fn disconnect_unsettled(&mut self, conn: u64) {
+        let now = self.now();
+        self.core.unregister(conn, now);
+        self.conns.remove(&conn);
+    }
+
     pub(super) fn disconnect(&mut self, conn: u64) {
         let now = self.now();
         self.core.unregister(conn, now);

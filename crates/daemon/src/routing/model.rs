@@ -5,7 +5,8 @@
 //! `(from, id)`, and re-send every SEND they have no receipt for when they connect again.
 //! The store thread may run before the router sees its results (`StoreRuns`): the DELIVERs it
 //! handed over can then be read and acknowledged before the router has recorded them as sent
-//! (issue 26 point 2). Some clients say `ack: false`: their connection's report of what they
+//! (issue 26 point 2), and an agent may leave and come back before the router has seen them
+//! (`Reconnect`). Some clients say `ack: false`: their connection's report of what they
 //! read stands for the ACK (and may come early too). A second property runs with connection queues of a few frames, so that
 //! hand-overs fail, the router sends them itself, and slow readers are closed and reconnect.
 //!
@@ -39,6 +40,13 @@ enum Op {
     },
     Disconnect {
         agent: usize,
+    },
+    /// The agent's connection goes and it connects again, both before the router has seen
+    /// the store's results: acknowledgements it held for DELIVERs the store thread handed over
+    /// must be written before the new session loads its inbox.
+    Reconnect {
+        agent: usize,
+        window: u32,
     },
     /// `to: None` is a broadcast; `settle: false` leaves the store commands undone.
     Send {
@@ -81,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => proptest::option::of((agent.clone(), 0usize..3))
             .prop_map(|early| Op::StoreRuns { early }),
         1 => Just(Op::Crash),
+        1 => (agent.clone(), 1u32..4).prop_map(|(agent, window)| Op::Reconnect { agent, window }),
     ]
 }
 
@@ -207,6 +216,30 @@ impl Model {
         c.last_pos = 0;
     }
 
+    fn reconnect(&mut self, i: usize, window: u32) -> Result<(), TestCaseError> {
+        let Some(old) = self.clients[i].conn.take() else {
+            return Ok(());
+        };
+        self.w.disconnect_unsettled(old);
+        // The new session's HELLO settles everything, the old session's end included: what
+        // it acknowledged up to its watermark is then in the store.
+        let (unacked, acked) = {
+            let c = &mut self.clients[i];
+            (std::mem::take(&mut c.unacked), std::mem::take(&mut c.acked))
+        };
+        let ack = self.clients[i].ack;
+        self.connect(i, window, ack)?;
+        let c = &mut self.clients[i];
+        c.unacked = unacked;
+        c.acked = acked;
+        self.settle_acks(i);
+        let c = &mut self.clients[i];
+        c.unacked.clear();
+        c.acked.clear();
+        c.last_pos = 0;
+        Ok(())
+    }
+
     fn connect(&mut self, i: usize, window: u32, ack: bool) -> Result<(), TestCaseError> {
         if self.clients[i].conn.is_some() {
             return Ok(());
@@ -270,6 +303,7 @@ impl Model {
         match *op {
             Op::Connect { agent, window, ack } => self.connect(agent, window, ack)?,
             Op::Disconnect { agent } => self.disconnect(agent),
+            Op::Reconnect { agent, window } => self.reconnect(agent, window)?,
             Op::Send { from, to, settle } => {
                 let Some(conn) = self.clients[from].conn else {
                     return Ok(());
