@@ -42,6 +42,9 @@ impl Core {
     /// thread).
     fn settle_handover(&mut self, name: &str, h: &Handover, stored: Option<(&StoredMessage, u64)>) {
         let Some(on) = session_on(&mut self.agents, name, h.conn_id) else {
+            if let (true, Some(w), Some((msg, _))) = (h.handed, &h.writer, stored) {
+                self.handed_to_ended(name, w, msg.pos);
+            }
             self.orphan_settled(name, h, stored);
             return;
         };
@@ -55,6 +58,32 @@ impl Core {
         } else {
             on.unapproved = on.unapproved.saturating_sub(1);
         }
+    }
+
+    /// The store thread handed the DELIVER at `pos` to a session that ended before the router
+    /// recorded it: `end_session` covered only what the router had recorded, so the trace's
+    /// "delivered" row and the handing-out attempt are written now, as `end_session` writes
+    /// them for the rest (a delivery loaded after them says attempt 2, not 1 again).
+    fn handed_to_ended(&mut self, name: &str, w: &Writer, pos: i64) {
+        let recipient = name.to_owned();
+        self.store(StoreCmd::Write(
+            WriteOp::Sent {
+                recipient: recipient.clone(),
+                session_id: w.session_id.to_string(),
+                after: pos - 1,
+                through: pos,
+                at: self.now.ms,
+            },
+            WriteCtx::None,
+        ));
+        self.store(StoreCmd::Write(
+            WriteOp::HandedOut {
+                recipient,
+                after: pos - 1,
+                through: pos,
+            },
+            WriteCtx::None,
+        ));
     }
 
     /// [`Core::settle_handover`] for a session that has ended: an acknowledgement held for the

@@ -980,3 +980,23 @@ fn a_session_back_before_a_held_ack_is_written_does_not_get_the_message_again() 
         assert_eq!(w.delivered(bob), ["m2"], "{state:?}");
     }
 }
+
+/// A DELIVER the store thread handed to a session that ended before the router recorded it
+/// counts as an attempt, as everything that session was handed does (`end_session` covered
+/// only what the router had recorded): the next session's delivery says attempt 2.
+#[test]
+fn a_deliver_handed_to_a_session_that_ended_counts_as_an_attempt() {
+    let mut w = World::new(config());
+    let alice = w.agent("Alice", 8);
+    let old = w.agent("Bob", 8);
+    w.send_unsettled(alice, "m1", "Bob");
+    assert!(w.store_runs());
+    assert_eq!(w.delivered(old), ["m1"]);
+    let now = w.now();
+    w.core.unregister(old, now);
+    w.settle();
+    let bob = w.agent("Bob", 8);
+    let got = w.frames(bob).delivers;
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].id.as_str(), got[0].attempt), ("m1", 2));
+}
