@@ -179,12 +179,12 @@ pub struct Hops {
     by_id: HashMap<String, u32>,
     order: VecDeque<String>,
     cap: usize,
-    /// Counts of messages admitted whose append the store has not answered yet, by id: a
-    /// DELIVER the store thread hands over can be answered before the router sees the
-    /// commit, and the reply must count from its parent already. Kept apart from `by_id`
-    /// until the store says the message was stored, so that a SEND it refuses (an id another
-    /// sender holds) leaves no count behind.
-    pending: HashMap<String, Vec<u32>>,
+    /// Counts of messages admitted whose append the store has not answered yet, by id, with
+    /// the connection that sent each: a DELIVER the store thread hands over can be answered
+    /// before the router sees the commit, and the reply must count from its parent already.
+    /// Kept apart from `by_id` until the store says the message was stored, so that a SEND it
+    /// refuses (an id another sender holds) leaves no count behind.
+    pending: HashMap<String, Vec<(u64, u32)>>,
 }
 
 impl Hops {
@@ -202,7 +202,7 @@ impl Hops {
         let pending = self
             .pending
             .get(parent)
-            .and_then(|p| p.iter().max().copied());
+            .and_then(|p| p.iter().map(|&(_, h)| h).max());
         self.by_id
             .get(parent)
             .copied()
@@ -211,27 +211,30 @@ impl Hops {
             .saturating_add(1)
     }
 
-    /// A message admitted with `hops`, its append sent to the store: replies count from it
-    /// from now on, until [`Hops::settled`].
-    pub fn admitted(&mut self, id: &str, hops: u32) {
+    /// A message admitted from connection `conn` with `hops`, its append sent to the store:
+    /// replies count from it from now on, until [`Hops::settled`].
+    pub fn admitted(&mut self, id: &str, conn: u64, hops: u32) {
         if hops == 0 || self.cap == 0 {
             return;
         }
-        self.pending.entry(id.to_owned()).or_default().push(hops);
+        self.pending
+            .entry(id.to_owned())
+            .or_default()
+            .push((conn, hops));
     }
 
-    /// The store answered the append of a message admitted with `hops`: remembered if it was
-    /// `stored`, forgotten otherwise.
-    pub fn settled(&mut self, id: &str, hops: u32, stored: bool) {
+    /// The store answered the append of `id` from connection `conn`: `stored` with its hop
+    /// count (remembered), or `None` (refused or failed: forgotten).
+    pub fn settled(&mut self, id: &str, conn: u64, stored: Option<u32>) {
         if let Some(p) = self.pending.get_mut(id) {
-            if let Some(at) = p.iter().position(|h| *h == hops) {
+            if let Some(at) = p.iter().position(|&(c, _)| c == conn) {
                 p.swap_remove(at);
             }
             if p.is_empty() {
                 self.pending.remove(id);
             }
         }
-        if stored {
+        if let Some(hops) = stored {
             self.record(id, hops);
         }
     }
@@ -341,22 +344,22 @@ mod tests {
     fn an_admitted_count_holds_until_the_store_answers_and_a_refused_one_is_forgotten() {
         let mut h = Hops::new(8);
         // Stored: counted from admission on, and after.
-        h.admitted("m1", 3);
+        h.admitted("m1", 1, 3);
         assert_eq!(h.reply_hops("m1"), 4);
-        h.settled("m1", 3, true);
+        h.settled("m1", 1, Some(3));
         assert_eq!(h.reply_hops("m1"), 4);
         // Refused by the store (the id is another sender's, whose message has no count):
         // nothing is left of it.
-        h.admitted("x", 9);
+        h.admitted("x", 1, 9);
         assert_eq!(h.reply_hops("x"), 10);
-        h.settled("x", 9, false);
+        h.settled("x", 1, None);
         assert_eq!(h.reply_hops("x"), 1);
         // Two admitted under one id: each answer settles its own.
-        h.admitted("y", 2);
-        h.admitted("y", 5);
-        h.settled("y", 5, false);
+        h.admitted("y", 1, 2);
+        h.admitted("y", 2, 5);
+        h.settled("y", 2, None);
         assert_eq!(h.reply_hops("y"), 3);
-        h.settled("y", 2, true);
+        h.settled("y", 1, Some(2));
         assert_eq!(h.reply_hops("y"), 3);
         assert!(h.pending.is_empty());
     }

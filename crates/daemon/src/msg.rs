@@ -180,16 +180,13 @@ pub(crate) enum WriteCtx {
     Send {
         conn_id: u64,
         env_id: String,
-        /// A boxed slice, as `online` below.
-        recipients: Box<[String]>,
+        recipients: Vec<String>,
         raw: Option<Raw>,
         /// One per recipient that was online when the router sent the append (issue 26
         /// point 2): those with a writer were pre-approved for the store thread to hand the
         /// DELIVER to themselves right after the commit (`store_actor.rs`). A boxed slice, not
         /// a `Vec`: every store command is as large as its largest kind.
         online: Box<[Handover]>,
-        /// The message's hop count, as admitted (`limits::Hops::settled` with the result).
-        hops: u32,
     },
 }
 

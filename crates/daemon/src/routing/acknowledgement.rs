@@ -408,16 +408,15 @@ impl Core {
         };
         let recipients = vec![to];
         let online = self.handovers(&recipients);
-        self.hops.admitted(&id, hops);
+        self.hops.admitted(&id, NO_CONN, hops);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
                 conn_id: NO_CONN,
                 env_id: id,
-                recipients: recipients.into_boxed_slice(),
+                recipients,
                 raw: None,
                 online,
-                hops,
             },
         ));
     }

@@ -378,17 +378,16 @@ impl Core {
         // result does, and a parent not yet counted would start the reply a fresh chain (two
         // agents answering each other would never reach the budget). Settled in
         // `on_appended`.
-        self.hops.admitted(&id, hops);
+        self.hops.admitted(&id, conn_id, hops);
         let online = self.handovers(&names);
         self.store(StoreCmd::Write(
             WriteOp::Append(new),
             WriteCtx::Send {
                 conn_id,
                 env_id: id,
-                recipients: names.into_boxed_slice(),
+                recipients: names,
                 raw,
                 online,
-                hops,
             },
         ));
     }

@@ -86,6 +86,12 @@ impl Core {
         ));
     }
 
+    /// Whether an ended session of `name` still has acknowledgements waiting to be written
+    /// ([`Orphan`]).
+    pub(super) fn orphaned(&self, name: &str) -> bool {
+        self.orphans.values().any(|o| o.name == name)
+    }
+
     /// [`Core::settle_handover`] for a session that has ended: an acknowledgement held for the
     /// DELIVER handed to it is written to the store now that its position is known.
     fn orphan_settled(&mut self, name: &str, h: &Handover, stored: Option<(&StoredMessage, u64)>) {
@@ -138,7 +144,7 @@ impl Core {
         }
         // A new session of the name waited for these writes before loading what waits for
         // it (`register`): loaded now, after them in command order.
-        if done && !self.orphans.values().any(|o| o.name == name) {
+        if done && !self.orphaned(name) {
             self.advance_watermark(name);
         }
     }
@@ -172,8 +178,14 @@ impl Core {
         online: Box<[Handover]>,
         res: Result<WriteResult, String>,
     ) {
-        let stored = matches!(res, Ok(WriteResult::Appended(AppendOutcome::Stored { .. })));
-        if !stored {
+        let stored = match &res {
+            Ok(WriteResult::Appended(AppendOutcome::Stored { message, .. })) => {
+                Some(message.payload.budget.as_ref().map_or(0, |b| b.hops))
+            }
+            _ => None,
+        };
+        self.hops.settled(&env_id, conn_id, stored);
+        if stored.is_none() {
             for h in &online {
                 if let Some(name) = recipients.get(h.index) {
                     self.settle_handover(name, h, None);
@@ -225,7 +237,6 @@ impl Core {
             }
             AppendOutcome::Stored { message, seqs } => (message, seqs),
         };
-        // (Its hop count was recorded at admission: `admission.rs`.)
         self.feed.counters.accepted.add(1);
         self.feed.emit(|| {
             let (body, truncated) = excerpt(&message.payload.body);

@@ -90,6 +90,14 @@ pub(super) fn payload(body: &str) -> Send {
     }
 }
 
+/// A reply to `parent` (the daemon counts its hops from it).
+pub(super) fn reply_to(parent: &str) -> Send {
+    Send {
+        in_reply_to: Some(parent.into()),
+        ..payload(&format!("re {parent}"))
+    }
+}
+
 impl World {
     pub(super) fn new(cfg: Config) -> Self {
         Self::with_rules(cfg, Rules::default())
@@ -270,15 +278,7 @@ impl World {
         topic: Option<&str>,
         payload: Send,
     ) {
-        let send = Submitted {
-            id: id.into(),
-            to: to.map(str::to_owned),
-            topic: topic.map(str::to_owned),
-            payload,
-            raw: None,
-        };
-        let now = self.now();
-        self.core.on_send(conn, send, now);
+        self.submit(conn, id, to, topic, payload);
         self.settle();
     }
 
@@ -286,11 +286,27 @@ impl World {
     /// settles runs them; a crash first loses them, as a daemon killed with them in its
     /// channel does).
     pub(super) fn send_unsettled(&mut self, conn: u64, id: &str, to: &str) {
+        self.submit(conn, id, Some(to), None, payload(id));
+    }
+
+    /// [`World::send_unsettled`] of a reply to `parent`.
+    pub(super) fn reply_unsettled(&mut self, conn: u64, id: &str, to: &str, parent: &str) {
+        self.submit(conn, id, Some(to), None, reply_to(parent));
+    }
+
+    fn submit(
+        &mut self,
+        conn: u64,
+        id: &str,
+        to: Option<&str>,
+        topic: Option<&str>,
+        payload: Send,
+    ) {
         let send = Submitted {
             id: id.into(),
-            to: Some(to.into()),
-            topic: None,
-            payload: payload(id),
+            to: to.map(str::to_owned),
+            topic: topic.map(str::to_owned),
+            payload,
             raw: None,
         };
         let now = self.now();

@@ -718,13 +718,10 @@ impl Core {
                     recipients,
                     raw,
                     online,
-                    hops,
                 },
                 res,
             ) => {
-                let stored = matches!(res, Ok(WriteResult::Appended(AppendOutcome::Stored { .. })));
-                self.hops.settled(&env_id, hops, stored);
-                self.on_appended(conn_id, env_id, recipients.into_vec(), raw, online, res);
+                self.on_appended(conn_id, env_id, recipients, raw, online, res);
             }
             StoreEvent::Written(WriteCtx::None | WriteCtx::Notify, Err(e)) => {
                 tracing::warn!(error = %e, "store write failed");

@@ -209,8 +209,13 @@ impl Model {
     }
 
     fn end_session(&mut self, i: usize) {
+        self.clients[i].conn = None;
+        self.forget_session(i);
+    }
+
+    /// What the client kept of its session (not what it saw, nor its outbox).
+    fn forget_session(&mut self, i: usize) {
         let c = &mut self.clients[i];
-        c.conn = None;
         c.unacked.clear();
         c.acked.clear();
         c.last_pos = 0;
@@ -222,21 +227,12 @@ impl Model {
         };
         self.w.disconnect_unsettled(old);
         // The new session's HELLO settles everything, the old session's end included: what
-        // it acknowledged up to its watermark is then in the store.
-        let (unacked, acked) = {
-            let c = &mut self.clients[i];
-            (std::mem::take(&mut c.unacked), std::mem::take(&mut c.acked))
-        };
+        // it acknowledged up to its watermark is then in the store. (Connecting reads no
+        // frame: the old session's record is still the client's until then.)
         let ack = self.clients[i].ack;
         self.connect(i, window, ack)?;
-        let c = &mut self.clients[i];
-        c.unacked = unacked;
-        c.acked = acked;
         self.settle_acks(i);
-        let c = &mut self.clients[i];
-        c.unacked.clear();
-        c.acked.clear();
-        c.last_pos = 0;
+        self.forget_session(i);
         Ok(())
     }
 

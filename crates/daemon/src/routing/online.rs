@@ -100,7 +100,7 @@ impl Core {
         let window = (hello.capabilities.max_inflight as usize).clamp(1, self.cfg.max_window);
         // Acknowledgements of an ended session of this name still wait for their positions
         // ([`Orphan`]): what waits is loaded once they are written, not before.
-        let after_orphans = self.orphans.values().any(|o| o.name == hello.agent);
+        let after_orphans = self.orphaned(&hello.agent);
         self.fold_in(&hello.agent);
         let agent = self.agents.entry(hello.agent.clone()).or_default();
         agent.cli = hello.cli.clone();

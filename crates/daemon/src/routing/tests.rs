@@ -5,7 +5,7 @@ use std::time::Duration;
 use relay_protocol::{AckStatus, Budget, DeliveryState, ErrorCode, NackCode, Role};
 use relay_store::Store;
 
-use super::harness::{World, config, payload};
+use super::harness::{World, config, payload, reply_to};
 use super::names;
 use crate::limits::Limit;
 use crate::rules::Rules;
@@ -202,8 +202,7 @@ fn a_reply_past_the_hop_budget_is_refused_and_a_fresh_message_starts_again() {
     let alice = w.agent("Alice", 8);
     let bob = w.agent("Bob", 8);
     w.send(alice, "m1", "Bob");
-    let mut reply = payload("re");
-    reply.in_reply_to = Some("m1".into());
+    let mut reply = reply_to("m1");
     // The sender's own budget is ignored: the daemon counts.
     reply.budget = Some(Budget {
         hops: 0,
@@ -212,9 +211,7 @@ fn a_reply_past_the_hop_budget_is_refused_and_a_fresh_message_starts_again() {
     });
     w.send_full(bob, "m2", Some("Alice"), None, reply);
     assert!(w.frames(bob).nacks.is_empty());
-    let mut again = payload("re re");
-    again.in_reply_to = Some("m2".into());
-    w.send_full(alice, "m3", Some("Bob"), None, again);
+    w.send_full(alice, "m3", Some("Bob"), None, reply_to("m2"));
     assert_eq!(
         nack_code(&mut w, alice),
         [("m3".to_owned(), NackCode::BudgetExceeded)]
@@ -749,45 +746,17 @@ fn a_reply_to_a_deliver_the_router_has_not_yet_seen_counts_its_hops() {
     let alice = w.agent("Alice", 8);
     let bob = w.agent("Bob", 8);
     w.send(alice, "m1", "Bob");
-    let mut reply = payload("re");
-    reply.in_reply_to = Some("m1".into());
-    w.send_full(bob, "m2", Some("Alice"), None, reply);
+    w.send_full(bob, "m2", Some("Alice"), None, reply_to("m1"));
     assert_eq!(w.delivered(alice), ["m2"]);
     // Bob answers again; the store thread hands Alice m3 before the router sees its commit.
-    let mut again = payload("re re");
-    again.in_reply_to = Some("m2".into());
-    let now = w.now();
-    w.core.on_send(
-        bob,
-        super::Submitted {
-            id: "m3".into(),
-            to: Some("Alice".into()),
-            topic: None,
-            payload: again,
-            raw: None,
-        },
-        now,
-    );
+    w.reply_unsettled(bob, "m3", "Alice", "m2");
     assert!(w.store_runs());
     assert!(
         w.frames(bob).nacks.is_empty(),
         "m3 is hop 2 and the limit is 2"
     );
     // Alice answers m3 before the router has processed m3's result: hop 3, refused.
-    let mut answer = payload("re re re");
-    answer.in_reply_to = Some("m3".into());
-    let now = w.now();
-    w.core.on_send(
-        alice,
-        super::Submitted {
-            id: "m4".into(),
-            to: Some("Bob".into()),
-            topic: None,
-            payload: answer,
-            raw: None,
-        },
-        now,
-    );
+    w.reply_unsettled(alice, "m4", "Bob", "m3");
     w.settle();
     assert_eq!(
         nack_code(&mut w, alice),
